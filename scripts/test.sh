@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The full test suite: installs what is missing, lints, then runs pytest.
+# pytest exit code 5 (no tests collected) counts as a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh || exit 1
+export DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+.venv/bin/ruff check . || exit 1
+.venv/bin/ruff format --check . || exit 1
+.venv/bin/python -m pytest "$@"
+rc=$?
+if [ "$rc" = "5" ]; then
+    echo "error: pytest collected no tests" >&2
+    exit 1
+fi
+exit "$rc"
