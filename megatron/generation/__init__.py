@@ -1,0 +1,1 @@
+"""Text generation: sampling over the model's KV cache."""

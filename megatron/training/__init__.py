@@ -1,0 +1,1 @@
+"""Training: the loop, step variants, optimizers, LR schedules and checkpoints."""

@@ -1,0 +1,117 @@
+"""The annealing LR schedule against GPT-NeoX's formulas, evaluated by hand at chosen iterations."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
+
+# T = 100, warmup 0.1 → W = 10, D = 90, lr_max 1e-3, min_lr 1e-4.
+LR, MIN = 1e-3, 1e-4
+
+
+def _sched(style: str, **kw) -> AnnealingLR:
+    cfg = LRScheduleConfig(lr=LR, min_lr=MIN, lr_decay_style=style, train_iters=100, warmup=0.1, **kw)
+    return AnnealingLR(None, cfg)
+
+
+def _at(s: AnnealingLR, n: int) -> float:
+    s.step(n)
+    return s.get_lr()
+
+
+@pytest.mark.parametrize("style", ["constant", "linear", "cosine", "exponential", "inverse_sqrt"])
+def test_warmup_is_linear_from_lr_over_w(style: str) -> None:
+    s = _sched(style)
+    assert _at(s, 0) == pytest.approx(LR / 10)  # max(1, n) / W: step 0 already has lr/W
+    assert _at(s, 1) == pytest.approx(LR / 10)
+    assert _at(s, 5) == pytest.approx(LR * 5 / 10)
+    assert _at(s, 10) == pytest.approx(LR)
+
+
+def test_linear_decay_clipped_at_min_lr() -> None:
+    s = _sched("linear")
+    assert _at(s, 40) == pytest.approx(LR * (90 - 30) / 90)
+    assert _at(s, 91) == pytest.approx(LR * (90 - 81) / 90)  # 1e-4 exactly, not yet clipped
+    assert _at(s, 95) == pytest.approx(MIN)  # 5.6e-5 → clipped
+    assert _at(s, 100) == pytest.approx(MIN)
+
+
+def test_cosine_decay() -> None:
+    s = _sched("cosine")
+    assert _at(s, 55) == pytest.approx(MIN + (LR - MIN) / 2 * (math.cos(math.pi * 45 / 90) + 1))
+    assert _at(s, 55) == pytest.approx((LR + MIN) / 2)
+    assert _at(s, 100) == pytest.approx(MIN)
+    assert _at(s, 25) == pytest.approx(MIN + (LR - MIN) / 2 * (math.cos(math.pi * 15 / 90) + 1))
+
+
+def test_exponential_decay() -> None:
+    s = _sched("exponential")
+    assert _at(s, 40) == pytest.approx(LR * math.exp(-0.693 * 30 / 90))
+    assert _at(s, 100) == pytest.approx(LR * math.exp(-0.693))  # ≈ lr/2 at the end
+
+
+def test_constant_and_inverse_sqrt() -> None:
+    assert _at(_sched("constant"), 77) == pytest.approx(LR)
+    assert _at(_sched("inverse_sqrt"), 40) == pytest.approx(LR * math.sqrt(10 / 40))
+    assert _at(_sched("inverse_sqrt"), 4000) == pytest.approx(MIN)  # clipped
+
+
+def test_decay_iters_sources() -> None:
+    assert LRScheduleConfig(train_iters=100).decay_iters() == 100
+    assert LRScheduleConfig(train_iters=100, lr_decay_fraction=0.33).decay_iters() == 33
+    assert LRScheduleConfig(train_iters=100, lr_decay_iters=50, lr_decay_fraction=0.33).decay_iters() == 50
+    s = AnnealingLR(None, LRScheduleConfig(lr=LR, train_iters=1000, lr_decay_iters=100, warmup=0.0))
+    assert _at(s, 0) == pytest.approx(LR)  # no warmup: straight into decay
+    assert _at(s, 50) == pytest.approx(LR / 2)
+    with pytest.raises(ValueError, match="train_iters"):
+        LRScheduleConfig().decay_iters()
+
+
+def test_writes_lr_into_param_groups_and_from_neox_args() -> None:
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([{"params": [p]}, {"params": [], "weight_decay": 0.0}], lr=123.0)
+    args = SimpleNamespace(lr=LR, min_lr=None, lr_decay_style="cosine", train_iters=100, warmup=0.1)
+    s = AnnealingLR(opt, LRScheduleConfig.from_neox_args(args))
+    assert s.min_lr == 0.0
+    assert opt.param_groups[0]["lr"] == pytest.approx(LR / 10)
+    for _ in range(10):
+        s.step()
+    assert s.num_iters == 10
+    assert all(g["lr"] == pytest.approx(LR) for g in opt.param_groups)
+
+
+def test_bad_values_raise() -> None:
+    with pytest.raises(ValueError, match="lr_decay_style"):
+        _sched("triangle")
+    with pytest.raises(ValueError, match="min_lr"):
+        AnnealingLR(None, LRScheduleConfig(lr=1e-4, min_lr=1e-3, train_iters=10))
+
+
+def test_state_dict_roundtrip_and_policies() -> None:
+    s = _sched("cosine")
+    s.step(37)
+    sd = s.state_dict()
+    assert set(sd) == {"start_lr", "warmup_iter", "num_iters", "decay_style", "end_iter", "min_lr"}
+    fresh = _sched("cosine")
+    fresh.load_state_dict(sd)
+    assert fresh.num_iters == 37 and fresh.get_lr() == s.get_lr()
+
+    changed = AnnealingLR(None, LRScheduleConfig(lr=2 * LR, min_lr=MIN, lr_decay_style="cosine", train_iters=100))
+    with pytest.raises(ValueError, match="start_lr"):
+        changed.load_state_dict(sd)
+    take_ckpt = AnnealingLR(
+        None,
+        LRScheduleConfig(lr=2 * LR, lr_decay_style="linear", train_iters=100, use_checkpoint_lr_scheduler=True),
+    )
+    take_ckpt.load_state_dict(sd)
+    assert take_ckpt.start_lr == LR and take_ckpt.decay_style == "cosine" and take_ckpt.get_lr() == s.get_lr()
+    take_cfg = AnnealingLR(
+        None, LRScheduleConfig(lr=2 * LR, lr_decay_style="constant", train_iters=100, override_lr_scheduler=True)
+    )
+    take_cfg.load_state_dict(sd)
+    assert take_cfg.num_iters == 37 and take_cfg.get_lr() == pytest.approx(2 * LR)
