@@ -1,0 +1,199 @@
+"""Optimizer construction from GPT-NeoX's ``optimizer: {type, params}`` and ``weight_decay`` keys.
+
+Param groups follow GPT-NeoX: norms, biases and params flagged ``_no_weight_decay`` get ``weight_decay = 0``;
+frozen params are left out. Types (case-insensitive):
+
+| type | implementation |
+|---|---|
+| ``adam`` | ``torch.optim.AdamW`` (decoupled weight decay, what GPT-NeoX's FusedAdam computes); ``params.fused: true`` or ``params.torch_adam: false`` selects DeepSpeed's ``FusedAdam`` (JIT-built C++ op on CPU, ~70 s once) |
+| ``cpu_adam`` / ``cpu_torch_adam`` | ``deepspeed.ops.adam.DeepSpeedCPUAdam`` (JIT-built once), for ZeRO-Offload |
+| ``onebitadam`` | created by DeepSpeed from the config (needs a CUDA/NCCL backend) |
+| ``sgd`` | ``torch.optim.SGD`` (GPT-NeoX requires muP's MuSGD; muP is not supported here) |
+| ``lion`` / ``sm3`` / ``madgrad_wd`` | ``megatron.training.optim_algorithms`` (Lion → DeepSpeed ``FusedLion`` under ZeRO on accelerators, as GPT-NeoX) |
+
+DeepSpeed refuses optimizers it has not tested under ZeRO unless ``zero_allow_untested_optimizer`` is set; that
+rule is checked here first, so the error names the key.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
+
+logger = logging.getLogger(__name__)
+
+NORM_CLASS_NAMES = {
+    "LayerNorm",
+    "RMSNorm",
+    "ScaleNorm",
+    "TELayerNorm",
+    "TERMSNorm",
+    "MixedFusedLayerNorm",
+    "MixedFusedRMSNorm",
+    "NonParametricLayerNorm",
+}
+OPTIMIZER_TYPES = ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion")
+# Optimizers DeepSpeed itself knows to be safe under ZeRO (deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS).
+_ZERO_TESTED = ("adam", "cpu_adam", "cpu_torch_adam", "onebitadam", "lion")
+
+
+@dataclass
+class OptimizerConfig:
+    """GPT-NeoX keys for the optimizer."""
+
+    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "Adam", "params": {"lr": 0.001}})
+    weight_decay: float = 0.1
+    zero_stage: int = 0
+    zero_allow_untested_optimizer: bool = False
+    use_mup: bool = False
+    on_cpu: bool = True
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> OptimizerConfig:
+        """Read the flat GPT-NeoX attribute names (and the DeepSpeed config for ZeRO keys)."""
+        from megatron.distributed import on_cpu
+
+        ds = getattr(args, "deepspeed_config", None) or {}
+        zero = getattr(args, "zero_optimization", None) or ds.get("zero_optimization") or {}
+        stage = getattr(args, "zero_stage", None)
+        if stage is None:
+            stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+        allow = getattr(args, "zero_allow_untested_optimizer", None)
+        if allow is None:
+            allow = ds.get("zero_allow_untested_optimizer", False)
+        opt = getattr(args, "optimizer", None) or {
+            "type": getattr(args, "optimizer_type", None) or "Adam",
+            "params": {},
+        }
+        wd = getattr(args, "weight_decay", None)
+        return cls(
+            optimizer=opt,
+            weight_decay=0.1 if wd is None else float(wd),
+            zero_stage=int(stage or 0),
+            zero_allow_untested_optimizer=bool(allow),
+            use_mup=bool(getattr(args, "use_mup", False)),
+            on_cpu=on_cpu(),
+        )
+
+    @property
+    def type(self) -> str:
+        """The lower-cased optimizer type."""
+        return str(self.optimizer.get("type", "Adam")).lower()
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """A copy of ``optimizer.params``."""
+        return dict(self.optimizer.get("params") or {})
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    name = type(module).__name__
+    return name in NORM_CLASS_NAMES or name.lower().endswith("norm")
+
+
+def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Split trainable params into a decayed group and a ``weight_decay: 0.0`` group (norms, biases, flagged)."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        norm = _is_norm(module)
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))  # tied weights appear under several modules
+            if norm or name == "bias" or name.endswith(".bias") or getattr(param, "_no_weight_decay", False):
+                no_decay.append(param)
+            else:
+                decay.append(param)
+    if weight_decay == 0:
+        return [{"params": decay + no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def check_zero_compatibility(cfg: OptimizerConfig) -> None:
+    """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO."""
+    # Under ZeRO, Lion is DeepSpeed's FusedLion on accelerators; on CPU it is ours (no JIT build), thus untested.
+    tested = [t for t in _ZERO_TESTED if not (t == "lion" and cfg.on_cpu)]
+    if cfg.zero_stage > 0 and cfg.type not in tested and not cfg.zero_allow_untested_optimizer:
+        raise ValueError(
+            f"optimizer.type {cfg.optimizer.get('type')!r} is not tested by DeepSpeed under ZeRO stage "
+            f"{cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use Adam/Lion"
+        )
+
+
+def build_optimizer(
+    model: torch.nn.Module, cfg: OptimizerConfig
+) -> tuple[torch.optim.Optimizer | None, list[dict[str, Any]]]:
+    """Build the optimizer for ``model``; returns ``(optimizer, param_groups)``.
+
+    ``optimizer`` is None for ``onebitadam``: DeepSpeed builds it from its config and the param groups.
+    """
+    kind = cfg.type
+    if kind not in OPTIMIZER_TYPES:
+        raise ValueError(f"optimizer.type {cfg.optimizer.get('type')!r} is not one of {', '.join(OPTIMIZER_TYPES)}")
+    if cfg.use_mup:
+        raise ValueError("use_mup is not supported by neox-forge; unset it")
+    check_zero_compatibility(cfg)
+    params = cfg.params
+    if "weight_decay" in params:
+        raise ValueError("put weight_decay at the top level of the config, not in optimizer.params (as GPT-NeoX)")
+    groups = weight_decay_param_groups(model, cfg.weight_decay)
+    if not groups:
+        raise ValueError("the model has no trainable parameters")
+    lr = float(params.pop("lr", 0.001))
+    if kind == "adam":
+        fused = bool(params.pop("fused", False))
+        fused = params.pop("torch_adam", True) is False or fused
+        betas = tuple(params.pop("betas", (0.9, 0.999)))
+        eps = float(params.pop("eps", 1e-8))
+        if fused:
+            from deepspeed.ops.adam import FusedAdam
+
+            return FusedAdam(groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True, **params), groups
+        params.pop("adam_w_mode", None)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **params), groups
+    if kind in ("cpu_adam", "cpu_torch_adam"):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=lr, **params), groups
+    if kind == "onebitadam":
+        if cfg.on_cpu:
+            raise ValueError(
+                "optimizer.type onebitadam needs DeepSpeed's NCCL/MPI compressed backend; it does not run on CPU"
+            )
+        return None, groups
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=lr, **params), groups
+    if kind == "lion":
+        if cfg.zero_stage > 0 and not cfg.on_cpu:
+            from deepspeed.ops.lion import FusedLion
+
+            return FusedLion(groups, lr=lr, **params), groups
+        return Lion(groups, lr=lr, **params), groups
+    if kind == "sm3":
+        return SM3(groups, lr=lr, **params), groups
+    return MADGRAD(groups, lr=lr, **params), groups  # madgrad_wd
+
+
+def deepspeed_config_for(ds_config: dict[str, Any], cfg: OptimizerConfig) -> dict[str, Any]:
+    """The DeepSpeed JSON for ``deepspeed.initialize``: we build the optimizer and scheduler ourselves.
+
+    DeepSpeed refuses an optimizer both in the config and from the client, so ``optimizer`` is dropped unless
+    DeepSpeed is to build it (onebitadam); ``scheduler`` is dropped because our AnnealingLR is the scheduler.
+    """
+    out = dict(ds_config)
+    out.pop("scheduler", None)
+    if cfg.type == "onebitadam":
+        out["optimizer"] = {"type": "OneBitAdam", "params": cfg.params}
+    else:
+        out.pop("optimizer", None)
+    if cfg.zero_allow_untested_optimizer:
+        out["zero_allow_untested_optimizer"] = True
+    return out
