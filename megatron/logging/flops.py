@@ -1,0 +1,67 @@
+"""Model FLOPs per iteration and utilisation, with GPT-NeoX's transformer formula.
+
+``flops_per_iteration = 24 · K · B · s · l · h² · (1 + s/(6h) + V/(16·l·h))`` where ``B`` is the global batch
+(samples per iteration), ``s`` the sequence length, ``l`` layers, ``h`` hidden size, ``V`` the padded vocab;
+``K = 3`` counts forward + backward (model FLOPs, MFU) and ``K = 4`` adds the recomputed forward of activation
+checkpointing (hardware FLOPs, HFU). Per device: divide by ``iteration_time · world_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
+
+
+@dataclass
+class FlopsConfig:
+    """Shape and batch values the formula needs."""
+
+    train_batch_size: int
+    seq_length: int
+    num_layers: int
+    hidden_size: int
+    padded_vocab_size: int
+    checkpoint_activations: bool = False
+    peak_theoretical_tflops: float | None = None
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> FlopsConfig:
+        """Read the flat GPT-NeoX attribute names."""
+        return cls(
+            train_batch_size=int(args.train_batch_size),
+            seq_length=int(args.seq_length),
+            num_layers=int(args.num_layers),
+            hidden_size=int(args.hidden_size),
+            padded_vocab_size=int(getattr(args, "padded_vocab_size", None) or 0),
+            checkpoint_activations=bool(getattr(args, "checkpoint_activations", False)),
+            peak_theoretical_tflops=getattr(args, "peak_theoretical_tflops", None),
+        )
+
+
+def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
+    """FLOPs of one training iteration over the whole global batch."""
+    b, s, layers, h, v = cfg.train_batch_size, cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size
+    return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
+
+
+def throughput_metrics(cfg: FlopsConfig, iteration_time: float, world_size: int) -> dict[str, float]:
+    """``runtime/*`` metrics for one iteration of ``iteration_time`` seconds on ``world_size`` devices."""
+    t = max(iteration_time, 1e-12)
+    samples_per_sec = cfg.train_batch_size / t
+    actual_k = 4 if cfg.checkpoint_activations else 3
+    flops_per_sec_per_gpu = flops_per_iteration(cfg, actual_k) / (t * world_size)
+    out = {
+        "runtime/iteration_time": iteration_time,
+        "runtime/steps_per_sec": 1.0 / t,
+        "runtime/samples_per_sec": samples_per_sec,
+        "runtime/tokens_per_sec": samples_per_sec * cfg.seq_length,
+        "runtime/flops_per_sec_per_gpu": flops_per_sec_per_gpu,
+    }
+    if cfg.peak_theoretical_tflops:
+        peak = float(cfg.peak_theoretical_tflops) * 1e12
+        model_flops = flops_per_iteration(cfg, 3) / (t * world_size)
+        out["runtime/model_flops_utilization"] = 100.0 * model_flops / peak
+        out["runtime/hardware_flops_utilization"] = 100.0 * flops_per_sec_per_gpu / peak
+    return out
