@@ -1,0 +1,305 @@
+"""Checkpoints in DeepSpeed's layout with GPT-NeoX's names, schedule, retention and resume rules.
+
+```
+<save>/latest                                   "global_step<N>" (written by DeepSpeed)
+<save>/global_step<N>/
+  configs/<yaml basename>, configs/resolved_config.json
+  mp_rank_XX_model_states.pt                    engine state + our client state (iteration, args, rng, data position)
+  layer_LL-model_TT-model_states.pt             pipe models only
+  [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt   ZeRO optimizer shards
+  manifest.json                                 written last by rank 0: the files of a complete checkpoint
+```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_ARG_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "make_vocab_size_divisible_by",
+    "padded_vocab_size",
+    "tokenizer_type",
+    "model_parallel_size",
+)
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class CheckpointConfig:
+    """GPT-NeoX checkpoint keys."""
+
+    save: str | None = None
+    load: str | None = None
+    checkpoint_factor: int | float | None = None
+    checkpoint_scale: str = "linear"
+    extra_save_iters: list[int] = field(default_factory=list)
+    keep_last_n_checkpoints: int | None = None
+    no_save_optim: bool = False
+    no_save_rng: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    finetune: bool = False
+    iteration: int | None = None
+    zero_stage: int = 0
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> CheckpointConfig:
+        """Read the flat GPT-NeoX attribute names (None means the default)."""
+        defaults = cls()
+        values = {}
+        for name in cls.__dataclass_fields__:
+            value = getattr(args, name, None)
+            values[name] = getattr(defaults, name) if value is None else value
+        values["extra_save_iters"] = [int(i) for i in values["extra_save_iters"]]
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise ValueError for inconsistent keys."""
+        if self.checkpoint_scale not in ("linear", "log"):
+            raise ValueError(f"checkpoint_scale must be 'linear' or 'log', got {self.checkpoint_scale!r}")
+        if self.checkpoint_factor is not None:
+            if self.checkpoint_scale == "linear" and (
+                float(self.checkpoint_factor) != int(self.checkpoint_factor) or int(self.checkpoint_factor) < 1
+            ):
+                raise ValueError(
+                    f"checkpoint_factor must be a positive integer with linear scale, got {self.checkpoint_factor}"
+                )
+            if self.checkpoint_scale == "log" and float(self.checkpoint_factor) <= 1:
+                raise ValueError(f"checkpoint_factor must be > 1 with log scale, got {self.checkpoint_factor}")
+        if self.save and self.checkpoint_factor is None and not self.extra_save_iters:
+            raise ValueError("save is set but neither checkpoint_factor nor extra_save_iters says when to save")
+        if self.keep_last_n_checkpoints is not None and self.keep_last_n_checkpoints < 1:
+            raise ValueError(f"keep_last_n_checkpoints must be >= 1, got {self.keep_last_n_checkpoints}")
+
+
+def checkpoint_tag(iteration: int) -> str:
+    """GPT-NeoX's tag for a checkpoint after ``iteration`` steps."""
+    return f"global_step{iteration}"
+
+
+def is_save_iter(iteration: int, cfg: CheckpointConfig) -> bool:
+    """True when ``iteration`` is in ``extra_save_iters`` or on the ``checkpoint_factor`` schedule."""
+    if iteration in cfg.extra_save_iters:
+        return True
+    if cfg.checkpoint_factor is None or iteration <= 0:
+        return False
+    if cfg.checkpoint_scale == "linear":
+        return iteration % int(cfg.checkpoint_factor) == 0
+    power = 1.0
+    while int(power) <= iteration:  # log scale: iteration == int(factor ** k) for some k >= 0
+        if int(power) == iteration:
+            return True
+        power *= float(cfg.checkpoint_factor)
+    return False
+
+
+def _natural_key(name: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def list_checkpoints(save_dir: str | Path) -> list[Path]:
+    """``global_step*`` directories in natural order (oldest first)."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.glob("global_step*") if p.is_dir()), key=lambda p: _natural_key(p.name))
+
+
+def delete_old_checkpoints(save_dir: str | Path, keep_n: int) -> list[Path]:
+    """Delete all but the newest ``keep_n`` checkpoints; returns the deleted paths."""
+    doomed = list_checkpoints(save_dir)[:-keep_n] if keep_n > 0 else []
+    for path in doomed:
+        logger.info("keep_last_n_checkpoints: removing %s", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def rng_state() -> dict[str, Any]:
+    """The RNG states GPT-NeoX saves (python, numpy, torch, accelerator, model-parallel tracker)."""
+    from megatron import mpu
+
+    state = {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "rng_tracker_states": mpu.get_cuda_rng_tracker().get_states(),
+    }
+    return state
+
+
+def set_rng_state(state: dict[str, Any], path: str) -> None:
+    """Restore :func:`rng_state` output; a missing key is a clear error."""
+    from megatron import mpu
+
+    try:
+        random.setstate(state["random_rng_state"])
+        np.random.set_state(state["np_rng_state"])
+        torch.set_rng_state(state["torch_rng_state"])
+        if torch.cuda.is_available() and state["cuda_rng_state"] is not None:
+            torch.cuda.set_rng_state(state["cuda_rng_state"])
+        mpu.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+    except KeyError as e:
+        raise ValueError(
+            f"checkpoint {path} has no RNG state {e.args[0]!r}; set no_load_rng: true (or finetune) to load it"
+        ) from None
+
+
+def _write_configs(directory: Path, config_files: dict[str, str] | None, resolved: dict[str, Any] | None) -> None:
+    configs = directory / "configs"
+    configs.mkdir(parents=True, exist_ok=True)
+    for name, text in (config_files or {}).items():
+        (configs / os.path.basename(name)).write_text(text)
+    if resolved is not None:
+        (configs / "resolved_config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
+
+
+def _strip_optimizer_states(directory: Path, zero_stage: int) -> None:
+    """``no_save_optim``: drop optimizer state written by this rank (weights stay loadable)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if zero_stage >= 3:
+        logger.warning("no_save_optim is ignored with ZeRO-3: the fp32 weights live in the optimizer shards")
+        return
+    for path in directory.glob("*optim_states.pt"):
+        if f"zero_pp_rank_{rank}_" in path.name or (zero_stage == 0 and rank == 0):
+            path.unlink(missing_ok=True)
+    if rank == 0:
+        for path in directory.glob("mp_rank_*_model_states.pt"):
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            state["optimizer"] = None
+            torch.save(state, path)
+
+
+def save_checkpoint(
+    engine: Any,
+    iteration: int,
+    cfg: CheckpointConfig,
+    *,
+    checkpoint_args: dict[str, Any],
+    consumed_train_samples: int,
+    consumed_valid_samples: int = 0,
+    config_files: dict[str, str] | None = None,
+    resolved_config: dict[str, Any] | None = None,
+) -> Path:
+    """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call)."""
+    if not cfg.save:
+        raise ValueError("save_checkpoint needs the 'save' directory")
+    tag = checkpoint_tag(iteration)
+    client_state: dict[str, Any] = {
+        "iteration": iteration,
+        "args": dict(checkpoint_args),
+        "consumed_train_samples": consumed_train_samples,
+        "consumed_valid_samples": consumed_valid_samples,
+    }
+    if not cfg.no_save_rng:
+        client_state.update(rng_state())
+    engine.save_checkpoint(cfg.save, tag=tag, client_state=client_state)
+    directory = Path(cfg.save) / tag
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if cfg.no_save_optim:
+        if dist.is_initialized():
+            dist.barrier()
+        _strip_optimizer_states(directory, cfg.zero_stage)
+    if rank == 0:
+        _write_configs(directory, config_files, resolved_config)
+    if dist.is_initialized():
+        dist.barrier()
+    if rank == 0:
+        files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+        manifest = {"tag": tag, "iteration": iteration, "files": files}
+        (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        if cfg.keep_last_n_checkpoints is not None:
+            delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
+    if dist.is_initialized():
+        dist.barrier()
+    logger.info("saved checkpoint %s at iteration %d", directory, iteration)
+    return directory
+
+
+@dataclass
+class LoadResult:
+    """What a load restored."""
+
+    iteration: int
+    path: str | None
+    consumed_train_samples: int | None = None
+    consumed_valid_samples: int | None = None
+
+
+def resolve_tag(cfg: CheckpointConfig) -> str | None:
+    """The tag to load: ``global_step<iteration>`` if requested, else ``latest``'s content, else None."""
+    assert cfg.load is not None
+    root = Path(cfg.load)
+    if cfg.iteration is not None:
+        tag = checkpoint_tag(int(cfg.iteration))
+        if not (root / tag).is_dir():
+            available = ", ".join(p.name for p in list_checkpoints(root)) or "none"
+            raise ValueError(f"iteration {cfg.iteration}: no checkpoint {root / tag} (available: {available})")
+        return tag
+    latest = root / "latest"
+    if not latest.is_file():
+        return None
+    tag = latest.read_text().strip()
+    if not (root / tag).is_dir():
+        raise ValueError(f"{latest} names checkpoint {tag!r} but {root / tag} does not exist")
+    return tag
+
+
+def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
+    """The model-shape args stored in the checkpoint must equal the config's."""
+    bad = [
+        f"{k}: checkpoint {saved[k]!r} vs config {current.get(k)!r}"
+        for k in CHECKPOINT_ARG_KEYS
+        if k in saved and k in current and saved[k] != current[k]
+    ]
+    if bad:
+        raise ValueError(f"checkpoint {path} does not match the config: " + "; ".join(bad))
+
+
+def load_checkpoint(engine: Any, cfg: CheckpointConfig, *, checkpoint_args: dict[str, Any]) -> LoadResult:
+    """Load ``cfg.load`` into ``engine``; a directory without ``latest`` means a fresh start (iteration 0)."""
+    if not cfg.load:
+        return LoadResult(0, None)
+    tag = resolve_tag(cfg)
+    if tag is None:
+        logger.warning("no checkpoint found in %s ('latest' missing): starting from iteration 0", cfg.load)
+        return LoadResult(0, None)
+    weights_only = cfg.no_load_optim or cfg.finetune
+    path, client = engine.load_checkpoint(
+        cfg.load,
+        tag=tag,
+        load_optimizer_states=not weights_only,
+        load_lr_scheduler_states=not weights_only,
+        load_module_only=weights_only,
+    )
+    if path is None or client is None:
+        raise ValueError(f"DeepSpeed could not load checkpoint {Path(cfg.load) / tag}")
+    check_checkpoint_args(client.get("args", {}), checkpoint_args, path)
+    if cfg.finetune:
+        logger.info("finetune: loaded weights from %s, starting at iteration 0", path)
+        return LoadResult(0, path, 0, 0)
+    iteration = int(client.get("iteration", client.get("total_iters", 0)))
+    if not cfg.no_load_rng:
+        set_rng_state(client, path)
+    logger.info("loaded checkpoint %s at iteration %d", path, iteration)
+    return LoadResult(iteration, path, client.get("consumed_train_samples"), client.get("consumed_valid_samples"))
