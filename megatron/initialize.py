@@ -1,0 +1,77 @@
+"""Process start-up for training and inference: distributed init, model-parallel groups, seeds."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InitConfig:
+    """GPT-NeoX keys used at start-up."""
+
+    seed: int = 1234
+    model_parallel_size: int = 1
+    pipe_parallel_size: int = 0
+    fp32_allreduce: bool = False
+    distributed_backend: str | None = None
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> InitConfig:
+        """Read the flat GPT-NeoX attribute names (None means the default)."""
+        defaults = cls()
+        values = {}
+        for name in cls.__dataclass_fields__:
+            value = getattr(args, name, None)
+            values[name] = getattr(defaults, name) if value is None else value
+        return cls(**values)
+
+
+def set_random_seed(seed: int, *, pipe_rank: int = 0, pipe_size: int = 1, model_parallel_size: int = 1) -> int:
+    """Seed python, numpy, torch and the model-parallel RNG tracker; returns the seed used on this rank.
+
+    As GPT-NeoX, interior pipeline stages offset the seed by ``1138 + stage · mp`` (the first and last stage,
+    which hold the tied embeddings, keep ``seed``).
+    """
+    from megatron import mpu
+
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed <= 0:
+        raise ValueError(f"seed must be a positive integer, got {seed!r}")
+    if 0 < pipe_rank < pipe_size - 1:
+        seed = seed + 1138 + pipe_rank * model_parallel_size
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    mpu.model_parallel_cuda_manual_seed(seed)
+    return seed
+
+
+def initialize_megatron(args: Any) -> InitConfig:
+    """``torch.distributed`` (gloo on CPU, nccl on CUDA; SLURM/MPI env discovery), mpu groups, seeds."""
+    from megatron import mpu
+    from megatron.distributed import init_distributed
+
+    cfg = InitConfig.from_neox_args(args)
+    backend = cfg.distributed_backend
+    from megatron.distributed import on_cpu
+
+    if on_cpu() and backend not in (None, "gloo"):
+        logger.info("distributed_backend %s is not available on CPU: using gloo", backend)
+        backend = "gloo"
+    init_distributed(backend)
+    mpu.initialize_model_parallel(int(cfg.model_parallel_size), int(cfg.pipe_parallel_size))
+    mpu.set_fp32_allreduce(bool(cfg.fp32_allreduce))
+    set_random_seed(
+        int(cfg.seed),
+        pipe_rank=mpu.get_pipe_parallel_rank(),
+        pipe_size=mpu.get_pipe_parallel_world_size(),
+        model_parallel_size=mpu.get_model_parallel_world_size(),
+    )
+    return cfg

@@ -1,0 +1,247 @@
+"""The training loop, top to bottom: ``train()`` calls a step variant, logs, evaluates, saves, exits."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
+from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
+from megatron.logging.timers import Timers
+from megatron.training.step import PipeStep, SequentialStep, is_nan
+
+logger = logging.getLogger("megatron.train")
+
+TIMER_NAMES = ["forward", "backward", "optimizer", "batch generator"]
+
+
+@dataclass
+class LoopConfig:
+    """Loop keys of a GPT-NeoX config."""
+
+    train_iters: int
+    train_batch_size: int
+    eval_interval: int = 1000
+    eval_iters: int = 100
+    exit_interval: int | None = None
+    profile: bool = False
+    profile_step_start: int = 10
+    profile_step_stop: int = 12
+    memory_profiling: bool = False
+    memory_profiling_path: str | None = None
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> LoopConfig:
+        """Read the flat GPT-NeoX attribute names (None means the default)."""
+        if getattr(args, "train_iters", None) is None:
+            raise ValueError("train_iters must be set (train_epochs is converted to train_iters by the config)")
+        defaults = cls(0, 0)
+        values = {}
+        for name in cls.__dataclass_fields__:
+            value = getattr(args, name, None)
+            values[name] = getattr(defaults, name) if value is None else value
+        return cls(**values)
+
+
+@dataclass
+class LoopState:
+    """Counters that survive across iterations."""
+
+    iteration: int
+    skipped_iters: int = 0
+    nan_iters: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    history: list[float] = field(default_factory=list)  # lm loss of every iteration (rank-reduced)
+    exited_early: bool = False
+
+
+class Profiler:
+    """torch.profiler between ``profile_step_start`` and ``profile_step_stop`` (chrome trace per rank)."""
+
+    def __init__(self, cfg: LoopConfig, out_dir: str) -> None:
+        self.cfg, self.out_dir, self.prof = cfg, out_dir, None
+
+    def before(self, iteration: int) -> None:
+        """Start at ``profile_step_start``."""
+        if self.cfg.profile and iteration == self.cfg.profile_step_start and self.prof is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=activities, record_shapes=True)
+            self.prof.__enter__()
+        if self.cfg.memory_profiling and iteration == self.cfg.profile_step_start:
+            if torch.cuda.is_available():
+                torch.cuda.memory._record_memory_history(max_entries=100000)
+            else:
+                logger.warning("memory_profiling needs CUDA memory snapshots; ignored on CPU")
+
+    def after(self, iteration: int) -> None:
+        """Stop at ``profile_step_stop`` and write the trace."""
+        if self.prof is not None and iteration >= self.cfg.profile_step_stop:
+            self.prof.__exit__(None, None, None)
+            os.makedirs(self.out_dir, exist_ok=True)
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            path = os.path.join(self.out_dir, f"profile_rank{rank}.json")
+            self.prof.export_chrome_trace(path)
+            logger.info("profiler trace written to %s", path)
+            self.prof = None
+        if self.cfg.memory_profiling and torch.cuda.is_available() and iteration == self.cfg.profile_step_stop:
+            path = self.cfg.memory_profiling_path or os.path.join(self.out_dir, "memory_snapshot.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _loss_scale(engine: Any) -> float | None:
+    opt = getattr(engine, "optimizer", None)
+    for name in ("cur_scale", "loss_scale"):
+        value = getattr(opt, name, None)
+        if isinstance(value, int | float) or torch.is_tensor(value):
+            return float(value)
+    return None
+
+
+def param_norm(engine: Any) -> float:
+    """Global L2 norm of the parameters (TP shards and ZeRO-3 partitions summed once)."""
+    from megatron import mpu
+
+    total = torch.zeros(1, dtype=torch.float64)
+    tp_total = torch.zeros(1, dtype=torch.float64)
+    zero3 = False
+    for p in engine.module.parameters():
+        if hasattr(p, "ds_tensor"):
+            zero3 = True
+            total += p.ds_tensor.detach().double().pow(2).sum().cpu()
+        elif getattr(p, "model_parallel", False) or getattr(p, "tensor_model_parallel", False):
+            tp_total += p.detach().double().pow(2).sum().cpu()
+        elif mpu.get_model_parallel_rank() == 0:
+            total += p.detach().double().pow(2).sum().cpu()
+    if dist.is_initialized():
+        if zero3:
+            dist.all_reduce(total, group=mpu.get_data_parallel_group())
+        if mpu.get_model_parallel_world_size() > 1:
+            dist.all_reduce(tp_total, group=mpu.get_model_parallel_group())
+            dist.all_reduce(total, group=mpu.get_model_parallel_group())
+    return math.sqrt(float(total + tp_total))
+
+
+class Trainer:
+    """Runs ``train()`` and ``evaluate()`` with one step variant and one metrics fan-out."""
+
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        step: SequentialStep | PipeStep,
+        loop_cfg: LoopConfig,
+        log_cfg: LoggingConfig,
+        flops_cfg: FlopsConfig,
+        metrics: Metrics,
+        timers: Timers,
+        save_fn: Callable[[int], None] | None = None,
+        is_save_iter: Callable[[int], bool] | None = None,
+        profile_dir: str = ".",
+    ) -> None:
+        self.engine, self.step, self.loop_cfg, self.log_cfg = engine, step, loop_cfg, log_cfg
+        self.flops_cfg, self.metrics, self.timers = flops_cfg, metrics, timers
+        self.save_fn, self.is_save_iter = save_fn, is_save_iter
+        self.profiler = Profiler(loop_cfg, profile_dir)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+
+    def _lr(self) -> float:
+        return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
+
+    def train(self, state: LoopState, train_iter: Iterator[Any] | None, valid_iter: Iterator[Any] | None) -> LoopState:
+        """Iterate until ``train_iters``; log every ``log_interval``, evaluate every ``eval_interval``."""
+        self.engine.train()
+        cfg = self.loop_cfg
+        interval_start = _now()
+        interval_iters = 0
+        while state.iteration < cfg.train_iters:
+            self.profiler.before(state.iteration + 1)
+            result = self.step.train(train_iter)
+            state.iteration += 1
+            interval_iters += 1
+            self.profiler.after(state.iteration)
+            state.history.append(result.lm_loss)
+            if result.skipped:
+                state.skipped_iters += 1
+            elif is_nan(result.lm_loss):
+                state.nan_iters += 1
+            else:
+                state.loss_sum += result.lm_loss
+                state.loss_count += 1
+            scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
+            scale = _loss_scale(self.engine)
+            if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
+                scalars["train/loss_scale"] = scale
+            if self.log_cfg.log_grad_norm:
+                grad_norm = self.engine.get_global_grad_norm()
+                if grad_norm is not None:
+                    scalars["train/grad_norm"] = float(grad_norm)
+            if self.log_cfg.log_param_norm:
+                scalars["train/param_norm"] = param_norm(self.engine)
+            if state.iteration % self.log_cfg.log_interval == 0:
+                elapsed = _now() - interval_start
+                scalars.update(throughput_metrics(self.flops_cfg, elapsed / interval_iters, self.world))
+                self._console(state, scalars, interval_iters)
+                interval_start, interval_iters = _now(), 0
+            self.metrics.log(scalars, state.iteration)
+            if self.save_fn is not None and self.is_save_iter is not None and self.is_save_iter(state.iteration):
+                self.save_fn(state.iteration)
+            if cfg.eval_interval and state.iteration % cfg.eval_interval == 0 and valid_iter is not None:
+                self.evaluate("validation", valid_iter, state.iteration)
+            if cfg.exit_interval and state.iteration % cfg.exit_interval == 0:
+                if dist.is_initialized():
+                    dist.barrier()
+                logger.info("exit_interval: exiting at iteration %d", state.iteration)
+                state.exited_early = True
+                break
+        return state
+
+    def _console(self, state: LoopState, scalars: dict[str, float], interval_iters: int) -> None:
+        mean = state.loss_sum / state.loss_count if state.loss_count else float("nan")
+        counts = {"number of skipped iterations": state.skipped_iters, "number of nan iterations": state.nan_iters}
+        line = format_console_line(state.iteration, self.loop_cfg.train_iters, scalars, {"lm_loss": mean}, counts)
+        state.loss_sum, state.loss_count = 0.0, 0
+        state.skipped_iters = state.nan_iters = 0
+        if self.log_cfg.wall_clock_breakdown:
+            breakdown = self.timers.breakdown(TIMER_NAMES, normalizer=interval_iters)
+            scalars.update(breakdown)
+            line += "\n" + self.timers.format(breakdown)
+        if self.rank == 0:
+            logger.info(line)
+            if self.flops_cfg and state.iteration == self.log_cfg.log_interval:
+                logger.info("FLOPs per iteration formula: %s", FLOPS_FORMULA)
+
+    def evaluate(self, prefix: str, data_iter: Iterator[Any] | None, iteration: int) -> dict[str, float]:
+        """``eval_iters`` evaluation iterations; logs ``<prefix>/lm_loss`` and ``<prefix>/lm_loss_ppl``."""
+        self.engine.eval()
+        losses = [self.step.evaluate(data_iter) for _ in range(self.loop_cfg.eval_iters)]
+        self.engine.train()
+        loss = sum(losses) / max(len(losses), 1)
+        results = {f"{prefix}/lm_loss": loss, f"{prefix}/lm_loss_ppl": math.exp(min(loss, 80.0))}
+        self.metrics.log(results, iteration)
+        if self.rank == 0:
+            logger.info(
+                "%s results at iteration %d | lm_loss value: %.6E | lm_loss_ppl value: %.6E",
+                prefix,
+                iteration,
+                loss,
+                results[f"{prefix}/lm_loss_ppl"],
+            )
+        return results
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()

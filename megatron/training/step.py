@@ -1,0 +1,156 @@
+"""Batches and the two step variants (chosen once): sequential (``pp=0``) and DeepSpeed pipeline (``pp>=1``).
+
+A batch from the loader is ``{"text": LongTensor[b, s+1]}``; the model sees ``tokens = text[:, :-1]`` and is
+scored on ``labels = text[:, 1:]`` under ``loss_mask`` (GPT-NeoX's ``_get_batch``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron.logging.timers import Timers
+
+Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class BatchConfig:
+    """How token batches become model inputs."""
+
+    eod_token: int
+    eod_mask_loss: bool = False
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+
+    @classmethod
+    def from_neox_args(cls, args: Any, eod_token: int) -> BatchConfig:
+        """Read the flat GPT-NeoX attribute names."""
+        return cls(
+            eod_token=int(eod_token),
+            eod_mask_loss=bool(getattr(args, "eod_mask_loss", False)),
+            reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
+            reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
+        )
+
+
+def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
+    """``((tokens, position_ids, attention_mask), (labels, loss_mask))`` on every TP rank (TP rank 0 reads)."""
+    from megatron import mpu
+    from megatron.model import get_ltor_masks_and_position_ids
+
+    keys = ["text", "label"] if data is not None and "label" in data else ["text"]
+    if mpu.get_model_parallel_world_size() > 1:
+        # Other TP ranks learn the keys from TP rank 0's batch.
+        keys = ["text"] if data is None else keys
+    data_b = mpu.broadcast_data(keys, data, torch.int64)
+    text = data_b["text"]
+    tokens = text[:, :-1].contiguous()  # [b, s]
+    labels = text[:, 1:].contiguous()  # [b, s]
+    attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
+        tokens,
+        cfg.eod_token,
+        eod_mask_loss=cfg.eod_mask_loss,
+        reset_position_ids=cfg.reset_position_ids,
+        reset_attention_mask=cfg.reset_attention_mask,
+    )
+    if "label" in data_b:
+        label = data_b["label"][:, 1:].contiguous()
+        loss_mask = loss_mask * (label >= 0).to(loss_mask.dtype)
+        labels = label.clamp(min=0)
+    return (tokens, position_ids, attention_mask), (labels, loss_mask)
+
+
+def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
+    """Mean of a scalar loss over the whole world (GPT-NeoX's ``reduce_losses``)."""
+    reduced = loss.detach().clone().float().reshape(1)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(reduced)
+        reduced /= dist.get_world_size()
+    return reduced[0]
+
+
+@dataclass
+class StepResult:
+    """What one training iteration produced."""
+
+    lm_loss: float
+    skipped: bool
+
+
+class SequentialStep:
+    """``gas`` × (forward, ``engine.backward``, ``engine.step``); DeepSpeed applies the optimizer at the boundary."""
+
+    def __init__(
+        self,
+        engine: Any,
+        loss_fn: Callable[[torch.Tensor, tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
+        batch_cfg: BatchConfig,
+        gas: int,
+        timers: Timers,
+    ) -> None:
+        self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
+
+    def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
+        """Forward one micro-batch; returns the loss."""
+        self.timers("batch generator").start()
+        inputs, targets = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+        self.timers("batch generator").stop()
+        logits = self.engine(inputs)
+        return self.loss_fn(logits, targets)
+
+    def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
+        """One iteration over ``gas`` micro-batches."""
+        skipped_before = self.engine.skipped_steps
+        losses = []
+        for _ in range(self.gas):
+            self.timers("forward").start()
+            loss = self.forward(data_iter)
+            self.timers("forward").stop()
+            self.timers("backward").start()
+            self.engine.backward(loss)
+            self.timers("backward").stop()
+            self.timers("optimizer").start()
+            self.engine.step()
+            self.timers("optimizer").stop()
+            losses.append(reduce_losses(loss))
+        mean = torch.stack(losses).mean().item()
+        return StepResult(mean, self.engine.skipped_steps > skipped_before)
+
+    @torch.no_grad()
+    def evaluate(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> float:
+        """Mean loss of ``gas`` forward passes (one evaluation iteration)."""
+        return torch.stack([reduce_losses(self.forward(data_iter)) for _ in range(self.gas)]).mean().item()
+
+
+class PipeStep:
+    """``engine.train_batch`` / ``engine.eval_batch`` over DeepSpeed's 1F1B schedule."""
+
+    def __init__(self, engine: Any, batch_cfg: BatchConfig, timers: Timers) -> None:
+        self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
+
+    def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> Iterator[Batch]:
+        while True:
+            yield get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+
+    def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
+        """One iteration (``gas`` micro-batches inside the engine)."""
+        skipped_before = self.engine.skipped_steps
+        loss = self.engine.train_batch(data_iter=self._batches(data_iter))
+        return StepResult(float(loss), self.engine.skipped_steps > skipped_before)
+
+    @torch.no_grad()
+    def evaluate(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> float:
+        """Mean loss of one ``eval_batch``."""
+        loss = self.engine.eval_batch(data_iter=self._batches(data_iter))
+        return float(loss)
+
+
+def is_nan(value: float) -> bool:
+    """True for NaN or ±inf losses (GPT-NeoX counts them as NaN iterations)."""
+    return math.isnan(value) or math.isinf(value)
