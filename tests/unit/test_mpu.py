@@ -281,3 +281,16 @@ def test_checkpoint_replays_both_rng_streams() -> None:
     assert (plain[0] == 0).any() and (plain[0] != 0).any()  # dropout really acted
     for a, b in zip(plain, ckpt):
         assert torch.equal(a, b)
+
+
+def test_fp32_allreduce_flag_selects_the_reduction_dtype() -> None:
+    from megatron.mpu.mappings import _reduce_dtype
+
+    half, full = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float32)
+    assert _reduce_dtype(half) == torch.bfloat16
+    mpu.set_fp32_allreduce(True)
+    assert mpu.get_fp32_allreduce()
+    assert _reduce_dtype(half) == torch.float32 and _reduce_dtype(full) == torch.float32
+    assert _reduce_dtype(torch.zeros(1, dtype=torch.float16)) == torch.float32
+    mpu.destroy_model_parallel()
+    assert not mpu.get_fp32_allreduce()
