@@ -1,0 +1,1 @@
+"""Data pipeline: ``.bin``/``.idx`` datasets, GPT-NeoX sample order, blending, splits and loaders."""

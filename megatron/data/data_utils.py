@@ -1,0 +1,247 @@
+"""Train/valid/test datasets and loaders from GPT-NeoX data keys (``data_path`` + ``split``, or per-split paths).
+
+Sample counts follow GPT-NeoX: train ``train_iters * train_batch_size``; valid
+``(train_iters // eval_interval + 1) * eval_iters * train_batch_size``; test ``eval_iters * train_batch_size``.
+With several paths per split, dataset ``i`` gets ``ceil(N * w_i * 1.005)`` samples and the datasets are blended.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
+from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
+from megatron.data.indexed_dataset import make_dataset
+from megatron.data.samplers import DistributedBatchSampler
+
+logger = logging.getLogger(__name__)
+
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+@dataclass
+class DataConfig:
+    """The data keys of a GPT-NeoX config (flat names as in GPT-NeoX YAML)."""
+
+    seq_length: int
+    train_batch_size: int
+    micro_batch_size: int
+    train_iters: int = 0
+    eval_interval: int = 1000
+    eval_iters: int = 100
+    seed: int = 1234
+    data_path: str | None = None
+    split: str = "969, 30, 1"
+    train_data_paths: list[str] | None = None
+    valid_data_paths: list[str] | None = None
+    test_data_paths: list[str] | None = None
+    train_data_weights: list[float] | None = None
+    valid_data_weights: list[float] | None = None
+    test_data_weights: list[float] | None = None
+    train_label_data_paths: list[str] | None = None
+    valid_label_data_paths: list[str] | None = None
+    test_label_data_paths: list[str] | None = None
+    label_data_paths: list[str] | None = None
+    weight_by_num_documents: bool = False
+    weighted_sampler_alpha: float = 1.0
+    weighted_document_limit: int | None = None
+    data_impl: str = "infer"
+    pack_impl: str = "packed"
+    allow_chopped: bool = True
+    mmap_warmup: bool = False
+    use_shared_fs: bool = True
+    num_workers: int = 2
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> DataConfig:
+        """Read the flat GPT-NeoX attribute names (``batch_size`` = micro batch per GPU) with getattr."""
+        micro = getattr(args, "train_micro_batch_size_per_gpu", None) or getattr(args, "batch_size", None)
+        kwargs: dict[str, Any] = {
+            "seq_length": args.seq_length,
+            "train_batch_size": args.train_batch_size,
+            "micro_batch_size": micro,
+        }
+        for name, field in cls.__dataclass_fields__.items():
+            if name in kwargs:
+                continue
+            value = getattr(args, name, None)
+            if value is not None:
+                kwargs[name] = value
+            elif field.default is None:
+                kwargs[name] = None
+        if kwargs.get("train_iters") is None:
+            kwargs["train_iters"] = 0
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the key when the data keys are inconsistent."""
+        if self.pack_impl not in PACK_IMPLS:
+            raise ValueError(f"pack_impl {self.pack_impl!r} is not one of {', '.join(PACK_IMPLS)}")
+        if self.data_path and self.train_data_paths:
+            raise ValueError("set either data_path (with split) or train/valid/test_data_paths, not both")
+        if not self.data_path and not self.train_data_paths:
+            raise ValueError("no data: set data_path (with split) or train_data_paths/valid_data_paths/test_data_paths")
+        for split in SPLIT_NAMES:
+            paths, weights = getattr(self, f"{split}_data_paths"), getattr(self, f"{split}_data_weights")
+            if paths and weights and len(paths) != len(weights):
+                raise ValueError(f"{split}_data_paths has {len(paths)} entries but {split}_data_weights {len(weights)}")
+            labels = getattr(self, f"{split}_label_data_paths")
+            if labels and (not paths or len(labels) != len(paths)):
+                raise ValueError(f"{split}_label_data_paths must have one entry per {split}_data_paths entry")
+
+    def num_samples(self) -> tuple[int, int, int]:
+        """GPT-NeoX's (train, valid, test) sample counts."""
+        train = self.train_iters * self.train_batch_size
+        valid = (self.train_iters // self.eval_interval + 1) * self.eval_iters * self.train_batch_size
+        test = self.eval_iters * self.train_batch_size
+        return train, valid, test
+
+
+def parse_split(split: str) -> list[float]:
+    """``"969, 30, 1"`` or ``"98/2/0"`` -> three normalised fractions (missing ones are 0)."""
+    sep = "," if "," in split else "/"
+    try:
+        parts = [float(s) for s in split.split(sep)] if sep in split else [float(split)]
+    except ValueError:
+        raise ValueError(f"split {split!r} must be numbers separated by ',' or '/', e.g. '949,50,1'") from None
+    parts = [*parts, 0.0, 0.0, 0.0][:3]
+    if any(p < 0 for p in parts) or sum(parts) <= 0:
+        raise ValueError(f"split {split!r} needs non-negative parts with a positive sum")
+    total = sum(parts)
+    return [p / total for p in parts]
+
+
+def split_boundaries(split: str, size: int) -> list[int]:
+    """GPT-NeoX's item boundaries ``[0, a, b, size]`` for a split string over ``size`` items."""
+    idx = [0]
+    for frac in parse_split(split):
+        idx.append(idx[-1] + round(frac * float(size)))
+    excess = idx[-1] - size
+    return [idx[0]] + [i - excess for i in idx[1:]]
+
+
+def weighted_num_samples(weights: Sequence[float], num_samples: int) -> tuple[list[float], list[int]]:
+    """Normalised weights and ``ceil(num_samples * w * 1.005)`` samples per dataset."""
+    w = [float(x) for x in normalize_weights(weights)]
+    return w, [math.ceil(num_samples * x * 1.005) for x in w]
+
+
+def _gpt2(
+    cfg: DataConfig, name: str, prefix: str, documents: np.ndarray, indexed: Any, num_samples: int, **kw: Any
+) -> GPT2Dataset:
+    return GPT2Dataset(
+        name,
+        prefix,
+        documents,
+        indexed,
+        num_samples,
+        cfg.seq_length,
+        cfg.seed,
+        pack_impl=cfg.pack_impl,
+        allow_chopped=cfg.allow_chopped,
+        use_shared_fs=cfg.use_shared_fs,
+        **kw,
+    )
+
+
+def _open(cfg: DataConfig, prefix: str) -> Any:
+    return make_dataset(prefix, cfg.data_impl, skip_warmup=not cfg.mmap_warmup)
+
+
+def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None] | None = None) -> tuple[Any, Any, Any]:
+    """The three datasets (``None`` where a split is empty or has no samples)."""
+    cfg.validate()
+    counts = cfg.num_samples()
+    if cfg.data_path:
+        indexed = _open(cfg, cfg.data_path)
+        labels = _open(cfg, cfg.label_data_paths[0]) if cfg.label_data_paths else None
+        bounds = split_boundaries(cfg.split, len(indexed.sizes))
+        out: list[Any] = []
+        for k, name in enumerate(SPLIT_NAMES):
+            lo, hi = bounds[k], bounds[k + 1]
+            if hi <= lo or counts[k] <= 0:
+                out.append(None)
+                continue
+            docs = np.arange(lo, hi, dtype=np.int32)
+            ds = _gpt2(cfg, name, cfg.data_path, docs, indexed, counts[k], label_dataset=labels, barrier=barrier)
+            out.append(ds)
+        return out[0], out[1], out[2]
+    result: list[Any] = []
+    for k, split in enumerate(SPLIT_NAMES):
+        paths = getattr(cfg, f"{split}_data_paths") or []
+        if not paths or counts[k] <= 0:
+            result.append(None)
+            continue
+        label_paths = getattr(cfg, f"{split}_label_data_paths") or [None] * len(paths)
+        indexed = [_open(cfg, p) for p in paths]
+        weights = getattr(cfg, f"{split}_data_weights") or [1.0] * len(paths)
+        if cfg.weight_by_num_documents:
+            num_docs = [len(d.sizes) for d in indexed]
+            if cfg.weighted_document_limit:
+                num_docs = [min(n, cfg.weighted_document_limit) for n in num_docs]
+            weights = weights_by_num_documents(num_docs, cfg.weighted_sampler_alpha)
+        weights, per_dataset = weighted_num_samples(weights, counts[k])
+        datasets = []
+        for i, (prefix, ds, label_path) in enumerate(zip(paths, indexed, label_paths)):
+            labels = _open(cfg, label_path) if label_path else None
+            docs = np.arange(len(ds.sizes), dtype=np.int32)
+            datasets.append(
+                _gpt2(cfg, f"{split}_{i}", prefix, docs, ds, per_dataset[i], label_dataset=labels, barrier=barrier)
+            )
+        result.append(BlendableDataset(datasets, weights))
+    return result[0], result[1], result[2]
+
+
+def make_data_loader(
+    dataset: Any, cfg: DataConfig, dp_rank: int, dp_size: int, consumed_samples: int = 0
+) -> torch.utils.data.DataLoader | None:
+    """A loader giving DP rank ``dp_rank`` its ``micro_batch_size`` slice of each global batch, resuming after
+    ``consumed_samples`` (counted in samples over all DP ranks)."""
+    if dataset is None:
+        return None
+    global_batch = cfg.micro_batch_size * dp_size
+    sampler = DistributedBatchSampler(
+        len(dataset), cfg.micro_batch_size, dp_rank, dp_size, start_iter=consumed_samples // global_batch
+    )
+    if len(sampler) == 0:
+        raise ValueError(
+            f"dataset has {len(dataset)} samples, fewer than one global batch of {global_batch} "
+            "(micro_batch_size x data-parallel size)"
+        )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=cfg.num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=False,
+    )
+
+
+def build_train_valid_test_data_loaders(
+    cfg: DataConfig,
+    *,
+    dp_rank: int,
+    dp_size: int,
+    consumed_train_samples: int = 0,
+    consumed_valid_samples: int = 0,
+    barrier: Callable[[], None] | None = None,
+) -> tuple[Any, Any, Any]:
+    """Datasets as GPT-NeoX builds them, wrapped in per-DP-rank loaders: ``(train, valid, test)``, any may be None.
+
+    Each batch is ``{"text": LongTensor[micro_batch, seq_length + 1]}`` (+ ``"label"``). Re-iterating a loader
+    starts the next epoch from sample 0. ``barrier`` (default: the default group's barrier when
+    ``torch.distributed`` is initialised) lets the ranks that call this wait while one of them builds index maps.
+    """
+    train, valid, test = build_train_valid_test_datasets(cfg, barrier=barrier)
+    return (
+        make_data_loader(train, cfg, dp_rank, dp_size, consumed_train_samples),
+        make_data_loader(valid, cfg, dp_rank, dp_size, consumed_valid_samples),
+        make_data_loader(test, cfg, dp_rank, dp_size, 0),
+    )

@@ -1,0 +1,107 @@
+"""Read documents from ``.jsonl`` / ``.jsonl.zst`` / ``.jsonl.gz`` / ``.json`` / ``.txt`` files, with file:line errors.
+
+A JSONL line is one document (a JSON object); ``.txt`` files are one document each (as ``lm_dataformat``).
+Empty documents are dropped, as GPT-NeoX's reader does.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.gz", ".json", ".json.zst", ".json.gz", ".zst", ".gz", ".txt")
+
+
+class DocumentError(ValueError):
+    """A bad input line; the message names the file and line."""
+
+
+@dataclass
+class ReadStats:
+    """What was read: documents yielded, skipped lines (with ``skip_invalid``) and empty documents dropped."""
+
+    documents: int = 0
+    skipped: int = 0
+    empty: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    if path.endswith(".zst"):
+        import zstandard
+
+        raw = open(path, "rb")  # noqa: SIM115 - owned by the returned reader
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def check_inputs(paths: Sequence[str]) -> list[str]:
+    """Validate input paths (exist, known suffix); returns them."""
+    if not paths:
+        raise ValueError("--input: no input files given")
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"--input: {path!r} does not exist or is not a file")
+        if not path.endswith(SUFFIXES):
+            raise ValueError(f"--input: {path!r} has an unsupported suffix; valid: {', '.join(SUFFIXES)}")
+    return list(paths)
+
+
+def read_documents(
+    paths: Sequence[str], keys: Sequence[str], skip_invalid: bool = False, stats: ReadStats | None = None
+) -> Iterator[dict[str, str]]:
+    """Yield ``{key: text}`` per document. Invalid JSON, a non-object line, a missing key or invalid UTF-8 raise
+    :class:`DocumentError` naming ``file:line`` (or, with ``skip_invalid``, are skipped and counted in ``stats``).
+    """
+    stats = stats if stats is not None else ReadStats()
+    for path in check_inputs(paths):
+        if path.endswith(".txt"):
+            with open(path, "rb") as f:
+                raw = f.read()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DocumentError(f"{path}: invalid UTF-8 at byte {e.start}") from None
+            if text:
+                stats.documents += 1
+                yield dict.fromkeys(keys, text)
+            else:
+                stats.empty += 1
+            continue
+        with _open_binary(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line.decode("utf-8"))
+                    if not isinstance(doc, dict):
+                        raise DocumentError(f"{path}:{lineno}: expected a JSON object, got {type(doc).__name__}")
+                    missing = [k for k in keys if k not in doc]
+                    if missing:
+                        raise DocumentError(
+                            f"{path}:{lineno}: missing key {missing[0]!r} (keys present: {sorted(doc)[:10]})"
+                        )
+                    texts = {k: doc[k] if isinstance(doc[k], str) else json.dumps(doc[k]) for k in keys}
+                except (UnicodeDecodeError, json.JSONDecodeError, DocumentError) as e:
+                    if isinstance(e, UnicodeDecodeError):
+                        e = DocumentError(f"{path}:{lineno}: invalid UTF-8")
+                    elif isinstance(e, json.JSONDecodeError):
+                        e = DocumentError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})")
+                    if not skip_invalid:
+                        raise e from None
+                    stats.skipped += 1
+                    if len(stats.skipped_examples) < 5:
+                        stats.skipped_examples.append(str(e))
+                    continue
+                if all(not t for t in texts.values()):
+                    stats.empty += 1
+                    continue
+                stats.documents += 1
+                yield texts

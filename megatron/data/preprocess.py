@@ -1,0 +1,263 @@
+"""Tokenise documents into ``{prefix}_{key}_document.bin/.idx`` (the engine of ``tools/datasets/preprocess_data.py``).
+
+Documents are read in the main process (so bad lines are reported with file and line), grouped in batches,
+tokenised with the tokenizer's batched encoder (in ``workers`` processes when ``workers > 1``), and written in
+input order, so the output is byte-identical for any number of workers. Output goes to ``*.partial`` files that
+are renamed only when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from megatron.data.document_reader import ReadStats, read_documents
+from megatron.data.indexed_dataset import data_file_path, index_file_path, make_builder
+from megatron.tokenizer import TokenizerConfig, build_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PreprocessConfig:
+    """Options of ``preprocess_data.py`` (GPT-NeoX's flags)."""
+
+    inputs: list[str]
+    output_prefix: str
+    tokenizer_type: str
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    jsonl_keys: list[str] = field(default_factory=lambda: ["text"])
+    append_eod: bool = False
+    ftfy: bool = False
+    dataset_impl: str = "mmap"
+    workers: int = 1
+    log_interval: int = 100
+    num_docs: int | None = None
+    skip_invalid: bool = False
+    batch_docs: int = 64
+
+    def tokenizer_config(self) -> TokenizerConfig:
+        return TokenizerConfig(self.tokenizer_type, self.vocab_file, self.merge_file)
+
+
+@dataclass
+class PreprocessResult:
+    """What was written."""
+
+    outputs: dict[str, str]
+    documents: int
+    tokens: int
+    bytes_in: int
+    seconds: float
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+
+
+def output_prefix_for(prefix: str, key: str) -> str:
+    """GPT-NeoX's output name: ``{prefix}_{key}_document``."""
+    return f"{prefix}_{key}_document"
+
+
+# --- worker side -------------------------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(cfg: PreprocessConfig, dtype: str, single_thread: bool) -> None:
+    if single_thread:
+        # Several worker processes: keep each one's Rust thread pool to one thread (set before the first encode).
+        os.environ["RAYON_NUM_THREADS"] = "1"
+    _WORKER["tok"] = build_tokenizer(cfg.tokenizer_config())
+    _WORKER["cfg"] = cfg
+    _WORKER["dtype"] = np.dtype(dtype)
+    if cfg.ftfy:
+        import ftfy
+
+        _WORKER["fix"] = ftfy.fix_text
+
+
+def encode_batch(docs: list[dict[str, str]]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """Tokenise a batch: per key ``(flat tokens, tokens per document)``, plus the batch's UTF-8 byte count."""
+    tok, cfg, dtype = _WORKER["tok"], _WORKER["cfg"], _WORKER["dtype"]
+    fix = _WORKER.get("fix")
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    nbytes = 0
+    for key in cfg.jsonl_keys:
+        texts = [d[key] for d in docs]
+        if fix is not None:
+            texts = [fix(t) for t in texts]
+        nbytes += sum(len(t.encode("utf-8")) for t in texts)
+        ids = tok.tokenize_batch(texts)
+        if cfg.append_eod:
+            eod = tok.eod
+            for seq in ids:
+                seq.append(eod)
+        lengths = np.fromiter((len(s) for s in ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter((t for s in ids for t in s), dtype=np.int64, count=int(lengths.sum()))
+        if len(flat) and (flat.min() < 0 or flat.max() > np.iinfo(dtype).max):
+            raise ValueError(f"token ids out of range for the output dtype {dtype}")
+        out[key] = (flat.astype(dtype, copy=False), lengths)
+    return out, nbytes
+
+
+# --- main process ------------------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """Prints documents/s, tokens/s and MB/s every ``interval`` documents (a bar on a terminal)."""
+
+    def __init__(self, interval: int, total: int | None, stream: Any) -> None:
+        self.interval, self.total, self.stream = max(1, interval), total, stream
+        self.start = time.perf_counter()
+        self.docs = self.tokens = self.bytes = 0
+        self._next = self.interval
+        self._tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def line(self) -> str:
+        dt = max(time.perf_counter() - self.start, 1e-9)
+        done = f"{self.docs}/{self.total}" if self.total else f"{self.docs}"
+        bar = ""
+        if self.total:
+            filled = int(30 * min(1.0, self.docs / self.total))
+            bar = "[" + "#" * filled + "." * (30 - filled) + "] "
+        return (
+            f"{bar}{done} docs | {self.docs / dt:.1f} docs/s | {self.tokens / dt:,.0f} tokens/s | "
+            f"{self.bytes / dt / 1e6:.2f} MB/s"
+        )
+
+    def update(self, docs: int, tokens: int, nbytes: int) -> None:
+        self.docs += docs
+        self.tokens += tokens
+        self.bytes += nbytes
+        if self.docs >= self._next:
+            self._next = (self.docs // self.interval + 1) * self.interval
+            self.stream.write(("\r" if self._tty else "") + self.line() + ("" if self._tty else "\n"))
+            self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write(("\r" if self._tty else "") + self.line() + "\n")
+        self.stream.flush()
+
+
+def _batches(cfg: PreprocessConfig, stats: ReadStats) -> Any:
+    batch: list[dict[str, str]] = []
+    for doc in read_documents(cfg.inputs, cfg.jsonl_keys, cfg.skip_invalid, stats):
+        batch.append(doc)
+        if len(batch) >= cfg.batch_docs:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def preprocess(
+    cfg: PreprocessConfig, progress_stream: Any = None, on_batch: Callable[[int], None] | None = None
+) -> PreprocessResult:
+    """Run the whole preprocessing; raises ValueError (file:line for bad input) and leaves no output then."""
+    if cfg.dataset_impl not in ("mmap", "cached", "lazy"):
+        raise ValueError(f"--dataset-impl {cfg.dataset_impl!r} is not one of mmap, cached, lazy")
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+    if not cfg.jsonl_keys:
+        raise ValueError("--jsonl-keys: at least one key is needed")
+    out_dir = os.path.dirname(os.path.abspath(cfg.output_prefix))
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"--output-prefix: directory {out_dir} does not exist")
+    tokenizer = build_tokenizer(cfg.tokenizer_config())
+    final = {key: output_prefix_for(cfg.output_prefix, key) for key in cfg.jsonl_keys}
+    builders: dict[str, Any] = {}
+    partial: list[str] = []
+    for key, prefix in final.items():
+        tmp_bin = data_file_path(prefix) + ".partial"
+        partial += [tmp_bin, index_file_path(prefix) + ".partial"]
+        builders[key] = make_builder(tmp_bin, impl=cfg.dataset_impl, vocab_size=tokenizer.vocab_size)
+    dtype = next(iter(builders.values())).dtype
+    stats = ReadStats()
+    progress = _Progress(cfg.log_interval, cfg.num_docs, progress_stream or sys.stderr)
+    tokens = nbytes = 0
+
+    def write(result: tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]) -> None:
+        nonlocal tokens, nbytes
+        per_key, batch_bytes = result
+        ndocs = 0
+        for key, (flat, lengths) in per_key.items():
+            _write_documents(builders[key], flat, lengths)
+            tokens += len(flat)
+            ndocs = len(lengths)
+        nbytes += batch_bytes
+        progress.update(ndocs, int(sum(len(f) for f, _ in per_key.values())), batch_bytes)
+        if on_batch is not None:
+            on_batch(ndocs)
+
+    start = time.perf_counter()
+    try:
+        if cfg.workers == 1:
+            _init_worker(cfg, dtype.name, single_thread=False)
+            for batch in _batches(cfg, stats):
+                write(encode_batch(batch))
+        else:
+            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg, dtype.name, True)) as pool:
+                pending: deque[Any] = deque()
+                for batch in _batches(cfg, stats):
+                    pending.append(pool.apply_async(encode_batch, (batch,)))
+                    while len(pending) > 4 * cfg.workers:
+                        write(pending.popleft().get())
+                while pending:
+                    write(pending.popleft().get())
+        if stats.documents == 0:
+            raise ValueError(
+                f"no documents in {', '.join(cfg.inputs)} ({stats.skipped} invalid lines skipped, "
+                f"{stats.empty} empty documents); nothing written"
+            )
+        for key, prefix in final.items():
+            builders[key].finalize(index_file_path(prefix) + ".partial")
+        for prefix in final.values():
+            os.replace(data_file_path(prefix) + ".partial", data_file_path(prefix))
+            os.replace(index_file_path(prefix) + ".partial", index_file_path(prefix))
+    except BaseException:
+        for b in builders.values():
+            _close_quietly(b)
+        for path in partial:
+            if os.path.exists(path):
+                os.remove(path)
+        raise
+    progress.close()
+    return PreprocessResult(
+        outputs=final,
+        documents=stats.documents,
+        tokens=tokens,
+        bytes_in=nbytes,
+        seconds=time.perf_counter() - start,
+        skipped=stats.skipped,
+        skipped_examples=stats.skipped_examples,
+    )
+
+
+def _write_documents(builder: Any, flat: np.ndarray, lengths: np.ndarray) -> None:
+    """One item per document followed by ``end_document`` (a document without tokens adds no item)."""
+    if hasattr(builder, "add_documents"):
+        builder.add_documents(flat, lengths)
+        return
+    offset = 0
+    for n in lengths:
+        if n:
+            builder.add_item(flat[offset : offset + n])
+        offset += n
+        builder.end_document()
+
+
+def _close_quietly(builder: Any) -> None:
+    f = getattr(builder, "_data_file", None) or getattr(builder, "_out", None)
+    if f is not None and not f.closed:
+        f.close()

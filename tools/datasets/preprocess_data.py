@@ -1,0 +1,77 @@
+"""Tokenise JSONL (or .jsonl.zst/.jsonl.gz/.txt) documents into GPT-NeoX ``.bin``/``.idx`` datasets.
+
+    python tools/datasets/preprocess_data.py --input a.jsonl,b.jsonl.zst --output-prefix data/x \\
+        --tokenizer-type HFTokenizer --vocab-file tokenizer.json --append-eod --workers 2
+
+writes ``data/x_text_document.bin`` / ``.idx`` (one per ``--jsonl-keys`` key).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
+
+from megatron.data.preprocess import PreprocessConfig, preprocess
+from megatron.tokenizer import TOKENIZER_TYPES
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """GPT-NeoX's flags (plus ``--skip-invalid``)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("input data")
+    g.add_argument("--input", required=True, help="comma-separated .jsonl/.jsonl.zst/.jsonl.gz/.txt files")
+    g.add_argument("--jsonl-keys", nargs="+", default=["text"], help="JSON keys to extract (default: text)")
+    g.add_argument("--num-docs", type=int, default=None, help="number of documents, if known (progress bar total)")
+    g.add_argument("--skip-invalid", action="store_true", help="skip and count invalid lines instead of failing")
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
+    g.add_argument("--vocab-file", default=None, help="tokenizer file (JSON, vocab.json, .model, .tiktoken, ...)")
+    g.add_argument("--merge-file", default=None, help="merges.txt for GPT2BPETokenizer")
+    g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
+    g.add_argument("--ftfy", action="store_true", help="fix text with ftfy before tokenising")
+    g = p.add_argument_group("output data")
+    g.add_argument("--output-prefix", required=True, help="output prefix (no suffix)")
+    g.add_argument("--dataset-impl", default="mmap", choices=["lazy", "cached", "mmap"])
+    g = p.add_argument_group("runtime")
+    g.add_argument("--workers", type=int, default=1, help="tokenising processes")
+    g.add_argument("--log-interval", type=int, default=100, help="progress every N documents")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: prints what was written, or the error, and returns the exit code."""
+    args = parse_args(argv)
+    cfg = PreprocessConfig(
+        inputs=[s for s in args.input.split(",") if s],
+        output_prefix=args.output_prefix,
+        tokenizer_type=args.tokenizer_type,
+        vocab_file=args.vocab_file,
+        merge_file=args.merge_file,
+        jsonl_keys=args.jsonl_keys,
+        append_eod=args.append_eod,
+        ftfy=args.ftfy,
+        dataset_impl=args.dataset_impl,
+        workers=args.workers,
+        log_interval=args.log_interval,
+        num_docs=args.num_docs,
+        skip_invalid=args.skip_invalid,
+    )
+    try:
+        result = preprocess(cfg)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    rate = result.tokens / max(result.seconds, 1e-9)
+    print(
+        f"Processed {result.documents} documents, {result.tokens} tokens in {result.seconds:.2f} s ({rate:,.0f} tokens/s)"
+    )
+    if result.skipped:
+        print(f"Skipped {result.skipped} invalid lines, e.g. {result.skipped_examples[0]}")
+    for prefix in result.outputs.values():
+        print(f"Wrote {prefix}.bin and {prefix}.idx")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,11 @@
+"""Train a tokenizers JSON on JSONL documents; see ``megatron/tokenizer/train_tokenizer.py`` for the flags."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
+
+from megatron.tokenizer.train_tokenizer import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
