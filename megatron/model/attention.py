@@ -1,0 +1,256 @@
+"""Causal self-attention with GPT-NeoX's fused ``query_key_value`` layout, GQA, rotary/ALiBi/RPE, QK-norm,
+sliding-window and ``local`` attention, and a KV cache.
+
+Layouts: the layer works on ``[s, b, h]``; attention itself runs on ``[b, heads, s, hn]``.
+Fused QKV (per TP rank): MHA is per-head interleaved ``[np][q|k|v][hn]`` (HF GPTNeoX layout); GQA is blocked
+``[q_local | k_local | v_local]`` (GPT-NeoX's layout; see ``tp_sharding``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron import mpu
+from megatron.model.config import GPTModelConfig
+from megatron.model.kv_cache import KVCache
+from megatron.model.norms import build_norm
+from megatron.model.positional_embeddings import AliBi, RotaryEmbedding, apply_rotary
+
+logger = logging.getLogger(__name__)
+
+try:  # flash-attn 2 is optional (CUDA only); SDPA is used everywhere else
+    from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - not installed on CPU machines
+    flash_attn_func = None
+
+
+def model_parallel_rng_fork() -> contextlib.AbstractContextManager:
+    """Fork into the model-parallel RNG stream (attention-prob dropout) when the tracker is seeded."""
+    tracker = mpu.get_cuda_rng_tracker()
+    try:
+        seeded = "model-parallel-rng" in tracker.get_states()
+    except Exception:  # pragma: no cover - defensive: unknown tracker implementation
+        seeded = False
+    return tracker.fork() if seeded else contextlib.nullcontext()
+
+
+class ParallelSelfAttention(nn.Module):
+    """Self-attention of layer ``layer_index`` (0-based) with GPT-NeoX tensor names.
+
+    Parameters: ``query_key_value`` (column parallel), ``dense`` (row parallel), optional ``q_norm``/``k_norm``,
+    ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)`` (bias not yet added) where
+    ``output`` is reduced over TP unless ``gpt_j_residual`` (then partial sums, reduced once by the layer).
+    """
+
+    def __init__(
+        self,
+        cfg: GPTModelConfig,
+        layer_index: int,
+        init_method: Callable,
+        output_layer_init_method: Callable,
+        rpe: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer_index = layer_index
+        self.attention_type = cfg.attention_config[layer_index]
+        tp = mpu.get_model_parallel_world_size()
+        self.tp = tp
+        self.hn = cfg.head_dim
+        self.np = mpu.divide(cfg.num_attention_heads, tp)
+        self.nkv = mpu.divide(cfg.kv_heads, tp)
+        kv = cfg.kv_heads * cfg.head_dim
+        self.query_key_value = mpu.ColumnParallelLinear(
+            cfg.hidden_size,
+            cfg.qkv_size,
+            bias=cfg.use_bias_in_attn_linear,
+            gather_output=False,
+            init_method=init_method,
+            params_dtype=cfg.params_dtype,
+            sequence_parallel=cfg.sequence_parallel,
+            seq_dim=0,
+            output_sizes=(cfg.hidden_size, kv, kv) if cfg.is_gqa else None,
+        )
+        if cfg.use_qk_layernorm:
+            self.q_norm = build_norm(cfg, [self.np, self.hn])
+            self.k_norm = build_norm(cfg, [self.nkv, self.hn])
+        self.rotary_emb = (
+            RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rotary_save_freqs_buffer)
+            if cfg.pos_emb == "rotary"
+            else None
+        )
+        self.alibi = AliBi(cfg.num_attention_heads) if cfg.pos_emb == "alibi" else None
+        self.rpe = rpe
+        self.scale = 1.0 / math.sqrt(self.hn)
+        self.layer_scale = float(max(1, layer_index)) if cfg.apply_query_key_layer_scaling else 1.0
+        self.dense = mpu.RowParallelLinear(
+            cfg.hidden_size,
+            cfg.hidden_size,
+            bias=cfg.use_bias_in_attn_linear,
+            input_is_parallel=True,
+            init_method=output_layer_init_method,
+            skip_bias_add=True,
+            params_dtype=cfg.params_dtype,
+            parallel_output=cfg.gpt_j_residual,
+            sequence_parallel=cfg.sequence_parallel,
+            seq_dim=0,
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s, b = mixed.shape[:2]
+        if not self.cfg.is_gqa:  # [s, b, np * 3 * hn] -> per-head [q|k|v]
+            q, k, v = mixed.view(s, b, self.np, 3 * self.hn).split(self.hn, dim=-1)
+            return q, k, v
+        q, k, v = mixed.split([self.np * self.hn, self.nkv * self.hn, self.nkv * self.hn], dim=-1)
+        return q.view(s, b, self.np, self.hn), k.view(s, b, self.nkv, self.hn), v.view(s, b, self.nkv, self.hn)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden`` [s(/tp with SP), b, h], ``position_ids`` [b, s], ``attention_mask`` bool (True = masked)."""
+        mixed, _ = self.query_key_value(hidden)  # [s, b, qkv/tp]
+        q, k, v = self._split_qkv(mixed)  # [s, b, heads, hn]
+        if self.cfg.use_qk_layernorm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
+        if self.rotary_emb is not None:
+            cos, sin = self.rotary_emb(position_ids, q.dtype)  # [b, s, rot]
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        sq = q.shape[2]
+        past = 0
+        if kv_cache is not None:
+            past = kv_cache.past_length(self.layer_index)
+            k, v = kv_cache.update(self.layer_index, k.contiguous(), v.contiguous())
+        context = self._attend(q, k, v, attention_mask, past)  # [b, np, sq, hn]
+        b = context.shape[0]
+        context = context.permute(2, 0, 1, 3).reshape(sq, b, self.np * self.hn)  # [s, b, h/tp]
+        return self.dense(context)
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, past: int
+    ) -> torch.Tensor:
+        sq, sk = q.shape[2], k.shape[2]
+        device = q.device
+        q_pos = torch.arange(past, past + sq, device=device)
+        k_pos = torch.arange(sk, device=device)
+        allowed = self._allowed(mask, q_pos, k_pos, past)  # bool [b|1, 1, sq, sk] or None = plain causal
+        bias = None
+        if self.alibi is not None:
+            bias = self.alibi(q_pos, k_pos)
+        if self.rpe is not None:
+            rpe = self.rpe(q_pos, k_pos)
+            bias = rpe if bias is None else bias + rpe
+        dropout = self.cfg.attention_dropout if self.training else 0.0
+
+        if self._use_flash(q, past, bias):  # pragma: no cover - CUDA + flash-attn only
+            window = (self.cfg.sliding_window_width, -1) if self.cfg.sliding_window_width else (-1, -1)
+            with model_parallel_rng_fork():
+                out = flash_attn_func(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout, causal=True, window_size=window
+                )
+            return out.transpose(1, 2)
+
+        if self.nkv != self.np:
+            k = k.repeat_interleave(self.np // self.nkv, dim=1)
+            v = v.repeat_interleave(self.np // self.nkv, dim=1)
+        low_precision = q.dtype != torch.float32
+        if low_precision and (
+            self.cfg.attention_softmax_in_fp32 or self.cfg.apply_query_key_layer_scaling or bias is not None
+        ):
+            return self._math_attention(q, k, v, allowed, bias, dropout, q_pos, k_pos)
+        if allowed is None and bias is None and past == 0 and sq == sk:
+            with model_parallel_rng_fork():
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
+        if allowed is None:
+            allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+        attn_mask: torch.Tensor = allowed
+        if bias is not None:
+            attn_mask = torch.where(allowed, bias.to(q.dtype).unsqueeze(0), float("-inf"))
+        with model_parallel_rng_fork():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale)
+
+    def _math_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        allowed: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        dropout: float,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+    ) -> torch.Tensor:
+        """Explicit attention: scores in the param dtype, softmax in fp32 (``attention_softmax_in_fp32``)."""
+        coeff = self.layer_scale
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.scale / coeff)  # [b, np, sq, sk]
+        scores = scores.float() * coeff
+        if bias is not None:
+            scores = scores + bias.unsqueeze(0)
+        if allowed is None:
+            allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        if dropout > 0.0:
+            with model_parallel_rng_fork():
+                probs = F.dropout(probs, p=dropout)
+        return torch.matmul(probs, v)
+
+    def _allowed(
+        self, mask: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor, past: int
+    ) -> torch.Tensor | None:
+        """Boolean ``True = may attend`` mask ``[b|1, 1, sq, sk]``, or None when it is exactly plain causal."""
+        sq, sk = q_pos.numel(), k_pos.numel()
+        allowed = None
+        if mask is not None:
+            if mask.shape[-2] < past + sq or mask.shape[-1] < sk:
+                raise ValueError(
+                    f"attention_mask of shape {tuple(mask.shape)} is too small for {sq} queries after {past} cached"
+                )
+            m = mask[..., past : past + sq, :sk].bool()  # True = masked (GPT-NeoX convention)
+            while m.dim() < 4:
+                m = m.unsqueeze(0)
+            causal_masked = k_pos[None, :] > q_pos[:, None]
+            if not (m.shape[0] == 1 and torch.equal(m[0, 0], causal_masked)):
+                allowed = ~m
+        window = self.cfg.sliding_window_width
+        extra = None
+        if window is not None:
+            extra = (q_pos[:, None] - k_pos[None, :]) <= window
+        if self.attention_type == "local":
+            block = int(self.cfg.sparsity_config.get("block", 16))
+            reach = int(self.cfg.sparsity_config.get("num_sliding_window_blocks", 3)) // 2
+            local = (q_pos[:, None] // block - k_pos[None, :] // block) <= reach
+            extra = local if extra is None else extra & local
+        self._plain_causal = allowed is None
+        if extra is not None:
+            base = allowed if allowed is not None else (k_pos[None, :] <= q_pos[:, None])[None, None]
+            allowed = base & extra[None, None]
+        return allowed
+
+    def _use_flash(self, q: torch.Tensor, past: int, bias: torch.Tensor | None) -> bool:
+        """flash-attn 2 only for CUDA half precision with a plain causal (optionally windowed) mask."""
+        return (
+            flash_attn_func is not None
+            and self.attention_type == "flash"
+            and q.is_cuda
+            and q.dtype in (torch.float16, torch.bfloat16)
+            and bias is None
+            and past == 0
+            and self._plain_causal
+        )

@@ -1,0 +1,405 @@
+"""``GPTModelConfig``: every architecture knob of the GPT model, under GPT-NeoX's flat key names.
+
+The model never sees the whole ``NeoXArgs``; ``GPTModelConfig.from_neox_args(args)`` copies the keys it needs
+(read with ``getattr`` so any object with GPT-NeoX attribute names works) and validates them, raising
+``ValueError`` that names the offending key and the valid values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm", "te_layernorm", "te_rmsnorm")
+POS_EMBS = ("learned", "sinusoidal", "rotary", "alibi", "rpe", "none")
+PLAIN_ACTIVATIONS = ("gelu", "relu", "silu", "swish", "mish", "softsign")
+GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
+ACTIVATIONS = PLAIN_ACTIVATIONS + GATED_ACTIVATIONS
+INIT_METHODS = (
+    "normal",
+    "scaled_normal",
+    "orthogonal",
+    "scaled_orthogonal",
+    "xavier_uniform",
+    "xavier_normal",
+    "wang_init",
+    "small_init",
+    "single_residual_scaled_normal",
+)
+SUPPORTED_ATTENTION = ("global", "flash", "local")
+KNOWN_ATTENTION = (
+    "global",
+    "local",
+    "sparse_fixed",
+    "sparse_variable",
+    "bigbird",
+    "bslongformer",
+    "gmlp",
+    "amlp",
+    "flash",
+    "rwkv",
+    "mamba",
+)
+PRECISIONS = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+# Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
+# (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
+FUSION_KEYS = (
+    "scaled_upper_triang_masked_softmax_fusion",
+    "scaled_masked_softmax_fusion",
+    "bias_dropout_fusion",
+    "rope_fusion",
+    "layernorm_fusion",
+    "rmsnorm_fusion",
+    "use_flashattn_swiglu",
+)
+
+
+def expand_attention_config(attention_config: Any, num_layers: int) -> tuple[str, ...]:
+    """Expand GPT-NeoX's ``attention_config`` (``[[[types], count], ...]`` or a flat list) to one type per layer."""
+    if attention_config is None:
+        return ("global",) * num_layers
+    items = list(attention_config)
+    if all(isinstance(item, str) for item in items):
+        flat = [item.lower() for item in items]
+    else:
+        flat = []
+        for item in items:
+            if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))):
+                raise ValueError(
+                    f"attention_config: item {item!r} is not of the form [[type, ...], count]; "
+                    'example: [[["global"], 12]]'
+                )
+            pattern, count = [str(t).lower() for t in item[0]], item[1]
+            if count == "all":
+                if num_layers % len(pattern):
+                    raise ValueError(
+                        f"attention_config: pattern {pattern} with count 'all' must divide num_layers={num_layers}"
+                    )
+                count = num_layers // len(pattern)
+            if not isinstance(count, int) or count < 0:
+                raise ValueError(f"attention_config: count {count!r} must be a non-negative int or 'all'")
+            flat.extend(pattern * count)
+    if len(flat) != num_layers:
+        raise ValueError(f"attention_config expands to {len(flat)} layer types but num_layers is {num_layers}")
+    return tuple(flat)
+
+
+def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:
+    """GPT-NeoX's vocabulary padding: round up to a multiple of ``make_vocab_size_divisible_by × TP``."""
+    multiple = make_vocab_size_divisible_by * model_parallel_size
+    if multiple <= 0:
+        raise ValueError(f"make_vocab_size_divisible_by × model_parallel_size must be positive, got {multiple}")
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+@dataclass
+class GPTModelConfig:
+    """Architecture of the GPT model (GPT-NeoX key names; see docs/model.md for the semantics of each key)."""
+
+    num_layers: int
+    """Number of transformer layers L."""
+    hidden_size: int
+    """Model width h."""
+    num_attention_heads: int
+    """Query heads; head dim = h / heads."""
+    padded_vocab_size: int
+    """Rows of the word embedding / output layer (already padded, divisible by the TP size)."""
+    max_position_embeddings: int = 2048
+    """Longest position (learned/sinusoidal tables, rotary cache hint, ALiBi)."""
+    seq_length: int | None = None
+    """Training sequence length (informational; the model accepts any length <= max_position_embeddings)."""
+    num_kv_heads: int | None = None
+    """Key/value heads (GQA/MQA when < num_attention_heads); None = MHA."""
+    intermediate_size: int | None = None
+    """MLP width before GPT-NeoX's sizing rule (for gated activations ≈ 3× the HF intermediate size)."""
+    expansion_factor: float | None = None
+    """MLP width as a multiple of hidden_size (exclusive with intermediate_size); default 4."""
+    mlp_multiple_of: int = 1
+    """Round the MLP widths up to multiples of this."""
+    norm: str = "layernorm"
+    """layernorm | rmsnorm | scalenorm | non_parametric_layernorm (te_* map to the plain equivalents)."""
+    layernorm_epsilon: float = 1.0e-5
+    """LayerNorm epsilon."""
+    rms_norm_epsilon: float = 1.0e-8
+    """RMSNorm epsilon."""
+    scalenorm_epsilon: float = 1.0e-8
+    """ScaleNorm epsilon."""
+    use_bias_in_norms: bool = True
+    """LayerNorm has a bias (RMSNorm/ScaleNorm never have one)."""
+    pos_emb: str = "learned"
+    """learned | sinusoidal | rotary | alibi | rpe | none."""
+    rotary_pct: float = 1.0
+    """Fraction of each head's dims that get rotary embedding (int(head_dim·pct) dims)."""
+    rotary_emb_base: float = 10000.0
+    """Rotary theta."""
+    rotary_save_freqs_buffer: bool = False
+    """Persist ``attention.rotary_emb.inv_freq`` in the state dict."""
+    rpe_num_buckets: int = 32
+    """T5 relative position buckets."""
+    rpe_max_distance: int = 128
+    """T5 relative position max distance."""
+    opt_pos_emb_offset: int = 0
+    """Offset added to positions of learned position embeddings (OPT uses 2)."""
+    no_weight_tying: bool = False
+    """False: the output layer reuses the word embedding."""
+    activation: str = "gelu"
+    """gelu | relu | silu | swish | mish | softsign | geglu | reglu | swiglu | bilinear | glu."""
+    bias_gelu_fusion: bool = False
+    """GPT-NeoX semantics kept: selects the tanh-approximate GELU."""
+    onnx_safe: bool = False
+    """erf GELU written out explicitly (same values as exact GELU)."""
+    gpt_j_residual: bool = False
+    """Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)), one TP reduction."""
+    gpt_j_tied: bool = False
+    """With gpt_j_residual, use ln1 for the MLP input too (ln2 exists but is unused)."""
+    use_bias_in_attn_linear: bool = True
+    """Bias in query_key_value and attention.dense."""
+    use_bias_in_mlp: bool = True
+    """Bias in mlp.linear1 / mlp.linear2."""
+    use_qk_layernorm: bool = False
+    """LayerNorm-type norm over [heads_per_partition, head_dim] of q and k."""
+    sliding_window_width: int | None = None
+    """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
+    attention_config: tuple[str, ...] = ()
+    """Per-layer attention type (global | flash | local); empty = all global."""
+    sparsity_config: dict = field(default_factory=dict)
+    """``local`` attention: ``block`` (16) and ``num_sliding_window_blocks`` (3)."""
+    hidden_dropout: float = 0.0
+    """Dropout after embeddings, attention and MLP."""
+    attention_dropout: float = 0.0
+    """Dropout on attention probabilities."""
+    init_method: str = "normal"
+    """Init of embeddings, query_key_value, linear1 and an untied output layer."""
+    output_layer_init_method: str = "scaled_normal"
+    """Init of attention.dense and mlp.linear2."""
+    init_method_std: float = 0.02
+    """Base std for normal-type inits."""
+    apply_query_key_layer_scaling: bool = False
+    """Divide scores by the (1-based) layer number and undo it inside an fp32 softmax."""
+    attention_softmax_in_fp32: bool = False
+    """Softmax in fp32 for half-precision params."""
+    params_dtype: torch.dtype = torch.float32
+    """Parameter dtype (from ``precision``)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (norm/dropout regions sharded on the sequence)."""
+    checkpoint_activations: bool = False
+    """Recompute transformer layers in backward."""
+    checkpoint_num_layers: int = 1
+    """Layers per activation-checkpoint chunk."""
+    parallel_output: bool = True
+    """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
+    fp16_lm_cross_entropy: bool = False
+    """Compute the loss in half precision instead of fp32."""
+    seed: int = 1234
+    """Base seed; layer ``i`` is initialised after ``torch.manual_seed(seed + i)``."""
+    pipe_partition_method: str = "type:transformer|mlp"
+    """DeepSpeed PipelineModule partition method."""
+    fused_kernels: dict = field(default_factory=dict)
+    """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
+
+    def __post_init__(self) -> None:
+        self.attention_config = expand_attention_config(self.attention_config or None, self.num_layers)
+        self.norm = self.norm.lower()
+        self.pos_emb = self.pos_emb.lower()
+        self.activation = self.activation.lower()
+        self._validate()
+
+    # ------------------------------------------------------------------------------------------------------
+    # derived values
+
+    @property
+    def head_dim(self) -> int:
+        """Dims per attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (== heads for MHA)."""
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def is_gqa(self) -> bool:
+        """True when K/V have fewer heads than Q (fused QKV then is per-TP-rank blocked [q|k|v])."""
+        return self.kv_heads != self.num_attention_heads
+
+    @property
+    def qkv_size(self) -> int:
+        """Output width of the fused query_key_value projection."""
+        return self.hidden_size + 2 * self.kv_heads * self.head_dim
+
+    @property
+    def rotary_ndims(self) -> int:
+        """Rotary dims per head."""
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def is_gated(self) -> bool:
+        """Gated MLP (linear1 produces [up | gate])."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def mlp_sizes(self) -> tuple[int, int]:
+        """``(linear1 output width, linear2 input width)`` following GPT-NeoX's sizing rule.
+
+        ffn = intermediate_size or int(expansion_factor·h) or 4h. Gated: ffn_in = int(ffn·2/3)//2 rounded up to
+        ``mlp_multiple_of`` and linear1 = 2·ffn_in (GPT-NeoX rounds linear1 to 2·m separately; the two agree for
+        every config GPT-NeoX can run). Plain: both = ffn rounded up to ``mlp_multiple_of``.
+        """
+        m = self.mlp_multiple_of
+        if self.intermediate_size:
+            ffn = self.intermediate_size
+        elif self.expansion_factor:
+            ffn = int(self.expansion_factor * self.hidden_size)
+        else:
+            ffn = 4 * self.hidden_size
+        if self.is_gated:
+            ffn_in = m * math.ceil((int(ffn * 2 / 3) // 2) / m)
+            return 2 * ffn_in, ffn_in
+        ffn = m * math.ceil(ffn / m)
+        return ffn, ffn
+
+    @property
+    def tied_embeddings(self) -> bool:
+        """The output layer reuses the word embedding."""
+        return not self.no_weight_tying
+
+    @property
+    def norm_epsilon(self) -> float:
+        """The epsilon of the chosen norm."""
+        if self.norm in ("rmsnorm", "te_rmsnorm"):
+            return self.rms_norm_epsilon
+        if self.norm == "scalenorm":
+            return self.scalenorm_epsilon
+        return self.layernorm_epsilon
+
+    def replace(self, **changes: Any) -> GPTModelConfig:
+        """A copy with some fields changed (re-validated)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size", "max_position_embeddings"):
+            value = getattr(self, key)
+            need(isinstance(value, int) and value > 0, f"{key} must be a positive int, got {value!r}")
+        need(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}",
+        )
+        need(
+            self.kv_heads > 0 and self.num_attention_heads % self.kv_heads == 0,
+            f"num_attention_heads={self.num_attention_heads} must be divisible by num_kv_heads={self.num_kv_heads}",
+        )
+        need(self.norm in NORMS, f"norm={self.norm!r} is not one of {', '.join(NORMS)}")
+        need(self.pos_emb in POS_EMBS, f"pos_emb={self.pos_emb!r} is not one of {', '.join(POS_EMBS)}")
+        need(self.activation in ACTIVATIONS, f"activation={self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        for key in ("init_method", "output_layer_init_method"):
+            value = getattr(self, key)
+            need(value in INIT_METHODS, f"{key}={value!r} is not one of {', '.join(INIT_METHODS)}")
+        need(0.0 <= self.rotary_pct <= 1.0, f"rotary_pct={self.rotary_pct} must be in [0, 1]")
+        if self.pos_emb == "rotary":
+            need(
+                self.rotary_ndims >= 2 and self.rotary_ndims % 2 == 0,
+                f"rotary_pct={self.rotary_pct} gives {self.rotary_ndims} rotary dims for head_dim={self.head_dim}; "
+                "it must be an even number >= 2",
+            )
+        need(
+            not (self.intermediate_size and self.expansion_factor),
+            "intermediate_size and expansion_factor are mutually exclusive; set only one",
+        )
+        need(self.mlp_multiple_of >= 1, f"mlp_multiple_of={self.mlp_multiple_of} must be >= 1")
+        for i, kind in enumerate(self.attention_config):
+            if kind not in SUPPORTED_ATTENTION:
+                where = "unknown" if kind not in KNOWN_ATTENTION else "not supported by neox-forge"
+                raise ValueError(
+                    f"attention_config: layer {i} type {kind!r} is {where}; supported: {', '.join(SUPPORTED_ATTENTION)}"
+                )
+        need(
+            self.sliding_window_width is None or self.sliding_window_width >= 1,
+            f"sliding_window_width={self.sliding_window_width} must be >= 1 (or null)",
+        )
+        for key in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, key)
+            need(0.0 <= value < 1.0, f"{key}={value} must be in [0, 1)")
+        need(self.checkpoint_num_layers >= 1, f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
+        need(
+            self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
+            f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> GPTModelConfig:
+        """Build from any object with GPT-NeoX's flat attribute names (``padded_vocab_size`` must be set)."""
+        padded = getattr(args, "padded_vocab_size", None)
+        if not padded:
+            raise ValueError("padded_vocab_size is not set: build the tokenizer (or pad the vocab) before the model")
+        kwargs: dict[str, Any] = {"padded_vocab_size": int(padded)}
+        for f in dataclasses.fields(cls):
+            if f.name in ("padded_vocab_size", "params_dtype", "fused_kernels", "attention_config", "sparsity_config"):
+                continue
+            value = getattr(args, f.name, None)
+            if value is not None:
+                kwargs[f.name] = value
+        kwargs["attention_config"] = tuple(
+            expand_attention_config(getattr(args, "attention_config", None), int(getattr(args, "num_layers", 0) or 0))
+        )
+        kwargs["sparsity_config"] = dict(getattr(args, "sparsity_config", None) or {})
+        kwargs["params_dtype"] = _params_dtype(args)
+        kwargs["fused_kernels"] = {k: bool(getattr(args, k, False)) for k in FUSION_KEYS if getattr(args, k, False)}
+        if getattr(args, "output_layer_parallelism", "column") != "column":
+            raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
+        if getattr(args, "use_mup", False):
+            logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
+        soft = getattr(args, "soft_prompt_tuning", None)
+        if isinstance(soft, dict) and soft.get("enabled"):
+            raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
+        for key in ("norm",):
+            if kwargs.get(key, "").startswith("te_"):
+                logger.warning("%s=%s: TransformerEngine is not used; using the plain equivalent", key, kwargs[key])
+        return cls(**kwargs)
+
+
+def _params_dtype(args: Any) -> torch.dtype:
+    precision = getattr(args, "precision", None)
+    if precision is None:
+        fp16 = getattr(args, "fp16", None)
+        bf16 = getattr(args, "bf16", None)
+        if isinstance(fp16, dict) and fp16.get("enabled"):
+            precision = "fp16"
+        elif isinstance(bf16, dict) and bf16.get("enabled"):
+            precision = "bfloat16"
+        else:
+            precision = "fp32"
+    if isinstance(precision, torch.dtype):
+        return precision
+    key = str(precision).lower()
+    if key not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of fp32, fp16, bfloat16")
+    return PRECISIONS[key]
+
+
+def layer_numbers(cfg: GPTModelConfig) -> Sequence[int]:
+    """Spec indices of the transformer layers (GPT-NeoX: 2 .. L+1)."""
+    return range(2, cfg.num_layers + 2)

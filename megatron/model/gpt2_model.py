@@ -1,0 +1,233 @@
+"""The GPT model as GPT-NeoX layer specs, run sequentially (``pipe_parallel_size: 0``) or as a DeepSpeed
+``PipelineModule``.
+
+Spec indices (= on-disk layer numbers and ``sequential.{idx}.`` prefixes):
+0 embedding · 1 ``_pre_transformer_block`` · 2..L+1 transformer layers · L+2 ``_post_transformer_block`` ·
+L+3 final norm · L+4 output layer (tied: the embedding's ``word_embeddings_weight`` via ``TiedLayerSpec("embed")``).
+Activations between specs are tuples ``(hidden, position_ids, attention_mask)`` up to L+2 and a tensor after.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentrant_checkpoint
+from torch import nn
+
+from megatron import mpu
+from megatron.model.config import GPTModelConfig
+from megatron.model.init_functions import init_methods
+from megatron.model.kv_cache import KVCache
+from megatron.model.positional_embeddings import RelativePositionBias
+from megatron.model.seeding import seeded
+from megatron.model.transformer import (
+    NormPipe,
+    ParallelLinearPipe,
+    ParallelTransformerLayerPipe,
+    logits_helper,
+)
+from megatron.model.word_embeddings import EmbeddingPipe
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe"]
+
+
+def _pre_transformer_block(args: tuple) -> tuple:
+    """``[b, s, h]`` → ``[s, b, h]`` (layers work sequence-first)."""
+    hidden, position_ids, attention_mask = args
+    return hidden.transpose(0, 1).contiguous(), position_ids, attention_mask
+
+
+def _post_transformer_block(args: tuple) -> torch.Tensor:
+    """Drop positions/mask and go back to ``[b, s, h]``."""
+    return args[0].transpose(0, 1).contiguous()
+
+
+def build_layer_specs(cfg: GPTModelConfig) -> list:
+    """GPT-NeoX's spec list (see module docstring) of DeepSpeed ``LayerSpec``/``TiedLayerSpec`` and functions."""
+    rpe = None
+    if cfg.pos_emb == "rpe":
+        with seeded(cfg.seed + 1):
+            init_method, _ = init_methods(cfg)
+            rpe = RelativePositionBias(
+                cfg.num_attention_heads,
+                cfg.rpe_num_buckets,
+                cfg.rpe_max_distance,
+                scale=cfg.head_dim**0.5,
+                init_method=init_method,
+                dtype=cfg.params_dtype,
+            )
+    specs: list[Any] = []
+    if cfg.tied_embeddings:
+        specs.append(TiedLayerSpec("embed", EmbeddingPipe, cfg, 0, tied_weight_attr="word_embeddings_weight"))
+    else:
+        specs.append(LayerSpec(EmbeddingPipe, cfg, 0))
+    specs.append(_pre_transformer_block)
+    for i in range(cfg.num_layers):
+        specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
+    specs.append(_post_transformer_block)
+    specs.append(LayerSpec(NormPipe, cfg, cfg.num_layers + 3))
+    if cfg.tied_embeddings:
+        specs.append(
+            TiedLayerSpec(
+                "embed", EmbeddingPipe, cfg, 0, forward_fn=logits_helper, tied_weight_attr="word_embeddings_weight"
+            )
+        )
+    else:
+        specs.append(LayerSpec(ParallelLinearPipe, cfg, cfg.num_layers + 4))
+    return specs
+
+
+class _Lambda(nn.Module):
+    """A parameter-free spec (function, or the tied output layer calling into its owner)."""
+
+    def __init__(self, fn: Any, owner: nn.Module | None = None) -> None:
+        super().__init__()
+        self.fn = fn
+        self._owner = [owner] if owner is not None else []  # a list, so the owner is not registered twice
+
+    def forward(self, x: Any) -> Any:
+        """Apply the function."""
+        return self.fn(self._owner[0], x) if self._owner else self.fn(x)
+
+
+class GPTSequential(nn.Module):
+    """The spec list run in order (``pipe_parallel_size: 0``); parameters under ``sequential.{idx}.``.
+
+    ``forward(input_ids, position_ids=None, attention_mask=None, kv_cache=None)`` → logits ``[b, s, V/tp]``
+    (``[b, s, V]`` if not ``parallel_output``). Also accepts GPT-NeoX's ``model((tokens, position_ids, mask))``.
+    ``position_ids`` default to ``kv_cache.seq_len + arange(s)``; ``attention_mask`` None = causal.
+    """
+
+    def __init__(self, cfg: GPTModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        modules: list[nn.Module] = []
+        owners: dict[str, nn.Module] = {}
+        for spec in build_layer_specs(cfg):
+            if isinstance(spec, TiedLayerSpec):
+                if spec.key in owners:
+                    modules.append(_Lambda(spec.forward_fn, owners[spec.key]))
+                    continue
+                module = spec.build()
+                owners[spec.key] = module
+                modules.append(module)
+            elif isinstance(spec, LayerSpec):
+                modules.append(spec.build())
+            else:
+                modules.append(_Lambda(spec))
+        self.sequential = nn.Sequential(*modules)
+        self.checkpoint_activations = cfg.checkpoint_activations
+        self.checkpoint_num_layers = cfg.checkpoint_num_layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | tuple,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Logits for ``input_ids`` [b, s]."""
+        if isinstance(input_ids, (tuple, list)):
+            input_ids, position_ids, attention_mask = input_ids
+        b, s = input_ids.shape
+        if position_ids is None:
+            start = kv_cache.seq_len if kv_cache is not None else 0
+            position_ids = torch.arange(start, start + s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        x: Any = (input_ids, position_ids, attention_mask)
+        layers = list(self.sequential)
+        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and kv_cache is None
+        i = 0
+        while i < len(layers):
+            layer = layers[i]
+            if isinstance(layer, ParallelTransformerLayerPipe):
+                if use_ckpt:
+                    j = i
+                    while (
+                        j < len(layers)
+                        and j - i < self.checkpoint_num_layers
+                        and isinstance(layers[j], ParallelTransformerLayerPipe)
+                    ):
+                        j += 1
+                    x = non_reentrant_checkpoint(_run_chunk(layers[i:j]), *x)
+                    i = j
+                    continue
+                x = layer(x, kv_cache=kv_cache)
+            else:
+                x = layer(x)
+            i += 1
+        if kv_cache is not None:
+            kv_cache.advance(s)
+        return x
+
+
+def _run_chunk(layers: list[nn.Module]) -> Any:
+    def run(*args: Any) -> tuple:
+        for layer in layers:
+            args = layer(args)
+        return args
+
+    return run
+
+
+def build_sequential_model(cfg: GPTModelConfig) -> GPTSequential:
+    """The sequential (``pipe_parallel_size: 0``) model."""
+    return GPTSequential(cfg)
+
+
+class GPT2ModelPipe(PipelineModule):
+    """The spec list as a DeepSpeed ``PipelineModule`` (``pipe_parallel_size >= 1``), GPT-NeoX style.
+
+    Loss: :func:`cross_entropy` on ``(labels, loss_mask)``. Activation checkpointing every
+    ``checkpoint_num_layers`` transformer layers with DeepSpeed's non-reentrant checkpoint (safe for the
+    embedding stage, replays the TP RNG tracker). Weights are seeded per spec (``seed + idx``), so they do not
+    depend on the partition.
+    """
+
+    def __init__(
+        self,
+        cfg: GPTModelConfig,
+        topology: Any = None,
+        *,
+        num_stages: int | None = None,
+        loss_fn: Any = None,
+        partition_method: str | None = None,
+        checkpoint_activations: bool | None = None,
+        checkpoint_num_layers: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        ckpt = cfg.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
+        every = cfg.checkpoint_num_layers if checkpoint_num_layers is None else checkpoint_num_layers
+        topology = topology if topology is not None else mpu.get_topology()
+        super().__init__(
+            layers=build_layer_specs(cfg),
+            num_stages=None if topology is not None else (num_stages or 1),
+            topology=topology,
+            loss_fn=loss_fn if loss_fn is not None else cross_entropy,
+            partition_method=partition_method or cfg.pipe_partition_method,
+            activation_checkpoint_interval=every if ckpt else 0,
+            activation_checkpoint_func=non_reentrant_checkpoint,
+            checkpointable_layers=CHECKPOINTABLE_LAYERS,
+        )
+
+
+def build_pipeline_model(cfg: GPTModelConfig, topology: Any = None, **kwargs: Any) -> GPT2ModelPipe:
+    """``GPT2ModelPipe(cfg, topology, **kwargs)``."""
+    return GPT2ModelPipe(cfg, topology, **kwargs)
+
+
+def cross_entropy(output: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor], _fp16: bool = False) -> torch.Tensor:
+    """GPT-NeoX's LM loss: vocab-parallel CE per token, masked mean ``Σ(loss·mask)/Σmask``.
+
+    ``output`` [b, s, V/tp] logits (vocab-parallel); ``labels`` = ``(labels [b, s], loss_mask [b, s])``.
+    Computed in fp32 unless ``_fp16`` (``fp16_lm_cross_entropy``).
+    """
+    target, loss_mask = labels
+    logits = output if _fp16 else output.float()
+    losses = mpu.vocab_parallel_cross_entropy(logits.contiguous(), target)
+    mask = loss_mask.reshape(-1).float()
+    return torch.sum(losses.reshape(-1).float() * mask) / mask.sum()

@@ -1,0 +1,142 @@
+"""Positional encodings: rotary (half-split, HF/GPT-NeoX convention), sinusoidal, ALiBi and T5 relative bias."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from megatron import mpu
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary embedding over the first ``dim`` dims of each head; ``inv_freq = 1/base^(2i/dim)``.
+
+    ``forward(positions)`` returns ``(cos, sin)`` of shape ``[*positions.shape, dim]`` computed in fp32 (as HF
+    does) and cast to ``dtype``; positions come from ``position_ids`` so packed/reset positions and KV-cache
+    offsets are honoured.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0, save_inv_freq: bool = False) -> None:
+        super().__init__()
+        self.dim = dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=save_inv_freq)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables for integer ``positions``."""
+        freqs = positions[..., None].float() * self.inv_freq.float().to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dim."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of ``x`` (``cos``/``sin`` broadcast against ``x``)."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+class SinusoidalPositionalEmbedding(nn.Module):
+    """Fixed ``cat(sin, cos)`` of ``pos × inv_freq`` with ``inv_freq = 1/10000^(2i/h)``."""
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``[*positions.shape, dim]`` embeddings."""
+        angles = positions[..., None].float() * self.inv_freq
+        return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """Standard ALiBi slopes (geometric ``2^(-8/n)``; non-powers of two interleave the next power's slopes)."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_2(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+class AliBi(nn.Module):
+    """ALiBi bias ``-(i - j)·slope_head`` for this TP rank's heads (``[np, sq, sk]``, fp32)."""
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        tp, rank = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_rank()
+        per = mpu.divide(num_heads, tp)
+        slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float32)[rank * per : (rank + 1) * per]
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Bias for query positions ``q_pos`` [sq] and key positions ``k_pos`` [sk]."""
+        dist = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()  # [sq, sk]
+        return -self.slopes[:, None, None] * dist[None]
+
+
+def t5_relative_bucket(relative: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Causal T5 bucketing of ``relative = k - q`` (only the past is bucketed; the future maps to bucket 0)."""
+    n = (-relative).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = (
+        max_exact
+        + (
+            torch.log(n.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+    """T5 relative position bias (GPT-NeoX ``pos_emb: rpe``): weight ``[buckets, heads/tp]`` × ``scale``.
+
+    The full ``[buckets, heads]`` table is drawn with ``init_method`` and this TP rank keeps its heads (the
+    mpu API has no layer for it). One instance is shared by all layers, as in GPT-NeoX.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int,
+        max_distance: int,
+        scale: float,
+        init_method: Callable[[torch.Tensor], object],
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        tp, rank = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_rank()
+        per = mpu.divide(num_heads, tp)
+        full = torch.empty(num_buckets, num_heads, dtype=torch.float32)
+        init_method(full)
+        self.weight = nn.Parameter(full[:, rank * per : (rank + 1) * per].contiguous().to(dtype))
+        if tp > 1:
+            self.weight.model_parallel = True
+            self.weight.tensor_model_parallel = True
+            self.weight.partition_dim = 1
+            self.weight.partition_stride = 1
+        self.num_buckets, self.max_distance, self.scale = num_buckets, max_distance, scale
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """``[np, sq, sk]`` bias."""
+        buckets = t5_relative_bucket(k_pos[None, :] - q_pos[:, None], self.num_buckets, self.max_distance)
+        return (self.weight[buckets] * self.scale).permute(2, 0, 1).float()

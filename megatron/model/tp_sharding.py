@@ -1,0 +1,89 @@
+"""How every tensor of the model is split across tensor-parallel ranks (for checkpoint tools and tests).
+
+The *full* tensor is the one a tp=1 model holds (GPT-NeoX's tp=1 checkpoint layout). A TP rank's shard:
+
+* contiguous split along ``dim`` (embeddings, MHA query_key_value, dense/linear2 inputs, output layer);
+* for a dimension made of sub-matrices (GQA ``query_key_value`` = ``[Q | K | V]`` with sizes
+  ``(h, kv·hn, kv·hn)``; gated ``mlp.linear1`` = ``[up | gate]``), every sub-matrix is split and the rank keeps
+  ``[Q_r | K_r | V_r]`` / ``[up_r | gate_r]`` — exactly GPT-NeoX's per-rank layout;
+* replicated (norms, row-parallel biases, learned position embeddings, rotary buffers).
+
+Row-parallel biases are TP-invariant in neox-forge (added once after the reduction), so no bias scaling applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from megatron.model.config import GPTModelConfig
+
+
+def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[int, ...] | None]:
+    """``(partition dim or None if replicated, sub-matrix sizes along it or None)`` for a parameter name.
+
+    ``name`` may carry any prefix (``sequential.2.``, ``2.``); only its suffix matters.
+    """
+    if name.endswith("word_embeddings.weight") or name.endswith("final_linear.weight"):
+        return 0, None
+    if "attention.query_key_value." in name:
+        if cfg.is_gqa:
+            kv = cfg.kv_heads * cfg.head_dim
+            return 0, (cfg.hidden_size, kv, kv)
+        return 0, None
+    if name.endswith("attention.dense.weight") or name.endswith("mlp.linear2.weight"):
+        return 1, None
+    if "mlp.linear1." in name:
+        return 0, ((cfg.mlp_sizes[0] // 2,) * 2 if cfg.is_gated else None)
+    if name.endswith("attention.rpe.weight"):
+        return 1, None
+    if name.endswith(("attention.q_norm.weight", "attention.q_norm.bias", "attention.q_norm.scale")):
+        return 0, None
+    if name.endswith(("attention.k_norm.weight", "attention.k_norm.bias", "attention.k_norm.scale")):
+        return 0, None
+    return None, None
+
+
+def shard(full: torch.Tensor, dim: int, rank: int, world: int, sub_sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """This rank's shard of ``full`` along ``dim`` (each sub-matrix split separately)."""
+    sizes = list(sub_sizes) if sub_sizes else [full.size(dim)]
+    parts = []
+    for block in torch.split(full, sizes, dim=dim):
+        if block.size(dim) % world:
+            raise ValueError(f"size {block.size(dim)} along dim {dim} is not divisible by the TP size {world}")
+        piece = block.size(dim) // world
+        parts.append(block.narrow(dim, rank * piece, piece))
+    return torch.cat(parts, dim=dim).contiguous()
+
+
+def merge(shards: Sequence[torch.Tensor], dim: int, sub_sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """Inverse of ``shard`` over all ranks."""
+    world = len(shards)
+    sizes = [s // world for s in sub_sizes] if sub_sizes else [shards[0].size(dim)]
+    per_rank = [torch.split(s, sizes, dim=dim) for s in shards]
+    blocks = [torch.cat([per_rank[r][i] for r in range(world)], dim=dim) for i in range(len(sizes))]
+    return torch.cat(blocks, dim=dim)
+
+
+def shard_state_dict(full: dict[str, torch.Tensor], cfg: GPTModelConfig, rank: int, world: int) -> dict:
+    """Shard a whole tp=1 state dict for ``rank`` of ``world``."""
+    out = {}
+    for name, tensor in full.items():
+        dim, subs = partition_spec(name, cfg)
+        out[name] = tensor.clone() if dim is None or world == 1 else shard(tensor, dim, rank, world, subs)
+    return out
+
+
+def merge_state_dicts(shards: Sequence[dict[str, torch.Tensor]], cfg: GPTModelConfig) -> dict[str, torch.Tensor]:
+    """Merge per-rank state dicts back to the tp=1 layout (replicated tensors are taken from rank 0)."""
+    out = {}
+    for name, tensor in shards[0].items():
+        dim, subs = partition_spec(name, cfg)
+        out[name] = tensor.clone() if dim is None or len(shards) == 1 else merge([s[name] for s in shards], dim, subs)
+    return out
+
+
+def rank_blocked_order(full: torch.Tensor, dim: int, world: int, sub_sizes: Sequence[int]) -> torch.Tensor:
+    """Reorder ``full`` so that a plain contiguous split yields the sub-matrix-aware shards."""
+    return torch.cat([shard(full, dim, r, world, sub_sizes) for r in range(world)], dim=dim)
