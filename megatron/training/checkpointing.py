@@ -67,6 +67,8 @@ class CheckpointConfig:
         values = {}
         for name in cls.__dataclass_fields__:
             value = getattr(args, name, None)
+            if callable(value):  # NeoXArgs.save() is a method: read the key from the resolved values
+                value = args.to_dict().get(name)
             values[name] = getattr(defaults, name) if value is None else value
         values["extra_save_iters"] = [int(i) for i in values["extra_save_iters"]]
         cfg = cls(**values)

@@ -155,6 +155,7 @@ class Trainer:
         self.profiler = Profiler(loop_cfg, profile_dir)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -228,6 +229,8 @@ class Trainer:
         losses = [self.step.evaluate(data_iter) for _ in range(self.loop_cfg.eval_iters)]
         self.engine.train()
         loss = sum(losses) / max(len(losses), 1)
+        if prefix == "validation":
+            self.consumed_valid += self.loop_cfg.eval_iters * self.loop_cfg.train_batch_size
         results = {f"{prefix}/lm_loss": loss, f"{prefix}/lm_loss_ppl": math.exp(min(loss, 80.0))}
         self.metrics.log(results, iteration)
         if self.rank == 0:

@@ -1,0 +1,220 @@
+"""``pretrain(neox_args)``: GPT-NeoX's pretrain flow on the DeepSpeed engine.
+
+initialize (distributed, mpu, seeds) → tokenizer (sets ``padded_vocab_size``) → metrics sinks → model →
+optimizer + LR schedule → ``deepspeed.initialize`` → optional load → data loaders (resuming at the consumed
+samples) → optional step-0 save → ``train()`` → final validation → final save → test evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron.initialize import initialize_megatron
+from megatron.logging.flops import FlopsConfig
+from megatron.logging.metrics import LoggingConfig, Metrics
+from megatron.logging.timers import Timers
+from megatron.training import checkpointing as ckpt
+from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
+from megatron.training.loop import LoopConfig, LoopState, Trainer
+from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
+from megatron.training.step import BatchConfig, PipeStep, SequentialStep
+
+logger = logging.getLogger("megatron.train")
+
+ALLOW_CPU_FP16_ENV = "NEOX_FORGE_ALLOW_CPU_FP16"
+
+
+@dataclass
+class PretrainResult:
+    """What a run did (returned to callers and tests)."""
+
+    iteration: int
+    start_iteration: int
+    train_losses: list[float] = field(default_factory=list)
+    valid: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+    saved: list[int] = field(default_factory=list)
+
+
+def checkpoint_args(args: Any) -> dict[str, Any]:
+    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load."""
+    return {k: getattr(args, k, None) for k in ckpt.CHECKPOINT_ARG_KEYS}
+
+
+def _allow_fp16_on_cpu(ds_config: dict[str, Any]) -> None:
+    """DeepSpeed refuses fp16 on CPUs without native fp16 kernels; allow it explicitly (slow) for tests."""
+    from megatron.distributed import on_cpu
+
+    if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu():
+        return
+    if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
+        raise ValueError(
+            "fp16.enabled: DeepSpeed has no fp16 support on this CPU; use bf16 (or fp32), or set "
+            f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
+        )
+    from deepspeed.accelerator import get_accelerator
+
+    logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
+    type(get_accelerator()).is_fp16_supported = lambda self: True
+
+
+def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
+    """The GPT model for the config: sequential (``pipe_parallel_size == 0``) or a DeepSpeed PipelineModule."""
+    from megatron import model as model_lib
+
+    cfg = model_lib.GPTModelConfig.from_neox_args(args)
+    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
+        return model_lib.build_pipeline_model(cfg), cfg
+    return model_lib.build_sequential_model(cfg), cfg
+
+
+def _check_parallel_zero(args: Any, zero_stage: int) -> None:
+    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1 and zero_stage >= 2:
+        raise ValueError(
+            f"zero_optimization.stage {zero_stage} cannot be combined with pipe_parallel_size >= 1 (DeepSpeed "
+            "limit); use stage 0 or 1, or pipe_parallel_size: 0"
+        )
+
+
+def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
+    """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
+
+    Returns ``(engine, lr_scheduler, iteration, load_result)``.
+    """
+    import deepspeed
+
+    from megatron import mpu
+
+    opt_cfg = OptimizerConfig.from_neox_args(args)
+    _check_parallel_zero(args, opt_cfg.zero_stage)
+    ds_config = deepspeed_config_for(args.deepspeed_config, opt_cfg)
+    _allow_fp16_on_cpu(ds_config)
+    model, _ = build_model(args)
+    optimizer, groups = build_optimizer(model, opt_cfg)
+    lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
+    pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        model_parameters=groups if optimizer is None else None,
+        lr_scheduler=lr_scheduler,
+        config=ds_config,
+        mpu=None if pipe else mpu.get_deepspeed_mpu(),
+        dist_init_required=False,
+    )
+    # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
+    lr_scheduler.optimizer = engine.optimizer
+    lr_scheduler.step(lr_scheduler.num_iters)
+    result = ckpt.load_checkpoint(engine, load_cfg, checkpoint_args=checkpoint_args(args))
+    return engine, lr_scheduler, result.iteration, result
+
+
+def _loss_fn() -> Any:
+    from megatron.model import cross_entropy
+
+    return cross_entropy
+
+
+def pretrain(args: Any) -> PretrainResult:
+    """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+    from megatron import mpu
+    from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+    from megatron.data.samplers import iterate_forever
+    from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
+
+    timers = Timers()
+    initialize_megatron(args)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    padded = padded_vocab_size(
+        tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
+    )
+    args.update_value("padded_vocab_size", padded)
+    loop_cfg = LoopConfig.from_neox_args(args)
+    log_cfg = LoggingConfig.from_neox_args(args)
+    save_cfg = ckpt.CheckpointConfig.from_neox_args(args)
+    resolved = args.to_dict() if hasattr(args, "to_dict") else None
+    run_config = {k: v for k, v in (resolved or {}).items() if k != "config_files"}
+    metrics = Metrics.create(
+        log_cfg, rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")), run_config=run_config
+    )
+    try:
+        engine, _, iteration, loaded = setup_model_and_optimizer(args, save_cfg)
+        start_iteration = iteration
+        tbs = int(args.train_batch_size)
+        consumed_train = iteration * tbs
+        consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
+        data_cfg = DataConfig.from_neox_args(args)
+        data_cfg.validate()
+        train_loader, valid_loader, test_loader = build_train_valid_test_data_loaders(
+            data_cfg,
+            dp_rank=mpu.get_data_parallel_rank(),
+            dp_size=mpu.get_data_parallel_world_size(),
+            consumed_train_samples=consumed_train,
+            consumed_valid_samples=consumed_valid,
+        )
+        train_iter = iterate_forever(train_loader) if train_loader is not None else None
+        valid_iter = iterate_forever(valid_loader) if valid_loader is not None else None
+        test_iter = iterate_forever(test_loader) if test_loader is not None else None
+
+        batch_cfg = BatchConfig.from_neox_args(args, tokenizer.eod)
+        gas = int(args.gradient_accumulation_steps or 1)
+        is_pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
+        step = (
+            PipeStep(engine, batch_cfg, timers)
+            if is_pipe
+            else SequentialStep(engine, _loss_fn(), batch_cfg, gas, timers)
+        )
+
+        result = PretrainResult(iteration=iteration, start_iteration=start_iteration)
+        config_files = getattr(args, "config_files", None) or {}
+
+        def save(it: int) -> None:
+            ckpt.save_checkpoint(
+                engine,
+                it,
+                save_cfg,
+                checkpoint_args=checkpoint_args(args),
+                consumed_train_samples=it * tbs,
+                consumed_valid_samples=trainer.consumed_valid,
+                config_files=config_files,
+                resolved_config=resolved,
+            )
+            result.saved.append(it)
+
+        flops_cfg = FlopsConfig.from_neox_args(args)
+        trainer = Trainer(
+            engine=engine,
+            step=step,
+            loop_cfg=loop_cfg,
+            log_cfg=log_cfg,
+            flops_cfg=flops_cfg,
+            metrics=metrics,
+            timers=timers,
+            save_fn=save if save_cfg.save else None,
+            is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
+            profile_dir=log_cfg.log_dir or save_cfg.save or ".",
+        )
+        trainer.consumed_valid = consumed_valid
+        if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
+            save(0)
+        state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
+        result.iteration = state.iteration
+        result.train_losses = state.history
+        if state.exited_early:
+            return result
+        if valid_iter is not None and loop_cfg.eval_iters > 0:
+            result.valid = trainer.evaluate("validation", valid_iter, state.iteration)
+        if save_cfg.save and state.iteration != 0 and state.iteration not in result.saved:
+            save(state.iteration)
+        if test_iter is not None and loop_cfg.eval_iters > 0:
+            result.test = trainer.evaluate("test", test_iter, state.iteration)
+        return result
+    finally:
+        metrics.close()

@@ -1,0 +1,35 @@
+"""Pretrain a GPT model as configured (GPT-NeoX's ``train.py``); launched on every rank by ``deepy.py``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def main() -> int:
+    """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from megatron.distributed import shutdown_and_exit
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.training.pretrain import pretrain
+
+    code = 0
+    try:
+        args = NeoXArgs.consume_neox_args()
+        result = pretrain(args)
+        if args.rank == 0:
+            print(f"training finished at iteration {result.iteration}", flush=True)
+    except ValueError as e:  # configuration, data or checkpoint mistakes (ConfigError is a ValueError)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        code = 1
+    except Exception:
+        logging.getLogger("megatron.train").exception("training failed")
+        code = 1
+    shutdown_and_exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
