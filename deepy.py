@@ -1,0 +1,47 @@
+#!/usr/bin/env python
+"""GPT-NeoX's launcher: ``python deepy.py train.py [-d DIR] a.yml [b.yml ...] [--key value ...] [--dry-run]``.
+
+Merges and validates the configs, writes the resolved config to a run folder and starts the script on every
+rank through DeepSpeed's runner. Config errors are printed without a traceback and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+from megatron.launcher.cli import parse_deepy_args
+from megatron.launcher.launch import default_run_dir, launch, multinode_command, plan_launch, write_run_dir
+from megatron.neox_arguments import ConfigError, NeoXArgs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cli = parse_deepy_args(sys.argv[1:] if argv is None else argv)
+        args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
+        plan = plan_launch(args, cli.run_dir or default_run_dir(args))
+        print("-------------------- resolved configuration --------------------")
+        print(args.format_config())
+        for note in plan.notes:
+            print(f"note: {note}")
+        print("-------------------- launch command --------------------")
+        print(plan.command_line())
+        if plan.runner_argv.count("--force_multi") or args.launcher != "pdsh":
+            with contextlib.suppress(ConfigError):  # a single-node plan has no multi-node command
+                print("multi-node command:", " ".join(multinode_command(plan)))
+        sys.stdout.flush()
+        if cli.dry_run:
+            return 0
+        write_run_dir(args, plan)
+        print(f"run folder: {plan.run_dir}", flush=True)
+        return launch(plan)
+    except ConfigError as e:
+        print(f"deepy.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

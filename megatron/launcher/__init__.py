@@ -1,0 +1,1 @@
+"""Launching a user script on every rank: DeepSpeed's runner locally, pdsh/openmpi/mvapich/slurm across nodes."""

@@ -1,0 +1,300 @@
+"""``NeoXArgs``: the resolved configuration, a facade over the typed section dataclasses with flat GPT-NeoX keys."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import json
+import logging
+import os
+import typing
+from typing import Any
+
+from megatron.neox_arguments.derive import LaunchEnv, derive
+from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files, unknown_key_message
+from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
+from megatron.neox_arguments.types import coerce_value, describe
+from megatron.neox_arguments.unsupported import unsupported_problems
+from megatron.neox_arguments.validate import validate
+
+logger = logging.getLogger(__name__)
+
+# key -> section name / dataclass field / resolved annotation / default, for every GPT-NeoX key.
+KEY_SECTION: dict[str, str] = {}
+FIELDS: dict[str, dataclasses.Field] = {}
+HINTS: dict[str, Any] = {}
+for _section, _cls in SECTIONS.items():
+    _hints = typing.get_type_hints(_cls)
+    for _f in dataclasses.fields(_cls):
+        if _f.name in KEY_SECTION:
+            raise RuntimeError(f"key {_f.name} declared in sections {KEY_SECTION[_f.name]} and {_section}")
+        KEY_SECTION[_f.name], FIELDS[_f.name], HINTS[_f.name] = _section, _f, _hints[_f.name]
+KNOWN_KEYS: set[str] = set(KEY_SECTION)
+
+# Objects attached while running; never serialised.
+RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "comet_experiment", "adlr_autoresume_object")
+# DeepSpeed-section keys that are NeoX bookkeeping, not DeepSpeed config.
+_NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_seqlen", "load_universal"}
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def default_values() -> dict[str, Any]:
+    """Every key with its GPT-NeoX default."""
+    out = {}
+    for cls in SECTIONS.values():
+        out.update(dataclasses.asdict(cls()))
+    return out
+
+
+def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    checked, problems = {}, []
+    for key, value in values.items():
+        ok, coerced = coerce_value(value, HINTS[key])
+        if ok:
+            checked[key] = coerced
+        else:
+            where = origins.get(key, "the configuration")
+            problems.append(f"{key}={value!r} in {where}: expected {describe(HINTS[key])}")
+    return checked, problems
+
+
+class NeoXArgs:
+    """The resolved configuration. Read any GPT-NeoX key as an attribute: ``args.hidden_size``.
+
+    Build it with ``from_ymls`` (config files), ``from_dict`` or, on a launched rank, ``consume_neox_args``.
+    Construction type-checks every value, runs ``derive()``, the validation rules and the unsupported-feature
+    table, and raises one ``ConfigError`` listing every problem.
+    """
+
+    def __init__(
+        self,
+        values: dict[str, Any] | None = None,
+        *,
+        origins: dict[str, str] | None = None,
+        env: LaunchEnv | None = None,
+    ) -> None:
+        values = dict(values or {})
+        origins = dict(origins or {})
+        unknown = [k for k in values if k not in KNOWN_KEYS]
+        if unknown:
+            raise ConfigError(
+                [unknown_key_message(k, origins.get(k, "the configuration"), KNOWN_KEYS) for k in unknown]
+            )
+        checked, problems = _type_problems(values, origins)
+        if problems:
+            raise ConfigError(problems)
+        resolved = default_values()
+        resolved.update(checked)
+        env = env or LaunchEnv.capture(resolved["hostfile"])
+        updates, problems = derive(resolved, set(checked), env)
+        resolved.update(updates)
+        # A feature we do not implement is the root cause of anything else that looks wrong: report it alone.
+        problems = unsupported_problems(resolved, default_values(), origins) or problems + validate(resolved, origins)
+        if problems:
+            raise ConfigError(problems)
+        if env.on_cpu and resolved["precision"] == "fp16":
+            logger.warning("fp16 has no CPU kernels: DeepSpeed refuses fp16 on a CPU-only machine; use bf16 or fp32")
+        object.__setattr__(self, "_sections", {name: cls() for name, cls in SECTIONS.items()})
+        object.__setattr__(self, "_runtime", dict.fromkeys(RUNTIME_ATTRS))
+        object.__setattr__(self, "origins", origins)
+        object.__setattr__(self, "explicit_keys", set(checked))
+        for key, value in resolved.items():
+            setattr(self._sections[KEY_SECTION[key]], key, value)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_ymls(cls, paths: list[str], overwrite_values: dict | None = None) -> NeoXArgs:
+        """Load and merge GPT-NeoX YAML/JSON files in order, apply ``overwrite_values``, resolve and validate."""
+        merged = merge_config_files([str(p) for p in paths], KNOWN_KEYS)
+        if overwrite_values:
+            apply_overrides(merged, overwrite_values, KNOWN_KEYS, "the overrides")
+        return cls._from_merged(merged)
+
+    @classmethod
+    def _from_merged(cls, merged: MergedConfig) -> NeoXArgs:
+        values = dict(merged.values)
+        if merged.config_files and "config_files" not in values:
+            values["config_files"] = merged.config_files
+        if "git_hash" not in values:
+            values["git_hash"] = _git_hash()
+        return cls(values, origins=merged.origins)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NeoXArgs:
+        """Build from a flat dict of GPT-NeoX keys (``-`` or ``_`` spellings), e.g. ``to_dict()``'s output."""
+        merged = MergedConfig()
+        apply_overrides(merged, d, KNOWN_KEYS, "the dict")
+        return cls(merged.values, origins=merged.origins)
+
+    @classmethod
+    def consume_neox_args(cls, argv: list[str] | None = None, overwrite_values: dict | None = None) -> NeoXArgs:
+        """Worker side: read ``--neox_config PATH`` (JSON) or ``--megatron_config B64``; other args are ignored.
+
+        Sets ``rank``, ``local_rank`` and ``world_size`` from the launcher's environment and checks that the
+        world size matches the one the config was resolved for.
+        """
+        import sys
+
+        parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+        parser.add_argument("--neox_config", default=None)
+        parser.add_argument("--megatron_config", default=None)
+        parser.add_argument("--deepspeed_config", default=None)
+        parser.add_argument("--local_rank", type=int, default=None)
+        known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+        if known.neox_config:
+            try:
+                with open(known.neox_config, encoding="utf-8") as f:
+                    d = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError(f"--neox_config {known.neox_config}: cannot read the resolved config: {e}") from None
+        elif known.megatron_config:
+            try:
+                d = json.loads(base64.urlsafe_b64decode(known.megatron_config).decode("utf-8"))
+            except ValueError as e:
+                raise ConfigError(f"--megatron_config: not base64-encoded JSON: {e}") from None
+        else:
+            raise ConfigError(
+                "no config given: expected --neox_config PATH (as passed by deepy.py) or --megatron_config"
+            )
+        if overwrite_values:
+            d = {**d, **overwrite_values}
+        args = cls.from_dict(d)
+        if args.deepspeed_slurm or args.deepspeed_mpi:
+            from megatron.distributed import discover_env_from_scheduler
+
+            discover_env_from_scheduler()
+        env = os.environ
+        local_rank = int(env.get("LOCAL_RANK", known.local_rank if known.local_rank is not None else 0))
+        world = int(env.get("WORLD_SIZE", "1"))
+        if world != args.global_num_gpus:
+            raise ConfigError(
+                f"this rank was launched with WORLD_SIZE={world} but the config was resolved for "
+                f"global_num_gpus={args.global_num_gpus}; relaunch with deepy.py"
+            )
+        args.update_value("rank", int(env.get("RANK", "0")))
+        args.update_value("local_rank", local_rank)
+        args.update_value("world_size", world)
+        if args.rank == 0:
+            logger.info("resolved configuration:\n%s", args.format_config())
+        return args
+
+    # ------------------------------------------------------------------ access
+
+    def __getattr__(self, name: str) -> Any:
+        section = KEY_SECTION.get(name)
+        if section is not None:
+            return getattr(self._sections[section], name)
+        if name in RUNTIME_ATTRS:
+            return self._runtime[name]
+        raise AttributeError(f"NeoXArgs has no key {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.update_value(name, value)
+
+    def update_value(self, key: str, value: Any) -> None:
+        """Set one key after construction (runtime values: padded_vocab_size, iteration, rank, ...)."""
+        if key in RUNTIME_ATTRS:
+            self._runtime[key] = value
+            return
+        if key not in KNOWN_KEYS:
+            raise ValueError(unknown_key_message(key, "update_value", KNOWN_KEYS))
+        ok, coerced = coerce_value(value, HINTS[key])
+        if not ok:
+            raise ValueError(f"update_value: {key}={value!r}: expected {describe(HINTS[key])}")
+        setattr(self._sections[KEY_SECTION[key]], key, coerced)
+
+    def update_values(self, d: dict[str, Any]) -> None:
+        """``update_value`` for each item."""
+        for key, value in d.items():
+            self.update_value(key, value)
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """Section name -> its dataclass instance (parallelism, model, moe, optimizer, ...)."""
+        return dict(self._sections)
+
+    @staticmethod
+    def defaults() -> dict[str, Any]:
+        """Every key with its default."""
+        return default_values()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every key with its resolved value (JSON-serialisable; runtime objects such as the tokenizer excluded)."""
+        out: dict[str, Any] = {}
+        for section in self._sections.values():
+            out.update(dataclasses.asdict(section))
+        return out
+
+    def save(self, path: str) -> None:
+        """Write ``to_dict()`` as JSON to ``path``."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The DeepSpeed config dict: non-default DeepSpeed keys, the batch triple, and deepspeed_extra_args."""
+        section = self._sections["deepspeed_config"]
+        ds: dict[str, Any] = {}
+        for f in dataclasses.fields(DeepspeedConfigArgs):
+            value = getattr(section, f.name)
+            if f.name in _NOT_DS_CONFIG:
+                continue
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if value != default or f.name in _BATCH_KEYS:
+                ds[f.name] = value
+        extra = self.deepspeed_extra_args or {}
+        clash = sorted(set(extra) & set(ds))
+        if clash:
+            raise ConfigError(f"deepspeed_extra_args sets {', '.join(clash)}, which is also set at top level; keep one")
+        ds.update(extra)
+        return ds
+
+    @property
+    def params_dtype(self) -> Any:
+        """torch dtype of the parameters: float16, bfloat16 or float32 by ``precision``."""
+        import torch
+
+        return {"fp16": torch.half, "bfloat16": torch.bfloat16}.get(self.precision, torch.float32)
+
+    def format_config(self) -> str:
+        """The full resolved config, one ``key ..... value`` line per key, by section (user-set keys marked)."""
+        lines = []
+        for name, section in self._sections.items():
+            lines.append(f"[{name}]")
+            for f in dataclasses.fields(section):
+                if f.name == "config_files":
+                    continue
+                mark = "*" if f.name in self.explicit_keys else " "
+                lines.append(f" {mark} {f.name} {'.' * max(2, 44 - len(f.name))} {getattr(section, f.name)!r}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"NeoXArgs({len(self.explicit_keys)} keys set)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NeoXArgs) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _git_hash() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -1,0 +1,83 @@
+"""DeepSpeed JSON-config keys and DeepSpeed runner (launcher) keys."""
+
+# `arg()` returns a dataclasses.field (with the key's docstring); ruff cannot see that.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.neox_arguments.fields import arg
+
+_DS = "DeepSpeed `{}` config block, passed through unchanged."
+
+
+@dataclass
+class DeepspeedConfigArgs:
+    """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
+
+    deepspeed: bool = arg(True, "DeepSpeed is always used (must be true).")
+    train_batch_size: int | None = arg(
+        None, "Global batch = micro batch x gradient accumulation x data-parallel size.", derived=True
+    )
+    train_micro_batch_size_per_gpu: int | None = arg(None, "Samples per rank per forward/backward.", derived=True)
+    gradient_accumulation_steps: int | None = arg(1, "Micro-batches accumulated per optimizer step.", derived=True)
+    optimizer: dict | None = arg(None, "`{type, params}`: optimizer name and constructor arguments (lr, betas...).")
+    scheduler: dict | None = arg(None, "`{type, params}` of a DeepSpeed LR scheduler (normally unset).")
+    fp32_allreduce: bool = arg(False, "All-reduce gradients (and TP reductions) in fp32.")
+    prescale_gradients: bool = arg(False, "Scale gradients before the all-reduce.")
+    gradient_predivide_factor: float = arg(1.0, "Divide gradients by this factor before averaging.")
+    sparse_gradients: bool = arg(False, "Sparse all-reduce of embedding gradients.")
+    fp16: dict | None = arg(None, "fp16 settings: enabled, loss_scale (0 = dynamic), initial_scale_power, ...")
+    bf16: dict | None = arg(None, "bf16 settings: enabled.")
+    amp: dict | None = arg(None, "Apex AMP settings: enabled, ...")
+    gradient_clipping: float = arg(1.0, "Clip gradients to this global norm (0: off).")
+    zero_optimization: dict | None = arg(
+        None, "ZeRO settings: stage (0-3), bucket sizes, overlap_comm, offload... Unset: stage 0.", derived=True
+    )
+    curriculum_learning: dict | None = arg(None, "Sequence-length curriculum settings.")
+    curriculum_seqlen: int = arg(0, "Current curriculum sequence length (set while running).")
+    steps_per_print: int = arg(10, "DeepSpeed's own progress print interval.")
+    wall_clock_breakdown: bool = arg(False, "Time forward/backward/step separately.")
+    dump_state: bool = arg(False, "Print the DeepSpeed engine state after initialisation.")
+    flops_profiler: dict | None = arg(None, _DS.format("flops_profiler"))
+    communication_data_type: str | None = arg(None, "Data type of gradient communication.")
+    autotuning: dict | None = arg(None, _DS.format("autotuning"))
+    activation_checkpointing: dict | None = arg(None, _DS.format("activation_checkpointing"))
+    sparse_attention: dict | None = arg(None, _DS.format("sparse_attention"))
+    data_efficiency: dict | None = arg(None, _DS.format("data_efficiency"))
+    tensorboard: dict | None = arg(None, _DS.format("tensorboard"))
+    wandb: dict | None = arg(None, _DS.format("wandb"))
+    csv_monitor: dict | None = arg(None, _DS.format("csv_monitor"))
+    elasticity: dict | None = arg(None, _DS.format("elasticity"))
+    comms_logger: dict | None = arg(None, _DS.format("comms_logger"))
+    compression_training: dict | None = arg(None, _DS.format("compression_training"))
+    checkpoint: dict | None = arg(None, _DS.format("checkpoint"))
+    data_types: dict | None = arg(None, "Data types, e.g. `{grad_accum_dtype: fp32}`.")
+    deepspeed_extra_args: dict | None = arg(
+        None, "Any further DeepSpeed config keys; a key also set at top level is an error."
+    )
+    load_universal: bool = arg(False, "The checkpoint to load is a DeepSpeed universal checkpoint.")
+
+
+@dataclass
+class DeepspeedRunnerArgs:
+    """Keys passed to DeepSpeed's runner (``deepspeed.launcher.runner``) by deepy.py."""
+
+    hostfile: str | None = arg(None, "MPI-style hostfile, one `hostname slots=N` per line.")
+    include: str | None = arg(None, "Resources to use: `NODE[:SLOT,SLOT][@NODE...]`, e.g. `worker-0@worker-1:0,2`.")
+    exclude: str | None = arg(None, "Resources to leave out, same format as include.")
+    num_nodes: int = arg(-1, "Use the first N hosts of the hostfile (-1: all).")
+    num_gpus: int | None = arg(
+        None, "Devices per node (unset: all). On a CPU-only machine: the number of CPU ranks (default 1)."
+    )
+    master_port: int = arg(29500, "Rendezvous port. On a CPU-only machine a free port is picked when unset.")
+    master_addr: str | None = arg(None, "Rendezvous address (default: first host).")
+    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm"] = arg("pdsh", "Multi-node launcher backend.")
+    force_multi: bool = arg(False, "Use the multi-node launcher even for one node.")
+    detect_nvlink_pairs: bool = arg(False, "DeeperSpeed-only: remap devices by NVLink pairs (ignored).")
+    autotuning_run: str | None = arg(None, "DeepSpeed autotuning mode: `tune` or `run` (from --autotuning).")
+    no_ssh_check: bool = arg(False, "Skip the runner's passwordless-ssh check.")
+    comment: str | None = arg(None, "Comment passed to the (slurm) launcher.")
+    account: str | None = arg(None, "Account passed to the slurm launcher.")

@@ -1,0 +1,70 @@
+"""Optimizer, learning-rate schedule and mixture-of-experts keys."""
+
+# `arg()` returns a dataclasses.field (with the key's docstring); ruff cannot see that.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.neox_arguments.fields import arg
+
+OPTIMIZER_TYPES = ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion")
+
+
+@dataclass
+class OptimizerArgs:
+    """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
+
+    optimizer_type: Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"] = (
+        arg("adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True)
+    )
+    use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
+    zero_stage: int | list | str | None = arg(
+        None, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True
+    )
+    zero_reduce_scatter: bool | None = arg(
+        None, "ZeRO: reduce-scatter gradients instead of all-reduce (mirrored).", derived=True
+    )
+    zero_contiguous_gradients: bool | None = arg(
+        None, "ZeRO: copy gradients into one contiguous buffer (mirrored).", derived=True
+    )
+    zero_reduce_bucket_size: int | None = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
+    zero_allgather_bucket_size: int | None = arg(
+        None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True
+    )
+    lr: float | None = arg(None, "Peak learning rate, taken from `optimizer.params.lr` (default 0.001).", derived=True)
+
+
+@dataclass
+class LRSchedulerArgs:
+    """Learning-rate warmup and decay."""
+
+    lr_decay_style: Literal["constant", "linear", "cosine", "exponential"] = arg(
+        "linear", "Shape of the decay after warmup."
+    )
+    lr_decay_iters: int | None = arg(None, "Iterations over which the learning rate decays (default train_iters).")
+    lr_decay_fraction: float | None = arg(
+        None, "Decay over this fraction of the training iterations (overrides lr_decay_iters)."
+    )
+    min_lr: float = arg(0.0, "Floor of the learning rate; the schedule is clipped below it.")
+    warmup: float = arg(0.01, "Warmup length as a fraction of the decay iterations (0.01 = 1%).")
+    override_lr_scheduler: bool = arg(
+        False, "On resume, take the schedule from this config and ignore the checkpoint's schedule."
+    )
+    use_checkpoint_lr_scheduler: bool = arg(
+        False, "On resume, take the schedule from the checkpoint and ignore this config's."
+    )
+
+
+@dataclass
+class MoEArgs:
+    """Dropless mixture-of-experts layers (megablocks style)."""
+
+    moe_num_experts: int = arg(1, "Experts per MoE layer; 1 means dense MLPs.")
+    moe_expert_interval: int = arg(1, "Place an MoE layer every this many layers.")
+    moe_top_k: int = arg(1, "Experts each token is routed to.")
+    moe_router_type: Literal["sinkhorn", "topk"] = arg("sinkhorn", "Routing algorithm.")
+    moe_lbl_in_fp32: bool = arg(False, "Compute the load-balancing loss in fp32.")
+    moe_jitter_eps: float | None = arg(None, "Multiplicative jitter applied to router inputs during training.")

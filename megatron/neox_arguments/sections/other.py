@@ -1,0 +1,84 @@
+"""Parallelism, tokenizer and miscellaneous keys (GPT-NeoX's ``NeoXArgsParallelism/Tokenizer/Other``)."""
+
+# `arg()` returns a dataclasses.field (with the key's docstring); ruff cannot see that.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.neox_arguments.fields import arg
+
+TOKENIZER_TYPES = Literal[
+    "GPT2BPETokenizer", "HFTokenizer", "HFGPT2Tokenizer", "SPMTokenizer", "CharLevelTokenizer", "TiktokenTokenizer"
+]
+
+
+@dataclass
+class ParallelismArgs:
+    """Pipeline, tensor and sequence parallelism."""
+
+    pipe_parallel_size: int = arg(
+        0, "Pipeline stages. 0: no pipeline engine (layers run sequentially); >= 1: DeepSpeed pipeline engine."
+    )
+    model_parallel_size: int = arg(1, "Tensor-parallel degree.")
+    pipe_partition_method: str = arg(
+        "type:transformer|mlp",
+        "How layers are split over pipeline stages: `parameters`, `uniform` or `type:<regex>` (balance the "
+        "layers whose class name matches).",
+    )
+    world_size: int | None = arg(None, "Number of processes; set at run time from the launcher's environment.")
+    is_pipe_parallel: bool = arg(False, "True when pipe_parallel_size >= 1 (derived).", derived=True)
+    sequence_parallel: bool = arg(
+        False, "Megatron sequence parallelism: norm/dropout regions sharded along the sequence (needs TP > 1)."
+    )
+    dp_world_size: int | None = arg(
+        None,
+        "Data-parallel size: global_num_gpus / (max(pipe_parallel_size, 1) x model_parallel_size) (derived).",
+        derived=True,
+    )
+
+
+@dataclass
+class TokenizerArgs:
+    """Tokenizer choice and the padded vocabulary size."""
+
+    tokenizer_type: TOKENIZER_TYPES = arg("GPT2BPETokenizer", "Tokenizer implementation.")
+    padded_vocab_size: int | None = arg(
+        None, "Vocabulary size after padding; set once the tokenizer is built (depends on model_parallel_size)."
+    )
+
+
+@dataclass
+class OtherArgs:
+    """Distributed runtime, seeds and values set while running."""
+
+    distributed_backend: str = arg("nccl", "torch.distributed backend; neox-forge uses gloo on CPU-only machines.")
+    local_rank: int | None = arg(None, "Rank within the node; set by the launcher.")
+    rank: int | None = arg(None, "Global rank; set by the launcher.")
+    lazy_mpu_init: bool = arg(False, "Let an external manager finish distributed initialisation.")
+    short_seq_prob: float = arg(0.1, "Probability of producing a short sequence (unused by GPT training).")
+    eod_mask_loss: bool = arg(False, "Exclude end-of-document tokens from the loss.")
+    adlr_autoresume: bool = arg(False, "Enable ADLR cluster auto-resume.")
+    adlr_autoresume_interval: int = arg(1000, "Iterations between auto-resume termination checks.")
+    seed: int = arg(1234, "Seed of python, numpy and torch random generators, and of data shuffling.")
+    onnx_safe: bool = arg(False, "Work around known problems of the torch ONNX exporter.")
+    deepscale: bool = arg(False, "Deprecated DeepSpeed flag (no effect).")
+    deepscale_config: str | None = arg(None, "Deprecated DeepSpeed config path (no effect).")
+    deepspeed_mpi: bool = arg(False, "Discover rank/world size from MPI environment variables.")
+    deepspeed_slurm: bool = arg(False, "Discover rank/world size from SLURM environment variables.")
+    user_script: str | None = arg(None, "The script deepy.py launched (train.py, generate.py, eval.py).")
+    iteration: int | None = arg(None, "Current iteration; set while running.")
+    do_train: bool | None = arg(None, "Whether a training set exists; set while running.")
+    do_valid: bool | None = arg(None, "Whether a validation set exists; set while running.")
+    do_test: bool | None = arg(None, "Whether a test set exists; set while running.")
+    global_num_gpus: int | None = arg(
+        None,
+        "Total number of ranks. Unset: from the hostfile, else WORLD_SIZE inside a launched rank, else the "
+        "GPUs of this node (num_gpus x num_nodes), else on a CPU-only machine num_gpus CPU ranks (default 1).",
+        derived=True,
+    )
+    config_files: dict | None = arg(
+        None, "Raw text of every config file, by file name (set by the loader; saved with checkpoints)."
+    )

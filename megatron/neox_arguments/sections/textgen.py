@@ -1,0 +1,33 @@
+"""Text generation and evaluation keys (GPT-NeoX's ``NeoXArgsTextgen``)."""
+
+# `arg()` returns a dataclasses.field (with the key's docstring); ruff cannot see that.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.neox_arguments.fields import arg
+
+
+@dataclass
+class TextgenArgs:
+    """Sampling settings for generate.py and task settings for eval.py."""
+
+    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"] | None = arg(
+        None, "Generation mode; unset: `input-file` if sample_input_file is set, else `unconditional`.", derived=True
+    )
+    precompute_model_name: str | None = arg(None, "Name under which precomputed reference log-probs are saved.")
+    temperature: float = arg(0.0, "Sampling temperature; 0 with top_p 0 and top_k 0 means greedy decoding.")
+    top_p: float = arg(0.0, "Nucleus sampling: smallest token set whose probability mass exceeds top_p.")
+    top_k: int = arg(0, "Sample only among the k most likely tokens (0: off).")
+    return_logits: bool = arg(False, "Return the logits of generated tokens.")
+    maximum_tokens: int = arg(64, "Maximum number of generated tokens.")
+    prompt_end: str = arg("\n", "String that separates prompts in the input file.")
+    sample_input_file: str | None = arg(None, "File of prompts, one per line.")
+    sample_output_file: str = arg("samples.txt", "Output file of generated samples.")
+    num_samples: int = arg(1, "Number of unconditional samples.")
+    recompute: bool = arg(False, "Recompute attention over the whole context at each step (no KV cache).")
+    eval_results_prefix: str = arg("", "Prefix of the evaluation results file.")
+    eval_tasks: list | None = arg(None, "lm-eval task names or local task directories to evaluate on.")

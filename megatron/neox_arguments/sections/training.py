@@ -1,0 +1,148 @@
+"""Data, batching, checkpointing, regularisation and post-training keys (GPT-NeoX's ``NeoXArgsTraining``)."""
+
+# `arg()` returns a dataclasses.field (with the key's docstring); ruff cannot see that.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.neox_arguments.fields import arg
+
+_PAIR = "Pairwise (DPO/RM) data: list of dataset prefixes for the {} {} examples{}."
+
+
+@dataclass
+class TrainingArgs:
+    """Everything about the training run except model shape and optimizer."""
+
+    data_path: str | None = arg(None, "Prefix of one tokenized dataset (`<prefix>.bin/.idx`), split by `split`.")
+    use_shared_fs: bool = arg(
+        True, "Ranks share a filesystem: only global rank 0 builds index caches (else local rank 0 per node)."
+    )
+    train_data_paths: list | None = arg(None, "Dataset prefixes blended for training (with valid/test paths).")
+    train_label_data_paths: list | None = arg(None, "Label streams matching train_data_paths (-100 = no loss).")
+    train_reward_data_paths: list | None = arg(None, "Reward streams matching train_data_paths (KTO).")
+    test_data_paths: list | None = arg(None, "Dataset prefixes blended for testing.")
+    test_label_data_paths: list | None = arg(None, "Label streams matching test_data_paths.")
+    test_reward_data_paths: list | None = arg(None, "Reward streams matching test_data_paths.")
+    valid_data_paths: list | None = arg(None, "Dataset prefixes blended for validation.")
+    valid_label_data_paths: list | None = arg(None, "Label streams matching valid_data_paths.")
+    valid_reward_data_paths: list | None = arg(None, "Reward streams matching valid_data_paths.")
+    pos_train_data_paths: list | None = arg(None, _PAIR.format("training", "chosen", ""))
+    neg_train_data_paths: list | None = arg(None, _PAIR.format("training", "rejected", ""))
+    pos_train_label_data_paths: list | None = arg(None, _PAIR.format("training", "chosen", " (labels)"))
+    neg_train_label_data_paths: list | None = arg(None, _PAIR.format("training", "rejected", " (labels)"))
+    pos_valid_data_paths: list | None = arg(None, _PAIR.format("validation", "chosen", ""))
+    neg_valid_data_paths: list | None = arg(None, _PAIR.format("validation", "rejected", ""))
+    pos_valid_label_data_paths: list | None = arg(None, _PAIR.format("validation", "chosen", " (labels)"))
+    neg_valid_label_data_paths: list | None = arg(None, _PAIR.format("validation", "rejected", " (labels)"))
+    pos_test_data_paths: list | None = arg(None, _PAIR.format("test", "chosen", ""))
+    neg_test_data_paths: list | None = arg(None, _PAIR.format("test", "rejected", ""))
+    pos_test_label_data_paths: list | None = arg(None, _PAIR.format("test", "chosen", " (labels)"))
+    neg_test_label_data_paths: list | None = arg(None, _PAIR.format("test", "rejected", " (labels)"))
+    train_data_weights: list | None = arg(
+        None, "Sampling weight per training dataset (default: all 1.0).", derived=True
+    )
+    valid_data_weights: list | None = arg(
+        None, "Sampling weight per validation dataset (default: all 1.0).", derived=True
+    )
+    test_data_weights: list | None = arg(None, "Sampling weight per test dataset (default: all 1.0).", derived=True)
+    weight_by_num_documents: bool = arg(
+        False, "Replace the weights by p(group) proportional to (documents in group) ** weighted_sampler_alpha."
+    )
+    weighted_sampler_alpha: float = arg(
+        1.0, "Exponent of weight_by_num_documents: 1 = proportional to size, 0 = uniform over groups."
+    )
+    data_impl: Literal["infer", "mmap", "cached"] = arg(
+        "infer", "Indexed-dataset flavour; `infer` reads the index file's magic bytes."
+    )
+    pack_impl: Literal["packed", "pack_until_overflow", "unpacked"] = arg(
+        "packed", "How documents become samples: concatenated and cut, filled until overflow, or one per sample."
+    )
+    dataset_impl: Literal["gpt2", "pairwise", "online"] = arg(
+        "gpt2", "Dataset kind: plain LM, chosen/rejected pairs, or online (served) data."
+    )
+    train_impl: Literal["normal", "dpo", "rm", "kto", "reinforce"] = arg(
+        "normal", "Training objective: language modelling/SFT, DPO, reward model, KTO or REINFORCE."
+    )
+    dpo_fp32: bool = arg(True, "Compute the DPO loss in fp32.")
+    dpo_reference_free: bool = arg(False, "DPO without a reference model (reference log-probs = 0).")
+    dpo_beta: float = arg(0.1, "DPO temperature beta.")
+    kto_fp32: bool = arg(True, "Compute the KTO loss in fp32.")
+    kto_desirable_weight: float = arg(1.0, "KTO weight of desirable examples.")
+    kto_undesirable_weight: float = arg(1.0, "KTO weight of undesirable examples.")
+    z_loss: float = arg(0.0, "Reward-model z-loss coefficient (penalises large rewards).")
+    kto_beta: float = arg(0.1, "KTO temperature beta.")
+    fp32_reinforce: bool = arg(True, "Compute the REINFORCE loss in fp32.")
+    kl_impl: Literal["abs", "mse", "kl", "full"] = arg("mse", "KL estimator of REINFORCE.")
+    kl_div_beta: float = arg(0.1, "REINFORCE KL penalty coefficient.")
+    reinforce_leave_one_out: bool = arg(False, "REINFORCE leave-one-out baseline.")
+    online_dataserver_ips: str | list = arg("localhost", "Host(s) serving online data (dataset_impl: online).")
+    online_dataserver_ports: int | list = arg(10000, "Port(s) of the online data servers.")
+    serve_model_weights: bool = arg(False, "Serve current weights to online data servers.")
+    weight_server_port: int | list = arg(6000, "Port(s) on which weights are served.")
+    allow_chopped: bool = arg(True, "Allow samples longer than seq_length to be cut (ignored when packed).")
+    mmap_warmup: bool = arg(False, "Read through memory-mapped data once at start.")
+    save: str | None = arg(None, "Directory to save checkpoints into.")
+    s3_path: str | None = arg(None, "S3 location checkpoints are uploaded to.")
+    s3_chunk_size: int = arg(104857600, "Chunk size in bytes of S3 uploads.")
+    load: str | None = arg(None, "Directory to load a checkpoint from (its `latest` tag).")
+    checkpoint_validation_with_forward_pass: bool = arg(
+        False, "Store one forward pass with each checkpoint and check it after loading."
+    )
+    checkpoint_scale: Literal["linear", "log"] = arg(
+        "linear", "Save at multiples of checkpoint_factor (linear) or at powers of it (log)."
+    )
+    checkpoint_factor: int | float | None = arg(None, "Checkpoint spacing (see checkpoint_scale).")
+    extra_save_iters: list | None = arg(None, "Additional iterations at which to save a checkpoint.")
+    no_save_optim: bool = arg(False, "Do not save optimizer state.")
+    no_save_rng: bool = arg(False, "Do not save random-generator state.")
+    no_load_optim: bool = arg(False, "Do not load optimizer state.")
+    no_load_rng: bool = arg(False, "Do not load random-generator state.")
+    finetune: bool = arg(False, "Load weights only and restart at iteration 0 (no optimizer/RNG/iteration).")
+    batch_size: int | None = arg(
+        None, "Micro-batch size per rank (mirrors train_micro_batch_size_per_gpu).", derived=True
+    )
+    train_iters: int | None = arg(None, "Number of training iterations.")
+    train_epochs: int | None = arg(None, "Number of epochs (alternative to train_iters; packed gpt2 data only).")
+    eval_iters: int = arg(100, "Batches per evaluation.")
+    keep_last_n_checkpoints: int | None = arg(None, "Delete older checkpoints, keeping this many.")
+    eval_interval: int = arg(1000, "Iterations between evaluations.")
+    split: str = arg("969, 30, 1", "Train/valid/test proportions of data_path, comma or slash separated.")
+    vocab_file: str | None = arg(None, "Tokenizer vocabulary / tokenizer.json / model file.")
+    merge_file: str | None = arg(None, "BPE merges file (GPT2BPETokenizer).")
+    num_workers: int = arg(2, "DataLoader worker processes.")
+    exit_interval: int | None = arg(None, "Exit once the iteration is a multiple of this value.")
+    attention_dropout: float = arg(0.0, "Dropout on attention probabilities.")
+    hidden_dropout: float = arg(0.0, "Dropout on the outputs of attention and MLP blocks.")
+    weight_decay: float = arg(0.1, "Decoupled weight decay coefficient.")
+    checkpoint_activations: bool = arg(False, "Recompute layer activations in the backward pass (saves memory).")
+    checkpoint_num_layers: int = arg(1, "Layers per activation-checkpoint chunk.")
+    deepspeed_activation_checkpointing: bool = arg(True, "Deprecated: DeepSpeed activation checkpointing (always).")
+    contiguous_checkpointing: bool = arg(False, "Keep activation checkpoints in contiguous memory.")
+    checkpoint_in_cpu: bool = arg(False, "Move activation checkpoints to CPU memory.")
+    synchronize_each_layer: bool = arg(False, "Synchronise at the start and end of each checkpointed layer.")
+    profile_backward: bool = arg(False, "Profile the backward pass of checkpointed layers.")
+    partition_activations: bool = arg(False, "Split activation checkpoints across tensor-parallel ranks.")
+    clip_grad: float = arg(1.0, "Global gradient-norm clip (mirrors gradient_clipping).", derived=True)
+    hysteresis: int = arg(2, "Dynamic loss scaling hysteresis (DeepSpeed reads the fp16 dict instead).")
+    dynamic_loss_scale: bool | None = arg(None, "True when loss_scale is unset (derived).", derived=True)
+    loss_scale: float | None = arg(None, "Static loss scale; unset means dynamic scaling.")
+    loss_scale_window: float = arg(1000.0, "Iterations between dynamic loss-scale increases.")
+    min_scale: float = arg(1.0, "Smallest dynamic loss scale.")
+    char_level_ppl: bool = arg(False, "Also report character-level perplexity.")
+    use_mup: bool = arg(False, "Use maximal-update parametrisation (muP).")
+    coord_check: bool = arg(False, "muP: produce a coordinate-check plot and exit.")
+    save_base_shapes: bool = arg(False, "muP: save base shapes to base_shapes_file and exit.")
+    base_shapes_file: str | None = arg(None, "muP: base shapes file.")
+    mup_init_scale: float = arg(1.0, "muP: multiplier of all initial parameters.")
+    mup_attn_temp: float = arg(1.0, "muP: attention temperature.")
+    mup_output_temp: float = arg(1.0, "muP: output temperature.")
+    mup_embedding_mult: float = arg(1.0, "muP: embedding output multiplier.")
+    mup_rp_embedding_mult: float = arg(1.0, "muP: relative-position embedding multiplier.")
+    mup_width_scale: int = arg(2, "muP: width multiplier of the delta model.")
+    eval_limit: int | None = arg(None, "neox-forge: examples per evaluation task (unset: all).")
+    reset_position_ids: bool = arg(False, "neox-forge: restart position ids after each end-of-document token.")
+    reset_attention_mask: bool = arg(False, "neox-forge: block attention across documents in a packed sample.")

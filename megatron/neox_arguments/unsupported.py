@@ -1,0 +1,113 @@
+"""THE table of GPT-NeoX features neox-forge accepts as keys but does not implement yet.
+
+A key listed here may appear in a config with its default value; any other value is refused with
+"not supported yet: <key>". Shrink this table as features land.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# key -> feature. A non-default value of the key is refused.
+UNSUPPORTED_KEYS: dict[str, str] = {
+    **{
+        k: "Transformer Engine"
+        for k in (
+            "te_columnparallel",
+            "te_rowparallel",
+            "te_layernorm_mlp",
+            "te_mha",
+            "te_fp8_format",
+            "te_fp8_wgrad",
+            "te_fp8_amax_history_len",
+            "te_fp8_amax_compute_algo",
+            "te_fp8_margin",
+            "te_fp8_mha",
+        )
+    },
+    **{
+        k: "Mamba"
+        for k in (
+            "mamba_selective_scan_fusion",
+            "mamba_causal_conv_fusion",
+            "mamba_inner_func_fusion",
+            "mamba_selective_fp32_params",
+            "mamba_use_bias_in_conv",
+            "mamba_use_bias_in_linears",
+        )
+    },
+    **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
+    "moe_num_experts": "mixture of experts",
+    "sparsity_config": "sparse attention",
+    "gmlp_attn_dim": "gMLP",
+    **{
+        k: "muP"
+        for k in (
+            "use_mup",
+            "coord_check",
+            "save_base_shapes",
+            "base_shapes_file",
+            "mup_init_scale",
+            "mup_attn_temp",
+            "mup_output_temp",
+            "mup_embedding_mult",
+            "mup_rp_embedding_mult",
+            "mup_width_scale",
+        )
+    },
+    "use_bnb_optimizer": "bitsandbytes",
+    **{
+        k: "Comet"
+        for k in (
+            "use_comet",
+            "comet_workspace",
+            "comet_project",
+            "comet_experiment_name",
+            "comet_tags",
+            "comet_others",
+        )
+    },
+    "s3_path": "S3 checkpoint upload",
+    "soft_prompt_tuning": "soft prompt tuning",
+    "curriculum_learning": "curriculum learning",
+    "autotuning": "DeepSpeed autotuning",
+    "autotuning_run": "DeepSpeed autotuning",
+}
+
+# key -> {value: feature}: values of otherwise supported keys that are refused.
+UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
+    "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
+    "attention_config": {
+        "mamba": "Mamba",
+        "rwkv": "RWKV",
+        "sparse_fixed": "sparse attention",
+        "sparse_variable": "sparse attention",
+        "bigbird": "sparse attention",
+        "bslongformer": "sparse attention",
+        "gmlp": "gMLP",
+        "amlp": "aMLP",
+    },
+}
+
+
+def unsupported_problems(values: dict[str, Any], defaults: dict[str, Any], origins: dict[str, str]) -> list[str]:
+    """One 'not supported yet: <key>=<value>, ... (<feature>; set in <file>)' line per feature in use.
+
+    ``attention_config`` must already be expanded to one type per layer.
+    """
+    found: dict[str, list[str]] = {}  # feature -> ["key=value", ...]
+    files: dict[str, set[str]] = {}
+    for key, feature in UNSUPPORTED_KEYS.items():
+        if values.get(key) != defaults.get(key):
+            found.setdefault(feature, []).append(f"{key}={values[key]!r}")
+            files.setdefault(feature, set()).add(origins.get(key, "the configuration"))
+    for key, refused in UNSUPPORTED_VALUES.items():
+        value = values.get(key)
+        items = value if isinstance(value, list) else [value]
+        for hit in sorted({x for x in items if isinstance(x, str) and x in refused}):
+            found.setdefault(refused[hit], []).append(f"{key}={hit}")
+            files.setdefault(refused[hit], set()).add(origins.get(key, "the configuration"))
+    return [
+        f"not supported yet: {', '.join(items)} ({feature}; set in {', '.join(sorted(files[feature]))})"
+        for feature, items in found.items()
+    ]

@@ -1,0 +1,178 @@
+"""Cross-field rules, as a table. ``validate()`` runs them all and returns every violation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings")
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class Ctx:
+    """Resolved values plus where each key came from, for messages that name the file."""
+
+    v: dict[str, Any]
+    origins: dict[str, str]
+
+    def at(self, key: str) -> str:
+        """``key=value (set in file.yml)``."""
+        where = self.origins.get(key)
+        return f"{key}={self.v[key]!r}" + (f" (set in {where})" if where else " (default)")
+
+
+def _required(c: Ctx) -> list[str]:
+    return [f"missing required key {k!r} (set it in a config file)" for k in REQUIRED if c.v[k] is None]
+
+
+def _deepspeed(c: Ctx) -> list[str]:
+    return [] if c.v["deepspeed"] else [f"{c.at('deepspeed')}: neox-forge always runs on DeepSpeed; remove it"]
+
+
+def _positive(c: Ctx) -> list[str]:
+    keys = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings")
+    return [f"{c.at(k)} must be a positive integer" for k in keys if c.v[k] is not None and c.v[k] <= 0]
+
+
+def _heads(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    h, heads, mp = v["hidden_size"], v["num_attention_heads"], v["model_parallel_size"]
+    if h and heads and h % heads:
+        out.append(f"{c.at('hidden_size')} is not divisible by {c.at('num_attention_heads')}")
+    if heads and mp and heads % mp:
+        out.append(
+            f"{c.at('num_attention_heads')} is not divisible by {c.at('model_parallel_size')}: tensor parallelism "
+            "splits whole heads across ranks"
+        )
+    return out
+
+
+def _kv_heads(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    kv, heads, mp = v["num_kv_heads"], v["num_attention_heads"], v["model_parallel_size"]
+    if kv is None or not heads:
+        return out
+    if kv <= 0 or kv > heads or heads % kv:
+        out.append(f"{c.at('num_kv_heads')} must be between 1 and num_attention_heads={heads} and divide it")
+    elif mp and kv % mp:
+        out.append(f"{c.at('num_kv_heads')} is not divisible by {c.at('model_parallel_size')}")
+    types = set(v["attention_config"] or [])
+    if kv != heads and types - {"global", "flash"}:
+        out.append(f"grouped-query attention (num_kv_heads={kv}) needs global or flash attention, got {sorted(types)}")
+    return out
+
+
+def _seq(c: Ctx) -> list[str]:
+    s, m = c.v["seq_length"], c.v["max_position_embeddings"]
+    if s and m and s > m:
+        return [f"{c.at('seq_length')} exceeds {c.at('max_position_embeddings')}"]
+    return []
+
+
+def _parallel(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    for k in ("pipe_parallel_size", "model_parallel_size"):
+        if v[k] is not None and v[k] < (0 if k == "pipe_parallel_size" else 1):
+            out.append(f"{c.at(k)} is out of range")
+    stage = v["zero_stage"]
+    if isinstance(stage, int) and stage >= 2 and v["pipe_parallel_size"] >= 1:
+        out.append(
+            f"zero_optimization.stage={stage} cannot be combined with {c.at('pipe_parallel_size')}: DeepSpeed's "
+            "pipeline engine supports ZeRO stages 0 and 1 only; use stage 1, or pipe_parallel_size: 0"
+        )
+    return out
+
+
+def _optimizer(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    if v["optimizer_type"] == "sm3" and v["precision"] == "fp16":
+        out.append("the SM3 optimizer does not support fp16 (DeepSpeed's fp16 wrapper); use fp32 or bf16")
+    if v["lr"] is not None and v["min_lr"] is not None and v["min_lr"] > v["lr"]:
+        out.append(f"{c.at('min_lr')} is larger than the learning rate lr={v['lr']!r} (optimizer.params.lr)")
+    if isinstance(v["optimizer"], dict) and "weight_decay" in (v["optimizer"].get("params") or {}):
+        out.append("optimizer.params.weight_decay: set the top-level key weight_decay instead")
+    for k in ("warmup", "hidden_dropout", "attention_dropout"):
+        if not 0.0 <= v[k] <= 1.0:
+            out.append(f"{c.at(k)} must be between 0 and 1")
+    return out
+
+
+def _precision(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    if v["fp16_lm_cross_entropy"] and v["precision"] != "fp16":
+        out.append(f"{c.at('fp16_lm_cross_entropy')} needs fp16 precision")
+    for k in ("fp16", "amp", "flops_profiler"):
+        if isinstance(v[k], dict) and "enabled" not in v[k]:
+            out.append(f"{k} must contain 'enabled' (set in {c.origins.get(k, 'the config')})")
+    return out
+
+
+def _data(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    given = [v[f"{s}_data_paths"] is not None for s in SPLITS]
+    if any(given) and v["data_path"] is not None:
+        out.append("data_path and train/valid/test_data_paths are exclusive: use one single dataset or the three lists")
+    elif any(given) and not all(given):
+        missing = [f"{s}_data_paths" for s, g in zip(SPLITS, given) if not g]
+        out.append(f"train_data_paths, valid_data_paths and test_data_paths go together; missing {', '.join(missing)}")
+    for s in SPLITS:
+        paths = v[f"{s}_data_paths"]
+        for kind in ("data_weights", "label_data_paths", "reward_data_paths"):
+            other = v[f"{s}_{kind}"]
+            if other is not None and (paths is None or len(other) != len(paths)):
+                n = "no" if paths is None else len(paths)
+                out.append(f"{s}_{kind} has {len(other)} entries but {s}_data_paths has {n}")
+    if v["train_label_data_paths"] is not None and v["data_path"] is not None:
+        out.append("train_label_data_paths needs train_data_paths, not data_path")
+    if v["train_iters"] is not None and v["train_epochs"] is not None:
+        out.append("set train_iters or train_epochs, not both")
+    return out
+
+
+def _checkpoints(c: Ctx) -> list[str]:
+    v = c.v
+    if v["save"] is not None and v["checkpoint_factor"] is None and v["extra_save_iters"] is None:
+        return [f"{c.at('save')} needs checkpoint_factor or extra_save_iters to know when to save"]
+    return []
+
+
+def _layers(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    if v["num_unique_layers"] is not None and v["num_layers"] and v["num_layers"] % v["num_unique_layers"]:
+        out.append(f"{c.at('num_unique_layers')} does not divide {c.at('num_layers')}")
+    if v["intermediate_size"] is not None and v["expansion_factor"] is not None:
+        out.append("intermediate_size and expansion_factor are exclusive; set one")
+    if v["sequence_parallel"] and v["model_parallel_size"] == 1:
+        logger.warning("sequence_parallel has no effect with model_parallel_size 1")
+    return out
+
+
+# (name, rule): each rule returns its violations as readable lines.
+RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
+    ("required keys", _required),
+    ("deepspeed", _deepspeed),
+    ("positive shapes", _positive),
+    ("attention heads", _heads),
+    ("key/value heads", _kv_heads),
+    ("sequence length", _seq),
+    ("parallelism", _parallel),
+    ("optimizer", _optimizer),
+    ("precision", _precision),
+    ("data paths", _data),
+    ("checkpoints", _checkpoints),
+    ("layers", _layers),
+]
+
+
+def validate(values: dict[str, Any], origins: dict[str, str]) -> list[str]:
+    """Run every rule on the resolved ``values``; returns all violations (empty when valid)."""
+    ctx = Ctx(values, origins)
+    problems: list[str] = []
+    for _name, rule in RULES:
+        problems.extend(rule(ctx))
+    return problems
