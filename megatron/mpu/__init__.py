@@ -53,6 +53,7 @@ from megatron.mpu.mappings import (
     scatter_to_sequence_parallel_region,
 )
 from megatron.mpu.random import checkpoint, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+from megatron.mpu.sequence_parallel import mark_norms_for_sequence_parallel_grad_sync
 from megatron.mpu.utils import VocabUtility, divide, merge_shards, shard_tensor, split_tensor_along_last_dim
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "get_tensor_model_parallel_world_size",
     "get_topology",
     "initialize_model_parallel",
+    "mark_norms_for_sequence_parallel_grad_sync",
     "merge_shards",
     "model_parallel_cuda_manual_seed",
     "model_parallel_is_initialized",

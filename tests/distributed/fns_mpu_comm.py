@@ -144,6 +144,32 @@ def _broadcast() -> dict[str, Any]:
     return {key: (tuple(t.shape), t.tolist()) for key, t in out.items()}
 
 
+def _sp_norm_grads() -> dict[str, float]:
+    """LayerNorm on this rank's sequence chunk: marked grads must equal the full-sequence grads."""
+    world = mpu.get_model_parallel_world_size()
+    gen = torch.Generator().manual_seed(11)
+    s, b, h = 4 * world, 2, 6
+    x_full, g_full = torch.randn(s, b, h, generator=gen), torch.randn(s, b, h, generator=gen)
+    reference, sharded = torch.nn.LayerNorm(h), torch.nn.Sequential(torch.nn.LayerNorm(h), torch.nn.Linear(h, h))
+    with torch.no_grad():
+        for norm in (reference, sharded[0]):
+            norm.weight.copy_(torch.randn(h, generator=gen))
+            norm.bias.copy_(torch.randn(h, generator=gen))
+    (reference(x_full) * g_full).sum().backward()
+    marked = mpu.mark_norms_for_sequence_parallel_grad_sync(sharded)
+    marked_again = mpu.mark_norms_for_sequence_parallel_grad_sync(sharded)
+    x = mpu.scatter_to_sequence_parallel_region(x_full, 0)
+    g = mpu.scatter_to_sequence_parallel_region(g_full, 0)
+    (sharded[0](x) * g).sum().backward()
+    return {
+        "marked": marked,
+        "marked_again": marked_again,
+        "linear_marked": int(getattr(sharded[1].weight, "sequence_parallel_grad_sync", False)),
+        "weight_err": _err(sharded[0].weight.grad, reference.weight.grad),
+        "bias_err": _err(sharded[0].bias.grad, reference.bias.grad),
+    }
+
+
 def comm_checks() -> dict[str, Any]:
     """Run on 4 ranks: groups for several layouts, then mappings/fp32 at TP 4, broadcast/RNG at TP 2 x DP 2."""
     result: dict[str, Any] = {
@@ -157,5 +183,6 @@ def comm_checks() -> dict[str, Any]:
     mpu.initialize_model_parallel(2)
     result["broadcast"] = _broadcast()
     result["rng"] = _rng()
+    result["sp_norm"] = _sp_norm_grads()
     mpu.destroy_model_parallel()
     return result
