@@ -94,8 +94,8 @@ class ColumnParallelLinear(nn.Module):
     local ``chunk(2, -1)`` of the output yields matching x/gate slices. With ``gather_output`` the gathered
     output is put back in the full layout, so it equals the unsharded layer's output.
 
-    forward(x) returns ``(output, bias)``; ``bias`` is None unless ``skip_bias_add`` (then not added).
-    With ``sequence_parallel`` the input is sequence-sharded along ``seq_dim`` and all-gathered first.
+    forward(x) returns ``(output, bias)``; ``bias`` is None unless ``skip_bias_add`` (then not added; it is
+    the full bias when ``gather_output``, else this rank's shard, matching the output). With ``sequence_parallel`` the input is sequence-sharded along ``seq_dim`` and all-gathered first.
     """
 
     def __init__(
@@ -150,12 +150,22 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = copy_to_model_parallel_region(x)
         out = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)  # [..., out/tp]
+        bias = self.bias if self.skip_bias_add else None
         if self.gather_output:
-            out = gather_from_model_parallel_region(out)  # [..., out] in rank-major order
-            world = get_model_parallel_world_size()
-            if world > 1 and self.stride > 1:
-                out = merge_shards(out.chunk(world, dim=-1), -1, stride=self.stride, sub_sizes=self.output_sizes)
-        return out, (self.bias if self.skip_bias_add else None)
+            out = self._gather(out)  # [..., out]
+            if bias is not None:
+                bias = self._gather(bias)  # returned in the same (full) layout as the output
+        return out, bias
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """All-gather the last dim and restore the full layout (undo the per-sub-matrix sharding)."""
+        world = get_model_parallel_world_size()
+        if world == 1:
+            return t
+        t = gather_from_model_parallel_region(t)  # rank-major order
+        if self.stride > 1:
+            t = merge_shards(t.chunk(world, dim=-1), -1, stride=self.stride, sub_sizes=self.output_sizes)
+        return t
 
     def extra_repr(self) -> str:
         return (

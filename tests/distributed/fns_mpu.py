@@ -176,6 +176,7 @@ CASES: dict[str, dict] = {
     "column_stride3_parallel_out": {"kind": "column", "stride": 3, "gather_output": False},
     "column_gqa_sizes": {"kind": "column", "out": 32, "sizes": [16, 8, 8]},
     "column_skip_bias": {"kind": "column", "gather_output": False, "skip_bias_add": True},
+    "column_gather_skip_bias_stride2": {"kind": "column", "stride": 2, "skip_bias_add": True},
     "column_sp": {"kind": "column", "gather_output": False, "sp": True},
     "row": {"kind": "row"},
     "row_input_parallel": {"kind": "row", "input_is_parallel": True},
