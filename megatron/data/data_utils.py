@@ -200,10 +200,14 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
 
 
 def make_data_loader(
-    dataset: Any, cfg: DataConfig, dp_rank: int, dp_size: int, consumed_samples: int = 0
+    dataset: Any, cfg: DataConfig, dp_rank: int, dp_size: int, consumed_samples: int = 0, name: str = "train"
 ) -> torch.utils.data.DataLoader | None:
     """A loader giving DP rank ``dp_rank`` its ``micro_batch_size`` slice of each global batch, resuming after
-    ``consumed_samples`` (counted in samples over all DP ranks)."""
+    ``consumed_samples`` (counted in samples over all DP ranks).
+
+    A dataset smaller than one global batch is an error for ``train``; for ``valid``/``test`` it is logged and
+    ``None`` is returned (GPT-NeoX's dataset length can be one sample short of the requested count).
+    """
     if dataset is None:
         return None
     global_batch = cfg.micro_batch_size * dp_size
@@ -211,10 +215,14 @@ def make_data_loader(
         len(dataset), cfg.micro_batch_size, dp_rank, dp_size, start_iter=consumed_samples // global_batch
     )
     if len(sampler) == 0:
-        raise ValueError(
-            f"dataset has {len(dataset)} samples, fewer than one global batch of {global_batch} "
+        message = (
+            f"{name} dataset has {len(dataset)} samples, fewer than one global batch of {global_batch} "
             "(micro_batch_size x data-parallel size)"
         )
+        if name == "train":
+            raise ValueError(message)
+        logger.warning("%s; no %s loader", message, name)
+        return None
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,
@@ -242,6 +250,6 @@ def build_train_valid_test_data_loaders(
     train, valid, test = build_train_valid_test_datasets(cfg, barrier=barrier)
     return (
         make_data_loader(train, cfg, dp_rank, dp_size, consumed_train_samples),
-        make_data_loader(valid, cfg, dp_rank, dp_size, consumed_valid_samples),
-        make_data_loader(test, cfg, dp_rank, dp_size, 0),
+        make_data_loader(valid, cfg, dp_rank, dp_size, consumed_valid_samples, name="valid"),
+        make_data_loader(test, cfg, dp_rank, dp_size, 0, name="test"),
     )

@@ -192,13 +192,16 @@ class MMapIndexedDataset:
         bin_size = os.path.getsize(bin_path)
         itemsize = self._index.dtype.itemsize
         needed = int(self._index.sizes.astype(np.int64).sum()) * itemsize
-        if len(self._index) and int(self._index.pointers[-1]) + int(self._index.sizes[-1]) * itemsize != needed:
-            raise IndexedDatasetError(f"{index_file_path(path)}: pointers are inconsistent with sizes")
         if bin_size != needed:
             raise IndexedDatasetError(
                 f"{bin_path}: size {bin_size} bytes, but {index_file_path(path)} describes {needed} bytes "
                 f"({needed // itemsize} tokens of {self._index.dtype.name}); the .bin is truncated, or the .idx "
                 "belongs to other data / another dtype"
+            )
+        if len(self._index) and int(self._index.pointers[-1]) + int(self._index.sizes[-1]) * itemsize != needed:
+            raise IndexedDatasetError(
+                f"{index_file_path(path)}: pointers are inconsistent with sizes for dtype {self._index.dtype.name} "
+                "(wrong dtype code or corrupt index)"
             )
         self._bin = np.memmap(bin_path, mode="r", order="C") if bin_size > 0 else np.zeros(0, np.uint8)
         if not skip_warmup:
