@@ -1,0 +1,206 @@
+"""One test per tokenizer type (all from local files), padded_vocab_size, build errors and tokenizer training."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from megatron.tokenizer import (
+    CharLevelTokenizer,
+    GPT2BPETokenizer,
+    HFGPT2Tokenizer,
+    HFTokenizer,
+    SPMTokenizer,
+    TiktokenTokenizer,
+    TokenizerConfig,
+    build_tokenizer,
+    padded_vocab_size,
+)
+from megatron.tokenizer.train_tokenizer import train_tokenizer
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+TOKENIZER_20B = SHARED / "tokenizers" / "20B_tokenizer.json"
+GPT2_JSON = SHARED / "tokenizers" / "gpt2.json"
+SHAKESPEARE = SHARED / "corpora" / "tinyshakespeare.txt"
+needs_shared = pytest.mark.skipif(not GPT2_JSON.exists(), reason="shared tokenizer files not on this machine")
+
+TEXTS = [
+    "Hello world! It's a test.",
+    "def f(x):\n    return x ** 2  # café ☕\n",
+    "  leading spaces and\ttabs\n\n",
+    "First Citizen:\nBefore we proceed any further, hear me speak.",
+]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable-character table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def gpt2_model() -> tuple[dict[str, int], list[str]]:
+    model = json.loads(GPT2_JSON.read_text())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def check_common(tok, texts=TEXTS, exact=True) -> None:
+    ids = [tok.tokenize(t) for t in texts]
+    assert all(isinstance(i, int) for seq in ids for i in seq)
+    assert tok.tokenize_batch(texts) == ids
+    assert 0 <= tok.eod < tok.vocab_size and 0 <= tok.pad < tok.vocab_size
+    if exact:
+        assert [tok.detokenize(seq) for seq in ids] == texts
+
+
+@needs_shared
+def test_hf_tokenizer_20b():
+    tok = build_tokenizer(TokenizerConfig("HFTokenizer", str(TOKENIZER_20B)))
+    assert isinstance(tok, HFTokenizer)
+    # get_vocab_size() with added tokens, as GPT-NeoX calls it: ids 0..50280
+    assert (tok.eod, tok.pad, tok.vocab_size) == (0, 1, 50281)
+    assert padded_vocab_size(tok.vocab_size, 128, 1) == 50304
+    check_common(tok)
+
+
+@needs_shared
+def test_gpt2_bpe_from_vocab_and_merges_matches_gpt2_json(tmp_path):
+    vocab, merges = gpt2_model()
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    tok = build_tokenizer(
+        TokenizerConfig("GPT2BPETokenizer", str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    )
+    assert isinstance(tok, GPT2BPETokenizer)
+    assert tok.eod == 50256 and tok.vocab_size == 50257
+    reference = HFTokenizer(str(GPT2_JSON))
+    assert [tok.tokenize(t) for t in TEXTS] == [reference.tokenize(t) for t in TEXTS]
+    assert tok.tokenize("Hello world") == [15496, 995]  # GPT-2's well-known ids
+    check_common(tok)
+    with pytest.raises(ValueError, match="merge_file"):
+        build_tokenizer(TokenizerConfig("GPT2BPETokenizer", str(tmp_path / "vocab.json"), None))
+
+
+@needs_shared
+def test_tiktoken_from_local_bpe_file_matches_gpt2(tmp_path):
+    vocab, _ = gpt2_model()
+    decode = {c: b for b, c in bytes_to_unicode().items()}
+    lines = []
+    for token, rank in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if token == "<|endoftext|>":
+            continue
+        raw = bytes(decode[c] for c in token)
+        lines.append(f"{base64.b64encode(raw).decode()} {rank}")
+    path = tmp_path / "gpt2.tiktoken"
+    path.write_text("\n".join(lines) + "\n")
+    tok = build_tokenizer(TokenizerConfig("TiktokenTokenizer", str(path)))
+    assert isinstance(tok, TiktokenTokenizer)
+    assert tok.eod == 50256 and tok.vocab_size == 50257
+    reference = HFTokenizer(str(GPT2_JSON))
+    assert [tok.tokenize(t) for t in TEXTS] == [reference.tokenize(t) for t in TEXTS]
+    check_common(tok)
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("QQ== 0\nnot-base64!! 1\n")
+    with pytest.raises(ValueError, match=r"bad\.tiktoken:2"):
+        TiktokenTokenizer(str(bad))
+
+
+@needs_shared
+def test_hf_gpt2_tokenizer_adds_padding_token():
+    tok = build_tokenizer(TokenizerConfig("HFGPT2Tokenizer", str(GPT2_JSON)))
+    assert isinstance(tok, HFGPT2Tokenizer)
+    assert tok.eod == 50256 and tok.pad == 50257 and tok.vocab_size == 50258
+    assert tok.tokenize("Hello world") == [15496, 995]
+    check_common(tok)
+
+
+@needs_shared
+def test_spm_tokenizer(tmp_path):
+    import sentencepiece as spm
+
+    lines = SHAKESPEARE.read_text().splitlines()[:3000]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(tmp_path / "spm"),
+        vocab_size=400,
+        model_type="bpe",
+        user_defined_symbols=["<|endoftext|>", "<|padding|>"],
+        byte_fallback=True,
+        character_coverage=1.0,
+        num_threads=1,
+    )
+    tok = build_tokenizer(TokenizerConfig("SPMTokenizer", str(tmp_path / "spm.model")))
+    assert isinstance(tok, SPMTokenizer)
+    assert tok.vocab_size == 400
+    assert tok.tokenizer.id_to_piece(tok.eod) == "<|endoftext|>"
+    assert tok.tokenizer.id_to_piece(tok.pad) == "<|padding|>"
+    texts = ["First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak."]
+    check_common(tok, texts)
+
+
+def test_char_level_tokenizer():
+    tok = build_tokenizer(TokenizerConfig("CharLevelTokenizer"))
+    assert isinstance(tok, CharLevelTokenizer)
+    assert (tok.vocab_size, tok.eod, tok.pad) == (512, 0, 1)
+    assert tok.tokenize("Hi é") == [72, 105, 32, 195, 169]
+    check_common(tok)
+
+
+def test_padded_vocab_size_rule():
+    assert padded_vocab_size(50277, 128, 1) == 50304
+    assert padded_vocab_size(50277, 128, 2) == 50432
+    assert padded_vocab_size(512, 128, 4) == 512
+    assert padded_vocab_size(1, 8, 1) == 8
+    with pytest.raises(ValueError, match="make_vocab_size_divisible_by"):
+        padded_vocab_size(10, 0, 1)
+
+
+def test_config_from_neox_args_and_errors(tmp_path):
+    args = SimpleNamespace(tokenizer_type="CharLevelTokenizer", vocab_file=None, make_vocab_size_divisible_by=64)
+    cfg = TokenizerConfig.from_neox_args(args)
+    assert cfg.tokenizer_type == "CharLevelTokenizer" and cfg.make_vocab_size_divisible_by == 64
+    assert cfg.model_parallel_size == 1
+    with pytest.raises(ValueError, match="unknown tokenizer_type 'BertTokenizer'; valid: GPT2BPETokenizer"):
+        build_tokenizer(TokenizerConfig("BertTokenizer"))
+    with pytest.raises(ValueError, match="vocab_file"):
+        build_tokenizer(TokenizerConfig("HFTokenizer", None))
+    missing = str(tmp_path / "nope.json")
+    with pytest.raises(ValueError, match=r"nope\.json"):
+        build_tokenizer(TokenizerConfig("HFTokenizer", missing))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match=r"broken\.json"):
+        build_tokenizer(TokenizerConfig("HFTokenizer", str(broken)))
+
+
+@pytest.mark.parametrize("preset", ["neox", "lossless"])
+def test_train_tokenizer_produces_loadable_json(tmp_path, preset):
+    docs = [{"text": f"def function_{i}(value):\n    return value * {i}  # naïve\n"} for i in range(200)]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    out = tmp_path / "tok" / "tokenizer.json"
+    size = train_tokenizer(str(tmp_path), str(out), vocab_size=400, preset=preset)
+    assert 256 < size <= 400
+    tok = HFTokenizer(str(out))
+    assert (tok.eod, tok.pad) == (0, 1)
+    text = "def function_7(value):\n    return value * 7  # naïve\n"
+    ids = tok.tokenize(text)
+    assert len(ids) < len(text.encode()) / 2  # merges were learnt
+    if preset == "lossless":
+        assert tok.detokenize(ids) == text
+        assert tok.detokenize(tok.tokenize("unseen ☃ bytes")) == "unseen ☃ bytes"
+    else:
+        assert tok.detokenize(ids).strip() == text.strip()
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+        train_tokenizer(str(tmp_path), str(tmp_path / "t2.json"), vocab_size=300)
