@@ -196,10 +196,11 @@ class Trainer:
                 self._console(state, scalars, interval_iters)
                 interval_start, interval_iters = _now(), 0
             self.metrics.log(scalars, state.iteration)
-            if self.save_fn is not None and self.is_save_iter is not None and self.is_save_iter(state.iteration):
-                self.save_fn(state.iteration)
             if cfg.eval_interval and state.iteration % cfg.eval_interval == 0 and valid_iter is not None:
                 self.evaluate("validation", valid_iter, state.iteration)
+            # After the evaluation, so that the saved validation position includes it (exact resume).
+            if self.save_fn is not None and self.is_save_iter is not None and self.is_save_iter(state.iteration):
+                self.save_fn(state.iteration)
             if cfg.exit_interval and state.iteration % cfg.exit_interval == 0:
                 if dist.is_initialized():
                     dist.barrier()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,10 @@ class PretrainResult:
     valid: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
     saved: list[int] = field(default_factory=list)
+    optimizer_class: str = ""  # DeepSpeed's final optimizer wrapper (e.g. DeepSpeedZeroOptimizer)
+    zero_stage: int = 0
+    params_dtype: str = ""
+    skipped_iters: int = 0  # optimizer steps skipped on fp16 overflow
 
 
 def checkpoint_args(args: Any) -> dict[str, Any]:
@@ -115,6 +120,24 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     return engine, lr_scheduler, result.iteration, result
 
 
+def iterate_forever(loader: Any) -> Iterator[Any]:
+    """Batches epoch after epoch, without touching the global torch RNG.
+
+    Creating a DataLoader iterator draws a seed from the global generator; done lazily at different points of
+    an uninterrupted and a resumed run, that draw would shift the dropout stream, so it is undone here.
+    """
+    while True:
+        rng = torch.get_rng_state()
+        batches = iter(loader)
+        torch.set_rng_state(rng)
+        empty = True
+        for batch in batches:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the data loader is empty: the dataset has fewer samples than one global batch")
+
+
 def _loss_fn() -> Any:
     from megatron.model import cross_entropy
 
@@ -125,7 +148,6 @@ def pretrain(args: Any) -> PretrainResult:
     """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
     from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
-    from megatron.data.samplers import iterate_forever
     from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
     timers = Timers()
@@ -172,7 +194,13 @@ def pretrain(args: Any) -> PretrainResult:
             else SequentialStep(engine, _loss_fn(), batch_cfg, gas, timers)
         )
 
-        result = PretrainResult(iteration=iteration, start_iteration=start_iteration)
+        result = PretrainResult(
+            iteration=iteration,
+            start_iteration=start_iteration,
+            optimizer_class=type(engine.optimizer).__name__,
+            zero_stage=int(engine.zero_optimization_stage()),
+            params_dtype=str(next(engine.module.parameters()).dtype).removeprefix("torch."),
+        )
         config_files = getattr(args, "config_files", None) or {}
 
         def save(it: int) -> None:
@@ -207,6 +235,7 @@ def pretrain(args: Any) -> PretrainResult:
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
         result.iteration = state.iteration
         result.train_losses = state.history
+        result.skipped_iters = int(engine.skipped_steps)
         if state.exited_early:
             return result
         if valid_iter is not None and loop_cfg.eval_iters > 0:

@@ -1,0 +1,100 @@
+"""Training runs on gloo ranks (for tests/e2e/test_train_*.py) and the tiny real dataset they train on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_tiny_data(root: str | Path, max_docs: int = 40, vocab_size: int = 512) -> dict[str, str]:
+    """Stdlib corpus → BPE tokenizer → mmap dataset, with the project's own tools (about a second)."""
+    root = Path(root)
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    prefix = corpus / "tiny"
+    tokenizer = corpus / "tokenizer.json"
+    if not Path(f"{prefix}_text_document.idx").exists():
+        py = sys.executable
+        tools = REPO / "tools" / "datasets"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        jsonl = corpus / "tiny.jsonl"
+        tok_args = ["--tokenizer_output_path", tokenizer, "--vocab_size", str(vocab_size)]
+        pre_args = ["--tokenizer-type", "HFTokenizer", "--vocab-file", tokenizer, "--append-eod", "--workers", "1"]
+        for cmd in (
+            [py, tools / "corpora.py", "--output", jsonl, "--max-docs", str(max_docs)],
+            [py, tools / "train_tokenizer.py", "--json_input_dir", corpus, *tok_args],
+            [py, tools / "preprocess_data.py", "--input", jsonl, "--output-prefix", prefix, *pre_args],
+        ):
+            subprocess.run([str(c) for c in cmd], check=True, env=env, capture_output=True, timeout=300)
+    return {"data_path": f"{prefix}_text_document", "vocab_file": str(tokenizer)}
+
+
+def tiny_config(data: dict[str, str], world: int = 1, **overrides: Any) -> dict[str, Any]:
+    """A 2-layer, hidden-64 GPT on the tiny dataset: a few ms per step on one core."""
+    cfg: dict[str, Any] = {
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "seq_length": 32,
+        "max_position_embeddings": 32,
+        "pos_emb": "rotary",
+        "norm": "layernorm",
+        "pipe_parallel_size": 0,
+        "model_parallel_size": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+        "weight_decay": 0.01,
+        "min_lr": 0.0003,
+        "lr_decay_style": "cosine",
+        "warmup": 0.1,
+        "gradient_clipping": 1.0,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "train_iters": 8,
+        "eval_interval": 4,
+        "eval_iters": 2,
+        "log_interval": 4,
+        "split": "90,5,5",
+        "data_impl": "mmap",
+        "num_workers": 0,
+        "tokenizer_type": "HFTokenizer",
+        "make_vocab_size_divisible_by": 64,
+        "global_num_gpus": world,
+        "seed": 1234,
+        **data,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def run_pretrain(config: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Build NeoXArgs from ``config`` and run ``pretrain`` on this rank; returns plain data for the test."""
+    import torch.distributed as dist
+
+    os.environ.update(env or {})
+    from megatron import mpu
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.training.pretrain import pretrain
+
+    args = NeoXArgs.from_dict(config)
+    result = pretrain(args)
+    out = {
+        "rank": dist.get_rank(),
+        "iteration": result.iteration,
+        "start_iteration": result.start_iteration,
+        "train_losses": result.train_losses,
+        "valid": result.valid,
+        "test": result.test,
+        "saved": result.saved,
+        "dp": mpu.get_data_parallel_world_size(),
+        "optimizer_class": result.optimizer_class,
+        "zero_stage": result.zero_stage,
+        "params_dtype": result.params_dtype,
+        "skipped_iters": result.skipped_iters,
+    }
+    mpu.destroy_model_parallel()
+    return out
