@@ -115,7 +115,7 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
 def write_run_dir(args: NeoXArgs, plan: LaunchPlan) -> None:
     """Write the resolved config, the DeepSpeed config, the raw config files and the launch command."""
     os.makedirs(os.path.join(plan.run_dir, "configs"), exist_ok=True)
-    args.save(plan.config_path)
+    args.save_config(plan.config_path)
     with open(os.path.join(plan.run_dir, "ds_config.json"), "w", encoding="utf-8") as f:
         json.dump(args.deepspeed_config, f, indent=2, sort_keys=True)
     for name, text in (args.config_files or {}).items():

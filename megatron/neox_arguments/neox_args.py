@@ -60,6 +60,18 @@ def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dic
     return checked, problems
 
 
+class _SaveDir(str):
+    """The ``save`` key's value (a directory) that can also be called: ``args.save(path)`` writes the config."""
+
+    def __new__(cls, value: str, owner: NeoXArgs) -> _SaveDir:
+        obj = super().__new__(cls, value)
+        obj._owner = owner
+        return obj
+
+    def __call__(self, path: str) -> None:
+        self._owner.save_config(path)
+
+
 class NeoXArgs:
     """The resolved configuration. Read any GPT-NeoX key as an attribute: ``args.hidden_size``.
 
@@ -186,7 +198,9 @@ class NeoXArgs:
     def __getattr__(self, name: str) -> Any:
         section = KEY_SECTION.get(name)
         if section is not None:
-            return getattr(self._sections[section], name)
+            value = getattr(self._sections[section], name)
+            # `save` is both GPT-NeoX's checkpoint-directory key and (when set) a callable `args.save(path)`.
+            return _SaveDir(value, self) if name == "save" and isinstance(value, str) else value
         if name in RUNTIME_ATTRS:
             return self._runtime[name]
         raise AttributeError(f"NeoXArgs has no key {name!r}")
@@ -228,8 +242,8 @@ class NeoXArgs:
             out.update(dataclasses.asdict(section))
         return out
 
-    def save(self, path: str) -> None:
-        """Write ``to_dict()`` as JSON to ``path``."""
+    def save_config(self, path: str) -> None:
+        """Write ``to_dict()`` as JSON to ``path`` (also reachable as ``args.save(path)`` when ``save`` is set)."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
