@@ -159,7 +159,7 @@ def test_mapping_round_trip(name: str) -> None:
 
 
 def test_on_disk_embed_out_name_is_accepted() -> None:
-    hf, ours, cfg, arch = _pair(NEOX_CASES["parallel-pct0.25-untied-erf"])
+    hf, _, cfg, arch = _pair(NEOX_CASES["parallel-pct0.25-untied-erf"])
     sd = dict(hf.state_dict())
     sd["embed_out.weight"] = sd.pop("lm_head.weight")
     neox = hf_to_neox_state_dict(sd, cfg, arch)
