@@ -22,8 +22,9 @@ def _init(t: torch.Tensor) -> None:
 class TinyTPModel(nn.Module):
     """Embedding -> norm -> gated TP MLP (column stride 2 + row) -> norm -> vocab-parallel head."""
 
-    def __init__(self) -> None:
+    def __init__(self, activation_checkpointing: bool = False) -> None:
         super().__init__()
+        self.activation_checkpointing = activation_checkpointing
         self.embed = mpu.VocabParallelEmbedding(VOCAB, HIDDEN, init_method=_init)
         self.norm1 = nn.LayerNorm(HIDDEN)
         self.fc1 = mpu.ColumnParallelLinear(HIDDEN, 2 * FFN, gather_output=False, init_method=_init, stride=2)
@@ -34,12 +35,16 @@ class TinyTPModel(nn.Module):
             self.fc1.bias.fill_(0.01)
             self.fc2.bias.fill_(-0.02)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens)  # [b, s, h]
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         a, _ = self.fc1(self.norm1(h))  # [b, s, 2*ffn/tp]
         x, gate = a.chunk(2, dim=-1)
         m, _ = self.fc2(x * F.silu(gate))  # [b, s, h]
-        logits, _ = self.head(self.norm2(h + m))  # [b, s, V/tp]
+        return h + m
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)  # [b, s, h]
+        h = mpu.checkpoint(self._mlp, h) if self.activation_checkpointing else self._mlp(h)
+        logits, _ = self.head(self.norm2(h))  # [b, s, V/tp]
         return logits
 
 
@@ -50,14 +55,16 @@ def _batch(step: int, micro: int) -> dict[str, torch.Tensor] | None:
     return {"text": torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=gen)}
 
 
-def train(model_parallel_size: int, steps: int, zero_stage: int = 1) -> dict[str, Any]:
+def train(
+    model_parallel_size: int, steps: int, zero_stage: int = 1, activation_checkpointing: bool = False
+) -> dict[str, Any]:
     """Train ``steps`` optimizer steps; return losses, global grad norms and replicated-parameter copies."""
     import deepspeed
 
     mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(model_parallel_size)
     torch.manual_seed(1234)
-    model = TinyTPModel()
+    model = TinyTPModel(activation_checkpointing)
     config = {
         "train_micro_batch_size_per_gpu": MBS,
         "gradient_accumulation_steps": GAS,
@@ -83,12 +90,14 @@ def train(model_parallel_size: int, steps: int, zero_stage: int = 1) -> dict[str
         losses.append(t.item() / dist.get_world_size())
         norms.append(float(engine.get_global_grad_norm()))
     module = engine.module
-    result = {
-        "dp_world_size": engine.dp_world_size,
-        "losses": losses,
-        "grad_norms": norms,
-        "fc2_bias": module.fc2.bias.detach().tolist(),
-        "norm1_weight": module.norm1.weight.detach().tolist(),
-    }
+    replicated = [module.fc2.bias, module.norm1.weight]
+    with deepspeed.zero.GatheredParameters(replicated, enabled=zero_stage == 3):
+        result = {
+            "dp_world_size": engine.dp_world_size,
+            "losses": losses,
+            "grad_norms": norms,
+            "fc2_bias": module.fc2.bias.detach().tolist(),
+            "norm1_weight": module.norm1.weight.detach().tolist(),
+        }
     mpu.destroy_model_parallel()
     return result
