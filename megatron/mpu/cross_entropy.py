@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -25,7 +27,7 @@ def _tp_all_reduce(x: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> to
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # logits [..., V/tp], target [...]
         logits_max = _tp_all_reduce(logits.max(dim=-1).values, dist.ReduceOp.MAX)
         shifted = logits - logits_max.unsqueeze(-1)  # not in place: the caller may still use the logits
@@ -44,7 +46,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor, None]:
         softmax, outside, local_target = ctx.saved_tensors
         # d loss / d logits = softmax - onehot(target); the one-hot lives on the rank that owns the target.
         grad = softmax.clone()

@@ -262,7 +262,7 @@ def get_fp32_allreduce() -> bool:
 
 def comm_device() -> torch.device:
     """Device for tensors created for collectives: CUDA with NCCL, else CPU."""
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -14,6 +14,7 @@ gradient norm; checkpoint tools use the rest to merge and re-split shards with
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,12 +75,12 @@ class _AddBiasOnce(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, partial: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, partial: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         ctx.bias_shape = bias.shape
         return partial + bias if get_model_parallel_rank() == 0 else partial.clone()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return grad, grad.reshape(-1, *ctx.bias_shape).sum(dim=0)
 
 

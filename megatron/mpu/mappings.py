@@ -15,6 +15,8 @@ Reductions of fp16/bf16 tensors run in fp32 when ``set_fp32_allreduce(True)``; g
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -82,63 +84,63 @@ def _dim(x: torch.Tensor, dim: int) -> int:
 
 class _CopyToModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return x
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         return _all_reduce(grad)
 
 
 class _ReduceFromModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return _all_reduce(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         return grad
 
 
 class _ScatterToModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return _split(x, x.dim() - 1)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         return _gather(grad, grad.dim() - 1)
 
 
 class _GatherFromModelParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return _gather(x, x.dim() - 1)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         return _split(grad, grad.dim() - 1)
 
 
 class _ScatterToSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim):
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
         ctx.dim = dim
         return _split(x, dim)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         return _gather(grad, ctx.dim), None
 
 
 class _GatherFromSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim, tensor_parallel_output_grad):
+    def forward(ctx: Any, x: torch.Tensor, dim: int, tensor_parallel_output_grad: bool) -> torch.Tensor:
         ctx.dim, ctx.tp_grad = dim, tensor_parallel_output_grad
         return _gather(x, dim)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         # Gradients coming from a TP region (e.g. a column-parallel matmul) are partial sums: reduce-scatter.
         if ctx.tp_grad:
             return _reduce_scatter(grad, ctx.dim), None, None
@@ -147,12 +149,12 @@ class _GatherFromSequenceParallelRegion(torch.autograd.Function):
 
 class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim):
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
         ctx.dim = dim
         return _reduce_scatter(x, dim)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
         return _gather(grad, ctx.dim), None
 
 

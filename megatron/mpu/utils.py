@@ -14,7 +14,9 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
-def split_tensor_along_last_dim(tensor: torch.Tensor, num_partitions: int, contiguous_split_chunks: bool = False):
+def split_tensor_along_last_dim(
+    tensor: torch.Tensor, num_partitions: int, contiguous_split_chunks: bool = False
+) -> tuple[torch.Tensor, ...]:
     """Split ``tensor`` into ``num_partitions`` equal chunks along its last dimension (views unless asked)."""
     last = tensor.dim() - 1
     size = divide(tensor.size(last), num_partitions)
