@@ -167,9 +167,9 @@ def multinode_command(plan: LaunchPlan) -> list[str]:
     }
     try:
         backend = classes[args.launcher.lower()]()
+        for key, value in plan.env.items():
+            backend.add_export(key, value)
+        result = backend.get_cmd(dict(os.environ), active)
     except ValueError as e:
         raise ConfigError(f"launcher {args.launcher}: {e}") from None
-    for key, value in plan.env.items():
-        backend.add_export(key, value)
-    result = backend.get_cmd(dict(os.environ), active)
     return list(result[0] if isinstance(result, tuple) else result)

@@ -42,6 +42,11 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
 
 
+def yaml_value(text: str) -> Any:
+    """Parse a YAML scalar/flow value (command-line override) with the config files' number rules."""
+    return yaml.load(text, Loader=_ConfigLoader)  # _ConfigLoader is a SafeLoader
+
+
 def normalize_key(key: str) -> str:
     """GPT-NeoX accepts `-` for `_` in top-level keys (`train-iters` is `train_iters`)."""
     return key.replace("-", "_")

@@ -174,10 +174,10 @@ class NeoXArgs:
         if overwrite_values:
             d = {**d, **overwrite_values}
         args = cls.from_dict(d)
-        if args.deepspeed_slurm or args.deepspeed_mpi:
-            from megatron.distributed import discover_env_from_scheduler
+        # mpirun/srun start the ranks without RANK/WORLD_SIZE: read them from the scheduler's variables.
+        from megatron.distributed import discover_env_from_scheduler
 
-            discover_env_from_scheduler()
+        discover_env_from_scheduler()
         env = os.environ
         local_rank = int(env.get("LOCAL_RANK", known.local_rank if known.local_rank is not None else 0))
         world = int(env.get("WORLD_SIZE", "1"))

@@ -103,9 +103,11 @@ def parse_cli_value(text: str, tp: Any) -> Any:
     """Interpret a command-line string for a key of type ``tp`` (YAML syntax, but strings stay strings)."""
     import yaml
 
+    from megatron.neox_arguments.loader import yaml_value
+
     if _accepts_str(tp):
         try:
-            parsed = yaml.safe_load(text)
+            parsed = yaml_value(text)
         except yaml.YAMLError:
             return text
         # Keep the raw text for string keys unless it parses to another type the key accepts.
@@ -114,7 +116,7 @@ def parse_cli_value(text: str, tp: Any) -> Any:
             return coerced
         return text
     try:
-        return yaml.safe_load(text)
+        return yaml_value(text)
     except yaml.YAMLError:
         return text
 

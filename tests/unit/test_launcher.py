@@ -1,0 +1,128 @@
+"""deepy's launcher pieces: hostfiles and filters, the CLI, the DeepSpeed runner argv, multi-node commands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.launcher.cli import parse_deepy_args
+from megatron.launcher.hostfile import count_ranks, filter_resources, parse_hostfile
+from megatron.launcher.launch import CONFIG_NAME, multinode_command, plan_launch
+from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "seq_length": 64,
+    "max_position_embeddings": 64,
+    "train_micro_batch_size_per_gpu": 2,
+    "user_script": "train.py",
+}
+
+
+def args_for(env: LaunchEnv | None = None, **overrides) -> NeoXArgs:
+    return NeoXArgs({**TINY, **overrides}, env=env or LaunchEnv(on_cpu=True))
+
+
+def test_parse_hostfile():
+    text = "# cluster\nworker-0 slots=4\nworker-1   slots = 2  # comment\n\nworker-2\n"
+    assert parse_hostfile(text) == {"worker-0": 4, "worker-1": 2, "worker-2": 1}
+    with pytest.raises(ValueError, match="hosts: line 2: expected 'hostname slots=N'"):
+        parse_hostfile("a slots=1\nb slots=x\n", "hosts")
+    with pytest.raises(ValueError, match="line 2: host 'a' is listed twice"):
+        parse_hostfile("a slots=1\na slots=2\n")
+
+
+def test_filters_and_rank_count():
+    hosts = {"w0": 4, "w1": 4, "w2": 2}
+    assert filter_resources(hosts, include="w0@w1:0,2") == {"w0": [0, 1, 2, 3], "w1": [0, 2]}
+    assert filter_resources(hosts, exclude="w1@w0:3") == {"w0": [0, 1, 2], "w2": [0, 1]}
+    assert count_ranks(hosts) == 10 and count_ranks(hosts, num_nodes=1) == 4 and count_ranks(hosts, num_gpus=1) == 3
+    with pytest.raises(ValueError, match="host 'w9' is not in the hostfile"):
+        filter_resources(hosts, include="w9")
+
+
+def test_deepy_cli(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    cli = parse_deepy_args(
+        [str(script), "-d", "configs", "125M", "local_setup.yml", "--train_iters", "5", "--lr-decay-style=cosine",
+         "--optimizer", '{"type": "Adam", "params": {"lr": 1e-4}}', "--use_wandb", "-i", "p.txt", "--dry-run"]
+    )  # fmt: skip
+    assert cli.config_files == ["configs/125M.yml", "configs/local_setup.yml"] and cli.dry_run
+    assert cli.overrides["train_iters"] == 5 and cli.overrides["lr_decay_style"] == "cosine"
+    assert cli.overrides["optimizer"]["params"]["lr"] == 1e-4 and cli.overrides["use_wandb"] is True
+    assert cli.overrides["sample_input_file"] == "p.txt" and cli.overrides["user_script"] == str(script)
+    with pytest.raises(
+        ConfigError, match="unknown key '--trian_iters' in the command line; did you mean '--train_iters'"
+    ):
+        parse_deepy_args([str(script), "a.yml", "--trian_iters", "5"])
+    with pytest.raises(ConfigError, match=r"script not found: nope\.py"):
+        parse_deepy_args(["nope.py", "a.yml"])
+
+
+def test_plan_local_cpu(tmp_path):
+    plan = plan_launch(args_for(num_gpus=2), str(tmp_path), on_cpu=True)
+    argv = plan.runner_argv
+    assert argv[argv.index("--num_gpus") + 1] == "2"
+    port = int(argv[argv.index("--master_port") + 1])
+    assert port != 29500 and 0 < port < 65536
+    assert argv[-3:] == ["train.py", "--neox_config", str(tmp_path / CONFIG_NAME)]
+    assert plan.env["DS_ACCELERATOR"] == "cpu" and plan.env["OMP_NUM_THREADS"]
+    assert plan.command_line().startswith("DS_ACCELERATOR=cpu OMP_NUM_THREADS=")
+    assert f"{sys.executable} -m deepspeed.launcher.runner --num_gpus 2" in plan.command_line()
+    fixed = plan_launch(args_for(num_gpus=2, master_port=29611), str(tmp_path), on_cpu=True).runner_argv
+    assert fixed[fixed.index("--master_port") + 1] == "29611"
+
+
+def test_plan_gpu_keys(tmp_path):
+    gpu = LaunchEnv(on_cpu=False, gpu_count=8)
+    argv = plan_launch(args_for(gpu), str(tmp_path), on_cpu=False).runner_argv
+    assert "--num_gpus" not in argv and argv[argv.index("--master_port") + 1] == "29500"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("w0 slots=8\nw1 slots=8\n")
+    env = LaunchEnv(on_cpu=False, hosts={"w0": 8, "w1": 8})
+    a = args_for(env, hostfile=str(hostfile), include="w0:0,1@w1", num_gpus=4, launcher="slurm", comment="c1")
+    plan = plan_launch(a, str(tmp_path), on_cpu=False)
+    argv = plan.runner_argv
+    assert argv[:4] == ["--hostfile", str(hostfile), "--include", "w0:0,1@w1"]
+    assert "--num_gpus" not in argv and plan.notes and argv[argv.index("--launcher") + 1] == "slurm"
+    assert argv[argv.index("--launcher_args") + 1] == "--comment=c1"
+    assert "--force_multi" in plan_launch(args_for(deepspeed_slurm=True), str(tmp_path), on_cpu=False).runner_argv
+
+
+@pytest.mark.parametrize(
+    "launcher,head",
+    [("openmpi", ["mpirun", "-n", "6", "-hostfile"]), ("slurm", ["srun", "-n", "6"]), ("pdsh", ["pdsh", "-S"])],
+)
+def test_multinode_commands(tmp_path, launcher, head):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=3\nnode-b slots=3\n")
+    env = LaunchEnv(on_cpu=False, hosts={"node-a": 3, "node-b": 3})
+    a = args_for(env, hostfile=str(hostfile), launcher=launcher, master_addr="10.0.0.1")
+    assert a.global_num_gpus == 6
+    plan = plan_launch(a, str(tmp_path), on_cpu=False)
+    cmd = multinode_command(plan)
+    assert cmd[: len(head)] == head
+    assert cmd[-3:] == ["train.py", "--neox_config", str(tmp_path / CONFIG_NAME)]
+    if launcher == "pdsh":
+        assert "node-a,node-b" in cmd and "--master_addr=10.0.0.1" in cmd
+
+
+def test_multinode_launcher_limits_are_config_errors(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=4\nnode-b slots=2\n")
+    env = LaunchEnv(on_cpu=False, hosts={"node-a": 4, "node-b": 2})
+    plan = plan_launch(args_for(env, hostfile=str(hostfile), launcher="slurm"), str(tmp_path), on_cpu=False)
+    with pytest.raises(ConfigError, match="launcher slurm: slurm backend needs the same slot count"):
+        multinode_command(plan)
+
+
+def test_multinode_command_refuses_single_node(tmp_path):
+    plan = plan_launch(args_for(num_gpus=2), str(tmp_path), on_cpu=True)
+    with pytest.raises(ConfigError, match="not a multi-node launch"):
+        multinode_command(plan)
