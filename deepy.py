@@ -12,7 +12,14 @@ import logging
 import sys
 
 from megatron.launcher.cli import parse_deepy_args
-from megatron.launcher.launch import default_run_dir, launch, multinode_command, plan_launch, write_run_dir
+from megatron.launcher.launch import (
+    default_run_dir,
+    launch,
+    multinode_command,
+    plan_launch,
+    prepare_for_launch,
+    write_run_dir,
+)
 from megatron.neox_arguments import ConfigError, NeoXArgs
 
 
@@ -22,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli = parse_deepy_args(sys.argv[1:] if argv is None else argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
+        prepare_for_launch(args)
         plan = plan_launch(args, cli.run_dir or default_run_dir(args))
         print("-------------------- resolved configuration --------------------")
         print(args.format_config())

@@ -112,6 +112,15 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     return LaunchPlan(argv, env, run_dir, config_path, notes)
 
 
+def prepare_for_launch(args: NeoXArgs) -> None:
+    """Launcher-side values fixed once for all ranks: the W&B group gets one random suffix per launch."""
+    if args.use_wandb:
+        import secrets
+
+        suffix = secrets.token_hex(4)
+        args.update_value("wandb_group", f"{args.wandb_group}_{suffix}" if args.wandb_group else suffix)
+
+
 def write_run_dir(args: NeoXArgs, plan: LaunchPlan) -> None:
     """Write the resolved config, the DeepSpeed config, the raw config files and the launch command."""
     os.makedirs(os.path.join(plan.run_dir, "configs"), exist_ok=True)
@@ -130,6 +139,10 @@ def launch(plan: LaunchPlan) -> int:
     from deepspeed.launcher import runner
 
     os.environ.update(plan.env)
+    # Multi-node backends forward only variables with these prefixes; W&B and neox-forge settings must reach ranks.
+    for prefix in ("WANDB", "NEOX", "DS_ACCELERATOR", "OMP_NUM_THREADS", "HF_"):
+        if prefix not in runner.EXPORT_ENVS:
+            runner.EXPORT_ENVS.append(prefix)
     try:
         runner.main(plan.runner_argv)
     except SystemExit as e:

@@ -63,13 +63,20 @@ def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dic
 class _SaveDir(str):
     """The ``save`` key's value (a directory) that can also be called: ``args.save(path)`` writes the config."""
 
-    def __new__(cls, value: str, owner: NeoXArgs) -> _SaveDir:
+    _owner: NeoXArgs | None = None
+
+    def __new__(cls, value: str, owner: NeoXArgs | None = None) -> _SaveDir:
         obj = super().__new__(cls, value)
         obj._owner = owner
         return obj
 
     def __call__(self, path: str) -> None:
+        if self._owner is None:
+            raise TypeError("this copy of the save directory is detached from its NeoXArgs; use save_config()")
         self._owner.save_config(path)
+
+    def __reduce__(self) -> tuple:
+        return (str, (str(self),))  # copies and pickles are plain strings
 
 
 class NeoXArgs:

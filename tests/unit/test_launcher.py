@@ -79,6 +79,17 @@ def test_plan_local_cpu(tmp_path):
     assert fixed[fixed.index("--master_port") + 1] == "29611"
 
 
+def test_wandb_group_gets_one_suffix():
+    from megatron.launcher.launch import prepare_for_launch
+
+    a = args_for(use_wandb=True, wandb_group="exp")
+    prepare_for_launch(a)
+    assert a.wandb_group.startswith("exp_") and len(a.wandb_group) == len("exp_") + 8
+    b = args_for()
+    prepare_for_launch(b)
+    assert b.wandb_group is None
+
+
 def test_plan_gpu_keys(tmp_path):
     gpu = LaunchEnv(on_cpu=False, gpu_count=8)
     argv = plan_launch(args_for(gpu), str(tmp_path), on_cpu=False).runner_argv

@@ -355,6 +355,15 @@ def test_save_key_is_the_directory_and_callable(tmp_path):
     assert build().save is None
 
 
+def test_pickle_and_deepcopy(tmp_path):
+    import copy
+    import pickle
+
+    args = build(save="ckpt", checkpoint_factor=2)
+    assert pickle.loads(pickle.dumps(args)) == args and copy.deepcopy(args) == args
+    assert pickle.loads(pickle.dumps(args.save)) == "ckpt"
+
+
 def test_update_value():
     args = build()
     args.update_value("padded_vocab_size", 512)
