@@ -79,11 +79,17 @@ def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
     return model_lib.build_sequential_model(cfg), cfg
 
 
-def _check_parallel_zero(args: Any, zero_stage: int) -> None:
-    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1 and zero_stage >= 2:
+def _check_parallel_zero(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> None:
+    pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
+    if pipe and zero_stage >= 2:
         raise ValueError(
             f"zero_optimization.stage {zero_stage} cannot be combined with pipe_parallel_size >= 1 (DeepSpeed "
             "limit); use stage 0 or 1, or pipe_parallel_size: 0"
+        )
+    if pipe and zero_stage == 0 and (ds_config.get("fp16") or {}).get("enabled"):
+        raise ValueError(
+            "fp16 with pipe_parallel_size >= 1 needs zero_optimization.stage 1: DeepSpeed 0.19.8's pipeline engine "
+            "does not apply the fp16 loss scale without ZeRO"
         )
 
 
@@ -97,8 +103,8 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     from megatron import mpu
 
     opt_cfg = OptimizerConfig.from_neox_args(args)
-    _check_parallel_zero(args, opt_cfg.zero_stage)
     ds_config = deepspeed_config_for(args.deepspeed_config, opt_cfg)
+    _check_parallel_zero(args, opt_cfg.zero_stage, ds_config)
     _allow_fp16_on_cpu(ds_config)
     model, _ = build_model(args)
     optimizer, groups = build_optimizer(model, opt_cfg)

@@ -75,6 +75,15 @@ def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
     return reduced[0]
 
 
+def needs_manual_loss_scaling(engine: Any) -> bool:
+    """True for fp16 without ZeRO, where DeepSpeed's engine does not apply the dynamic loss scale itself."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    fp16 = getattr(engine, "fp16_enabled", lambda: False)()
+    opt = engine.optimizer
+    return bool(fp16) and not isinstance(opt, ZeROOptimizer) and hasattr(opt, "loss_scale_config")
+
+
 @dataclass
 class StepResult:
     """What one training iteration produced."""
@@ -95,6 +104,14 @@ class SequentialStep:
         timers: Timers,
     ) -> None:
         self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
+        self.manual_loss_scale = needs_manual_loss_scaling(engine)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.manual_loss_scale:
+            # DeepSpeed 0.19.8 scales the loss only for ZeRO optimizers; its fp16 optimizer for ZeRO-0 unscales
+            # the gradients at step() all the same, so the scaling is applied here.
+            loss = loss * self.engine.optimizer.loss_scale_config.cur_scale
+        self.engine.backward(loss)
 
     def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
         """Forward one micro-batch; returns the loss."""
@@ -113,7 +130,7 @@ class SequentialStep:
             loss = self.forward(data_iter)
             self.timers("forward").stop()
             self.timers("backward").start()
-            self.engine.backward(loss)
+            self._backward(loss)
             self.timers("backward").stop()
             self.timers("optimizer").start()
             self.engine.step()

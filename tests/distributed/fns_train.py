@@ -98,3 +98,8 @@ def run_pretrain(config: dict[str, Any], env: dict[str, str] | None = None) -> d
     }
     mpu.destroy_model_parallel()
     return out
+
+
+def run_pretrain_many(configs: list[dict[str, Any]], env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Several runs one after the other on the same ranks (saves the process start-up of each)."""
+    return [run_pretrain(config, env) for config in configs]

@@ -1,0 +1,79 @@
+"""ZeRO stages 0-3 on 1 and 2 ranks, bf16 and fp16 (dynamic loss scaling, skipped steps), other optimizers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
+from tests.harness import DistributedTestError, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+WRAPPERS = {0: "AdamW", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer", 3: "DeepSpeedZeroOptimizer_Stage3"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_tiny_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_zero_stages_fp32_agree(data: dict[str, str], world: int) -> None:
+    configs = [
+        tiny_config(data, world=world, train_iters=6, eval_interval=100, zero_optimization={"stage": s})
+        for s in range(4)
+    ]
+    runs = run_distributed(run_pretrain_many, world, configs, timeout=400)[0]
+    for stage, run in enumerate(runs):
+        assert run["zero_stage"] == stage and run["optimizer_class"] == WRAPPERS[stage]
+        assert run["train_losses"][-1] < run["train_losses"][0]
+        assert run["valid"]["validation/lm_loss"] < 6.2  # ln(512) = 6.24 at initialisation
+    reference = runs[0]["train_losses"]
+    for run in runs[1:]:
+        assert run["train_losses"] == pytest.approx(reference, rel=1e-5)  # ZeRO changes nothing numerically
+
+
+def test_bf16_zero_0_1_and_fp32_grad_accumulation(data: dict[str, str]) -> None:
+    bf16 = {"bf16": {"enabled": True}, "train_iters": 6, "eval_interval": 100, "fp32_allreduce": True}
+    configs = [
+        tiny_config(data, world=2, zero_optimization={"stage": 0}, **bf16),
+        tiny_config(data, world=2, zero_optimization={"stage": 1}, data_types={"grad_accum_dtype": "fp32"}, **bf16),
+        tiny_config(data, world=2, zero_optimization={"stage": 2}, gradient_accumulation_steps=2, **bf16),
+    ]
+    runs = run_distributed(run_pretrain_many, 2, configs, timeout=400)[0]
+    assert [r["params_dtype"] for r in runs] == ["bfloat16"] * 3
+    assert runs[1]["optimizer_class"] == "BF16_Optimizer"
+    for run in runs:
+        assert run["train_losses"][-1] < run["train_losses"][0] and run["skipped_iters"] == 0
+
+
+def test_fp16_dynamic_loss_scale_skips_overflow_steps(data: dict[str, str]) -> None:
+    # A 2^20 initial scale overflows: DeepSpeed skips those steps and halves the scale until it fits.
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1}
+    cfg = tiny_config(data, fp16=fp16, train_iters=12, eval_interval=100, eval_iters=1, log_interval=2)
+    run = run_distributed(run_pretrain, 1, cfg, {"NEOX_FORGE_ALLOW_CPU_FP16": "1"}, timeout=400)[0]
+    assert run["params_dtype"] == "float16"
+    assert 1 <= run["skipped_iters"] < 12
+    assert run["train_losses"][-1] < run["train_losses"][0]
+
+
+def test_fp16_on_cpu_without_opt_in_is_a_clear_error(data: dict[str, str]) -> None:
+    cfg = tiny_config(data, fp16={"enabled": True}, train_iters=2)
+    with pytest.raises(DistributedTestError, match="NEOX_FORGE_ALLOW_CPU_FP16"):
+        run_distributed(run_pretrain, 1, cfg, {"NEOX_FORGE_ALLOW_CPU_FP16": "0"}, timeout=200)
+
+
+def test_other_optimizers_through_deepspeed(data: dict[str, str]) -> None:
+    allow = {"deepspeed_extra_args": {"zero_allow_untested_optimizer": True}, "zero_optimization": {"stage": 1}}
+    common = {"train_iters": 10, "eval_interval": 100, "eval_iters": 1}
+    configs = [
+        tiny_config(data, optimizer={"type": "lion", "params": {"lr": 0.001}}, **allow, **common),
+        tiny_config(data, optimizer={"type": "sgd", "params": {"lr": 0.5}}, **common),
+        tiny_config(data, optimizer={"type": "madgrad_wd", "params": {"lr": 0.01}}, **common),
+        tiny_config(data, optimizer={"type": "sm3", "params": {"lr": 0.1}}, **common),
+    ]
+    runs = run_distributed(run_pretrain_many, 1, configs, timeout=400)[0]
+    assert [r["optimizer_class"] for r in runs] == ["DeepSpeedZeroOptimizer", "SGD", "MADGRAD", "SM3"]
+    for run in runs:
+        losses = run["train_losses"]
+        assert sum(losses[-3:]) < sum(losses[:3]), (run["optimizer_class"], losses)
