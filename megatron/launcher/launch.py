@@ -84,8 +84,8 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
         else:
             argv += ["--num_gpus", str(num_gpus)]
     port = args.master_port
-    if on_cpu and "master_port" not in explicit:
-        port = free_port()
+    if on_cpu and not has_hosts and "master_port" not in explicit:
+        port = free_port()  # local CPU ranks: never collide with another run on the default port
     argv += ["--master_port", str(port)]
     master_addr = args.master_addr or os.environ.get("MASTER_ADDR")
     if master_addr:
