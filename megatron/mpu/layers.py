@@ -120,8 +120,11 @@ class ColumnParallelLinear(nn.Module):
             if sum(output_sizes) != output_size:
                 raise ValueError(f"output_sizes {list(output_sizes)} must add up to output_size {output_size}")
             stride = len(output_sizes)
-            for size in output_sizes:
-                divide(size, world)
+            if any(size % world != 0 for size in output_sizes):
+                raise ValueError(
+                    f"ColumnParallelLinear: every entry of output_sizes {list(output_sizes)} must be divisible by "
+                    f"the model parallel size ({world})"
+                )
         elif stride < 1 or output_size % (stride * world) != 0:
             raise ValueError(
                 f"ColumnParallelLinear: output_size {output_size} must be divisible by stride ({stride}) x "
@@ -202,8 +205,12 @@ class RowParallelLinear(nn.Module):
     ) -> None:
         super().__init__()
         world = get_model_parallel_world_size()
+        if input_size % world != 0:
+            raise ValueError(
+                f"RowParallelLinear: input_size {input_size} must be divisible by the model parallel size ({world})"
+            )
         self.input_size, self.output_size = input_size, output_size
-        self.input_size_per_partition = divide(input_size, world)
+        self.input_size_per_partition = input_size // world
         self.input_is_parallel, self.skip_bias_add = input_is_parallel, skip_bias_add
         self.parallel_output = parallel_output
         self.sequence_parallel = sequence_parallel and world > 1

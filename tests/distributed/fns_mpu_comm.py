@@ -170,6 +170,24 @@ def _sp_norm_grads() -> dict[str, float]:
     }
 
 
+def _layer_errors() -> list[str]:
+    """Layer shapes that TP 2 cannot split must be refused with a message naming the layer."""
+    messages = []
+    for build in (
+        lambda: mpu.RowParallelLinear(5, 4),
+        lambda: mpu.VocabParallelEmbedding(31, 4),
+        lambda: mpu.ColumnParallelLinear(4, 6, output_sizes=[3, 3]),
+        lambda: mpu.ColumnParallelLinear(4, 7),
+        lambda: mpu.RowParallelLinear(4, 4, input_is_parallel=False, sequence_parallel=True),
+    ):
+        try:
+            build()
+            messages.append("no error")
+        except ValueError as err:
+            messages.append(str(err))
+    return messages
+
+
 def comm_checks() -> dict[str, Any]:
     """Run on 4 ranks: groups for several layouts, then mappings/fp32 at TP 4, broadcast/RNG at TP 2 x DP 2."""
     result: dict[str, Any] = {
@@ -184,5 +202,6 @@ def comm_checks() -> dict[str, Any]:
     result["broadcast"] = _broadcast()
     result["rng"] = _rng()
     result["sp_norm"] = _sp_norm_grads()
+    result["layer_errors"] = _layer_errors()
     mpu.destroy_model_parallel()
     return result

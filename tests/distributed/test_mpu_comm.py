@@ -86,3 +86,12 @@ def test_sequence_parallel_norm_grads_are_summed_over_tp(results) -> None:
         sp = result["sp_norm"]
         assert (sp["marked"], sp["marked_again"], sp["linear_marked"]) == (2, 0, 0)
         assert sp["weight_err"] < 1e-5 and sp["bias_err"] < 1e-5, sp
+
+
+def test_unsplittable_layer_shapes_are_refused(results) -> None:
+    row, vocab, sizes, column, sp = results[0]["layer_errors"]
+    assert "RowParallelLinear: input_size 5 must be divisible by the model parallel size (2)" in row
+    assert "vocabulary size 31 must be divisible" in vocab
+    assert "output_sizes [3, 3]" in sizes
+    assert "output_size 7 must be divisible" in column
+    assert "sequence_parallel=True requires input_is_parallel=True" in sp

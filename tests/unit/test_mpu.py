@@ -294,3 +294,12 @@ def test_fp32_allreduce_flag_selects_the_reduction_dtype() -> None:
     assert _reduce_dtype(torch.zeros(1, dtype=torch.float16)) == torch.float32
     mpu.destroy_model_parallel()
     assert not mpu.get_fp32_allreduce()
+
+
+def test_column_rejects_inconsistent_fused_sizes() -> None:
+    with pytest.raises(ValueError, match="must add up to output_size 12"):
+        mpu.ColumnParallelLinear(8, 12, output_sizes=[8, 2])
+    with pytest.raises(ValueError, match="divisible by stride"):
+        mpu.ColumnParallelLinear(8, 12, stride=5)
+    layer = mpu.ColumnParallelLinear(8, 12, output_sizes=[8, 2, 2])
+    assert layer.stride == 3 and layer.weight.partition_sizes == (8, 2, 2)
