@@ -51,12 +51,16 @@ def build_sample_idx(
     doc_lengths = sizes[doc_idx].astype(np.int64)  # [len(doc_idx)]
     starts = np.zeros(len(doc_lengths) + 1, dtype=np.int64)
     np.cumsum(doc_lengths, out=starts[1:])  # starts[j] = first global position of doc_idx[j]
-    positions = np.arange(1, num_samples + 1, dtype=np.int64) * seq_length
-    # The document holding a position: the last j with starts[j] <= p (skips empty documents, as the loop does).
-    j = np.searchsorted(starts, positions, side="right") - 1
+    # The document holding position p = k * seq_length is the last j with starts[j] <= p (this skips empty
+    # documents, as the loop does), i.e. j = #{j : starts[j] <= p} - 1. Since starts[j] <= k * seq_length iff
+    # ceil(starts[j] / seq_length) <= k, a histogram of those ceilings and its running sum give j for every k in
+    # O(len(doc_idx) + num_samples), with no search.
+    first_sample = -(-starts // seq_length)  # [len(doc_idx) + 1]
+    counts = np.bincount(first_sample[first_sample <= num_samples], minlength=num_samples + 1)
+    j = np.cumsum(counts)[1:] - 1  # [num_samples], for k = 1..num_samples
     sample_idx = np.zeros((num_samples + 1, 2), dtype=dtype)
     sample_idx[1:, 0] = j
-    sample_idx[1:, 1] = positions - starts[j]
+    sample_idx[1:, 1] = np.arange(1, num_samples + 1, dtype=np.int64) * seq_length - starts[j]
     return sample_idx
 
 
