@@ -20,7 +20,11 @@ SCRIPT = str(REPO_ROOT / "train.py")  # any existing script: these runs never la
 CORPUS = {
     "unknown_key.yml": ["unknown key 'frobnicate_layers'", "unknown_key.yml"],
     "typo_key.yml": ["unknown key 'lr_decay_stlye'", "typo_key.yml", "did you mean 'lr_decay_style'"],
-    "dup_dash.yml": ["'train_iters' is set in two files", "base.yml (as 'train_iters')", "dup_dash.yml (as 'train-iters')"],
+    "dup_dash.yml": [
+        "'train_iters' is set in two files",
+        "base.yml (as 'train_iters')",
+        "dup_dash.yml (as 'train-iters')",
+    ],
     "wrong_type.yml": ["log_interval='often'", "wrong_type.yml", "expected int"],
     "batch_inconsistent.yml": ["inconsistent batch sizes", "train_batch_size=7"],
     "tp_heads.yml": ["num_attention_heads=4", "not divisible by model_parallel_size=3", "tp_heads.yml"],
@@ -57,7 +61,7 @@ def test_dry_run_prints_config_and_command_without_launching(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-PROBE = '''
+PROBE = """
 import json, os, sys
 import torch
 from megatron.distributed import init_distributed, shutdown_and_exit
@@ -72,7 +76,7 @@ out = {"argv": sys.argv[1:], "rank": args.rank, "local_rank": args.local_rank, "
 with open(os.path.join(os.environ["PROBE_OUT"], f"rank{args.rank}.json"), "w") as f:
     json.dump(out, f)
 shutdown_and_exit(0)
-'''
+"""
 
 
 @pytest.mark.distributed
@@ -100,3 +104,22 @@ def test_launch_two_cpu_ranks_rebuild_identical_config(tmp_path):
     assert "--neox_config" in (run_dir / "launch.txt").read_text()
     expected = NeoXArgs.from_ymls([TINY], {"num_gpus": 2, "train_iters": 7, "user_script": str(probe)}).to_dict()
     assert {k: v for k, v in expected.items() if k not in ("rank", "local_rank", "world_size")} == configs[0]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_deepy_trains_with_train_py_on_two_cpu_ranks(tmp_path):
+    from tests.distributed.fns_train import make_tiny_data
+
+    data = make_tiny_data(tmp_path / "data")
+    setup = tmp_path / "setup.yml"
+    setup.write_text(
+        json.dumps({**data, "tokenizer_type": "HFTokenizer", "data_impl": "mmap", "split": "90,5,5", "num_gpus": 2})
+    )
+    res = run_command(
+        [PYTHON, "deepy.py", "train.py", TINY, str(setup), "--train_iters", "2", "--eval_iters", "1",
+         "--run_dir", str(tmp_path / "run")],
+        timeout=300,
+    )  # fmt: skip
+    assert "training finished at iteration 2" in res.stdout, res.describe()
+    assert "world 2 = pipe 1 x data 2 x model 1" in res.stdout + res.stderr, res.describe()
