@@ -37,6 +37,7 @@ KNOWN_KEYS: set[str] = set(KEY_SECTION)
 RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "comet_experiment", "adlr_autoresume_object")
 # DeepSpeed-section keys that are NeoX bookkeeping, not DeepSpeed config.
 _NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_seqlen", "load_universal"}
+_DEEPERSPEED_ONLY = {"fp16", "bf16", "type"}
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
@@ -270,6 +271,10 @@ class NeoXArgs:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             if value != default or f.name in _BATCH_KEYS:
                 ds[f.name] = value
+        for block in ("fp16", "bf16"):
+            # GPT-NeoX configs write `"fp16": true` / `"type"` inside these blocks, which only DeeperSpeed accepts.
+            if isinstance(ds.get(block), dict):
+                ds[block] = {k: v for k, v in ds[block].items() if k not in _DEEPERSPEED_ONLY}
         extra = self.deepspeed_extra_args or {}
         clash = sorted(set(extra) & set(ds))
         if clash:

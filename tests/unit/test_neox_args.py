@@ -390,6 +390,9 @@ def test_deepspeed_config():
     assert ds["gradient_accumulation_steps"] == 1 and ds["bf16"] == {"enabled": True}
     assert ds["zero_optimization"]["stage"] == 0 and ds["wall_clock_breakdown"] is True
     assert ds["zero_allow_untested_optimizer"] is True and "deepspeed" not in ds and "steps_per_print" not in ds
+    neox_style = build(fp16={"fp16": True, "type": "fp16", "enabled": True, "loss_scale": 0})
+    assert neox_style.deepspeed_config["fp16"] == {"enabled": True, "loss_scale": 0}
+    assert neox_style.fp16["fp16"] is True  # the key itself keeps the user's value
     clash = build(deepspeed_extra_args={"wall_clock_breakdown": True}, wall_clock_breakdown=True)
     with pytest.raises(ConfigError, match="also set at top level"):
         _ = clash.deepspeed_config

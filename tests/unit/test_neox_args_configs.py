@@ -177,3 +177,18 @@ def test_docs_up_to_date():
 
     current = gen_docs.DOC_PATH.read_text(encoding="utf-8")
     assert current == gen_docs.render(), "run: python -m megatron.neox_arguments.gen_docs"
+
+
+def test_deepspeed_accepts_the_shipped_configs_deepspeed_config(monkeypatch):
+    """DeepSpeed's own config parser (pydantic, extra keys forbidden) accepts every shipped config's DS dict."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    names = [*SHIPPED, "cpu/tiny.yml", "cpu/quickstart.yml"]
+    one_rank = {"global_num_gpus": 1, "model_parallel_size": 1, "pipe_parallel_size": 0}
+    for name in names:
+        extra = ["llama/train_config.yml"] if name.split("/")[0] in ("llama", "llama2", "mistral") else []
+        merged = _kwargs([str(REPO / "configs" / p) for p in [name, *extra]])
+        merged["values"].update(one_rank)
+        ds = NeoXArgs(**merged).deepspeed_config
+        DeepSpeedConfig(ds)  # raises on unknown or malformed keys
