@@ -20,7 +20,7 @@ from torch import nn
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
-from megatron.model.norms import build_norm
+from megatron.model.norms import RMSNorm, ScaleNorm, build_norm
 from megatron.model.positional_embeddings import AliBi, RotaryEmbedding, apply_rotary
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,44 @@ def model_parallel_rng_fork() -> contextlib.AbstractContextManager:
     return tracker.fork() if seeded else contextlib.nullcontext()
 
 
+def _tp_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over TP ranks with an all-reduce in forward AND backward (every rank uses the result)."""
+    return mpu.reduce_from_model_parallel_region(mpu.copy_to_model_parallel_region(t))
+
+
+def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Apply a QK norm over ``[heads, hn]`` with statistics over ALL heads (TP-invariant).
+
+    ``x`` ``[s, b, heads/tp, hn]``; the norm's parameters ``[heads/tp, hn]`` are this rank's slice. At tp=1 this
+    is exactly ``norm(x)`` (GPT-NeoX's norm over ``[heads, hn]``); at tp>1 the sums are all-reduced.
+    """
+    tp = mpu.get_model_parallel_world_size()
+    if tp == 1:
+        return norm(x)
+    xf = x.float()
+    count = xf.shape[-1] * xf.shape[-2] * tp
+    if isinstance(norm, (RMSNorm, ScaleNorm)):
+        sq = _tp_sum(xf.pow(2).sum(dim=(-2, -1), keepdim=True))
+        if isinstance(norm, RMSNorm):
+            return (norm.scale.float() * xf * torch.rsqrt(sq / count + norm.eps)).to(x.dtype)
+        return (xf / sq.sqrt().clamp(min=norm.eps) * norm.g.float()).to(x.dtype)
+    mean = _tp_sum(xf.sum(dim=(-2, -1), keepdim=True)) / count
+    centred = xf - mean
+    var = _tp_sum(centred.pow(2).sum(dim=(-2, -1), keepdim=True)) / count
+    out = centred * torch.rsqrt(var + norm.eps)
+    weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    if weight is not None:
+        out = out * weight.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
 class ParallelSelfAttention(nn.Module):
     """Self-attention of layer ``layer_index`` (0-based) with GPT-NeoX tensor names.
+
+    ``use_qk_layernorm`` adds ``q_norm`` ``[heads/tp, hn]`` and ``k_norm`` ``[kv_heads/tp, hn]`` (the configured
+    norm type over all heads jointly, statistics all-reduced over TP so the model is TP-invariant).
 
     Parameters: ``query_key_value`` (column parallel), ``dense`` (row parallel), optional ``q_norm``/``k_norm``,
     ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)`` (bias not yet added) where
@@ -124,7 +160,7 @@ class ParallelSelfAttention(nn.Module):
         mixed, _ = self.query_key_value(hidden)  # [s, b, qkv/tp]
         q, k, v = self._split_qkv(mixed)  # [s, b, heads, hn]
         if self.cfg.use_qk_layernorm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
         if self.rotary_emb is not None:
             cos, sin = self.rotary_emb(position_ids, q.dtype)  # [b, s, rot]

@@ -1,0 +1,100 @@
+"""DeepSpeed activation-checkpointing settings (GPT-NeoX's ``configure_deepspeed_activations_checkpointing``).
+
+The model recomputes every ``checkpoint_num_layers`` transformer layers when ``checkpoint_activations`` is on (in
+sequential and pipeline execution alike, through DeepSpeed's checkpoint function). How those checkpoints are
+stored is DeepSpeed's global state, set here once per process from GPT-NeoX's keys:
+
+* ``partition_activations``: each TP rank keeps 1/tp of every checkpointed input (all-gathered on recompute);
+* ``contiguous_checkpointing``: partitions are copied into preallocated buffers (needs ``partition_activations``);
+* ``checkpoint_in_cpu``: checkpoints are kept in host memory;
+* ``synchronize_each_layer``: synchronise the accelerator around every checkpointed chunk;
+* ``profile_backward``: time every checkpointed forward/backward.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ActivationCheckpointConfig:
+    """GPT-NeoX keys of activation checkpointing."""
+
+    checkpoint_activations: bool = False
+    """Recompute transformer layers in backward."""
+    checkpoint_num_layers: int = 1
+    """Transformer layers per checkpointed chunk."""
+    partition_activations: bool = False
+    """Split checkpointed activations across the tensor-parallel group."""
+    contiguous_checkpointing: bool = False
+    """Store partitions in contiguous preallocated buffers."""
+    checkpoint_in_cpu: bool = False
+    """Keep checkpoints in host memory."""
+    synchronize_each_layer: bool = False
+    """Synchronise the accelerator at the start and end of every checkpointed chunk."""
+    profile_backward: bool = False
+    """Time the checkpointed chunks."""
+    num_layers: int = 1
+    """Transformer layers of the model (sizes the contiguous buffers)."""
+    pipe_parallel_size: int = 0
+    """Pipeline stages (0/1: none); sizes the contiguous buffers for micro-batches in flight."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per step (bounds the micro-batches in flight in a pipeline)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.checkpoint_num_layers, int) or self.checkpoint_num_layers < 1:
+            raise ValueError(f"checkpoint_num_layers must be an integer >= 1, got {self.checkpoint_num_layers!r}")
+        if self.contiguous_checkpointing and not self.partition_activations:
+            raise ValueError(
+                "contiguous_checkpointing: true needs partition_activations: true (DeepSpeed only keeps "
+                "partitioned activations in contiguous buffers)"
+            )
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> ActivationCheckpointConfig:
+        """Read GPT-NeoX's flat attribute names (None = default)."""
+        defaults = cls()
+        values = {}
+        for name in cls.__dataclass_fields__:
+            value = getattr(args, name, None)
+            values[name] = getattr(defaults, name) if value is None else value
+        return cls(**values)
+
+    @property
+    def num_checkpoints(self) -> int:
+        """Checkpointed chunks alive at once on one rank: chunks per forward × micro-batches in flight."""
+        chunks = math.ceil(self.num_layers / self.checkpoint_num_layers)
+        in_flight = min(max(self.gradient_accumulation_steps, 1), self.pipe_parallel_size) if self.pipeline else 1
+        return max(chunks * in_flight, 1)
+
+    @property
+    def pipeline(self) -> bool:
+        """True when a pipeline with several stages runs (several forwards before the first backward)."""
+        return self.pipe_parallel_size > 1
+
+
+def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> None:
+    """Set DeepSpeed's activation-checkpointing state (collective-free; needs ``torch.distributed`` and the mpu).
+
+    Call after :func:`megatron.mpu.initialize_model_parallel`. Every setting is written, so a later call fully
+    replaces an earlier one.
+    """
+    import deepspeed
+
+    from megatron import mpu
+
+    deepspeed.checkpointing.configure(
+        mpu,
+        partition_activations=bool(cfg.partition_activations),
+        contiguous_checkpointing=bool(cfg.contiguous_checkpointing),
+        num_checkpoints=cfg.num_checkpoints,
+        checkpoint_in_cpu=bool(cfg.checkpoint_in_cpu),
+        synchronize=bool(cfg.synchronize_each_layer),
+        profile=bool(cfg.profile_backward),
+    )
+    logger.debug("activation checkpointing configured: %s", cfg)
