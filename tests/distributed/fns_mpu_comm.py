@@ -150,7 +150,9 @@ def _sp_norm_grads() -> dict[str, float]:
     gen = torch.Generator().manual_seed(11)
     s, b, h = 4 * world, 2, 6
     x_full, g_full = torch.randn(s, b, h, generator=gen), torch.randn(s, b, h, generator=gen)
-    reference, sharded = torch.nn.LayerNorm(h), torch.nn.Sequential(torch.nn.LayerNorm(h), torch.nn.Linear(h, h))
+    reference = torch.nn.LayerNorm(h)
+    sharded = torch.nn.Sequential(torch.nn.LayerNorm(h), torch.nn.Linear(h, h))
+    sharded.add_module("q_norm", torch.nn.LayerNorm(h))  # excluded by name
     with torch.no_grad():
         for norm in (reference, sharded[0]):
             norm.weight.copy_(torch.randn(h, generator=gen))
@@ -165,6 +167,7 @@ def _sp_norm_grads() -> dict[str, float]:
         "marked": marked,
         "marked_again": marked_again,
         "linear_marked": int(getattr(sharded[1].weight, "sequence_parallel_grad_sync", False)),
+        "q_norm_marked": int(getattr(sharded.q_norm.weight, "sequence_parallel_grad_sync", False)),
         "weight_err": _err(sharded[0].weight.grad, reference.weight.grad),
         "bias_err": _err(sharded[0].bias.grad, reference.bias.grad),
     }
