@@ -111,7 +111,8 @@ class NeoXArgs:
         updates, problems = derive(resolved, set(checked), env)
         resolved.update(updates)
         # A feature we do not implement is the root cause of anything else that looks wrong: report it alone.
-        problems = unsupported_problems(resolved, default_values(), origins) or problems + validate(resolved, origins)
+        defaults = default_values()
+        problems = unsupported_problems(resolved, defaults, origins) or problems + validate(resolved, origins, defaults)
         if problems:
             raise ConfigError(problems)
         if env.on_cpu and resolved["precision"] == "fp16":

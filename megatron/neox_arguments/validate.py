@@ -19,11 +19,14 @@ class Ctx:
 
     v: dict[str, Any]
     origins: dict[str, str]
+    defaults: dict[str, Any]
 
     def at(self, key: str) -> str:
-        """``key=value (set in file.yml)``."""
+        """``key=value (set in file.yml)``, or ``(default)`` for an untouched default."""
         where = self.origins.get(key)
-        return f"{key}={self.v[key]!r}" + (f" (set in {where})" if where else " (default)")
+        if where:
+            return f"{key}={self.v[key]!r} (set in {where})"
+        return f"{key}={self.v[key]!r}" + (" (default)" if self.v[key] == self.defaults.get(key) else "")
 
 
 def _required(c: Ctx) -> list[str]:
@@ -152,6 +155,58 @@ def _layers(c: Ctx) -> list[str]:
     return out
 
 
+def _post_training(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    impl = v["train_impl"]
+    if impl in ("dpo", "rm", "kto") and v["pipe_parallel_size"] >= 1:
+        out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
+    if impl in ("dpo", "rm") and v["dataset_impl"] != "pairwise":
+        out.append(f"{c.at('train_impl')} needs dataset_impl: pairwise (chosen/rejected pairs)")
+    if impl == "reinforce" and v["dataset_impl"] != "online":
+        out.append(f"{c.at('train_impl')} needs dataset_impl: online")
+    if impl == "kto" and v["train_micro_batch_size_per_gpu"] is not None and v["train_micro_batch_size_per_gpu"] < 2:
+        out.append("train_impl kto needs train_micro_batch_size_per_gpu >= 2 (half of each batch estimates the KL)")
+    return out
+
+
+def _ranges(c: Ctx) -> list[str]:
+    v, out = c.v, []
+    positive = (
+        "make_vocab_size_divisible_by",
+        "log_interval",
+        "eval_interval",
+        "checkpoint_num_layers",
+        "mlp_multiple_of",
+    )
+    out += [f"{c.at(k)} must be > 0" for k in positive if v[k] is not None and v[k] <= 0]
+    at_least_one = (
+        "keep_last_n_checkpoints",
+        "sliding_window_width",
+        "intermediate_size",
+        "train_iters",
+        "train_epochs",
+    )
+    out += [f"{c.at(k)} must be >= 1" for k in at_least_one if v[k] is not None and v[k] < 1]
+    if v["num_workers"] < 0 or v["eval_iters"] < 0:
+        out += [f"{c.at(k)} must be >= 0" for k in ("num_workers", "eval_iters") if v[k] < 0]
+    if not 0.0 < v["rotary_pct"] <= 1.0:
+        out.append(f"{c.at('rotary_pct')} must be in (0, 1]")
+    if v["lr_decay_fraction"] is not None and not 0.0 < v["lr_decay_fraction"] <= 1.0:
+        out.append(f"{c.at('lr_decay_fraction')} must be in (0, 1]")
+    if v["train_epochs"] is not None and (v["pack_impl"] != "packed" or v["dataset_impl"] != "gpt2"):
+        out.append("train_epochs needs pack_impl: packed and dataset_impl: gpt2 (use train_iters otherwise)")
+    if v["checkpoint_scale"] == "log" and v["checkpoint_factor"] is not None and v["checkpoint_factor"] <= 1:
+        out.append(f"{c.at('checkpoint_factor')} must be > 1 with checkpoint_scale: log")
+    return out
+
+
+def _generation(c: Ctx) -> list[str]:
+    v = c.v
+    if v["text_gen_type"] == "input-file" and not v["sample_input_file"]:
+        return ["text_gen_type: input-file needs sample_input_file (a file with one prompt per line)"]
+    return []
+
+
 # (name, rule): each rule returns its violations as readable lines.
 RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("required keys", _required),
@@ -166,12 +221,15 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("data paths", _data),
     ("checkpoints", _checkpoints),
     ("layers", _layers),
+    ("post-training", _post_training),
+    ("ranges", _ranges),
+    ("generation", _generation),
 ]
 
 
-def validate(values: dict[str, Any], origins: dict[str, str]) -> list[str]:
+def validate(values: dict[str, Any], origins: dict[str, str], defaults: dict[str, Any] | None = None) -> list[str]:
     """Run every rule on the resolved ``values``; returns all violations (empty when valid)."""
-    ctx = Ctx(values, origins)
+    ctx = Ctx(values, origins, defaults or {})
     problems: list[str] = []
     for _name, rule in RULES:
         problems.extend(rule(ctx))

@@ -292,10 +292,10 @@ def test_padded_vocab_size_and_data_weights():
     "overrides,expected",
     [
         ({"num_attention_heads": None}, "missing required key 'num_attention_heads'"),
-        ({"model_parallel_size": 3, "global_num_gpus": 3}, "num_attention_heads=4 (default) is not divisible by"),
-        ({"hidden_size": 66}, "hidden_size=66 (default) is not divisible by num_attention_heads=4"),
+        ({"model_parallel_size": 3, "global_num_gpus": 3}, "num_attention_heads=4 is not divisible by"),
+        ({"hidden_size": 66}, "hidden_size=66 is not divisible by num_attention_heads=4"),
         ({"num_kv_heads": 3}, "num_kv_heads=3"),
-        ({"seq_length": 128}, "seq_length=128 (default) exceeds max_position_embeddings=64"),
+        ({"seq_length": 128}, "seq_length=128 exceeds max_position_embeddings=64"),
         ({"pipe_parallel_size": 1, "zero_optimization": {"stage": 3}}, "DeepSpeed's pipeline engine supports ZeRO"),
         (
             {"optimizer": {"type": "sm3", "params": {}}, "fp16": {"enabled": True}},
@@ -311,10 +311,18 @@ def test_padded_vocab_size_and_data_weights():
             "train_data_weights has 2",
         ),
         ({"save": "ckpt"}, "needs checkpoint_factor or extra_save_iters"),
-        ({"min_lr": 0.5}, "min_lr=0.5 (default) is larger than the learning rate"),
+        ({"min_lr": 0.5}, "min_lr=0.5 is larger than the learning rate"),
         ({"optimizer": {"type": "adamax", "params": {}}}, "optimizer.type='adamax'"),
         ({"fp16_lm_cross_entropy": True}, "needs fp16 precision"),
         ({"train_epochs": 1, "train_iters": 3}, "not both"),
+        ({"train_impl": "dpo"}, "needs dataset_impl: pairwise"),
+        ({"train_impl": "rm", "dataset_impl": "pairwise", "pipe_parallel_size": 1}, "does not run on the pipeline"),
+        ({"train_impl": "kto", "train_micro_batch_size_per_gpu": 1}, "kto needs train_micro_batch_size_per_gpu >= 2"),
+        ({"rotary_pct": 0.0}, "rotary_pct=0.0 must be in (0, 1]"),
+        ({"keep_last_n_checkpoints": 0}, "keep_last_n_checkpoints=0 must be >= 1"),
+        ({"log_interval": 0}, "log_interval=0 must be > 0"),
+        ({"train_epochs": 2, "pack_impl": "unpacked"}, "train_epochs needs pack_impl: packed"),
+        ({"text_gen_type": "input-file"}, "needs sample_input_file"),
     ],
 )
 def test_validation_rules(overrides, expected):
