@@ -135,6 +135,8 @@ class GPTSequential(nn.Module):
         if isinstance(input_ids, (tuple, list)):
             input_ids, position_ids, attention_mask = input_ids
         b, s = input_ids.shape
+        if kv_cache is not None and self.cfg.sequence_parallel and mpu.get_model_parallel_world_size() > 1:
+            raise ValueError("incremental decoding (kv_cache) is not supported with sequence_parallel; disable it")
         if position_ids is None:
             start = kv_cache.seq_len if kv_cache is not None else 0
             position_ids = torch.arange(start, start + s, device=input_ids.device).unsqueeze(0).expand(b, s)

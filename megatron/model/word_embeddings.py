@@ -37,7 +37,13 @@ class Embedding(nn.Module):
         """``input_ids``/``position_ids`` [b, s] → ``[b, s(/tp with SP), h]``."""
         emb = self.word_embeddings(input_ids)
         if self.cfg.pos_emb == "learned":
-            emb = emb + self.position_embeddings(position_ids + self.cfg.opt_pos_emb_offset)
+            positions = position_ids + self.cfg.opt_pos_emb_offset
+            if positions.numel() and int(positions.max()) >= self.cfg.max_position_embeddings:
+                raise ValueError(
+                    f"position {int(positions.max())} is beyond max_position_embeddings="
+                    f"{self.cfg.max_position_embeddings} (learned position embeddings)"
+                )
+            emb = emb + self.position_embeddings(positions)
         elif self.cfg.pos_emb == "sinusoidal":
             emb = emb + self.position_embeddings(position_ids, emb.dtype)
         emb = self.embedding_dropout(emb)

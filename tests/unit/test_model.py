@@ -457,3 +457,23 @@ def test_cross_entropy_is_masked_mean() -> None:
     assert torch.allclose(cross_entropy(logits, (labels, mask)), expected, atol=1e-6)
     half = cross_entropy(logits.bfloat16(), (labels, mask), _fp16=True)
     assert abs(half.item() - expected.item()) < 0.05
+
+
+def test_learned_positions_beyond_the_table_raise() -> None:
+    model = build_sequential_model(tiny(pos_emb="learned", max_position_embeddings=8))
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_gpt_neox_row_bias_convention() -> None:
+    from megatron.model.tp_sharding import convert_gpt_neox_row_biases
+
+    cfg = tiny(gpt_j_residual=True)
+    sd = build_sequential_model(cfg).state_dict()
+    ours = convert_gpt_neox_row_biases(sd, cfg, 2)
+    assert torch.equal(ours["sequential.2.attention.dense.bias"], 2 * sd["sequential.2.attention.dense.bias"])
+    assert torch.equal(ours["sequential.3.mlp.linear2.bias"], 2 * sd["sequential.3.mlp.linear2.bias"])
+    assert torch.equal(ours["sequential.2.mlp.linear1.bias"], sd["sequential.2.mlp.linear1.bias"])
+    back = convert_gpt_neox_row_biases(ours, cfg, 2, to_neox=True)
+    assert all(torch.allclose(back[k], v) for k, v in sd.items())
+    assert convert_gpt_neox_row_biases(sd, cfg.replace(gpt_j_residual=False), 2) == sd
