@@ -1,0 +1,41 @@
+"""Shared glue of the ``tools/ckpts`` entry points: logging, progress bars and the error → exit-code rule."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Iterator
+
+from megatron.checkpoint.layout import CheckpointError
+
+
+def setup_logging() -> None:
+    """INFO to stderr, DeepSpeed/transformers quiet."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for noisy in ("DeepSpeed", "deepspeed", "transformers", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def progress_bar(desc: str, total: int | None = None) -> Iterator[Callable[[str], None]]:
+    """A tqdm bar on stderr; yields ``step(name)`` that advances it by one item."""
+    from tqdm import tqdm
+
+    with tqdm(desc=desc, total=total, unit="item", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+
+        def step(name: str) -> None:
+            bar.set_postfix_str(name[-40:], refresh=False)
+            bar.update(1)
+
+        yield step
+
+
+def run(main: Callable[[], int]) -> int:
+    """Run an entry point: user mistakes (ValueError, CheckpointError, missing files) → message and exit code 1."""
+    setup_logging()
+    try:
+        return main()
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1

@@ -1,0 +1,221 @@
+"""Hugging Face folders ⟷ full GPT-NeoX state dicts (GPTNeoX / Llama / Mistral).
+
+Export writes ``config.json`` (transformers 5.x fields), ``model.safetensors`` and, when the config names a
+tokenizer that has a Hugging Face form, the tokenizer files; ``AutoModelForCausalLM`` / ``AutoTokenizer`` load the
+folder. Import reads only safetensors or ``weights_only`` torch files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.writer import staged_output
+from megatron.model.config import GPTModelConfig
+from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+EOD_TOKEN = "<|endoftext|>"
+
+
+def resolve_precision(precision: str, cfg: GPTModelConfig) -> torch.dtype:
+    """``auto`` = the model's own ``precision``; else fp16 / bf16 / fp32."""
+    if precision == "auto":
+        return cfg.params_dtype
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} must be one of auto, {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# export
+
+
+def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
+    """A ``PreTrainedTokenizerFast`` for the config's tokenizer, or None when it has no Hugging Face form."""
+    from transformers import PreTrainedTokenizerFast
+
+    kind = str(getattr(args, "tokenizer_type", "") or "")
+    vocab_file = getattr(args, "vocab_file", None)
+    if vocab_is_hf_tokenizer:
+        if not vocab_file or not Path(vocab_file).exists():
+            raise CheckpointError(f"--vocab-is-hf-tokenizer: vocab_file {vocab_file!r} does not exist")
+        if Path(vocab_file).is_dir():
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(vocab_file, local_files_only=True)
+        return PreTrainedTokenizerFast(tokenizer_file=str(vocab_file))
+    if kind.lower() in ("hftokenizer", "gpt2bpetokenizer", "hfgpt2tokenizer"):
+        from megatron.tokenizer import TokenizerConfig, build_tokenizer
+
+        tok = build_tokenizer(TokenizerConfig.from_neox_args(args))
+        if kind.lower() == "hfgpt2tokenizer":
+            return tok.tokenizer
+        special = {"eos_token": EOD_TOKEN, "bos_token": EOD_TOKEN, "unk_token": EOD_TOKEN}
+        if tok.tokenizer.token_to_id("<|padding|>") is not None:
+            special["pad_token"] = "<|padding|>"
+        return PreTrainedTokenizerFast(tokenizer_object=tok.tokenizer, **special)
+    logger.warning("tokenizer_type %r has no Hugging Face tokenizer form: no tokenizer files written", kind or None)
+    return None
+
+
+def export_hf(
+    state_dict: dict[str, torch.Tensor],
+    cfg: GPTModelConfig,
+    output_dir: str | Path,
+    *,
+    architecture: str = "neox",
+    precision: str = "auto",
+    tokenizer: Any = None,
+    pad_token_id: int | None = None,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Write a Hugging Face folder for the full NeoX ``state_dict``; returns ``output_dir``."""
+    from safetensors.torch import save_file
+
+    dtype = resolve_precision(precision, cfg)
+    extra: dict[str, Any] = {}
+    if pad_token_id is not None:
+        extra["pad_token_id"] = pad_token_id
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        extra.update(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+        if pad_token_id is None and tokenizer.pad_token_id is not None:
+            extra["pad_token_id"] = tokenizer.pad_token_id
+    try:
+        hf_config = neox_to_hf_config(cfg, architecture, **extra)
+        hf_sd = neox_to_hf_state_dict(state_dict, cfg, architecture)
+    except ValueError as e:
+        raise CheckpointError(f"cannot export to {architecture}: {e}") from None
+    hf_config.dtype = dtype
+    if cfg.tied_embeddings:
+        hf_sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
+    tensors = {}
+    for name, tensor in hf_sd.items():
+        tensors[name] = tensor.detach().to(dtype).contiguous().clone()
+        if progress:
+            progress(name)
+    with staged_output(output_dir, overwrite) as staging:
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        hf_config.save_pretrained(str(staging))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging))
+    logger.info("wrote %s (%s, %s, %d tensors)", output_dir, hf_config.architectures[0], dtype, len(tensors))
+    return Path(output_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# import
+
+
+def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF folder: (sharded) safetensors, else (sharded) ``pytorch_model.bin`` (weights_only)."""
+    from safetensors.torch import load_file
+
+    hf_dir = Path(hf_dir)
+    for index_name, loader in (
+        ("model.safetensors.index.json", lambda p: load_file(str(p))),
+        ("pytorch_model.bin.index.json", lambda p: torch.load(p, map_location="cpu", weights_only=True)),
+    ):
+        index = hf_dir / index_name
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            out: dict[str, torch.Tensor] = {}
+            for name in files:
+                if not (hf_dir / name).is_file():
+                    raise CheckpointError(f"{index} lists {name} but {hf_dir / name} is missing")
+                out.update(loader(hf_dir / name))
+            return out
+    if (hf_dir / "model.safetensors").is_file():
+        return load_file(str(hf_dir / "model.safetensors"))
+    if (hf_dir / "pytorch_model.bin").is_file():
+        return torch.load(hf_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise CheckpointError(f"{hf_dir} has no model.safetensors, pytorch_model.bin or their sharded index")
+
+
+def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, torch.Tensor], GPTModelConfig, str, Any]:
+    """``(full NeoX state dict, GPTModelConfig, architecture, HF config)`` of a local HF folder."""
+    from transformers import AutoConfig
+
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise CheckpointError(f"{hf_dir} is not a Hugging Face model folder (no config.json)")
+    hf_config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    try:
+        cfg, arch = hf_config_to_neox(hf_config)
+    except ValueError as e:
+        raise CheckpointError(f"{hf_dir / 'config.json'}: {e}") from None
+    weights = read_hf_weights(hf_dir)
+    stored = next(iter(weights.values())).dtype if weights else torch.float32
+    dtype = stored if precision == "auto" else resolve_precision(precision, cfg)
+    cfg = cfg.replace(params_dtype=dtype)
+    try:
+        sd = hf_to_neox_state_dict(weights, cfg, arch)
+    except ValueError as e:
+        raise CheckpointError(f"{hf_dir}: {e}") from None
+    return {k: v.to(dtype) for k, v in sd.items()}, cfg, arch, hf_config
+
+
+MODEL_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "max_position_embeddings",
+    "intermediate_size",
+    "mlp_multiple_of",
+    "norm",
+    "layernorm_epsilon",
+    "rms_norm_epsilon",
+    "use_bias_in_norms",
+    "pos_emb",
+    "rotary_pct",
+    "rotary_emb_base",
+    "no_weight_tying",
+    "activation",
+    "bias_gelu_fusion",
+    "gpt_j_residual",
+    "use_bias_in_attn_linear",
+    "use_bias_in_mlp",
+    "sliding_window_width",
+    "hidden_dropout",
+    "attention_dropout",
+    "init_method_std",
+)
+
+
+def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int, tokenizer_file: str | None) -> str:
+    """The GPT-NeoX YAML model section matching ``cfg`` (+ parallelism, tokenizer and vocabulary padding).
+
+    ``make_vocab_size_divisible_by`` is ``padded_vocab_size / tp`` so that GPT-NeoX's padding rule reproduces the
+    checkpoint's vocabulary rows for any tokenizer no larger than it.
+    """
+    values: dict[str, Any] = {key: getattr(cfg, key) for key in MODEL_KEYS}
+    values = {k: v for k, v in values.items() if v is not None}
+    values.update(
+        model_parallel_size=tp,
+        pipe_parallel_size=pp,
+        make_vocab_size_divisible_by=cfg.padded_vocab_size // tp,
+    )
+    if tokenizer_file:
+        values.update(tokenizer_type="HFTokenizer", vocab_file=tokenizer_file)
+    header = "# Model keys of a checkpoint converted from Hugging Face by tools/ckpts/convert_hf_to_neox.py\n"
+    return header + yaml.safe_dump(values, sort_keys=False)
+
+
+def tokenizer_files(hf_dir: str | Path) -> dict[str, str]:
+    """``{"tokenizer/<name>": text}`` for the HF folder's ``tokenizer.json`` and its configs (empty if none)."""
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "tokenizer.json").is_file():
+        return {}
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    return {f"tokenizer/{n}": (hf_dir / n).read_text() for n in names if (hf_dir / n).is_file()}

@@ -1,0 +1,183 @@
+"""Where the files of a GPT-NeoX / DeepSpeed checkpoint are, and which (TP, PP) layout they encode.
+
+```
+<root>/latest                                  "global_step<N>"
+<root>/global_step<N>/
+  mp_rank_XX_model_states.pt                   one per model-parallel slice (pp=0: TP rank; pipe: stage·tp + tp rank)
+                                               pp=0: weights under "module" ("sequential.<idx>.<name>")
+  layer_LL-model_TT-model_states.pt            pipe only: weights of spec LL on TP rank TT (no prefix)
+  [bf16_]zero_pp_rank_D_mp_rank_XX_*.pt        ZeRO shards
+  configs/                                     YAML files (+ resolved_config.json)
+```
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepspeed.runtime import utils as ds_utils
+
+from megatron.model.config import GPTModelConfig
+
+MP_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
+ZERO3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or written as asked (names the file and what would be valid)."""
+
+
+def mp_rank_file(mp_rank: int) -> str:
+    """DeepSpeed's name of the engine-state file of model-parallel slice ``mp_rank``."""
+    return f"mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def layer_file(spec_index: int, tp_rank: int) -> str:
+    """DeepSpeed's name of the weights of pipeline spec ``spec_index`` on TP rank ``tp_rank``."""
+    return f"layer_{spec_index:02d}-model_{tp_rank:02d}-model_states.pt"
+
+
+def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Path:
+    """The ``global_stepN`` directory for ``path``: itself, or the tag named by ``path/latest`` (or ``iteration``)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    if iteration is not None:
+        target = path / f"global_step{iteration}"
+        if not target.is_dir():
+            raise CheckpointError(f"no checkpoint {target} (iteration {iteration})")
+        return target
+    if any(MP_RE.match(p.name) or LAYER_RE.match(p.name) for p in path.iterdir()):
+        return path
+    latest = path / "latest"
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        if not (path / tag).is_dir():
+            raise CheckpointError(f"{latest} names {tag!r} but {path / tag} does not exist")
+        return path / tag
+    steps = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
+    hint = f"; it has {', '.join(steps)}" if steps else ""
+    raise CheckpointError(
+        f"{path} is not a checkpoint: no mp_rank_XX_model_states.pt / layer_XX-model_XX-model_states.pt files "
+        f"and no 'latest' file{hint}"
+    )
+
+
+@dataclass
+class CheckpointLayout:
+    """The files of one checkpoint and the layout they encode (``pp == 0``: sequential model)."""
+
+    directory: Path
+    tp: int
+    pp: int
+    mp_files: list[Path]
+    layer_files: dict[int, list[Path]] = field(default_factory=dict)
+
+    @property
+    def is_pipe(self) -> bool:
+        """Per-layer files (``layer_LL-model_TT``) rather than one ``module`` per TP rank."""
+        return bool(self.layer_files)
+
+    @property
+    def tag(self) -> str:
+        """The directory name (``global_stepN``)."""
+        return self.directory.name
+
+    def describe(self) -> str:
+        """``tp=2 pp=2 (pipe)`` style summary."""
+        return f"tp={self.tp} pp={self.pp} ({'pipe' if self.is_pipe else 'sequential'})"
+
+
+def _numbered(files: list[Path], regex: re.Pattern[str], what: str, directory: Path) -> dict[int, Path]:
+    out = {int(regex.match(p.name).group(1)): p for p in files}  # type: ignore[union-attr]
+    missing = sorted(set(range(max(out) + 1)) - set(out)) if out else []
+    if missing:
+        raise CheckpointError(
+            f"{directory}: {what} shard(s) {', '.join(f'{m:02d}' for m in missing)} missing "
+            f"(found {', '.join(p.name for p in out.values())})"
+        )
+    return out
+
+
+def detect_layout(directory: str | Path, pp_hint: int | None = None) -> CheckpointLayout:
+    """Inspect a ``global_stepN`` directory; raise :class:`CheckpointError` for missing or inconsistent shards."""
+    directory = Path(directory)
+    names = [p for p in directory.iterdir() if p.is_file()]
+    if any(ZERO3_RE.match(p.name) for p in names) and not any(MP_RE.match(p.name) for p in names):
+        raise CheckpointError(
+            f"{directory} is a ZeRO-3 checkpoint (weights partitioned in zero_pp_rank_* files); consolidate it first "
+            "with deepspeed.utils.zero_to_fp32 or save it with ZeRO stage 0-2"
+        )
+    mp = _numbered([p for p in names if MP_RE.match(p.name)], MP_RE, "mp_rank", directory)
+    mp_files = [mp[i] for i in sorted(mp)]
+    layer_paths = [p for p in names if LAYER_RE.match(p.name)]
+    if not layer_paths:
+        if not mp_files:
+            raise CheckpointError(f"{directory} holds no mp_rank_XX_model_states.pt or layer_XX-*.pt files")
+        return CheckpointLayout(directory, tp=len(mp_files), pp=0, mp_files=mp_files)
+    by_layer: dict[int, dict[int, Path]] = {}
+    for p in layer_paths:
+        m = LAYER_RE.match(p.name)
+        assert m is not None
+        by_layer.setdefault(int(m.group(1)), {})[int(m.group(2) or 0)] = p
+    tp = max(max(ranks) + 1 for ranks in by_layer.values())
+    layer_files: dict[int, list[Path]] = {}
+    for idx in sorted(by_layer):
+        ranks = by_layer[idx]
+        missing = sorted(set(range(tp)) - set(ranks))
+        if missing:
+            raise CheckpointError(
+                f"{directory}: layer {idx:02d} lacks TP shard(s) {missing} (expected model_00..model_{tp - 1:02d})"
+            )
+        layer_files[idx] = [ranks[r] for r in range(tp)]
+    if mp_files:
+        if len(mp_files) % tp:
+            raise CheckpointError(f"{directory}: {len(mp_files)} mp_rank files is not a multiple of TP size {tp}")
+        pp = len(mp_files) // tp
+    else:
+        pp = pp_hint or 1
+    return CheckpointLayout(directory, tp=tp, pp=pp, mp_files=mp_files, layer_files=layer_files)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pipeline stage partitioning (what DeepSpeed's PipelineModule does with our spec list)
+
+
+def _spec_names(cfg: GPTModelConfig) -> list[tuple[str | None, Any]]:
+    from deepspeed.pipe import LayerSpec
+
+    from megatron.model.gpt2_model import build_layer_specs
+
+    out: list[tuple[str | None, Any]] = []
+    for spec in build_layer_specs(cfg):
+        if isinstance(spec, LayerSpec):
+            out.append((spec.typename.__name__, spec))
+        else:
+            out.append((getattr(spec, "__name__", None), spec))
+    return out
+
+
+def stage_bounds(cfg: GPTModelConfig, pp: int, partition_method: str | None = None) -> list[int]:
+    """Spec-index boundaries ``parts`` (stage ``s`` owns specs ``parts[s]:parts[s+1]``), as DeepSpeed computes them."""
+    method = (partition_method or cfg.pipe_partition_method).lower()
+    specs = _spec_names(cfg)
+    if method == "uniform":
+        return list(ds_utils.partition_uniform(num_items=len(specs), num_parts=pp))
+    if method.startswith("type:"):
+        regex = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+        weights = [1 if name and regex.search(name) else 0 for name, _ in specs]
+        if not any(weights):
+            raise CheckpointError(f"pipe_partition_method {method!r} matches no layer")
+        return list(ds_utils.partition_balanced(weights=weights, num_parts=pp))
+    if method == "parameters":
+        from deepspeed.pipe import LayerSpec
+
+        counts = []
+        for _, spec in specs:
+            counts.append(sum(p.numel() for p in spec.build().parameters()) if isinstance(spec, LayerSpec) else 0)
+        return list(ds_utils.partition_balanced(weights=counts, num_parts=pp))
+    raise CheckpointError(f"pipe_partition_method {method!r}: supported are uniform, parameters, type:<regex>")

@@ -1,0 +1,222 @@
+"""Read a GPT-NeoX / DeepSpeed checkpoint of any TP/PP layout into one full state dict in GPT-NeoX names.
+
+Full keys are ``sequential.<spec idx>.<name>`` (the tp=1, pp=0 layout): embedding 0, layer ``i`` at ``i + 2``,
+final norm ``L + 3``, untied output layer ``L + 4``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron.checkpoint import config_io
+from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
+from megatron.checkpoint.rules import merge_tensor, rename_legacy
+from megatron.model.config import GPTModelConfig
+
+logger = logging.getLogger(__name__)
+
+FORMAT_KEY = "checkpoint_format"
+FORMAT = "neox-forge"
+ENGINE_KEYS = ("module", "optimizer", "buffer_names")
+
+
+def load_torch(path: Path, *, weights_only: bool = True) -> Any:
+    """``torch.load`` on CPU with a clear error for unreadable files.
+
+    Engine-state files (``mp_rank_XX``) hold Python objects (RNG states, numpy arrays) written by DeepSpeed and by
+    our own training, so they are read with ``weights_only=False``; they come from the same trusted checkpoint
+    directory as the weights. Weight files are always read with ``weights_only=True``.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    except Exception as e:  # any unpickling/IO error means a bad input file
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+
+
+@dataclass
+class NeoXCheckpoint:
+    """A checkpoint read into memory: the full state dict plus what a writer needs to reproduce the rest."""
+
+    state_dict: dict[str, torch.Tensor]
+    cfg: GPTModelConfig
+    layout: CheckpointLayout
+    client_state: dict[str, Any]
+    args: Any = None
+    config_files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def iteration(self) -> int:
+        """The training iteration the checkpoint was saved at (from its client state, else the tag)."""
+        it = self.client_state.get("iteration", self.client_state.get("total_iters"))
+        if it is None and self.layout.tag.startswith("global_step"):
+            return int(self.layout.tag[len("global_step") :] or 0)
+        return int(it or 0)
+
+
+def engine_state(layout: CheckpointLayout, mp_rank: int = 0) -> dict[str, Any]:
+    """``mp_rank_XX_model_states.pt`` of a checkpoint (empty dict when a pipe checkpoint has none)."""
+    if not layout.mp_files:
+        return {}
+    state = load_torch(layout.mp_files[mp_rank], weights_only=False)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{layout.mp_files[mp_rank]} is not a DeepSpeed model-states dict")
+    return state
+
+
+def is_neox_forge(layout: CheckpointLayout, client_state: dict[str, Any]) -> bool:
+    """Written by neox-forge (TP-invariant row-parallel biases) rather than by GPT-NeoX."""
+    return client_state.get(FORMAT_KEY) == FORMAT or (layout.directory / "manifest.json").is_file()
+
+
+def read_tp_shards(
+    layout: CheckpointLayout, progress: Callable[[str], None] | None = None
+) -> tuple[list[dict[str, torch.Tensor]], list[list[str]]]:
+    """Per TP rank: the rank's tensors under full keys, and per mp_rank file the buffer names (sequential only)."""
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.tp)]
+    buffers: list[list[str]] = []
+    if layout.is_pipe:
+        for idx, files in layout.layer_files.items():
+            for tp_rank, path in enumerate(files):
+                if progress:
+                    progress(path.name)
+                sd = load_torch(path)
+                if not isinstance(sd, dict):
+                    raise CheckpointError(f"{path} is not a state dict")
+                for key, value in rename_legacy(sd).items():
+                    shards[tp_rank][f"sequential.{idx}.{key}"] = value
+        return shards, buffers
+    for tp_rank, path in enumerate(layout.mp_files):
+        if progress:
+            progress(path.name)
+        state = load_torch(path, weights_only=False)
+        module = state.get("module") if isinstance(state, dict) else None
+        if not isinstance(module, dict):
+            raise CheckpointError(f"{path} has no 'module' weights (saved with ZeRO-3 or without a model?)")
+        buffers.append(list(state.get("buffer_names") or []))
+        for key, value in rename_legacy(module).items():
+            if not torch.is_tensor(value):
+                continue
+            key = key.removeprefix("module.")
+            if not key.startswith("sequential."):
+                head, _, rest = key.partition(".")
+                if not head.isdigit():
+                    raise CheckpointError(f"{path}: unexpected tensor name {key!r} (expected sequential.<idx>.<name>)")
+                key = f"sequential.{head}.{rest}"
+            shards[tp_rank][key] = value
+    return shards, buffers
+
+
+def merge_shards(
+    shards: list[dict[str, torch.Tensor]], cfg: GPTModelConfig, *, sum_row_biases: bool, where: str
+) -> dict[str, torch.Tensor]:
+    """Merge per-TP-rank tensors into the full layout with each tensor's rule."""
+    keys = list(shards[0])
+    for rank, sd in enumerate(shards[1:], start=1):
+        if set(sd) != set(keys):
+            extra = sorted(set(sd) ^ set(keys))[:5]
+            raise CheckpointError(f"{where}: TP rank {rank} has different tensors than rank 0 (e.g. {extra})")
+    full = {}
+    for key in keys:
+        try:
+            full[key] = merge_tensor(key, [sd[key] for sd in shards], cfg, sum_row_biases=sum_row_biases)
+        except (ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{where}: cannot merge {key}: {e}") from None
+    return full
+
+
+BENIGN_EXTRAS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+
+
+def check_against_config(
+    state_dict: dict[str, torch.Tensor], cfg: GPTModelConfig, where: str
+) -> dict[str, torch.Tensor]:
+    """The merged tensors must be those of the configured model (names and shapes): catches a mismatched config.
+
+    Returns ``state_dict`` without buffers the configured model does not persist (e.g. GPT-NeoX's saved rotary
+    ``inv_freq``).
+    """
+    from megatron.model import build_sequential_model
+
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build_sequential_model(cfg).state_dict().items()}
+    state_dict = {k: v for k, v in state_dict.items() if k in expected or not k.endswith(BENIGN_EXTRAS)}
+    got = {k: tuple(v.shape) for k, v in state_dict.items()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    wrong = [
+        f"{k}: checkpoint {got[k]} vs config {expected[k]}" for k in expected if k in got and got[k] != expected[k]
+    ]
+    if missing or unexpected or wrong:
+        parts = []
+        if wrong:
+            parts.append("shape mismatch " + "; ".join(wrong[:4]))
+        if missing:
+            parts.append(f"missing {missing[:4]}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:4]}")
+        raise CheckpointError(f"{where} does not match the model config: " + "; ".join(parts))
+    return state_dict
+
+
+def read_checkpoint(
+    path: str | Path,
+    *,
+    config_files: list[str | Path] | None = None,
+    args: Any = None,
+    iteration: int | None = None,
+    row_bias: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> NeoXCheckpoint:
+    """Read the checkpoint at ``path`` (root with ``latest`` or a ``global_stepN`` dir) into a full state dict.
+
+    The model config comes from ``args`` (GPT-NeoX attribute names), else ``config_files``, else the checkpoint's
+    own ``configs/``. ``row_bias``: ``auto`` (neox-forge checkpoints store effective row-parallel biases, GPT-NeoX
+    ones are summed over TP when ``gpt_j_residual``), ``effective`` or ``sum``.
+    """
+    if row_bias not in ("auto", "effective", "sum"):
+        raise ValueError(f"row_bias={row_bias!r} must be auto, effective or sum")
+    directory = resolve_checkpoint_dir(path, iteration)
+    layout = detect_layout(directory)
+    state = engine_state(layout)
+    client = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
+    if args is None and config_files:
+        args = config_io.load_neox_args(config_files)
+    if args is None:
+        args = config_io.checkpoint_config_args(directory)
+    if args is None:
+        raise CheckpointError(f"{directory} has no configs/ to read the model from: pass the config file(s)")
+    shards, _ = read_tp_shards(layout, progress)
+    emb = shards[0].get("sequential.0.word_embeddings.weight")
+    if emb is None:
+        raise CheckpointError(f"{directory}: no word embedding (sequential.0.word_embeddings.weight) found")
+    padded = emb.size(0) * layout.tp
+    try:
+        cfg = config_io.model_config(args, padded_vocab_size=padded)
+    except ValueError as e:
+        raise CheckpointError(f"model config for {directory}: {e}") from None
+    ckpt_args = client.get("args") or {}
+    for key in ("num_layers", "hidden_size", "num_attention_heads"):
+        if key in ckpt_args and ckpt_args[key] != getattr(cfg, key):
+            raise CheckpointError(
+                f"{directory} was saved with {key}={ckpt_args[key]} but the config says {getattr(cfg, key)}"
+            )
+    ours = is_neox_forge(layout, client)
+    sum_biases = row_bias == "sum" or (row_bias == "auto" and not ours and cfg.gpt_j_residual and layout.tp > 1)
+    if sum_biases:
+        logger.info("row-parallel biases summed over %d TP ranks (GPT-NeoX parallel-residual checkpoint)", layout.tp)
+    full = merge_shards(shards, cfg, sum_row_biases=sum_biases, where=str(directory))
+    full = check_against_config(full, cfg, str(directory))
+    return NeoXCheckpoint(
+        state_dict=full,
+        cfg=cfg,
+        layout=layout,
+        client_state=client,
+        args=args,
+        config_files=config_io.config_files_text(directory),
+    )

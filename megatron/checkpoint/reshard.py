@@ -1,0 +1,115 @@
+"""Any (tp, pp) → any (tp, pp): weights always, ZeRO-0 optimizer state when the source has it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.optimizer_state import (
+    gather_optimizer_state,
+    resize_optimizer_vocab,
+    scatter_optimizer_state,
+)
+from megatron.checkpoint.reader import NeoXCheckpoint, load_torch, read_checkpoint
+from megatron.checkpoint.rules import resize_vocab, split_tensor
+from megatron.checkpoint.writer import TargetLayout, write_checkpoint
+from megatron.model.config import pad_vocab_size
+
+logger = logging.getLogger(__name__)
+
+RNG_KEYS = ("random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state", "rng_tracker_states")
+WEIGHTS_ONLY_KEY = "weights_only"
+
+
+@dataclass
+class ReshardResult:
+    """What :func:`reshard_checkpoint` wrote."""
+
+    directory: Path
+    source: str
+    target: TargetLayout
+    optimizer_resharded: bool
+    padded_vocab_size: int
+    note: str = ""
+
+
+def target_vocab(ckpt: NeoXCheckpoint, tp: int, padded_vocab_size: int | None) -> int:
+    """Padded vocabulary rows for the target: as given, else kept when ``tp`` divides it, else padded up."""
+    current = ckpt.cfg.padded_vocab_size
+    if padded_vocab_size is not None:
+        if padded_vocab_size % tp:
+            raise CheckpointError(f"padded_vocab_size={padded_vocab_size} is not divisible by tp={tp}")
+        return padded_vocab_size
+    if current % tp == 0:
+        return current
+    divisible = int((ckpt.client_state.get("args") or {}).get("make_vocab_size_divisible_by") or 128)
+    rows = pad_vocab_size(current, divisible, tp)
+    logger.warning("padded vocabulary %d is not divisible by tp=%d: padding to %d rows", current, tp, rows)
+    return rows
+
+
+def _optimizer_fn(
+    ckpt: NeoXCheckpoint, target: TargetLayout, rows: int
+) -> tuple[Callable[[int, int], dict[str, Any]] | None, str]:
+    layout, cfg = ckpt.layout, ckpt.cfg
+    optimizers = [load_torch(p, weights_only=False).get("optimizer") for p in layout.mp_files]
+    src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
+    src_shard = {key: tuple(split_tensor(key, value, cfg, src_tp)[0].shape) for key, value in ckpt.state_dict.items()}
+    try:
+        full = gather_optimizer_state(optimizers, lambda name, _tp: src_shard[name], cfg, src_tp, src_pp)
+    except CheckpointError as e:
+        return None, f"optimizer state not resharded ({e}); the output is weights-only"
+    resize_optimizer_vocab(full, rows)
+    new_cfg = cfg.replace(padded_vocab_size=rows)
+    return scatter_optimizer_state(full, new_cfg, target.tp, target.pp), ""
+
+
+def reshard_checkpoint(
+    src: str | Path,
+    dst: str | Path,
+    target: TargetLayout,
+    *,
+    args: Any = None,
+    config_files: list[str | Path] | None = None,
+    iteration: int | None = None,
+    padded_vocab_size: int | None = None,
+    weights_only: bool = False,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ReshardResult:
+    """Rewrite the checkpoint ``src`` (root or ``global_stepN``) as ``dst/global_stepN`` in the ``target`` layout."""
+    ckpt = read_checkpoint(src, args=args, config_files=config_files, iteration=iteration, progress=progress)
+    rows = target_vocab(ckpt, target.tp, padded_vocab_size)
+    cfg = ckpt.cfg.replace(padded_vocab_size=rows)
+    state = {k: resize_vocab(k, v, rows) for k, v in ckpt.state_dict.items()}
+    optimizer_fn, note = (None, "weights-only as requested") if weights_only else _optimizer_fn(ckpt, target, rows)
+    if note:
+        logger.warning("%s", note)
+    client = dict(ckpt.client_state)
+    client[WEIGHTS_ONLY_KEY] = optimizer_fn is None
+    client["resharded_from"] = {"tp": ckpt.layout.tp, "pp": ckpt.layout.pp if ckpt.layout.is_pipe else 0}
+    per_tp_rng = []
+    for tp_rank in range(ckpt.layout.tp):
+        if tp_rank < len(ckpt.layout.mp_files):
+            engine = load_torch(ckpt.layout.mp_files[tp_rank], weights_only=False)
+            per_tp_rng.append({k: engine[k] for k in RNG_KEYS if k in engine})
+    directory = write_checkpoint(
+        state,
+        cfg,
+        dst,
+        target,
+        iteration=ckpt.iteration,
+        client_state=client,
+        rank_client_state=(lambda t: per_tp_rng[t % len(per_tp_rng)]) if per_tp_rng else None,
+        optimizer_state=optimizer_fn,
+        config_files=ckpt.config_files,
+        overwrite=overwrite,
+        progress=progress,
+    )
+    source = ckpt.layout.describe()
+    logger.info("resharded %s %s -> tp=%d pp=%d at %s", ckpt.layout.directory, source, target.tp, target.pp, dst)
+    return ReshardResult(directory, source, target, optimizer_fn is not None, rows, note)

@@ -1,0 +1,67 @@
+"""Convert a local Hugging Face GPTNeoX / Llama / Mistral folder into a GPT-NeoX checkpoint for any TP/PP.
+
+    python tools/ckpts/convert_hf_to_neox.py --input_dir HF_DIR --output_dir OUT --tp 2 --pp 1
+
+Writes ``OUT/latest``, ``OUT/global_step0/...`` and ``OUT/neox_config.yml`` (the matching model keys); fine-tune
+with ``python deepy.py train.py OUT/neox_config.yml my_setup.yml`` and ``load: OUT``, ``finetune: true``.
+Reads only safetensors or ``weights_only`` torch files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
+
+from megatron.checkpoint import cli
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input_dir", required=True, help="local Hugging Face model folder")
+    p.add_argument("--output_dir", required=True, help="NeoX checkpoint root to create")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (model_parallel_size)")
+    p.add_argument("--pp", type=int, default=1, help="pipe_parallel_size (0 = sequential model files)")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Convert; returns the exit code."""
+    args = parse_args(argv)
+    from megatron.checkpoint import TargetLayout, write_checkpoint
+    from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files
+
+    target = TargetLayout(tp=args.tp, pp=args.pp)
+    if os.path.exists(args.output_dir) and not args.overwrite:
+        raise ValueError(f"--output_dir {args.output_dir} already exists (pass --overwrite to replace it)")
+    sd, cfg, arch, _ = import_hf(args.input_dir, args.precision)
+    extra = tokenizer_files(args.input_dir)
+    tokenizer = os.path.abspath(os.path.join(args.output_dir, "tokenizer", "tokenizer.json")) if extra else None
+    extra["neox_config.yml"] = neox_config_yaml(cfg, target.tp, target.pp, tokenizer)
+    ckpt_args = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
+    if tokenizer:
+        ckpt_args["tokenizer_type"] = "HFTokenizer"
+    with cli.progress_bar("writing shards") as step:
+        write_checkpoint(
+            sd,
+            cfg,
+            args.output_dir,
+            target,
+            iteration=0,
+            client_state={"args": ckpt_args},
+            config_files={"neox_config.yml": extra["neox_config.yml"]},
+            extra_files=extra,
+            overwrite=args.overwrite,
+            progress=step,
+        )
+    print(f"converted {arch} model {args.input_dir} -> {args.output_dir} (tp={target.tp}, pp={target.pp})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))
