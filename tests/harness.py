@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -99,7 +100,9 @@ def _rank_main(
         from megatron.distributed import init_distributed
 
         init_distributed("gloo")
-        results.put((rank, "ok", fn(*args)))
+        # Plain pickle copies tensor data; the queue's own pickler would pass tensors through shared memory that
+        # disappears when this rank exits.
+        results.put((rank, "ok", pickle.dumps(fn(*args))))
     except BaseException:
         traceback.print_exc()
         results.put((rank, "error", traceback.format_exc()))
@@ -152,7 +155,7 @@ def run_distributed(fn: Callable[..., Any], world: int, *args: Any, timeout: flo
                     continue
                 if status == "error":
                     raise DistributedTestError(f"rank {rank} failed:\n{payload}\n{_rank_logs(log_dir, world)}")
-                collected[rank] = payload
+                collected[rank] = pickle.loads(payload)
             for p in procs:
                 p.join(timeout=30)
         finally:

@@ -50,7 +50,7 @@ def deepspeed_toy_training(zero_stage: int, steps: int) -> list[float]:
     x_all = torch.randn(8, 8, generator=gen)  # one fixed batch per rank: the loss must fall steadily
     y_all = x_all.sum(dim=1, keepdim=True).sin()
     losses = []
-    for step in range(steps):
+    for _step in range(steps):
         step_loss = 0.0
         for micro in range(2):
             i = micro * 4
@@ -62,3 +62,8 @@ def deepspeed_toy_training(zero_stage: int, steps: int) -> list[float]:
         dist.all_reduce(t)
         losses.append(t.item() / dist.get_world_size())
     return losses
+
+
+def return_tensors() -> dict:
+    rank = dist.get_rank()
+    return {"t": torch.full((3, 4), float(rank)), "nested": [torch.arange(5) * rank]}

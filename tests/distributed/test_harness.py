@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from tests.distributed import fns_basic
@@ -30,5 +32,12 @@ def test_two_rank_deepspeed_zero1_trains() -> None:
     assert losses[0] == losses[1], "ranks must agree on the all-reduced loss"
     trajectory = losses[0]
     assert len(trajectory) == 12
-    assert all(b < a for a, b in zip(trajectory, trajectory[1:])), trajectory
+    assert all(b < a for a, b in itertools.pairwise(trajectory)), trajectory
     assert trajectory[-1] < 0.5 * trajectory[0], trajectory
+
+
+def test_tensor_results_survive_rank_exit() -> None:
+    results = run_distributed(fns_basic.return_tensors, 2, timeout=120)
+    for rank, r in enumerate(results):
+        assert r["t"].shape == (3, 4) and float(r["t"].sum()) == 12.0 * rank
+        assert r["nested"][0].tolist() == [i * rank for i in range(5)]
