@@ -45,6 +45,7 @@ class PreprocessConfig:
     num_docs: int | None = None
     skip_invalid: bool = False
     batch_docs: int = 64
+    batch_chars: int = 256 * 1024
 
     def tokenizer_config(self) -> TokenizerConfig:
         return TokenizerConfig(self.tokenizer_type, self.vocab_file, self.merge_file)
@@ -150,12 +151,15 @@ class _Progress:
 
 
 def _batches(cfg: PreprocessConfig, stats: ReadStats) -> Any:
+    # Batches are bounded by documents and by characters, so that workers get similar amounts of work.
     batch: list[dict[str, str]] = []
+    chars = 0
     for doc in read_documents(cfg.inputs, cfg.jsonl_keys, cfg.skip_invalid, stats):
         batch.append(doc)
-        if len(batch) >= cfg.batch_docs:
+        chars += sum(len(t) for t in doc.values())
+        if len(batch) >= cfg.batch_docs or chars >= cfg.batch_chars:
             yield batch
-            batch = []
+            batch, chars = [], 0
     if batch:
         yield batch
 
