@@ -108,7 +108,7 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     if on_cpu:
         env["DS_ACCELERATOR"] = "cpu"
         # DeepSpeed's launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or "1"
     return LaunchPlan(argv, env, run_dir, config_path, notes)
 
 
@@ -136,9 +136,9 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan) -> None:
 
 def launch(plan: LaunchPlan) -> int:
     """Run DeepSpeed's runner in this process; returns the ranks' exit status."""
+    os.environ.update(plan.env)  # before DeepSpeed is imported: it picks its accelerator at import
     from deepspeed.launcher import runner
 
-    os.environ.update(plan.env)
     # Multi-node backends forward only variables with these prefixes; W&B and neox-forge settings must reach ranks.
     for prefix in ("WANDB", "NEOX", "DS_ACCELERATOR", "OMP_NUM_THREADS", "HF_"):
         if prefix not in runner.EXPORT_ENVS:

@@ -72,7 +72,8 @@ init_distributed()
 total = torch.tensor([float(args.rank + 1)])
 torch.distributed.all_reduce(total)
 out = {"argv": sys.argv[1:], "rank": args.rank, "local_rank": args.local_rank, "world_size": args.world_size,
-       "sum": total.item(), "omp": os.environ.get("OMP_NUM_THREADS"), "config": args.to_dict()}
+       "sum": total.item(), "omp": os.environ.get("OMP_NUM_THREADS"), "accel": os.environ.get("DS_ACCELERATOR"),
+       "config": args.to_dict()}
 with open(os.path.join(os.environ["PROBE_OUT"], f"rank{args.rank}.json"), "w") as f:
     json.dump(out, f)
 shutdown_and_exit(0)
@@ -84,14 +85,14 @@ def test_launch_two_cpu_ranks_rebuild_identical_config(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     run_dir = tmp_path / "run"
-    res = run_command(
+    run_command(
         [PYTHON, "deepy.py", str(probe), TINY, "--num_gpus", "2", "--train_iters", "7", "--run_dir", str(run_dir)],
-        env={"PROBE_OUT": str(tmp_path)},
+        env={"PROBE_OUT": str(tmp_path), "OMP_NUM_THREADS": "", "DS_ACCELERATOR": ""},  # deepy must set both
         timeout=240,
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["rank"] for r in ranks] == [0, 1] and [r["local_rank"] for r in ranks] == [0, 1]
-    assert all(r["world_size"] == 2 and r["sum"] == 3.0 and r["omp"] == "1" for r in ranks), res.stdout
+    assert all(r["world_size"] == 2 and r["sum"] == 3.0 and r["omp"] == "1" and r["accel"] == "cpu" for r in ranks)
     assert any(a.startswith("--local_rank=") for a in ranks[0]["argv"])
     configs = [{k: v for k, v in r["config"].items() if k not in ("rank", "local_rank", "world_size")} for r in ranks]
     assert configs[0] == configs[1]
