@@ -174,3 +174,61 @@ def test_unsupported_exports_raise() -> None:
         neox_to_hf_config(cfg, "llama")
     with pytest.raises(ValueError, match="architecture"):
         neox_to_hf_config(cfg, "gpt2")
+
+
+EXPORT_CASES = {
+    "neox-no-norm-mlp-bias-tanh": (
+        "neox",
+        dict(gpt_j_residual=True, use_bias_in_norms=False, use_bias_in_mlp=False, bias_gelu_fusion=True),
+    ),
+    "neox-sequential-tied-relu": ("neox", dict(activation="relu", rotary_pct=0.5, intermediate_size=72)),
+    "llama-swiglu-multiple-of": (
+        "llama",
+        dict(norm="rmsnorm", activation="swiglu", num_kv_heads=2, mlp_multiple_of=16, no_weight_tying=True),
+    ),
+    "llama-geglu-biases": ("llama", dict(norm="rmsnorm", activation="geglu", use_bias_in_attn_linear=True)),
+    "mistral-window": (
+        "mistral",
+        dict(
+            norm="rmsnorm",
+            activation="swiglu",
+            num_kv_heads=1,
+            sliding_window_width=4,
+            use_bias_in_attn_linear=False,
+            use_bias_in_mlp=False,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPORT_CASES))
+def test_export_to_hf_gives_same_logits(name: str) -> None:
+    """Direction NeoX → HF: a model configured the GPT-NeoX way, exported, loads strictly into HF with equal logits."""
+    from megatron.model import GPTModelConfig
+
+    arch, changes = EXPORT_CASES[name]
+    base = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        padded_vocab_size=VOCAB,
+        max_position_embeddings=64,
+        pos_emb="rotary",
+        init_method_std=0.1,
+        output_layer_init_method="normal",
+    )
+    if arch != "neox":
+        base["use_bias_in_mlp"] = changes.get("use_bias_in_attn_linear", False)
+        base["use_bias_in_attn_linear"] = False
+    cfg = GPTModelConfig(**{**base, **changes})
+    ours = build_sequential_model(cfg).eval()
+    _randomise(ours, 11)
+    hf_config = neox_to_hf_config(cfg, arch)
+    hf_cls = {"neox": transformers.GPTNeoXForCausalLM, "llama": transformers.LlamaForCausalLM}.get(
+        arch, transformers.MistralForCausalLM
+    )
+    hf = hf_cls(hf_config).float().eval()
+    hf.load_state_dict(neox_to_hf_state_dict(ours.state_dict(), cfg, arch), strict=True)
+    ids = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (hf(ids).logits - ours(ids)).abs().max().item() <= TOL

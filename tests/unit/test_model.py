@@ -477,3 +477,20 @@ def test_gpt_neox_row_bias_convention() -> None:
     back = convert_gpt_neox_row_biases(ours, cfg, 2, to_neox=True)
     assert all(torch.allclose(back[k], v) for k, v in sd.items())
     assert convert_gpt_neox_row_biases(sd, cfg.replace(gpt_j_residual=False), 2) == sd
+
+
+@pytest.mark.parametrize(
+    ("files", "millions"),
+    [(["configs/20B.yml"], 20554.6), (["configs/pythia/160M.yml"], 162.3), (["configs/pythia/14M.yml"], 14.1)],
+)
+def test_shipped_configs_through_neox_args(files: list[str], millions: float) -> None:
+    """The real GPT-NeoX YAMLs → NeoXArgs → GPTModelConfig → model on meta with the expected size."""
+    from megatron.neox_arguments.neox_args import NeoXArgs
+
+    args = NeoXArgs.from_ymls(files, {"global_num_gpus": 8})
+    args.padded_vocab_size = pad_vocab_size(50277, args.make_vocab_size_divisible_by, args.model_parallel_size)
+    cfg = GPTModelConfig.from_neox_args(args)
+    assert cfg.num_layers == args.num_layers and cfg.rotary_pct == args.rotary_pct
+    with torch.device("meta"):
+        model = build_sequential_model(cfg)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == millions
