@@ -114,6 +114,7 @@ def test_blended_train_paths_with_weights(tmp_path):
         valid_data_paths=[b],
         test_data_paths=[a],
         train_data_weights=[3.0, 1.0],
+        data_impl="infer",  # GPT-NeoX's default, which works here
     )
     train, valid, test = build_train_valid_test_datasets(cfg)
     assert len(train) == sum(len(d) for d in train.datasets)
