@@ -49,7 +49,12 @@ class LaunchEnv:
 
             gpus = torch.cuda.device_count()
         path = hostfile or os.environ.get("DLTS_HOSTFILE")
-        hosts = read_hostfile(path) if path and os.path.isfile(path) else None
+        try:
+            hosts = read_hostfile(path) if path and os.path.isfile(path) else None
+        except (ValueError, UnicodeDecodeError) as e:
+            from megatron.neox_arguments.errors import ConfigError
+
+            raise ConfigError(f"bad hostfile: {e}") from None
         return cls(world_size=int(ws) if ws and ws.isdigit() else None, on_cpu=cpu, gpu_count=gpus, hosts=hosts)
 
 
@@ -98,7 +103,7 @@ def _world_size(v: dict[str, Any], env: LaunchEnv) -> int:
     if env.hosts:
         from megatron.launcher.hostfile import count_ranks
 
-        return count_ranks(env.hosts, v["include"], v["exclude"], v["num_nodes"], v["num_gpus"])
+        return count_ranks(env.hosts, v["include"], v["exclude"], v["num_nodes"], v["num_gpus"])  # ValueError
     nodes = v["num_nodes"] if v["num_nodes"] and v["num_nodes"] > 0 else 1
     if not env.on_cpu:
         return (v["num_gpus"] or env.gpu_count) * nodes
@@ -206,24 +211,28 @@ def _optimizer(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> N
         return
     out["optimizer_type"] = kind
     lr = opt.get("params", {}).get("lr", DEFAULT_LR)
-    if isinstance(lr, str):
-        try:
-            lr = float(lr)
-        except ValueError:
-            problems.append(f"optimizer.params.lr={lr!r}: expected a number")
-            return
-    out["lr"] = lr
+    try:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float, str)):
+            raise ValueError
+        out["lr"] = float(lr)
+    except ValueError:
+        problems.append(f"optimizer.params.lr={lr!r}: expected a number")
 
 
 def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[dict[str, Any], list[str]]:
     """Compute the derived keys from ``values`` (all keys, defaults filled); returns (updates, problems)."""
     v, out, problems = values, {}, []
-    world = _world_size(v, env)
-    out["global_num_gpus"] = world
+    try:
+        world = _world_size(v, env)
+    except ValueError as e:  # a bad include/exclude against the hostfile
+        problems.append(f"hostfile resources: {e}")
+        world = 0
+    out["global_num_gpus"] = world or None
     pp, mp = max(v["pipe_parallel_size"] or 0, 1), max(v["model_parallel_size"] or 1, 1)
     out["is_pipe_parallel"] = (v["pipe_parallel_size"] or 0) >= 1
     if world <= 0:
-        problems.append("no ranks to run on: set num_gpus or global_num_gpus")
+        if not problems:
+            problems.append("no ranks to run on: set num_gpus or global_num_gpus")
     elif world % (pp * mp):
         problems.append(
             f"world size {world} is not divisible by max(pipe_parallel_size, 1) x model_parallel_size = {pp * mp}"

@@ -113,8 +113,12 @@ def merge_config_files(paths: list[str], known: set[str]) -> MergedConfig:
         if not os.path.isfile(path):
             problems.append(f"config file not found: {path}")
             continue
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            problems.append(f"cannot read config file {path}: {e}")
+            continue
         base = os.path.basename(path)
         if base in merged.config_files:
             problems.append(f"two config files are named {base!r}; they are stored by name, rename one: {path}")

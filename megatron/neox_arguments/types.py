@@ -90,9 +90,10 @@ def _coerce(value: Any, tp: Any) -> Any:
 
 
 def coerce_value(value: Any, tp: Any) -> tuple[bool, Any]:
-    """Return ``(ok, value)``: ``value`` converted to fit ``tp`` (``None`` always fits), or ``ok`` False."""
-    if value is None:
-        return True, None
+    """Return ``(ok, value)``: ``value`` converted to fit ``tp``, or ``ok`` False.
+
+    ``None`` (YAML ``null``) fits only keys whose type allows it (``int | None``...).
+    """
     try:
         return True, _coerce(value, tp)
     except _Mismatch:

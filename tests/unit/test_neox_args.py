@@ -423,3 +423,19 @@ def test_consume_neox_args_json_and_base64(tmp_path, monkeypatch):
         NeoXArgs.consume_neox_args(["--neox_config", str(path)])
     with pytest.raises(ConfigError, match="no config given"):
         NeoXArgs.consume_neox_args([])
+
+
+def test_bad_input_never_escapes_as_a_crash(tmp_path):
+    assert "log_interval=None in the configuration: expected int" in problems(log_interval=None)
+    assert any("optimizer.params.lr=[1]" in m for m in problems(optimizer={"type": "adam", "params": {"lr": [1]}}))
+    hosts = LaunchEnv(on_cpu=False, hosts={"w0": 2})
+    with pytest.raises(ConfigError, match="hostfile resources: include: host 'w9' is not in the hostfile"):
+        NeoXArgs({**TINY, "include": "w9"}, env=hosts)
+    binary = tmp_path / "bin.yml"
+    binary.write_bytes(b"\xff\xfe{\x00")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        NeoXArgs.from_ymls([str(binary)])
+    bad_hosts = write(tmp_path, "hosts", "w0 slots=two\n")
+    cfg = write(tmp_path, "a.yml", json.dumps({**TINY, "hostfile": bad_hosts}))
+    with pytest.raises(ConfigError, match=r"bad hostfile: .*hosts: line 1"):
+        NeoXArgs.from_ymls([cfg])
