@@ -34,6 +34,7 @@ class DataConfig:
     train_batch_size: int
     micro_batch_size: int
     train_iters: int = 0
+    train_epochs: int | None = None
     eval_interval: int = 1000
     eval_iters: int = 100
     seed: int = 1234
@@ -84,6 +85,10 @@ class DataConfig:
         """Raise ValueError naming the key when the data keys are inconsistent."""
         if self.pack_impl not in PACK_IMPLS:
             raise ValueError(f"pack_impl {self.pack_impl!r} is not one of {', '.join(PACK_IMPLS)}")
+        if self.train_epochs and (
+            self.pack_impl != "packed" or (self.train_data_paths and len(self.train_data_paths) > 1)
+        ):
+            raise ValueError("train_epochs needs pack_impl packed and a single dataset (data_path or one train path)")
         if self.data_path and self.train_data_paths:
             raise ValueError("set either data_path (with split) or train/valid/test_data_paths, not both")
         if not self.data_path and not self.train_data_paths:
@@ -96,8 +101,10 @@ class DataConfig:
             if labels and (not paths or len(labels) != len(paths)):
                 raise ValueError(f"{split}_label_data_paths must have one entry per {split}_data_paths entry")
 
-    def num_samples(self) -> tuple[int, int, int]:
-        """GPT-NeoX's (train, valid, test) sample counts."""
+    def num_samples(self) -> tuple[int | None, int | None, int | None]:
+        """GPT-NeoX's (train, valid, test) sample counts (all None with ``train_epochs``: one epoch each)."""
+        if self.train_epochs:
+            return None, None, None
         train = self.train_iters * self.train_batch_size
         valid = (self.train_iters // self.eval_interval + 1) * self.eval_iters * self.train_batch_size
         test = self.eval_iters * self.train_batch_size
@@ -134,7 +141,7 @@ def weighted_num_samples(weights: Sequence[float], num_samples: int) -> tuple[li
 
 
 def _gpt2(
-    cfg: DataConfig, name: str, prefix: str, documents: np.ndarray, indexed: Any, num_samples: int, **kw: Any
+    cfg: DataConfig, name: str, prefix: str, documents: np.ndarray, indexed: Any, num_samples: int | None, **kw: Any
 ) -> GPT2Dataset:
     return GPT2Dataset(
         name,
@@ -147,6 +154,7 @@ def _gpt2(
         pack_impl=cfg.pack_impl,
         allow_chopped=cfg.allow_chopped,
         use_shared_fs=cfg.use_shared_fs,
+        num_epochs=1 if num_samples is None else None,
         **kw,
     )
 
@@ -166,7 +174,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
         out: list[Any] = []
         for k, name in enumerate(SPLIT_NAMES):
             lo, hi = bounds[k], bounds[k + 1]
-            if hi <= lo or counts[k] <= 0:
+            if hi <= lo or (counts[k] is not None and counts[k] <= 0):
                 out.append(None)
                 continue
             docs = np.arange(lo, hi, dtype=np.int32)
@@ -176,7 +184,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
     result: list[Any] = []
     for k, split in enumerate(SPLIT_NAMES):
         paths = getattr(cfg, f"{split}_data_paths") or []
-        if not paths or counts[k] <= 0:
+        if not paths or (counts[k] is not None and counts[k] <= 0):
             result.append(None)
             continue
         label_paths = getattr(cfg, f"{split}_label_data_paths") or [None] * len(paths)
@@ -187,7 +195,10 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             if cfg.weighted_document_limit:
                 num_docs = [min(n, cfg.weighted_document_limit) for n in num_docs]
             weights = weights_by_num_documents(num_docs, cfg.weighted_sampler_alpha)
-        weights, per_dataset = weighted_num_samples(weights, counts[k])
+        if counts[k] is None:
+            weights, per_dataset = [float(w) for w in normalize_weights(weights)], [None] * len(paths)
+        else:
+            weights, per_dataset = weighted_num_samples(weights, counts[k])
         datasets = []
         for i, (prefix, ds, label_path) in enumerate(zip(paths, indexed, label_paths)):
             labels = _open(cfg, label_path) if label_path else None

@@ -30,7 +30,13 @@ MAP_NAMES = ("doc_idx", "sample_idx", "shuffle_idx")
 
 
 def index_map_paths(
-    data_prefix: str, name: str, num_samples: int, seq_length: int, seed: int, pack_impl: str, allow_chopped: bool
+    data_prefix: str,
+    name: str,
+    num_samples: int | None,
+    seq_length: int,
+    seed: int,
+    pack_impl: str,
+    allow_chopped: bool,
 ) -> dict[str, str]:
     """GPT-NeoX's cache file names for the three index maps."""
     base = f"{data_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{pack_impl}pi"
@@ -62,7 +68,7 @@ def load_or_build_index_maps(
     data_prefix: str,
     documents: np.ndarray,
     sizes: np.ndarray,
-    num_samples: int,
+    num_samples: int | None,
     seq_length: int,
     seed: int,
     pack_impl: str = "packed",
@@ -75,10 +81,12 @@ def load_or_build_index_maps(
     """Load the cached index maps, building and saving them first where needed (see the module docstring)."""
     if pack_impl not in PACK_IMPLS:
         raise ValueError(f"unknown pack_impl {pack_impl!r}; valid: {', '.join(PACK_IMPLS)}")
+    if num_samples is None and (pack_impl != "packed" or not num_epochs):
+        raise ValueError("num_samples may only be None (epoch-based training) with pack_impl packed and num_epochs")
     paths = index_map_paths(data_prefix, name, num_samples, seq_length, seed, pack_impl, allow_chopped)
     if _should_build(use_shared_fs) and not all(os.path.isfile(p) for p in paths.values()):
         start = time.perf_counter()
-        logger.info("building %s index maps for %s (%d samples, seq %d)", name, data_prefix, num_samples, seq_length)
+        logger.info("building %s index maps for %s (%s samples, seq %d)", name, data_prefix, num_samples, seq_length)
         if pack_impl == "packed":
             maps = index_maps.build_packed(documents, sizes, num_samples, seq_length, seed, num_epochs)
         elif pack_impl == "pack_until_overflow":
@@ -117,7 +125,7 @@ class GPT2Dataset(torch.utils.data.Dataset):
         data_prefix: str,
         documents: np.ndarray,
         indexed_dataset: Any,
-        num_samples: int,
+        num_samples: int | None,
         seq_length: int,
         seed: int,
         pack_impl: str = "packed",

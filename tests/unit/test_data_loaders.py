@@ -155,3 +155,18 @@ def test_two_ranks_share_index_maps(tmp_path):
     ]
     assert per_rank[0] == single
     assert per_rank[0] != per_rank[1] and len(per_rank[1]) == len(single)
+
+
+def test_train_epochs_builds_one_epoch_per_split(tmp_path):
+    prefix = str(tmp_path / "x_text_document")
+    write_corpus(prefix, 60)
+    cfg = config(data_path=prefix, train_iters=None, train_epochs=2)
+    train, valid, _ = build_train_valid_test_datasets(cfg)
+    tokens = int(train.indexed_dataset.sizes[:48].sum())  # split 80,10,10 of 60 documents -> 48 train documents
+    rows = (tokens - 1) // 16 + 1
+    assert len(train) == rows - 2  # one epoch, GPT-NeoX's length
+    assert sorted(np.asarray(train.doc_idx).tolist()) == list(range(48))  # every train document exactly once
+    assert (tmp_path / "x_text_document_train_indexmap_Nonens_16sl_1234s_packedpi_ac_doc_idx.npy").exists()
+    assert valid is not None
+    with pytest.raises(ValueError, match="train_epochs"):
+        config(train_data_paths=["a", "b"], train_epochs=1).validate()
