@@ -24,6 +24,7 @@ ZERO_DEFAULTS: dict[str, Any] = {
     "contiguous_gradients": False,
 }
 DEFAULT_LR = 0.001
+MAX_LAYERS = 100_000  # far beyond any real model; guards the per-layer attention list
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,9 @@ def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[
     out["dynamic_loss_scale"] = v["loss_scale"] is None
     if v["apply_query_key_layer_scaling"]:
         out["attention_softmax_in_fp32"] = True
-    if isinstance(v["num_layers"], int) and v["num_layers"] > 0:
+    if isinstance(v["num_layers"], int) and v["num_layers"] > MAX_LAYERS:
+        problems.append(f"num_layers={v['num_layers']} is larger than {MAX_LAYERS}")
+    elif isinstance(v["num_layers"], int) and v["num_layers"] > 0:
         try:
             out["attention_config"] = expand_attention_config(v["attention_config"], v["num_layers"])
         except ValueError as e:

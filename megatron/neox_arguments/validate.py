@@ -146,7 +146,9 @@ def _checkpoints(c: Ctx) -> list[str]:
 
 def _layers(c: Ctx) -> list[str]:
     v, out = c.v, []
-    if v["num_unique_layers"] is not None and v["num_layers"] and v["num_layers"] % v["num_unique_layers"]:
+    if v["num_unique_layers"] is not None and v["num_unique_layers"] < 1:
+        out.append(f"{c.at('num_unique_layers')} must be >= 1")
+    elif v["num_unique_layers"] is not None and v["num_layers"] and v["num_layers"] % v["num_unique_layers"]:
         out.append(f"{c.at('num_unique_layers')} does not divide {c.at('num_layers')}")
     if v["intermediate_size"] is not None and v["expansion_factor"] is not None:
         out.append("intermediate_size and expansion_factor are exclusive; set one")

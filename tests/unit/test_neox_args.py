@@ -439,3 +439,15 @@ def test_bad_input_never_escapes_as_a_crash(tmp_path):
     cfg = write(tmp_path, "a.yml", json.dumps({**TINY, "hostfile": bad_hosts}))
     with pytest.raises(ConfigError, match=r"bad hostfile: .*hosts: line 1"):
         NeoXArgs.from_ymls([cfg])
+
+
+def test_any_value_for_any_key_gives_a_config_error_or_a_valid_config():
+    """Fuzz: odd values never escape as anything but ConfigError (no crash, no traceback in deepy)."""
+    odd = [None, "x", -1, 0, 1.5, True, [], {}, [[1]], {"type": 1}, 10**12, "1e3"]
+    for key in sorted(KNOWN_KEYS):
+        for value in odd:
+            try:
+                args = NeoXArgs({**TINY, key: value}, env=CPU1)
+                _ = args.deepspeed_config, args.to_dict(), args.format_config()
+            except ConfigError:
+                pass
