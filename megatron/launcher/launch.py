@@ -147,7 +147,7 @@ def launch(plan: LaunchPlan) -> int:
         runner.main(plan.runner_argv)
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else 1
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # bad resources, missing pdsh/mpirun, unreachable hosts
         raise ConfigError(f"launcher: {e}") from None
     return 0
 
