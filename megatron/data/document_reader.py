@@ -1,6 +1,7 @@
 """Read documents from ``.jsonl`` / ``.jsonl.zst`` / ``.jsonl.gz`` / ``.json`` / ``.txt`` files, with file:line errors.
 
-A JSONL line is one document (a JSON object); ``.txt`` files are one document each (as ``lm_dataformat``).
+A JSONL line is one document (a JSON object); ``.txt`` files are one document each and a ``.json`` file holding an
+array is a list of documents (as ``lm_dataformat``).
 Empty documents are dropped, as GPT-NeoX's reader does.
 """
 
@@ -54,6 +55,32 @@ def check_inputs(paths: Sequence[str]) -> list[str]:
     return list(paths)
 
 
+def _starts_with_array(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip().startswith(b"[")
+
+
+def _read_json_array(path: str, keys: Sequence[str], stats: ReadStats) -> Iterator[dict[str, str]]:
+    """A ``.json`` file holding one array of documents (strings, or objects with the keys), as lm_dataformat."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            items = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DocumentError(f"{path}: not a valid JSON array ({e})") from None
+    for n, item in enumerate(items):
+        if isinstance(item, str):
+            texts = dict.fromkeys(keys, item)
+        elif isinstance(item, dict) and all(k in item for k in keys):
+            texts = {k: item[k] if isinstance(item[k], str) else json.dumps(item[k]) for k in keys}
+        else:
+            raise DocumentError(f"{path}: array element {n} is neither a string nor an object with keys {list(keys)}")
+        if all(not t for t in texts.values()):
+            stats.empty += 1
+            continue
+        stats.documents += 1
+        yield texts
+
+
 def read_documents(
     paths: Sequence[str], keys: Sequence[str], skip_invalid: bool = False, stats: ReadStats | None = None
 ) -> Iterator[dict[str, str]]:
@@ -74,6 +101,9 @@ def read_documents(
                 yield dict.fromkeys(keys, text)
             else:
                 stats.empty += 1
+            continue
+        if path.endswith(".json") and _starts_with_array(path):
+            yield from _read_json_array(path, keys, stats)
             continue
         with _open_binary(path) as f:
             for lineno, line in enumerate(f, 1):

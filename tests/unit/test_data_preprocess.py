@@ -52,3 +52,17 @@ def test_reader_reports_file_and_line_or_counts_skips(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="unsupported suffix"):
         list(read_documents([str(tmp_path / "x.csv")], ["text"]))
+
+
+def test_json_array_file_and_jsonl_named_json(tmp_path):
+    arr = tmp_path / "arr.json"
+    arr.write_text(json.dumps(["first doc", {"text": "second doc"}, ""]))
+    stats = ReadStats()
+    assert list(read_documents([str(arr)], ["text"], stats=stats)) == [{"text": "first doc"}, {"text": "second doc"}]
+    assert stats.empty == 1
+    lines = tmp_path / "lines.json"
+    lines.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert [d["text"] for d in read_documents([str(lines)], ["text"])] == ["a", "b"]
+    arr.write_text(json.dumps([1]))
+    with pytest.raises(DocumentError, match=r"arr\.json: array element 0"):
+        list(read_documents([str(arr)], ["text"]))
