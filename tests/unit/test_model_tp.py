@@ -14,6 +14,7 @@ from megatron import mpu
 from megatron.model import (
     GPT2ModelPipe,
     GPTModelConfig,
+    KVCache,
     build_sequential_model,
     cross_entropy,
     get_ltor_masks_and_position_ids,
@@ -33,6 +34,9 @@ TP_CASES = {
     ),
     "sp-sequential-learned-untied": dict(sequence_parallel=True, pos_emb="learned", no_weight_tying=True),
     "alibi": dict(pos_emb="alibi"),
+    # hidden dropout draws from the TP-replicated stream: same masks as tp=1 (GPT-J: one reduction, bias once)
+    "gptj-hidden-dropout": dict(gpt_j_residual=True, hidden_dropout=0.3),
+    "sequential-hidden-dropout-gqa": dict(hidden_dropout=0.3, num_kv_heads=2),
     "rpe-qknorm-gqa": dict(pos_emb="rpe", use_qk_layernorm=True, num_kv_heads=2),
 }
 
@@ -76,6 +80,7 @@ def _step(cfg: GPTModelConfig) -> dict:
     if cfg.sequence_parallel:
         mark_norms_for_sequence_parallel_grad_sync(model)
     ids, labels, mask = _batch()
+    torch.manual_seed(1234)  # dropout masks (default stream, identical on every TP rank)
     logits = model(ids)  # [b, s, V/tp]
     loss = cross_entropy(logits, (labels, mask))
     loss.backward()
@@ -87,10 +92,30 @@ def _step(cfg: GPTModelConfig) -> dict:
     }
 
 
+def _greedy(cfg: GPTModelConfig, steps: int = 6, cached: bool = True) -> torch.Tensor:
+    """Greedy decode from a fixed prompt (with or without the KV cache); returns all tokens."""
+    model = build_sequential_model(cfg).eval()
+    tokens = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(8))
+    cache = KVCache() if cached else None
+    with torch.no_grad():
+        new = tokens
+        for _ in range(steps):
+            logits = mpu.gather_from_model_parallel_region(model(new if cached else tokens, kv_cache=cache))
+            nxt = logits[:, -1:].argmax(-1)
+            tokens = torch.cat((tokens, nxt), dim=1)
+            new = nxt
+    return tokens
+
+
+DECODE_CFG = dict(num_kv_heads=2, activation="swiglu", norm="rmsnorm", mlp_multiple_of=4)
+
+
 def tp_rank_fn(tp: int, cases: dict) -> dict:
-    """Runs on every rank: one forward/backward per case under TP ``tp``."""
+    """Runs on every rank: one forward/backward per case under TP ``tp``, and a cached greedy decode."""
     mpu.initialize_model_parallel(tp)
-    return _portable({name: _step(_cfg(**kw)) for name, kw in cases.items()})
+    out = {name: _step(_cfg(**kw)) for name, kw in cases.items()}
+    out["decode"] = _greedy(_cfg(**DECODE_CFG))
+    return _portable(out)
 
 
 def test_tensor_and_sequence_parallel_match_tp1() -> None:
@@ -115,6 +140,9 @@ def test_tensor_and_sequence_parallel_match_tp1() -> None:
         for r in range(2):
             for key, value in shards[r].items():
                 assert torch.equal(value, got[r]["state"][key]), f"{name}: shard {r} of {key}"
+    expected = _greedy(_cfg(**DECODE_CFG), cached=False)
+    for r in ranks:
+        assert torch.equal(r["decode"], expected)
 
 
 # ----------------------------------------------------------------------------------------------------------------
