@@ -17,14 +17,20 @@ logger = logging.getLogger(__name__)
 RESOLVED = "resolved_config.json"
 
 
-def load_neox_args(config_files: Sequence[str | Path]) -> Any:
-    """``NeoXArgs`` from GPT-NeoX YAML/JSON files (the whole config is validated; errors name the key)."""
-    from megatron.neox_arguments import NeoXArgs
+def load_neox_args(config_files: Sequence[str | Path]) -> SimpleNamespace:
+    """GPT-NeoX keys (defaults + the files, merged with GPT-NeoX's rules; unknown keys are errors).
+
+    Unlike ``NeoXArgs.from_ymls`` nothing is checked against a launch (world size, data paths, ``seq_length``):
+    offline tools read model configs on one process. The model keys are validated by ``GPTModelConfig``.
+    """
+    from megatron.neox_arguments import KNOWN_KEYS, default_values
+    from megatron.neox_arguments.loader import merge_config_files
 
     for path in config_files:
         if not Path(path).is_file():
             raise CheckpointError(f"config file {path} does not exist")
-    return NeoXArgs.from_ymls([str(p) for p in config_files])
+    merged = merge_config_files([str(p) for p in config_files], KNOWN_KEYS)
+    return SimpleNamespace(**{**default_values(), **merged.values})
 
 
 def checkpoint_config_args(directory: str | Path) -> Any | None:

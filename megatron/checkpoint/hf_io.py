@@ -57,6 +57,10 @@ def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
     if kind.lower() in ("hftokenizer", "gpt2bpetokenizer", "hfgpt2tokenizer"):
         from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
+        if not vocab_file:
+            logger.warning("the config names no vocab_file for %s: no tokenizer files written", kind)
+            return None
+
         tok = build_tokenizer(TokenizerConfig.from_neox_args(args))
         if kind.lower() == "hfgpt2tokenizer":
             return tok.tokenizer
@@ -193,8 +197,8 @@ MODEL_KEYS = (
 )
 
 
-def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int, tokenizer_file: str | None) -> str:
-    """The GPT-NeoX YAML model section matching ``cfg`` (+ parallelism, tokenizer and vocabulary padding).
+def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
+    """The GPT-NeoX YAML model section matching ``cfg`` (+ parallelism and vocabulary padding).
 
     ``make_vocab_size_divisible_by`` is ``padded_vocab_size / tp`` so that GPT-NeoX's padding rule reproduces the
     checkpoint's vocabulary rows for any tokenizer no larger than it.
@@ -206,10 +210,14 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int, tokenizer_file: str 
         pipe_parallel_size=pp,
         make_vocab_size_divisible_by=cfg.padded_vocab_size // tp,
     )
-    if tokenizer_file:
-        values.update(tokenizer_type="HFTokenizer", vocab_file=tokenizer_file)
     header = "# Model keys of a checkpoint converted from Hugging Face by tools/ckpts/convert_hf_to_neox.py\n"
     return header + yaml.safe_dump(values, sort_keys=False)
+
+
+def tokenizer_yaml(tokenizer_file: str) -> str:
+    """The tokenizer keys for the copied HF ``tokenizer.json`` (a separate file: setup files often set them)."""
+    header = "# Tokenizer of the converted Hugging Face model; use instead of the tokenizer keys of your setup file\n"
+    return header + yaml.safe_dump({"tokenizer_type": "HFTokenizer", "vocab_file": tokenizer_file}, sort_keys=False)
 
 
 def tokenizer_files(hf_dir: str | Path) -> dict[str, str]:

@@ -184,6 +184,18 @@ def read_checkpoint(
     directory = resolve_checkpoint_dir(path, iteration)
     layout = detect_layout(directory)
     state = engine_state(layout)
+    expected_mp = state.get("mp_world_size")
+    if isinstance(expected_mp, int) and expected_mp != len(layout.mp_files):
+        have = {p.name for p in layout.mp_files}
+        missing = [
+            f"mp_rank_{r:02d}_model_states.pt"
+            for r in range(expected_mp)
+            if f"mp_rank_{r:02d}_model_states.pt" not in have
+        ]
+        raise CheckpointError(
+            f"{directory} was saved by {expected_mp} model-parallel ranks but has {len(layout.mp_files)} "
+            f"mp_rank files; missing: {', '.join(missing) or 'none (extra files?)'}"
+        )
     client = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
     if args is None and config_files:
         args = config_io.load_neox_args(config_files)

@@ -2,8 +2,9 @@
 
     python tools/ckpts/convert_hf_to_neox.py --input_dir HF_DIR --output_dir OUT --tp 2 --pp 1
 
-Writes ``OUT/latest``, ``OUT/global_step0/...`` and ``OUT/neox_config.yml`` (the matching model keys); fine-tune
-with ``python deepy.py train.py OUT/neox_config.yml my_setup.yml`` and ``load: OUT``, ``finetune: true``.
+Writes ``OUT/latest``, ``OUT/global_step0/...``, ``OUT/neox_config.yml`` (the matching model keys) and, when the
+folder has a ``tokenizer.json``, ``OUT/tokenizer/`` + ``OUT/tokenizer.yml``. Fine-tune with
+``python deepy.py train.py OUT/neox_config.yml [OUT/tokenizer.yml] my_setup.yml`` and ``load: OUT``, ``finetune: true``.
 Reads only safetensors or ``weights_only`` torch files.
 """
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
     from megatron.checkpoint import TargetLayout, write_checkpoint
-    from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files
+    from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files, tokenizer_yaml
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
     if os.path.exists(args.output_dir) and not args.overwrite:
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     sd, cfg, arch, _ = import_hf(args.input_dir, args.precision)
     extra = tokenizer_files(args.input_dir)
     tokenizer = os.path.abspath(os.path.join(args.output_dir, "tokenizer", "tokenizer.json")) if extra else None
-    extra["neox_config.yml"] = neox_config_yaml(cfg, target.tp, target.pp, tokenizer)
+    extra["neox_config.yml"] = neox_config_yaml(cfg, target.tp, target.pp)
+    if tokenizer:
+        extra["tokenizer.yml"] = tokenizer_yaml(tokenizer)
     ckpt_args = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
     if tokenizer:
         ckpt_args["tokenizer_type"] = "HFTokenizer"
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             target,
             iteration=0,
             client_state={"args": ckpt_args},
-            config_files={"neox_config.yml": extra["neox_config.yml"]},
+            config_files={k: v for k, v in extra.items() if k.endswith(".yml")},
             extra_files=extra,
             overwrite=args.overwrite,
             progress=step,
