@@ -8,6 +8,7 @@ are renamed only when everything succeeded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing as mp
 import os
@@ -104,7 +105,7 @@ def encode_batch(docs: list[dict[str, str]]) -> tuple[dict[str, tuple[np.ndarray
             for seq in ids:
                 seq.append(eod)
         lengths = np.fromiter((len(s) for s in ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter((t for s in ids for t in s), dtype=np.int64, count=int(lengths.sum()))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
         if len(flat) and (flat.min() < 0 or flat.max() > np.iinfo(dtype).max):
             raise ValueError(f"token ids out of range for the output dtype {dtype}")
         out[key] = (flat.astype(dtype, copy=False), lengths)
