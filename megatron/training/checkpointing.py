@@ -234,7 +234,8 @@ def save_checkpoint(
             delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
     if dist.is_initialized():
         dist.barrier()
-    logger.info("saved checkpoint %s at iteration %d", directory, iteration)
+    if rank == 0:
+        logger.info("saved checkpoint %s at iteration %d", directory, iteration)
     return directory
 
 
