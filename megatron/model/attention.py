@@ -77,8 +77,9 @@ def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class ParallelSelfAttention(nn.Module):
     """Self-attention of layer ``layer_index`` (0-based) with GPT-NeoX tensor names.
 
-    ``use_qk_layernorm`` adds ``q_norm`` ``[heads/tp, hn]`` and ``k_norm`` ``[kv_heads/tp, hn]`` (the configured
-    norm type over all heads jointly, statistics all-reduced over TP so the model is TP-invariant).
+    ``use_qk_layernorm`` adds GPT-NeoX's ``qk_layernorm`` ``[heads/tp, hn]`` (the configured norm type over all
+    heads jointly, applied to q and to k; statistics all-reduced over TP so the model is TP-invariant); with GQA
+    k gets its own ``k_layernorm`` ``[kv_heads/tp, hn]``.
 
     Parameters: ``query_key_value`` (column parallel), ``dense`` (row parallel), optional ``q_norm``/``k_norm``,
     ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)`` (bias not yet added) where
@@ -114,9 +115,10 @@ class ParallelSelfAttention(nn.Module):
             seq_dim=0,
             output_sizes=(cfg.hidden_size, kv, kv) if cfg.is_gqa else None,
         )
-        if cfg.use_qk_layernorm:
-            self.q_norm = build_norm(cfg, [self.np, self.hn])
-            self.k_norm = build_norm(cfg, [self.nkv, self.hn])
+        if cfg.use_qk_layernorm:  # GPT-NeoX: ONE norm over [heads/tp, hn] applied to q and to k
+            self.qk_layernorm = build_norm(cfg, [self.np, self.hn])
+            if cfg.is_gqa:  # extension (GPT-NeoX has no QK norm with GQA): k has its own [kv/tp, hn] norm
+                self.k_layernorm = build_norm(cfg, [self.nkv, self.hn])
         self.rotary_emb = (
             RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rotary_save_freqs_buffer)
             if cfg.pos_emb == "rotary"
@@ -160,7 +162,8 @@ class ParallelSelfAttention(nn.Module):
         mixed, _ = self.query_key_value(hidden)  # [s, b, qkv/tp]
         q, k, v = self._split_qkv(mixed)  # [s, b, heads, hn]
         if self.cfg.use_qk_layernorm:
-            q, k = qk_norm(self.q_norm, q), qk_norm(self.k_norm, k)
+            k_norm = self.k_layernorm if self.cfg.is_gqa else self.qk_layernorm
+            q, k = qk_norm(self.qk_layernorm, q), qk_norm(k_norm, k)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
         if self.rotary_emb is not None:
             cos, sin = self.rotary_emb(position_ids, q.dtype)  # [b, s, rot]

@@ -13,6 +13,7 @@ Row-parallel biases are TP-invariant in neox-forge (added once after the reducti
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import torch
@@ -38,9 +39,7 @@ def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[in
         return 0, ((cfg.mlp_sizes[0] // 2,) * 2 if cfg.is_gated else None)
     if name.endswith("attention.rpe.weight"):
         return 1, None
-    if name.endswith(("attention.q_norm.weight", "attention.q_norm.bias", "attention.q_norm.scale")):
-        return 0, None
-    if name.endswith(("attention.k_norm.weight", "attention.k_norm.bias", "attention.k_norm.scale")):
+    if re.search(r"attention\.(qk|k)_layernorm\.(weight|bias|scale)$", name):
         return 0, None
     return None, None
 

@@ -68,7 +68,7 @@ def mark_norms_for_sequence_parallel_grad_sync(model: torch.nn.Module) -> int:
 
     marked = 0
     for name, module in model.named_modules():
-        if isinstance(module, NORM_CLASSES) and not name.endswith(("q_norm", "k_norm")):
+        if isinstance(module, NORM_CLASSES) and not name.endswith(("qk_layernorm", "k_layernorm")):
             for param in module.parameters(recurse=False):
                 param.register_hook(all_reduce)
                 param.sequence_parallel = True
