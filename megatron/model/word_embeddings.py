@@ -3,7 +3,10 @@ sinusoidal positions, embedding dropout, and the sequence-parallel scatter."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
@@ -11,6 +14,21 @@ from megatron.model.config import GPTModelConfig
 from megatron.model.init_functions import init_methods
 from megatron.model.positional_embeddings import SinusoidalPositionalEmbedding
 from megatron.model.seeding import seeded
+
+
+class LearnedPositionEmbedding(nn.Module):
+    """Replicated learned position table ``weight`` ``[max_position_embeddings, h]`` (drawn in fp32, then cast;
+    the parameter is created in ``__init__`` so DeepSpeed ``zero.Init`` can partition it)."""
+
+    def __init__(self, cfg: GPTModelConfig, init_method: Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        master = torch.empty(cfg.max_position_embeddings, cfg.hidden_size, dtype=torch.float32)
+        init_method(master)
+        self.weight = nn.Parameter(master.to(cfg.params_dtype))
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[..., h]`` rows for integer ``positions``."""
+        return F.embedding(positions, self.weight)
 
 
 class Embedding(nn.Module):
@@ -24,11 +42,7 @@ class Embedding(nn.Module):
             cfg.padded_vocab_size, cfg.hidden_size, init_method=init_method, params_dtype=cfg.params_dtype
         )
         if cfg.pos_emb == "learned":
-            self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-            with torch.no_grad():
-                master = torch.empty(cfg.max_position_embeddings, cfg.hidden_size, dtype=torch.float32)
-                init_method(master)
-                self.position_embeddings.weight = nn.Parameter(master.to(cfg.params_dtype))
+            self.position_embeddings = LearnedPositionEmbedding(cfg, init_method)
         elif cfg.pos_emb == "sinusoidal":
             self.position_embeddings = SinusoidalPositionalEmbedding(cfg.hidden_size)
         self.embedding_dropout = nn.Dropout(cfg.hidden_dropout)
