@@ -31,8 +31,11 @@ except ImportError:  # pragma: no cover - not installed on CPU machines
     flash_attn_func = None
 
 
-def model_parallel_rng_fork() -> contextlib.AbstractContextManager:
-    """Fork into the model-parallel RNG stream (attention-prob dropout) when the tracker is seeded."""
+def model_parallel_rng_fork(dropout: float = 1.0) -> contextlib.AbstractContextManager:
+    """Fork into the model-parallel RNG stream (attention-prob dropout) when dropout is active and the tracker is
+    seeded (unseeded, e.g. a plain single-process run, the default stream is used)."""
+    if dropout <= 0.0:
+        return contextlib.nullcontext()
     tracker = mpu.get_cuda_rng_tracker()
     try:
         seeded = "model-parallel-rng" in tracker.get_states()
@@ -199,7 +202,7 @@ class ParallelSelfAttention(nn.Module):
 
         if self._use_flash(q, past, bias):  # pragma: no cover - CUDA + flash-attn only
             window = (self.cfg.sliding_window_width, -1) if self.cfg.sliding_window_width else (-1, -1)
-            with model_parallel_rng_fork():
+            with model_parallel_rng_fork(dropout):
                 out = flash_attn_func(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout, causal=True, window_size=window
                 )
@@ -214,14 +217,14 @@ class ParallelSelfAttention(nn.Module):
         ):
             return self._math_attention(q, k, v, allowed, bias, dropout, q_pos, k_pos)
         if allowed is None and bias is None and past == 0 and sq == sk:
-            with model_parallel_rng_fork():
+            with model_parallel_rng_fork(dropout):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
         if allowed is None:
             allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
         attn_mask: torch.Tensor = allowed
         if bias is not None:
             attn_mask = torch.where(allowed, bias.to(q.dtype).unsqueeze(0), float("-inf"))
-        with model_parallel_rng_fork():
+        with model_parallel_rng_fork(dropout):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale)
 
     def _math_attention(
@@ -246,7 +249,7 @@ class ParallelSelfAttention(nn.Module):
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         if dropout > 0.0:
-            with model_parallel_rng_fork():
+            with model_parallel_rng_fork(dropout):
                 probs = F.dropout(probs, p=dropout)
         return torch.matmul(probs, v)
 
