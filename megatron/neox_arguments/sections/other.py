@@ -75,8 +75,9 @@ class OtherArgs:
     do_test: bool | None = arg(None, "Whether a test set exists; set while running.")
     global_num_gpus: int | None = arg(
         None,
-        "Total number of ranks. Unset: from the hostfile, else WORLD_SIZE inside a launched rank, else the "
-        "GPUs of this node (num_gpus x num_nodes), else on a CPU-only machine num_gpus CPU ranks (default 1).",
+        "Total number of ranks. Unset: WORLD_SIZE inside a launched rank, else the hostfile's slots (after "
+        "include/exclude/num_nodes; num_gpus per host when set), else the GPUs of this node (num_gpus or all, x "
+        "num_nodes), else on a CPU-only machine num_gpus CPU ranks (default 1) x num_nodes.",
         derived=True,
     )
     config_files: dict | None = arg(
