@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import typing
 from typing import Any
 
@@ -61,6 +62,17 @@ def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dic
     return checked, problems
 
 
+_WORD = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _with_sources(problem: str, origins: dict[str, str]) -> str:
+    """Append which file set each key a derive() message mentions: ``... (train_batch_size: a.yml)``."""
+    keys = [w for w in dict.fromkeys(_WORD.findall(problem)) if w in origins]
+    if not keys:
+        return problem
+    return f"{problem} ({'; '.join(f'{k}: {origins[k]}' for k in keys)})"
+
+
 class _SaveDir(str):
     """The ``save`` key's value (a directory) that can also be called: ``args.save(path)`` writes the config."""
 
@@ -109,6 +121,7 @@ class NeoXArgs:
         resolved.update(checked)
         env = env or LaunchEnv.capture(resolved["hostfile"])
         updates, problems = derive(resolved, set(checked), env)
+        problems = [_with_sources(p, origins) for p in problems]
         resolved.update(updates)
         # A feature we do not implement is the root cause of anything else that looks wrong: report it alone.
         defaults = default_values()

@@ -26,7 +26,7 @@ CORPUS = {
         "dup_dash.yml (as 'train-iters')",
     ],
     "wrong_type.yml": ["log_interval='often'", "wrong_type.yml", "expected int"],
-    "batch_inconsistent.yml": ["inconsistent batch sizes", "train_batch_size=7"],
+    "batch_inconsistent.yml": ["inconsistent batch sizes", "train_batch_size=7", "batch_inconsistent.yml", "base.yml"],
     "tp_heads.yml": ["num_attention_heads=4", "not divisible by model_parallel_size=3", "tp_heads.yml"],
     "zero3_pipe.yml": ["zero_optimization.stage=3", "pipe_parallel_size=1", "zero3_pipe.yml", "ZeRO stages 0 and 1"],
     "missing_required.yml": ["missing required key 'num_attention_heads'"],
