@@ -30,7 +30,8 @@ class Ctx:
 
 
 def _required(c: Ctx) -> list[str]:
-    return [f"missing required key {k!r} (set it in a config file)" for k in REQUIRED if c.v[k] is None]
+    sources = ", ".join(dict.fromkeys(c.origins.values())) or "the configuration"
+    return [f"missing required key {k!r}: not set in {sources}" for k in REQUIRED if c.v[k] is None]
 
 
 def _deepspeed(c: Ctx) -> list[str]:

@@ -29,7 +29,7 @@ CORPUS = {
     "batch_inconsistent.yml": ["inconsistent batch sizes", "train_batch_size=7", "batch_inconsistent.yml", "base.yml"],
     "tp_heads.yml": ["num_attention_heads=4", "not divisible by model_parallel_size=3", "tp_heads.yml"],
     "zero3_pipe.yml": ["zero_optimization.stage=3", "pipe_parallel_size=1", "zero3_pipe.yml", "ZeRO stages 0 and 1"],
-    "missing_required.yml": ["missing required key 'num_attention_heads'"],
+    "missing_required.yml": ["missing required key 'num_attention_heads': not set in", "missing_required.yml"],
     "bad_syntax.yml": ["bad_syntax.yml: line 3", "invalid YAML"],
 }
 
