@@ -221,9 +221,13 @@ class ParallelSelfAttention(nn.Module):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
         if allowed is None:
             allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
-        attn_mask: torch.Tensor = allowed
+        # Additive mask with finfo.min (as GPT-NeoX's masked_fill): a fully masked row (e.g. a padding query)
+        # gets uniform weights instead of NaN, so padding can never poison real tokens.
+        attn_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~allowed, torch.finfo(q.dtype).min
+        )
         if bias is not None:
-            attn_mask = torch.where(allowed, bias.to(q.dtype).unsqueeze(0), float("-inf"))
+            attn_mask = attn_mask + bias.to(q.dtype).unsqueeze(0)
         with model_parallel_rng_fork(dropout):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=self.scale)
 

@@ -499,3 +499,22 @@ def test_shipped_configs_through_neox_args(files: list[str], millions: float) ->
     with torch.device("meta"):
         model = build_sequential_model(cfg)
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == millions
+
+
+@pytest.mark.parametrize("pos_emb", ["rotary", "alibi"])
+def test_left_padded_batch_equals_unpadded_sequences(pos_emb: str) -> None:
+    """Batched prompts of different lengths: left padding + mask + position ids reproduce the unpadded logits."""
+    model = build_sequential_model(tiny(pos_emb=pos_emb, num_kv_heads=2)).eval()
+    short, long = torch.tensor([[5, 6, 7]]), torch.tensor([[9, 8, 7, 6, 5, 4]])
+    pad = 3
+    batch = torch.cat((torch.cat((torch.zeros(1, pad, dtype=torch.long), short), 1), long))
+    valid = torch.ones(batch.shape, dtype=torch.bool)
+    valid[0, :pad] = False
+    position_ids = (valid.long().cumsum(1) - 1).clamp(min=0)
+    causal_masked = torch.triu(torch.ones(6, 6, dtype=torch.bool), 1)
+    mask = (causal_masked[None] | ~valid[:, None, :]).unsqueeze(1)  # [b, 1, s, s], pad keys masked
+    with torch.no_grad():
+        logits = model(batch, position_ids, mask)
+        assert torch.isfinite(logits).all()
+        assert (logits[0, pad:] - model(short)[0]).abs().max() <= 1e-5
+        assert (logits[1] - model(long)[0]).abs().max() <= 1e-5
