@@ -10,6 +10,7 @@ Activations between specs are tuples ``(hidden, position_ids, attention_mask)`` 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import torch
@@ -209,7 +210,7 @@ class GPT2ModelPipe(PipelineModule):
             layers=build_layer_specs(cfg),
             num_stages=None if topology is not None else (num_stages or 1),
             topology=topology,
-            loss_fn=loss_fn if loss_fn is not None else cross_entropy,
+            loss_fn=loss_fn if loss_fn is not None else partial(cross_entropy, _fp16=cfg.fp16_lm_cross_entropy),
             partition_method=partition_method or cfg.pipe_partition_method,
             activation_checkpoint_interval=every if ckpt else 0,
             activation_checkpoint_func=non_reentrant_checkpoint,
