@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -375,9 +374,8 @@ class GPTModelConfig:
         soft = getattr(args, "soft_prompt_tuning", None)
         if isinstance(soft, dict) and soft.get("enabled"):
             raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
-        for key in ("norm",):
-            if kwargs.get(key, "").startswith("te_"):
-                logger.warning("%s=%s: TransformerEngine is not used; using the plain equivalent", key, kwargs[key])
+        if str(kwargs.get("norm", "")).startswith("te_"):
+            logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)
 
 
@@ -398,8 +396,3 @@ def _params_dtype(args: Any) -> torch.dtype:
     if key not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not one of fp32, fp16, bfloat16")
     return PRECISIONS[key]
-
-
-def layer_numbers(cfg: GPTModelConfig) -> Sequence[int]:
-    """Spec indices of the transformer layers (GPT-NeoX: 2 .. L+1)."""
-    return range(2, cfg.num_layers + 2)
