@@ -1,0 +1,137 @@
+"""Checkpoints trained for real under TP/PP layouts: our logits equal the exported HF model's, and a (2,2)
+checkpoint resharded to (1,1) and then (2,1) continues training with the losses of the uninterrupted run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from megatron.checkpoint import cli, read_checkpoint
+from megatron.model import build_sequential_model
+from tests.distributed.fns_ckpt import train_then_logits
+from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
+from tests.harness import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+REPO = Path(__file__).resolve().parents[2]
+TOL = 1e-5
+
+NEOX_STYLE = {  # GPT-NeoX / Pythia: parallel residual, partial rotary, untied head, tanh GELU (bias_gelu_fusion)
+    "gpt_j_residual": True,
+    "rotary_pct": 0.25,
+    "no_weight_tying": True,
+    "bias_gelu_fusion": True,
+}
+LLAMA_STYLE = {  # Llama: GQA, SwiGLU, RMSNorm, no biases, untied head
+    "num_kv_heads": 2,
+    "activation": "swiglu",
+    "intermediate_size": 192,
+    "norm": "rmsnorm",
+    "rms_norm_epsilon": 1.0e-5,
+    "rotary_pct": 1.0,
+    "use_bias_in_attn_linear": False,
+    "use_bias_in_mlp": False,
+    "no_weight_tying": True,
+}
+
+
+def _tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "ckpts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_tiny_data(tmp_path_factory.mktemp("data"))
+
+
+def test_trained_checkpoints_export_to_hf_with_equal_logits(data: dict[str, str], tmp_path: Path) -> None:
+    text = torch.randint(0, 500, (2, 17), generator=torch.Generator().manual_seed(0))
+    cases = []
+    for style_name, style in (("neox", NEOX_STYLE), ("llama", LLAMA_STYLE)):
+        for tp, pp in ((2, 1), (1, 2)):
+            name = f"{style_name}-tp{tp}-pp{pp}"
+            config = tiny_config(
+                data, world=2, model_parallel_size=tp, pipe_parallel_size=pp, train_iters=2, checkpoint_factor=2,
+                eval_iters=1, save=str(tmp_path / name), **style,
+            )  # fmt: skip
+            cases.append((name, style_name, config))
+    results = run_distributed(train_then_logits, 2, [(c, text) for _, _, c in cases], timeout=600)
+    to_hf = _tool("convert_neox_to_hf")
+    for i, (name, arch, _) in enumerate(cases):
+        ours = [r[i]["logits"] for r in results if r[i]["logits"] is not None]
+        assert len(ours) == 1 and ours[0].shape == (2, 16, 512), name
+        out = tmp_path / f"{name}-hf"
+        argv = ["--input_dir", str(tmp_path / name), "--output_dir", str(out), "--architecture", arch]
+        code = cli.run(lambda argv=argv: to_hf.main([*argv, "--precision", "fp32"]))
+        assert code == 0, name
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        with torch.no_grad():
+            expected = hf(text[:, :-1]).logits
+        assert (ours[0] - expected).abs().max().item() <= TOL, name
+        # the merged (tp=1) checkpoint in our own sequential model agrees as well
+        ckpt = read_checkpoint(tmp_path / name)
+        model = build_sequential_model(ckpt.cfg).eval()
+        model.load_state_dict(ckpt.state_dict, strict=True)
+        with torch.no_grad():
+            assert (model(text[:, :-1]) - expected).abs().max().item() <= TOL, name
+        if arch == "neox":
+            assert hf.config.hidden_act == "gelu_pytorch_tanh" and hf.config.use_parallel_residual
+            assert hf.config.rope_parameters["partial_rotary_factor"] == 0.25
+        else:
+            assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_key_value_heads == 2
+
+
+def _continue(data: dict[str, str], world: int, tp: int, pp: int, **kw: Any) -> dict[str, Any]:
+    # gradient_clipping 0: DeepSpeed's pipeline engine computes a different gradient norm with >= 2 stages than the
+    # single-rank reference (a training-side issue, see docs/checkpoints.md), which would mask what is tested here.
+    return tiny_config(
+        data, world=world, model_parallel_size=tp, pipe_parallel_size=pp, train_iters=4, gradient_clipping=0.0, **kw
+    )
+
+
+def test_reshard_2x2_to_1x1_to_2x1_continues_with_the_same_losses(data: dict[str, str], tmp_path: Path) -> None:
+    full = run_distributed(
+        run_pretrain, 4, _continue(data, 4, 2, 2, save=str(tmp_path / "a"), checkpoint_factor=2), timeout=600
+    )[0]
+    assert full["saved"] == [2, 4] and len(full["train_losses"]) == 4
+    reshard = _tool("reshard_checkpoint")
+    for src, dst, tp, pp in (("a", "b11", 1, 1), ("b11", "c21", 2, 1)):
+        argv = [
+            "--input_dir",
+            str(tmp_path / src),
+            "--output_dir",
+            str(tmp_path / dst),
+            "--tp",
+            str(tp),
+            "--pp",
+            str(pp),
+        ]
+        if src == "a":
+            argv += ["--iteration", "2"]
+        assert cli.run(lambda argv=argv: reshard.main(argv)) == 0
+    resumed, weights_only = run_distributed(
+        run_pretrain_many,
+        2,
+        [
+            _continue(data, 2, 2, 1, load=str(tmp_path / "c21")),
+            _continue(data, 2, 2, 1, load=str(tmp_path / "c21"), no_load_optim=True),
+        ],
+        timeout=600,
+    )[0]
+    assert resumed["start_iteration"] == 2 and resumed["iteration"] == 4
+    assert resumed["train_losses"] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6)
+    # the optimizer state was resharded and used: without it the next step goes elsewhere
+    assert abs(weights_only["train_losses"][1] - full["train_losses"][3]) > 100 * abs(
+        resumed["train_losses"][1] - full["train_losses"][3]
+    )
