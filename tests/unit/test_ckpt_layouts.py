@@ -164,3 +164,24 @@ def test_bad_inputs_leave_nothing_behind(tmp_path: Path) -> None:
         read_checkpoint(tmp_path / "seq", args=args_of(cfg))
     with pytest.raises(CheckpointError, match="not a checkpoint"):
         read_checkpoint(tmp_path, args=args_of(cfg))
+
+
+def test_plan_load_reshards_for_another_layout(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from megatron.checkpoint.autoreshard import plan_load
+
+    cfg = CONFIGS["llama"]
+    full = random_state(cfg, seed=4)
+    write_checkpoint(full, cfg, tmp_path / "ck", TargetLayout(2, 2), iteration=3)
+    calls = []
+    same = plan_load(tmp_path / "ck", "global_step3", tp=2, pp=2, args=args_of(cfg), padded_vocab_size=64,
+                     is_writer=True, barrier=lambda: calls.append(1))  # fmt: skip
+    assert (same.root, same.resharded, calls) == (str(tmp_path / "ck"), False, [])
+    with caplog.at_level("WARNING"):
+        plan = plan_load(tmp_path / "ck", "global_step3", tp=1, pp=0, args=args_of(cfg), padded_vocab_size=64,
+                         is_writer=True, barrier=lambda: calls.append(1))  # fmt: skip
+    assert "was saved with tp=2 pp=2 but this run uses tp=1 pp=0: resharding" in caplog.text
+    assert plan.resharded and plan.weights_only and calls == [1]  # no optimizer state in the source
+    assert plan.root == str(tmp_path / "ck" / ".resharded" / "global_step3-tp1-pp0")
+    back = read_checkpoint(Path(plan.root), args=args_of(cfg))
+    assert back.layout.tp == 1 and not back.layout.is_pipe and back.iteration == 3
+    assert all(torch.equal(back.state_dict[k], v) for k, v in full.items())

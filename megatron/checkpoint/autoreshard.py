@@ -1,0 +1,98 @@
+"""Load-time resharding: when ``load`` meets a checkpoint of another (tp, pp) layout, rewrite it for the current one.
+
+Rank 0 writes the resharded copy next to the checkpoint (``<root>/.resharded/<tag>-tp<T>-pp<P>``, reused when it
+is already there), every rank then loads that copy. The optimizer state comes along when it can be resharded
+(ZeRO-0 torch optimizers); otherwise the copy is weights-only and the caller must not load optimizer state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron.checkpoint.layout import CheckpointError, detect_layout
+from megatron.checkpoint.reader import load_torch
+from megatron.checkpoint.reshard import WEIGHTS_ONLY_KEY, reshard_checkpoint
+from megatron.checkpoint.writer import MANIFEST, TargetLayout
+
+logger = logging.getLogger(__name__)
+
+RESHARD_DIR = ".resharded"
+
+
+@dataclass
+class LoadPlan:
+    """Where to load from: ``root``/``tag`` (the original or a resharded copy) and whether it is weights-only."""
+
+    root: str
+    tag: str
+    resharded: bool = False
+    weights_only: bool = False
+
+
+def checkpoint_layout(directory: Path) -> tuple[int, int]:
+    """``(tp, pp)`` of a checkpoint directory (``pp == 0`` for sequential ``module`` files)."""
+    layout = detect_layout(directory)
+    return layout.tp, layout.pp if layout.is_pipe else 0
+
+
+def _weights_only(directory: Path) -> bool:
+    state = load_torch(directory / "mp_rank_00_model_states.pt", weights_only=False)
+    return bool(state.get(WEIGHTS_ONLY_KEY, False))
+
+
+def plan_load(
+    root: str | Path,
+    tag: str,
+    *,
+    tp: int,
+    pp: int,
+    args: Any,
+    padded_vocab_size: int | None,
+    is_writer: bool,
+    barrier: Callable[[], None],
+) -> LoadPlan:
+    """Decide where to load ``root/tag`` from for the current ``(tp, pp)``; reshard (on the writer rank) if needed.
+
+    ``pp`` is ``pipe_parallel_size`` (0 = sequential model). ``args`` carries the model keys (GPT-NeoX names).
+    Every rank must call this (it contains a barrier when resharding).
+    """
+    directory = Path(root) / tag
+    src = checkpoint_layout(directory)
+    if src == (tp, pp):
+        return LoadPlan(str(root), tag)
+    out_root = Path(root) / RESHARD_DIR / f"{tag}-tp{tp}-pp{pp}"
+    logger.warning(
+        "checkpoint %s was saved with tp=%d pp=%d but this run uses tp=%d pp=%d: resharding it into %s",
+        directory,
+        src[0],
+        src[1],
+        tp,
+        pp,
+        out_root,
+    )
+    error: Exception | None = None
+    if is_writer and not (out_root / tag / MANIFEST).is_file():
+        try:
+            reshard_checkpoint(
+                directory,
+                out_root,
+                TargetLayout(tp=tp, pp=pp),
+                args=args,
+                padded_vocab_size=padded_vocab_size,
+                overwrite=True,
+            )
+        except (CheckpointError, ValueError, OSError) as e:
+            error = e
+    barrier()
+    if error is not None:
+        raise CheckpointError(f"automatic resharding of {directory} failed: {error}") from error
+    if not (out_root / tag / MANIFEST).is_file():
+        raise CheckpointError(f"automatic resharding of {directory} produced no checkpoint at {out_root / tag}")
+    weights_only = _weights_only(out_root / tag)
+    if weights_only:
+        logger.warning("the resharded checkpoint is weights-only: optimizer state is not loaded")
+    return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only)
