@@ -354,6 +354,9 @@ class GPTModelConfig:
         padded = getattr(args, "padded_vocab_size", None)
         if not padded:
             raise ValueError("padded_vocab_size is not set: build the tokenizer (or pad the vocab) before the model")
+        missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if getattr(args, k, None) is None]
+        if missing:
+            raise ValueError(f"model config is missing required key(s): {', '.join(missing)}")
         kwargs: dict[str, Any] = {"padded_vocab_size": int(padded)}
         for f in dataclasses.fields(cls):
             if f.name in ("padded_vocab_size", "params_dtype", "fused_kernels", "attention_config", "sparsity_config"):

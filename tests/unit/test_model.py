@@ -124,6 +124,8 @@ def test_from_neox_args_reads_flat_keys() -> None:
     assert pythia.attention_config == ("flash",) * 12 and pythia.params_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="padded_vocab_size"):
         GPTModelConfig.from_neox_args(SimpleNamespace(num_layers=2, hidden_size=32, num_attention_heads=4))
+    with pytest.raises(ValueError, match=r"missing required key.*hidden_size"):
+        GPTModelConfig.from_neox_args(SimpleNamespace(num_layers=2, num_attention_heads=4, padded_vocab_size=64))
 
 
 def test_gpt_neox_mlp_sizing() -> None:
