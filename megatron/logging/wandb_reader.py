@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,30 @@ def _payloads(data: bytes) -> list[bytes]:
     return out
 
 
-def read_wandb_history(run_file: str | Path) -> list[dict[str, Any]]:
-    """Every logged row of the run as a dict (values JSON-decoded; ``_step`` included)."""
+def _records(run_file: str | Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
 
-    rows = []
+    records = []
     for payload in _payloads(Path(run_file).read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
+        records.append(record)
+    return records
+
+
+def read_wandb_history(run_file: str | Path, wait_s: float = 30.0) -> list[dict[str, Any]]:
+    """Every logged row of the run as a dict (values JSON-decoded; ``_step`` included).
+
+    W&B's background service may still be writing when ``finish()`` returns or the process exits, so this waits
+    (up to ``wait_s``) for the run's final ``exit`` record.
+    """
+    deadline = time.monotonic() + wait_s
+    records = _records(run_file)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        records = _records(run_file)
+    rows = []
+    for record in records:
         if record.WhichOneof("record_type") != "history":
             continue
         row = {}

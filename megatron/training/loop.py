@@ -15,11 +15,12 @@ import torch.distributed as dist
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.timers import Timers
-from megatron.training.step import PipeStep, SequentialStep, is_nan
+from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
 
 TIMER_NAMES = ["forward", "backward", "optimizer", "batch generator"]
+MAX_CONSECUTIVE_OVERFLOWS = 50  # GPT-NeoX's OverflowMonitor limit
 
 
 @dataclass
@@ -61,6 +62,7 @@ class LoopState:
     loss_count: int = 0
     history: list[float] = field(default_factory=list)  # lm loss of every iteration (rank-reduced)
     exited_early: bool = False
+    consecutive_skips: int = 0
 
 
 class Profiler:
@@ -173,13 +175,7 @@ class Trainer:
             interval_iters += 1
             self.profiler.after(state.iteration)
             state.history.append(result.lm_loss)
-            if result.skipped:
-                state.skipped_iters += 1
-            elif is_nan(result.lm_loss):
-                state.nan_iters += 1
-            else:
-                state.loss_sum += result.lm_loss
-                state.loss_count += 1
+            self._count(state, result)
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
             scale = _loss_scale(self.engine)
             if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
@@ -208,6 +204,25 @@ class Trainer:
                 state.exited_early = True
                 break
         return state
+
+    @staticmethod
+    def _count(state: LoopState, result: StepResult) -> None:
+        """Skipped (fp16 overflow) and NaN iterations are counted and left out of the interval's mean loss."""
+        if not result.skipped:
+            state.consecutive_skips = 0
+            if is_nan(result.lm_loss):
+                state.nan_iters += 1
+            else:
+                state.loss_sum += result.lm_loss
+                state.loss_count += 1
+            return
+        state.skipped_iters += 1
+        state.consecutive_skips += 1
+        if state.consecutive_skips >= MAX_CONSECUTIVE_OVERFLOWS:
+            raise ValueError(
+                f"{state.consecutive_skips} consecutive fp16 overflows (iteration {state.iteration}): the loss "
+                "scale cannot recover; lower the learning rate, check the data, or use bf16"
+            )
 
     def _console(self, state: LoopState, scalars: dict[str, float], interval_iters: int) -> None:
         mean = state.loss_sum / state.loss_count if state.loss_count else float("nan")

@@ -85,3 +85,16 @@ def test_timers_and_console_line() -> None:
     assert "learning rate: 1.000E-03" in line and "lm_loss: 3.500000E+00" in line
     assert "elapsed time per iteration (ms): 250.0" in line and "2.0000 TFLOP/s" in line
     assert line.endswith("number of nan iterations: 1")
+
+
+def test_loop_counts_skipped_and_nan_iterations() -> None:
+    from megatron.training.loop import MAX_CONSECUTIVE_OVERFLOWS, LoopState, Trainer
+    from megatron.training.step import StepResult
+
+    state = LoopState(iteration=0)
+    for result in (StepResult(2.0, False), StepResult(float("nan"), False), StepResult(9.0, True)):
+        Trainer._count(state, result)
+    assert (state.loss_sum, state.loss_count, state.nan_iters, state.skipped_iters) == (2.0, 1, 1, 1)
+    with pytest.raises(ValueError, match="consecutive fp16 overflows"):
+        for _ in range(MAX_CONSECUTIVE_OVERFLOWS):
+            Trainer._count(state, StepResult(1.0, True))
