@@ -64,3 +64,37 @@ def test_generate_tokens_stops_and_budget() -> None:
         generate_tokens(fwd, [1, 2, 3], SamplingConfig(seq_length=3), eod_token=15)
     new, _ = generate_tokens(fwd, [3], SamplingConfig(maximum_tokens=3), eod_token=15, vocab_size=5)
     assert new == [4, 0, 1]  # id 5 (>= vocab_size) is masked, so argmax falls back to id 0
+
+
+def test_kv_cache_matches_recompute_on_the_real_model() -> None:
+    from types import SimpleNamespace
+
+    from megatron.generation.sampling import kv_cache_forward
+    from megatron.model import GPTModelConfig, KVCache, build_sequential_model
+
+    args = SimpleNamespace(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=32,
+        max_position_embeddings=32,
+        padded_vocab_size=64,
+        pos_emb="rotary",
+        init_method_std=0.3,
+    )
+    torch.manual_seed(0)
+    model = build_sequential_model(GPTModelConfig.from_neox_args(args)).eval()
+    tokens = torch.randint(0, 64, (1, 12))
+    cache = KVCache()
+    with torch.no_grad():
+        cached = [model(tokens[:, :5], kv_cache=cache)[:, -1]]
+        cached += [model(tokens[:, i : i + 1], kv_cache=cache)[:, -1] for i in range(5, 12)]
+        full = model(tokens)[0, 4:]
+    assert torch.allclose(torch.cat(cached), full, atol=1e-5)
+    fwd = kv_cache_forward(model)
+    cfg = dict(temperature=1.0, top_k=20, maximum_tokens=16, seq_length=32)
+    a = generate_tokens(fwd, [5, 6], SamplingConfig(**cfg), eod_token=63, generator=torch.Generator().manual_seed(1))
+    b = generate_tokens(
+        fwd, [5, 6], SamplingConfig(recompute=True, **cfg), eod_token=63, generator=torch.Generator().manual_seed(1)
+    )
+    assert a == b and len(set(a[0])) > 1

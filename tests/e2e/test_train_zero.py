@@ -77,3 +77,15 @@ def test_other_optimizers_through_deepspeed(data: dict[str, str]) -> None:
     for run in runs:
         losses = run["train_losses"]
         assert sum(losses[-3:]) < sum(losses[:3]), (run["optimizer_class"], losses)
+
+
+def test_gradient_accumulation_matches_larger_micro_batches(data: dict[str, str]) -> None:
+    common = {"train_iters": 4, "eval_interval": 100, "eval_iters": 1}
+    configs = [
+        tiny_config(data, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1, **common),
+        tiny_config(data, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2, **common),
+        tiny_config(data, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=4, **common),
+    ]
+    runs = run_distributed(run_pretrain_many, 1, configs, timeout=400)[0]
+    for run in runs[1:]:
+        assert run["train_losses"] == pytest.approx(runs[0]["train_losses"], rel=1e-5)
