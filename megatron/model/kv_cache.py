@@ -18,25 +18,39 @@ import torch
 
 
 class KVCache:
-    """Per-layer K/V tensors, keyed by layer index; ``seq_len`` = tokens already processed."""
+    """Per-layer K/V tensors, keyed by layer index; ``seq_len`` = tokens already processed.
+
+    Storage grows by doubling (amortised O(1) per token instead of re-concatenating the whole past every step);
+    ``update`` returns views of the filled part.
+    """
 
     def __init__(self) -> None:
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
+        self._keys: dict[int, torch.Tensor] = {}
+        self._values: dict[int, torch.Tensor] = {}
+        self._lengths: dict[int, int] = {}
         self.seq_len = 0
 
     def past_length(self, layer: int) -> int:
         """Tokens cached for ``layer`` (0 before the first forward)."""
-        k = self.keys.get(layer)
-        return 0 if k is None else k.shape[2]
+        return self._lengths.get(layer, 0)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k``/``v`` ``[b, nkv, s_new, hn]`` for ``layer``; return the full ``[b, nkv, s_past+s_new, hn]``."""
-        if layer in self.keys:
-            k = torch.cat((self.keys[layer], k), dim=2)
-            v = torch.cat((self.values[layer], v), dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        past, new = self._lengths.get(layer, 0), k.shape[2]
+        keys, values = self._keys.get(layer), self._values.get(layer)
+        if keys is None or past + new > keys.shape[2]:
+            capacity = max(2 * (past + new), 16)
+            grown_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
+            grown_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
+            if keys is not None:
+                grown_k[:, :, :past] = keys[:, :, :past]
+                grown_v[:, :, :past] = values[:, :, :past]
+            keys, values = grown_k, grown_v
+            self._keys[layer], self._values[layer] = keys, values
+        keys[:, :, past : past + new] = k
+        values[:, :, past : past + new] = v
+        self._lengths[layer] = past + new
+        return keys[:, :, : past + new], values[:, :, : past + new]
 
     def advance(self, num_tokens: int) -> None:
         """Called by the model after a forward over ``num_tokens`` new tokens."""
@@ -44,6 +58,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget everything (start a new sequence)."""
-        self.keys.clear()
-        self.values.clear()
+        self._keys.clear()
+        self._values.clear()
+        self._lengths.clear()
         self.seq_len = 0

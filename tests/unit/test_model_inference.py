@@ -111,3 +111,17 @@ def test_left_padded_batch_equals_unpadded_sequences(pos_emb: str) -> None:
         assert torch.isfinite(logits).all()
         assert (logits[0, pad:] - model(short)[0]).abs().max() <= 1e-5
         assert (logits[1] - model(long)[0]).abs().max() <= 1e-5
+
+
+def test_kv_cache_storage_grows_and_returns_the_concatenation() -> None:
+    cache = KVCache()
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.randn(2, 3, n, 4, generator=g) for n in (5, 1, 12, 1, 1, 30, 2)]
+    for i, chunk in enumerate(chunks):
+        k, v = cache.update(7, chunk, -chunk)
+        expected = torch.cat(chunks[: i + 1], dim=2)
+        assert torch.equal(k, expected) and torch.equal(v, -expected)
+        assert cache.past_length(7) == expected.shape[2]
+    assert cache.past_length(0) == 0
+    cache.reset()
+    assert cache.past_length(7) == 0 and cache.seq_len == 0
