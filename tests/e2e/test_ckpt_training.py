@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+import yaml
 
 from megatron.checkpoint import cli, read_checkpoint
 from megatron.model import build_sequential_model
@@ -90,6 +91,30 @@ def test_trained_checkpoints_export_to_hf_with_equal_logits(data: dict[str, str]
             assert hf.config.rope_parameters["partial_rotary_factor"] == 0.25
         else:
             assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_key_value_heads == 2
+
+    # HF -> NeoX at another layout, then fine-tune through the training code: the first losses equal those of
+    # fine-tuning from the original NeoX checkpoint (same weights, same data order).
+    name, _, original = cases[2]  # llama-tp2-pp1
+    to_neox = _tool("convert_hf_to_neox")
+    argv = ["--input_dir", str(tmp_path / f"{name}-hf"), "--output_dir", str(tmp_path / "imported"), "--tp", "2"]
+    assert cli.run(lambda: to_neox.main([*argv, "--pp", "0"])) == 0
+    imported = tmp_path / "imported"
+    model_keys = yaml.safe_load((imported / "neox_config.yml").read_text())
+    model_keys.update(yaml.safe_load((imported / "tokenizer.yml").read_text()))
+    assert model_keys["num_kv_heads"] == 2 and model_keys["activation"] == "swiglu"
+    base = {k: v for k, v in original.items() if k not in ("save", "checkpoint_factor")}
+    setup = {k: v for k, v in base.items() if k not in LLAMA_STYLE}  # the model keys come from neox_config.yml
+    finetunes = run_distributed(
+        run_pretrain_many,
+        2,
+        [
+            {**base, "load": original["save"], "finetune": True},
+            {**setup, **model_keys, "load": str(imported), "finetune": True},
+        ],
+        timeout=600,
+    )[0]
+    assert finetunes[1]["start_iteration"] == 0
+    assert finetunes[1]["train_losses"] == pytest.approx(finetunes[0]["train_losses"], rel=1e-5, abs=1e-6)
 
 
 def _continue(data: dict[str, str], world: int, tp: int, pp: int, **kw: Any) -> dict[str, Any]:
