@@ -104,8 +104,11 @@ class ParallelSelfAttention(nn.Module):
         tp = mpu.get_model_parallel_world_size()
         self.tp = tp
         self.hn = cfg.head_dim
-        self.np = mpu.divide(cfg.num_attention_heads, tp)
-        self.nkv = mpu.divide(cfg.kv_heads, tp)
+        for key, value in (("num_attention_heads", cfg.num_attention_heads), ("num_kv_heads", cfg.kv_heads)):
+            if value % tp:
+                raise ValueError(f"{key}={value} must be divisible by model_parallel_size={tp}")
+        self.np = cfg.num_attention_heads // tp
+        self.nkv = cfg.kv_heads // tp
         kv = cfg.kv_heads * cfg.head_dim
         self.query_key_value = mpu.ColumnParallelLinear(
             cfg.hidden_size,

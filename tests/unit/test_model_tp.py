@@ -115,6 +115,11 @@ def tp_rank_fn(tp: int, cases: dict) -> dict:
     mpu.initialize_model_parallel(tp)
     out = {name: _step(_cfg(**kw)) for name, kw in cases.items()}
     out["decode"] = _greedy(_cfg(**DECODE_CFG))
+    try:
+        build_sequential_model(_cfg(num_kv_heads=1))
+        out["mqa_error"] = None
+    except ValueError as exc:
+        out["mqa_error"] = str(exc)
     return _portable(out)
 
 
@@ -143,6 +148,7 @@ def test_tensor_and_sequence_parallel_match_tp1() -> None:
     expected = _greedy(_cfg(**DECODE_CFG), cached=False)
     for r in ranks:
         assert torch.equal(r["decode"], expected)
+        assert r["mqa_error"] == "num_kv_heads=1 must be divisible by model_parallel_size=2"
 
 
 # ----------------------------------------------------------------------------------------------------------------
