@@ -53,7 +53,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
     def __init__(self, dim: int, base: float = 10000.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # persistent like GPT-NeoX's (its checkpoints carry ``position_embeddings.inv_freq``)
+        self.register_buffer("inv_freq", inv_freq)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``[*positions.shape, dim]`` embeddings."""

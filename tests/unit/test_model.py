@@ -190,6 +190,9 @@ def test_state_dict_uses_gpt_neox_names() -> None:
     assert not any(k.startswith(f"sequential.{L + 4}.") for k in tied)
     assert "sequential.2.attention.rotary_emb.inv_freq" in tied and "sequential.5.norm.bias" in tied
     assert "sequential.5.norm.bias" not in set(build_sequential_model(tiny(use_bias_in_norms=False)).state_dict())
+    assert (
+        "sequential.0.position_embeddings.inv_freq" in build_sequential_model(tiny(pos_emb="sinusoidal")).state_dict()
+    )
     qk = build_sequential_model(tiny(use_qk_layernorm=True)).state_dict()
     assert qk["sequential.2.attention.qk_layernorm.weight"].shape == (4, 8)  # one [heads, hn] norm for q and k
     assert not any("k_layernorm" in k and "qk_" not in k for k in qk)
