@@ -185,3 +185,27 @@ def test_plan_load_reshards_for_another_layout(tmp_path: Path, caplog: pytest.Lo
     back = read_checkpoint(Path(plan.root), args=args_of(cfg))
     assert back.layout.tp == 1 and not back.layout.is_pipe and back.iteration == 3
     assert all(torch.equal(back.state_dict[k], v) for k, v in full.items())
+
+
+def test_reads_a_gpt_neox_written_pipe_checkpoint(tmp_path: Path) -> None:
+    """GPT-NeoX's own files: legacy MLP names, persisted rotary ``inv_freq``, per-rank row biases, no marker."""
+    cfg = CONFIGS["neox"]
+    full = random_state(cfg, seed=5)
+    row = ("attention.dense.bias", "mlp.linear2.bias")
+    stored = {k: (v / 2 if k.endswith(row) else v) for k, v in full.items()}
+    directory = write_checkpoint(stored, cfg, tmp_path / "neox", TargetLayout(2, 2), iteration=9)
+    (directory / "manifest.json").unlink()
+    for path in directory.glob("mp_rank_*"):
+        state = torch.load(path, weights_only=False)
+        del state[FORMAT_KEY]
+        torch.save(state, path)
+    for path in directory.glob("layer_0[23]-*"):
+        sd = torch.load(path, weights_only=True)
+        legacy = {k.replace("mlp.linear1.", "mlp.dense_h_to_4h.").replace("mlp.linear2.", "mlp.dense_4h_to_h."): v
+                  for k, v in sd.items()}  # fmt: skip
+        legacy["attention.rotary_emb.inv_freq"] = torch.ones(cfg.rotary_ndims // 2)
+        torch.save(legacy, path)
+    back = read_checkpoint(tmp_path / "neox", args=args_of(cfg))
+    assert set(back.state_dict) == set(full) and back.iteration == 9
+    for key, value in full.items():
+        assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
