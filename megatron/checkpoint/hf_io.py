@@ -42,7 +42,6 @@ def resolve_precision(precision: str, cfg: GPTModelConfig) -> torch.dtype:
 
 def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
     """A ``PreTrainedTokenizerFast`` for the config's tokenizer, or None when it has no Hugging Face form."""
-    from transformers import PreTrainedTokenizerFast
 
     kind = str(getattr(args, "tokenizer_type", "") or "")
     vocab_file = getattr(args, "vocab_file", None)
@@ -53,7 +52,9 @@ def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
             from transformers import AutoTokenizer
 
             return AutoTokenizer.from_pretrained(vocab_file, local_files_only=True)
-        return PreTrainedTokenizerFast(tokenizer_file=str(vocab_file))
+        from tokenizers import Tokenizer
+
+        return _fast_tokenizer(Tokenizer.from_file(str(vocab_file)))
     if kind.lower() in ("hftokenizer", "gpt2bpetokenizer", "hfgpt2tokenizer"):
         from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
@@ -64,12 +65,21 @@ def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
         tok = build_tokenizer(TokenizerConfig.from_neox_args(args))
         if kind.lower() == "hfgpt2tokenizer":
             return tok.tokenizer
-        special = {"eos_token": EOD_TOKEN, "bos_token": EOD_TOKEN, "unk_token": EOD_TOKEN}
-        if tok.tokenizer.token_to_id("<|padding|>") is not None:
-            special["pad_token"] = "<|padding|>"
-        return PreTrainedTokenizerFast(tokenizer_object=tok.tokenizer, **special)
+        return _fast_tokenizer(tok.tokenizer)
     logger.warning("tokenizer_type %r has no Hugging Face tokenizer form: no tokenizer files written", kind or None)
     return None
+
+
+def _fast_tokenizer(tokenizer: Any) -> Any:
+    """``PreTrainedTokenizerFast`` around a ``tokenizers.Tokenizer`` with GPT-NeoX's special tokens when present."""
+    from transformers import PreTrainedTokenizerFast
+
+    special = {}
+    if tokenizer.token_to_id(EOD_TOKEN) is not None:
+        special = {"eos_token": EOD_TOKEN, "bos_token": EOD_TOKEN, "unk_token": EOD_TOKEN}
+    if tokenizer.token_to_id("<|padding|>") is not None:
+        special["pad_token"] = "<|padding|>"
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special)
 
 
 def export_hf(

@@ -192,3 +192,36 @@ def test_precision_and_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[
     fails(TO_NEOX, ["--input_dir", str(gpt2), "--output_dir", str(out)], "unsupported Hugging Face model_type", out)
     with pytest.raises(SystemExit):
         TO_HF.parse_args(["--input_dir", "x", "--output_dir", "y", "--architecture", "gpt2"])
+
+
+def test_tokenizer_export_from_gpt2_bpe_files_and_hf_tokenizer(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from megatron.checkpoint import TargetLayout, write_checkpoint
+    from megatron.checkpoint.hf_io import neox_config_yaml
+    from megatron.model import GPTModelConfig, build_sequential_model
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=100, special_tokens=["<|endoftext|>"])
+    tok.train_from_iterator(["a tiny corpus for a tiny tokenizer"] * 10, trainer)
+    vocab, merges = tok.model.save(str(tmp_path))
+    tok.save(str(tmp_path / "tok.json"))
+    cfg = GPTModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, padded_vocab_size=VOCAB, pos_emb="rotary")
+    sd = build_sequential_model(cfg).state_dict()
+    model_yml = neox_config_yaml(cfg, 1, 0)
+    text = "a tiny tokenizer"
+    for name, keys, extra in (
+        ("bpe", f"tokenizer_type: GPT2BPETokenizer\nvocab_file: {vocab}\nmerge_file: {merges}\n", []),
+        ("hf", f"tokenizer_type: HFTokenizer\nvocab_file: {tmp_path / 'tok.json'}\n", ["--vocab-is-hf-tokenizer"]),
+    ):
+        write_checkpoint(sd, cfg, tmp_path / name, TargetLayout(1, 0), config_files={"m.yml": model_yml + keys})
+        out = tmp_path / f"{name}-hf"
+        assert _run(TO_HF, ["--input_dir", str(tmp_path / name), "--output_dir", str(out), *extra]) == 0
+        exported = transformers.AutoTokenizer.from_pretrained(str(out))
+        assert exported(text)["input_ids"] == tok.encode(text).ids, name
+        assert exported.eos_token == "<|endoftext|>"
+        assert json.loads((out / "config.json").read_text())["eos_token_id"] == tok.token_to_id("<|endoftext|>")
+    assert _run(TO_HF, ["--input_dir", str(tmp_path / "bpe"), "--output_dir", str(tmp_path / "no-tok"),
+                        "--no_save_tokenizer"]) == 0  # fmt: skip
+    assert not (tmp_path / "no-tok" / "tokenizer.json").exists()
