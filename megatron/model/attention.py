@@ -84,8 +84,8 @@ class ParallelSelfAttention(nn.Module):
     heads jointly, applied to q and to k; statistics all-reduced over TP so the model is TP-invariant); with GQA
     k gets its own ``k_layernorm`` ``[kv_heads/tp, hn]``.
 
-    Parameters: ``query_key_value`` (column parallel), ``dense`` (row parallel), optional ``qk_layernorm`` (+ ``k_layernorm`` with GQA),
-    ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)`` (bias not yet added) where
+    Parameters: ``query_key_value`` (column parallel), ``dense`` (row parallel), optional ``qk_layernorm``
+    (+ ``k_layernorm`` with GQA), ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)`` (bias not yet added) where
     ``output`` is reduced over TP unless ``gpt_j_residual`` (then partial sums, reduced once by the layer).
     """
 
