@@ -85,8 +85,9 @@ class ParallelSelfAttention(nn.Module):
     k gets its own ``k_layernorm`` ``[kv_heads/tp, hn]``.
 
     Parameters: ``query_key_value`` (column parallel), ``dense`` (row parallel), optional ``qk_layernorm``
-    (+ ``k_layernorm`` with GQA), ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)`` (bias not yet added) where
-    ``output`` is reduced over TP unless ``gpt_j_residual`` (then partial sums, reduced once by the layer).
+    (+ ``k_layernorm`` with GQA), ``rotary_emb`` buffer. ``forward`` returns ``(output, dense_bias_or_None)``
+    (bias not yet added) where ``output`` is reduced over TP unless ``gpt_j_residual`` (then partial sums,
+    reduced once by the layer).
     """
 
     def __init__(

@@ -256,7 +256,8 @@ def _split_qkv(t: torch.Tensor, cfg: GPTModelConfig) -> tuple[torch.Tensor, torc
     hn, kv = cfg.head_dim, cfg.kv_heads
     if not cfg.is_gqa:
         per_head = t.reshape(cfg.num_attention_heads, 3, hn, *t.shape[1:])
-        return tuple(per_head[:, j].reshape(cfg.hidden_size, *t.shape[1:]) for j in range(3))  # type: ignore[return-value]
+        q, k, v = (per_head[:, j].reshape(cfg.hidden_size, *t.shape[1:]) for j in range(3))
+        return q, k, v
     q, k, v = torch.split(t, [cfg.hidden_size, kv * hn, kv * hn], dim=0)
     return q, k, v
 

@@ -1,4 +1,5 @@
-"""The transformer MLP: ``linear1`` (column parallel, h → ffn) → activation → ``linear2`` (row parallel, ffn_in → h).
+"""The transformer MLP: ``linear1`` (column parallel, h → ffn) → activation → ``linear2`` (row parallel,
+ffn_in → h).
 
 Gated activations: ``linear1`` outputs ``[up | gate]`` per TP rank (full weight ``[up | gate]``, split per
 sub-matrix, i.e. ``stride=2``), and the result is ``act(gate) · up``. Widths follow GPT-NeoX's sizing rule

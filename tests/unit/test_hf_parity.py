@@ -203,7 +203,7 @@ EXPORT_CASES = {
 
 @pytest.mark.parametrize("name", list(EXPORT_CASES))
 def test_export_to_hf_gives_same_logits(name: str) -> None:
-    """Direction NeoX → HF: a model configured the GPT-NeoX way, exported, loads strictly into HF with equal logits."""
+    """NeoX → HF: a model configured the GPT-NeoX way, exported, loads strictly into HF with equal logits."""
     from megatron.model import GPTModelConfig
 
     arch, changes = EXPORT_CASES[name]
