@@ -43,3 +43,12 @@ def test_pipe_refuses_zero2(tmp_path: Path) -> None:
     cfg = tiny_config(data, pipe_parallel_size=1, zero_optimization={"stage": 2}, train_iters=2)
     with pytest.raises(DistributedTestError, match="cannot be combined with pipe_parallel_size"):
         run_distributed(run_pretrain, 1, cfg, timeout=200)
+
+
+def test_tensor_parallel_training_matches_one_rank(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data")
+    common = {"train_iters": 4, "eval_interval": 100, "eval_iters": 1, "zero_optimization": {"stage": 1}}
+    tp = run_distributed(run_pretrain, 2, tiny_config(data, world=2, model_parallel_size=2, **common))
+    ref = run_distributed(run_pretrain, 1, tiny_config(data, **common))[0]
+    assert tp[0]["dp"] == 1 and tp[0]["train_losses"] == tp[1]["train_losses"]
+    assert tp[0]["train_losses"] == pytest.approx(ref["train_losses"], rel=1e-5)
