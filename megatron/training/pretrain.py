@@ -144,6 +144,26 @@ def iterate_forever(loader: Any) -> Iterator[Any]:
             raise ValueError("the data loader is empty: the dataset has fewer samples than one global batch")
 
 
+def _train_iters_from_epochs(args: Any) -> None:
+    """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
+    from megatron import mpu
+    from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+
+    data_cfg = DataConfig.from_neox_args(args)
+    data_cfg.validate()
+    train_loader, _, _ = build_train_valid_test_data_loaders(
+        data_cfg, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size()
+    )
+    if train_loader is None:
+        raise ValueError("train_epochs needs training data")
+    gas = int(args.gradient_accumulation_steps or 1)
+    iters = int(args.train_epochs) * len(train_loader) // gas
+    if iters < 1:
+        raise ValueError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
+    args.update_value("train_iters", iters)
+    logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
+
+
 def _loss_fn() -> Any:
     from megatron.model import cross_entropy
 
@@ -164,6 +184,8 @@ def pretrain(args: Any) -> PretrainResult:
         tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
     )
     args.update_value("padded_vocab_size", padded)
+    if getattr(args, "train_iters", None) is None and getattr(args, "train_epochs", None):
+        _train_iters_from_epochs(args)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)

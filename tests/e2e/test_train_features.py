@@ -58,3 +58,16 @@ def test_checkpoint_schedule_exit_profile_and_no_save_optim(tmp_path: Path) -> N
         timeout=300,
     )[0]
     assert resumed["start_iteration"] == 8 and len(resumed["train_losses"]) == 1
+
+
+def test_train_epochs_sets_train_iters(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data", max_docs=3)
+    from megatron.data.indexed_dataset import make_dataset
+
+    tokens = sum(len(d) for d in make_dataset(data["data_path"], "mmap"))
+    cfg = tiny_config(data, world=2, eval_interval=100, eval_iters=1, split="98,1,1", train_epochs=2)
+    cfg.pop("train_iters")
+    run = run_distributed(run_pretrain, 2, cfg, timeout=300)[0]
+    # one epoch = ~98% of the packed samples (seq 32 + 1), global batch 8 → about tokens·0.98 / 32 / 8 iterations
+    per_epoch = tokens * 0.98 / 32 / 8
+    assert abs(run["iteration"] - 2 * per_epoch) <= 2 and len(run["train_losses"]) == run["iteration"]
