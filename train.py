@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 
 def main() -> int:
     """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    from megatron.logging.tee import CurrentStdout, tee_output
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=CurrentStdout())
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from megatron.distributed import shutdown_and_exit
@@ -18,6 +21,8 @@ def main() -> int:
     code = 0
     try:
         args = NeoXArgs.consume_neox_args()
+        if args.log_dir:
+            tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
         result = pretrain(args)
         if args.rank == 0:
             print(f"training finished at iteration {result.iteration}", flush=True)

@@ -65,6 +65,9 @@ def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
     assert re.search(r"validation results at iteration 15 \| lm_loss value", out)
     assert re.search(r"test results at iteration 30 \| lm_loss value", out)
 
+    stdout_files = sorted((run / "logs").glob("*_stdout.txt"))  # log_dir tees every rank's output
+    assert len(stdout_files) == 2 and any("training finished" in f.read_text() for f in stdout_files)
+
     ckpt = run / "ckpt"
     assert (ckpt / "latest").read_text().strip() == "global_step30"
     step = ckpt / "global_step30"
