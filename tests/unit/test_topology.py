@@ -4,6 +4,7 @@ checkpointing settings, and the single-process full-weights gather."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from megatron import mpu
 from megatron.model import GPTModelConfig, build_sequential_model
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig
 from megatron.model.full_weights import gather_full_state_dict, neox_parameter_name
+from megatron.parallel_config import ParallelConfig
 
 MATRIX = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 4, 1), (4, 1, 1)]
 
@@ -104,3 +106,32 @@ def test_full_state_dict_of_one_process_is_the_model(tied: bool) -> None:
     assert list(full) == sorted(params, key=lambda n: (int(n.split(".")[1]), n.split(".", 2)[2]))
     assert all(torch.equal(full[k], params[k].detach().float()) for k in params)
     assert ("sequential.6.final_linear.weight" in full) is (not tied)
+
+
+def test_parallel_config_refuses_zero2_3_with_any_pipe_engine() -> None:
+    for pipe in (1, 2):
+        with pytest.raises(ValueError, match="ZeRO stage 0 or 1"):
+            ParallelConfig(pipe_parallel_size=pipe, zero_stage=2)
+    ParallelConfig(pipe_parallel_size=0, zero_stage=3, model_parallel_size=2)  # ZeRO-3 with TP is allowed
+
+    args = SimpleNamespace(
+        model_parallel_size=2, pipe_parallel_size=1, sequence_parallel=False, zero_optimization={"stage": 3}
+    )
+    with pytest.raises(ValueError, match="pipe_parallel_size 1"):
+        ParallelConfig.from_neox_args(args)
+
+
+def test_parallel_config_turns_pipe_activation_partitioning_off_for_sequence_parallel() -> None:
+    base = {"train_micro_batch_size_per_gpu": 2, "pipeline": {"activation_checkpoint_interval": 0}}
+    sp = ParallelConfig(model_parallel_size=2, pipe_parallel_size=2, sequence_parallel=True, zero_stage=1)
+    out = sp.apply(base)
+    assert out["pipeline"] == {
+        "activation_checkpoint_interval": 0,
+        "pipe_partitioned": False,
+        "grad_partitioned": False,
+    }
+    assert "pipe_partitioned" not in base["pipeline"]  # the input is not modified
+    plain = ParallelConfig(model_parallel_size=2, pipe_parallel_size=2).apply(base)
+    assert plain["pipeline"]["pipe_partitioned"] is True and plain["pipeline"]["grad_partitioned"] is True
+    with pytest.raises(ValueError, match=r"pipeline\.pipe_partitioned"):
+        sp.apply({"pipeline": {"pipe_partitioned": True}})

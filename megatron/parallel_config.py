@@ -1,0 +1,89 @@
+"""What a 3D layout (tensor × pipeline × data parallel, ZeRO, sequence parallel) requires of the DeepSpeed config.
+
+Two rules GPT-NeoX leaves implicit:
+
+* ZeRO stages 2 and 3 partition gradients/parameters, which DeepSpeed's pipeline engine does not support:
+  ``pipe_parallel_size >= 1`` (including GPT-NeoX's single-stage pipe engine) needs ZeRO stage 0 or 1.
+* The pipeline engine by default sends only ``1/tp`` of every activation (and gradient) between stages and
+  all-gathers it on the other side, which is correct only when the activations are identical on every TP rank.
+  With ``sequence_parallel`` each TP rank holds a different slice of the sequence, so that partitioning must be
+  off (``pipeline.pipe_partitioned`` / ``pipeline.grad_partitioned``), or stages would receive a mix of slices.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ParallelConfig:
+    """The parallelism keys of a run (GPT-NeoX names)."""
+
+    model_parallel_size: int = 1
+    """Tensor-parallel degree."""
+    pipe_parallel_size: int = 0
+    """Pipeline stages; 0 = no pipeline engine, 1 = GPT-NeoX's single-stage pipe engine."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (only meaningful with model_parallel_size > 1)."""
+    zero_stage: int = 0
+    """``zero_optimization.stage``."""
+
+    def __post_init__(self) -> None:
+        for key in ("model_parallel_size", "pipe_parallel_size", "zero_stage"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+        if self.model_parallel_size < 1:
+            raise ValueError("model_parallel_size must be >= 1")
+        if self.zero_stage > 3:
+            raise ValueError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.pipeline and self.zero_stage >= 2:
+            raise ValueError(
+                f"zero_optimization.stage {self.zero_stage} cannot be combined with pipe_parallel_size "
+                f"{self.pipe_parallel_size}: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; use "
+                "stage 1, or pipe_parallel_size: 0 (no pipeline engine) for ZeRO-2/3"
+            )
+        if self.sequence_parallel and self.model_parallel_size == 1:
+            logger.warning("sequence_parallel has no effect with model_parallel_size 1")
+
+    @property
+    def pipeline(self) -> bool:
+        """True when the DeepSpeed pipeline engine runs (``pipe_parallel_size >= 1``)."""
+        return self.pipe_parallel_size >= 1
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> ParallelConfig:
+        """Read GPT-NeoX's flat attribute names (``zero_optimization`` is the DeepSpeed dict)."""
+        zero = getattr(args, "zero_optimization", None) or {}
+        stage = zero.get("stage", 0) if isinstance(zero, dict) else getattr(zero, "stage", 0)
+        return cls(
+            model_parallel_size=int(getattr(args, "model_parallel_size", None) or 1),
+            pipe_parallel_size=int(getattr(args, "pipe_parallel_size", None) or 0),
+            sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+            zero_stage=int(stage or 0),
+        )
+
+    def pipeline_section(self) -> dict[str, bool]:
+        """The DeepSpeed ``pipeline`` entries this layout needs."""
+        replicated = not (self.sequence_parallel and self.model_parallel_size > 1)
+        return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
+
+    def apply(self, ds_config: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``ds_config`` with the ``pipeline`` entries set; an explicit contradicting value is an error."""
+        out = copy.deepcopy(ds_config)
+        section = dict(out.get("pipeline") or {})
+        for key, value in self.pipeline_section().items():
+            if key in section and bool(section[key]) != value:
+                raise ValueError(
+                    f"deepspeed config pipeline.{key}: {section[key]} is wrong with sequence_parallel="
+                    f"{self.sequence_parallel} and model_parallel_size={self.model_parallel_size}; it must be "
+                    f"{value} (sequence-parallel activations differ across TP ranks)"
+                )
+            section[key] = value
+        out["pipeline"] = section
+        return out
