@@ -24,7 +24,7 @@ from megatron.model.config import GPTModelConfig
 
 MP_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
-ZERO3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
+ZERO3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt$")
 
 
 class CheckpointError(ValueError):
@@ -76,6 +76,7 @@ class CheckpointLayout:
     pp: int
     mp_files: list[Path]
     layer_files: dict[int, list[Path]] = field(default_factory=dict)
+    zero3_files: dict[int, list[Path]] = field(default_factory=dict)  # mp rank -> its ZeRO-3 model+optim shards
 
     @property
     def is_pipe(self) -> bool:
@@ -89,7 +90,8 @@ class CheckpointLayout:
 
     def describe(self) -> str:
         """``tp=2 pp=2 (pipe)`` style summary."""
-        return f"tp={self.tp} pp={self.pp} ({'pipe' if self.is_pipe else 'sequential'})"
+        kind = "pipe" if self.is_pipe else "sequential, ZeRO-3" if self.zero3_files else "sequential"
+        return f"tp={self.tp} pp={self.pp} ({kind})"
 
 
 def _numbered(files: list[Path], regex: re.Pattern[str], what: str, directory: Path) -> dict[int, Path]:
@@ -107,11 +109,9 @@ def detect_layout(directory: str | Path, pp_hint: int | None = None) -> Checkpoi
     """Inspect a ``global_stepN`` directory; raise :class:`CheckpointError` for missing or inconsistent shards."""
     directory = Path(directory)
     names = [p for p in directory.iterdir() if p.is_file()]
-    if any(ZERO3_RE.match(p.name) for p in names) and not any(MP_RE.match(p.name) for p in names):
-        raise CheckpointError(
-            f"{directory} is a ZeRO-3 checkpoint (weights partitioned in zero_pp_rank_* files); consolidate it first "
-            "with deepspeed.utils.zero_to_fp32 or save it with ZeRO stage 0-2"
-        )
+    zero_models = [p for p in names if (m := ZERO3_RE.match(p.name)) and m.group(3) == "model"]
+    if zero_models and not any(MP_RE.match(p.name) for p in names):
+        return _zero3_layout(directory, names)
     mp = _numbered([p for p in names if MP_RE.match(p.name)], MP_RE, "mp_rank", directory)
     mp_files = [mp[i] for i in sorted(mp)]
     layer_paths = [p for p in names if LAYER_RE.match(p.name)]
@@ -141,6 +141,27 @@ def detect_layout(directory: str | Path, pp_hint: int | None = None) -> Checkpoi
     else:
         pp = pp_hint or 1
     return CheckpointLayout(directory, tp=tp, pp=pp, mp_files=mp_files, layer_files=layer_files)
+
+
+def _zero3_layout(directory: Path, names: list[Path]) -> CheckpointLayout:
+    """ZeRO-3: weights live partitioned in ``zero_pp_rank_D_mp_rank_XX_{model,optim}_states.pt`` (sequential only)."""
+    by_mp: dict[int, list[Path]] = {}
+    dp_ranks: dict[int, set[int]] = {}
+    for p in names:
+        m = ZERO3_RE.match(p.name)
+        if m:
+            by_mp.setdefault(int(m.group(2)), []).append(p)
+            dp_ranks.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    tp = max(by_mp) + 1
+    for mp in range(tp):
+        if mp not in by_mp:
+            raise CheckpointError(f"{directory}: ZeRO-3 shards of mp_rank {mp:02d} are missing")
+        if dp_ranks[mp] != dp_ranks[0]:
+            raise CheckpointError(f"{directory}: mp_rank {mp:02d} has ZeRO-3 shards of DP ranks {sorted(dp_ranks[mp])}")
+    mp_files = [sorted(p for p in by_mp[mp] if p.name.endswith("_model_states.pt"))[0] for mp in range(tp)]
+    return CheckpointLayout(
+        directory, tp=tp, pp=0, mp_files=mp_files, zero3_files={k: sorted(v) for k, v in by_mp.items()}
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

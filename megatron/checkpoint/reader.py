@@ -6,7 +6,10 @@ final norm ``L + 3``, untied output layer ``L + 4``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +83,12 @@ def read_tp_shards(
     """Per TP rank: the rank's tensors under full keys, and per mp_rank file the buffer names (sequential only)."""
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.tp)]
     buffers: list[list[str]] = []
+    if layout.zero3_files:
+        for tp_rank in range(layout.tp):
+            if progress:
+                progress(f"ZeRO-3 mp_rank {tp_rank:02d}")
+            shards[tp_rank] = rename_legacy(zero3_state_dict(layout.zero3_files[tp_rank]))
+        return shards, buffers
     if layout.is_pipe:
         for idx, files in layout.layer_files.items():
             for tp_rank, path in enumerate(files):
@@ -110,6 +119,32 @@ def read_tp_shards(
                 key = f"sequential.{head}.{rest}"
             shards[tp_rank][key] = value
     return shards, buffers
+
+
+def zero3_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    """The fp32 weights of one model-parallel rank of a ZeRO-3 checkpoint, via DeepSpeed's ``zero_to_fp32``.
+
+    ``zero_to_fp32`` consolidates every shard in a directory, so this rank's files are linked into a scratch
+    directory under the ``mp_rank_00`` names it expects.
+    """
+    import tempfile
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="neox-zero3-") as tmp:
+        tag_dir = Path(tmp) / "tag"
+        tag_dir.mkdir()
+        for path in files:
+            name = re.sub(r"_mp_rank_\d+_", "_mp_rank_00_", path.name)
+            (tag_dir / name).symlink_to(path.resolve())
+        chatter = io.StringIO()  # zero_to_fp32 prints its progress
+        try:
+            with contextlib.redirect_stdout(chatter):
+                sd = get_fp32_state_dict_from_zero_checkpoint(tmp, tag="tag")
+        except Exception as e:  # DeepSpeed raises assorted errors for incomplete shard sets
+            raise CheckpointError(f"cannot consolidate ZeRO-3 shards {[p.name for p in files]}: {e}") from None
+        logger.debug("zero_to_fp32: %s", chatter.getvalue())
+    return {k.removeprefix("module."): v for k, v in sd.items() if torch.is_tensor(v)}
 
 
 def merge_shards(

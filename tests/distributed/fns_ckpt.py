@@ -9,7 +9,10 @@ import torch
 
 
 def logits_at_layout(config: dict[str, Any], text: torch.Tensor) -> torch.Tensor | None:
-    """Load ``config['load']`` through the training code (``finetune``: weights only) and run ``text[:, :-1]``.
+    """Load ``config['load']`` through the training code and run ``text[:, :-1]``.
+
+    Weights only (``finetune``) unless the config says ``finetune: false`` (a ZeRO-3 load with TP > 1 needs the
+    full load: DeepSpeed's weights-only ZeRO-3 path consolidates the shards of every TP rank together).
 
     Returns the full-vocabulary fp32 logits ``[b, s, V]`` on the rank that holds them (TP rank 0 of the last pipe
     stage), None elsewhere.
@@ -25,7 +28,7 @@ def logits_at_layout(config: dict[str, Any], text: torch.Tensor) -> torch.Tensor
     from megatron.training.step import BatchConfig, get_batch
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    args = NeoXArgs.from_dict({**config, "finetune": True})
+    args = NeoXArgs.from_dict({"finetune": True, **config})
     initialize_megatron(args)
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     args.update_value(

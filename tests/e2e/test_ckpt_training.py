@@ -160,3 +160,27 @@ def test_reshard_2x2_to_1x1_to_2x1_continues_with_the_same_losses(data: dict[str
     assert abs(weights_only["train_losses"][1] - full["train_losses"][3]) > 100 * abs(
         resumed["train_losses"][1] - full["train_losses"][3]
     )
+
+
+def test_zero3_tp2_dp2_checkpoint_converts(data: dict[str, str], tmp_path: Path) -> None:
+    text = torch.randint(0, 500, (2, 17), generator=torch.Generator().manual_seed(1))
+    config = tiny_config(
+        data, world=4, model_parallel_size=2, pipe_parallel_size=0, train_iters=2, checkpoint_factor=2, eval_iters=1,
+        zero_optimization={"stage": 3}, save=str(tmp_path / "z3"), **NEOX_STYLE,
+    )  # fmt: skip
+    results = run_distributed(train_then_logits, 4, [({**config, "finetune": False}, text)], timeout=600)
+    ours = [r[0]["logits"] for r in results if r[0]["logits"] is not None]
+    assert len(ours) == 1
+    assert not list((tmp_path / "z3" / "global_step2").glob("mp_rank_*"))  # weights only in ZeRO-3 shards
+    ckpt = read_checkpoint(tmp_path / "z3")
+    assert ckpt.layout.zero3_files and ckpt.layout.tp == 2 and ckpt.iteration == 2
+    model = build_sequential_model(ckpt.cfg).eval()
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    with torch.no_grad():
+        assert (model(text[:, :-1]) - ours[0]).abs().max().item() <= TOL
+    reshard = _tool("reshard_checkpoint")
+    argv = ["--input_dir", str(tmp_path / "z3"), "--output_dir", str(tmp_path / "flat"), "--tp", "1", "--pp", "0"]
+    assert cli.run(lambda: reshard.main(argv)) == 0
+    flat = read_checkpoint(tmp_path / "flat")
+    assert flat.client_state["weights_only"] and flat.layout.describe() == "tp=1 pp=0 (sequential)"
+    assert all(torch.equal(flat.state_dict[k], v) for k, v in ckpt.state_dict.items())
