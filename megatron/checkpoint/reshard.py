@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +98,11 @@ def reshard_checkpoint(
         if tp_rank < len(ckpt.layout.mp_files):
             engine = load_torch(ckpt.layout.mp_files[tp_rank], weights_only=False)
             per_tp_rng.append({k: engine[k] for k in RNG_KEYS if k in engine})
+    configs = dict(ckpt.config_files)
+    if "resolved_config.json" in configs:  # keep the saved config truthful about the new layout
+        resolved = json.loads(configs["resolved_config.json"])
+        resolved.update(model_parallel_size=target.tp, pipe_parallel_size=target.pp, padded_vocab_size=rows)
+        configs["resolved_config.json"] = json.dumps(resolved, indent=2, sort_keys=True)
     directory = write_checkpoint(
         state,
         cfg,
@@ -106,7 +112,7 @@ def reshard_checkpoint(
         client_state=client,
         rank_client_state=(lambda t: per_tp_rng[t % len(per_tp_rng)]) if per_tp_rng else None,
         optimizer_state=optimizer_fn,
-        config_files=ckpt.config_files,
+        config_files=configs,
         overwrite=overwrite,
         progress=progress,
     )
