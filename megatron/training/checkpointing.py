@@ -202,6 +202,7 @@ def save_checkpoint(
     consumed_valid_samples: int = 0,
     config_files: dict[str, str] | None = None,
     resolved_config: dict[str, Any] | None = None,
+    extra_state: dict[str, Any] | None = None,
 ) -> Path:
     """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call)."""
     if not cfg.save:
@@ -215,6 +216,7 @@ def save_checkpoint(
     }
     if not cfg.no_save_rng:
         client_state.update(rng_state())
+    client_state.update(extra_state or {})
     engine.save_checkpoint(cfg.save, tag=tag, client_state=client_state)
     directory = Path(cfg.save) / tag
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -247,6 +249,7 @@ class LoadResult:
     path: str | None
     consumed_train_samples: int | None = None
     consumed_valid_samples: int | None = None
+    client_state: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_tag(cfg: CheckpointConfig) -> str | None:
@@ -300,9 +303,11 @@ def load_checkpoint(engine: Any, cfg: CheckpointConfig, *, checkpoint_args: dict
     check_checkpoint_args(client.get("args", {}), checkpoint_args, path)
     if cfg.finetune:
         logger.info("finetune: loaded weights from %s, starting at iteration 0", path)
-        return LoadResult(0, path, 0, 0)
+        return LoadResult(0, path, 0, 0, client)
     iteration = int(client.get("iteration", client.get("total_iters", 0)))
     if not cfg.no_load_rng:
         set_rng_state(client, path)
     logger.info("loaded checkpoint %s at iteration %d", path, iteration)
-    return LoadResult(iteration, path, client.get("consumed_train_samples"), client.get("consumed_valid_samples"))
+    return LoadResult(
+        iteration, path, client.get("consumed_train_samples"), client.get("consumed_valid_samples"), client
+    )

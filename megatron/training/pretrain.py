@@ -123,6 +123,8 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
     result = ckpt.load_checkpoint(engine, load_cfg, checkpoint_args=checkpoint_args(args))
+    if result.path and getattr(args, "checkpoint_validation_with_forward_pass", False):
+        check_validation_logits(engine, args, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
 
 
@@ -162,6 +164,39 @@ def _train_iters_from_epochs(args: Any) -> None:
         raise ValueError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
     args.update_value("train_iters", iters)
     logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
+
+
+VALIDATION_KEY = "checkpoint_validation_logits"
+
+
+@torch.no_grad()
+def validation_logits(engine: Any, args: Any) -> torch.Tensor | None:
+    """Logits of a fixed sequence (``checkpoint_validation_with_forward_pass``); None for pipeline models."""
+    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
+        logger.warning("checkpoint_validation_with_forward_pass is not supported with pipe_parallel_size >= 1")
+        return None
+    seq = int(args.seq_length)
+    tokens = (torch.arange(seq, device=engine.device) % int(args.padded_vocab_size)).unsqueeze(0)  # [1, s]
+    was_training = engine.module.training
+    engine.module.eval()
+    logits = engine(tokens).float().cpu()
+    engine.module.train(was_training)
+    return logits
+
+
+def check_validation_logits(engine: Any, args: Any, client_state: dict[str, Any], path: str) -> None:
+    """Compare the stored forward pass with one of the loaded model (dtype-aware tolerance)."""
+    stored = client_state.get(VALIDATION_KEY)
+    if stored is None:
+        logger.warning("checkpoint %s has no %s to validate against", path, VALIDATION_KEY)
+        return
+    current = validation_logits(engine, args)
+    if current is None:
+        return
+    tol = 1e-5 if args.params_dtype == torch.float32 else 2e-2
+    if current.shape != stored.shape or not torch.allclose(current, stored.float(), atol=tol, rtol=tol):
+        raise ValueError(f"checkpoint {path}: the loaded model does not reproduce the logits stored at save time")
+    logger.info("checkpoint %s validated with a forward pass", path)
 
 
 def _loss_fn() -> Any:
@@ -232,6 +267,9 @@ def pretrain(args: Any) -> PretrainResult:
         config_files = getattr(args, "config_files", None) or {}
 
         def save(it: int) -> None:
+            extra = {}
+            if getattr(args, "checkpoint_validation_with_forward_pass", False):
+                extra[VALIDATION_KEY] = validation_logits(engine, args)
             ckpt.save_checkpoint(
                 engine,
                 it,
@@ -241,6 +279,7 @@ def pretrain(args: Any) -> PretrainResult:
                 consumed_valid_samples=trainer.consumed_valid,
                 config_files=config_files,
                 resolved_config=resolved,
+                extra_state=extra,
             )
             result.saved.append(it)
 

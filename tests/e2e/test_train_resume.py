@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, tiny_config
-from tests.harness import run_distributed
+from tests.harness import DistributedTestError, run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -26,6 +26,7 @@ def test_resume_equals_uninterrupted_run(data: dict[str, str], tmp_path: Path) -
         "train_iters": 8,
         "checkpoint_factor": 4,
         "keep_last_n_checkpoints": 5,
+        "checkpoint_validation_with_forward_pass": True,  # logits stored at save, compared after load
     }
     full = run_distributed(run_pretrain, 2, tiny_config(data, world=2, save=str(tmp_path / "a"), **common), timeout=300)
     assert full[0]["saved"] == [4, 8] and full[0]["dp"] == 2
@@ -40,6 +41,7 @@ def test_resume_equals_uninterrupted_run(data: dict[str, str], tmp_path: Path) -
     state = torch.load(step4 / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
     assert state["iteration"] == 4 and state["args"]["hidden_size"] == 64
     assert state["lr_scheduler"]["num_iters"] == 4 and "torch_rng_state" in state
+    assert state["checkpoint_validation_logits"].shape == (1, 32, 512)
     assert any(k.startswith("sequential.") for k in state["module"])
     manifest = json.loads((step4 / "manifest.json").read_text())
     assert manifest["iteration"] == 4 and "mp_rank_00_model_states.pt" in manifest["files"]
@@ -71,3 +73,14 @@ def test_finetune_and_fresh_start(data: dict[str, str], tmp_path: Path) -> None:
         run_pretrain, 1, tiny_config(data, train_iters=2, load=str(tmp_path / "empty")), timeout=300
     )[0]
     assert fresh["start_iteration"] == 0 and fresh["train_losses"][0] == first["train_losses"][0]
+
+
+def test_checkpoint_validation_detects_a_changed_checkpoint(data: dict[str, str], tmp_path: Path) -> None:
+    flag = {"checkpoint_validation_with_forward_pass": True, "train_iters": 2, "checkpoint_factor": 2}
+    run_distributed(run_pretrain, 1, tiny_config(data, save=str(tmp_path / "a"), **flag), timeout=300)
+    path = tmp_path / "a" / "global_step2" / "mp_rank_00_model_states.pt"
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["checkpoint_validation_logits"] += 1.0  # as if the weights no longer matched what was saved
+    torch.save(state, path)
+    with pytest.raises(DistributedTestError, match="does not reproduce the logits"):
+        run_distributed(run_pretrain, 1, tiny_config(data, load=str(tmp_path / "a"), **flag), timeout=300)
