@@ -146,6 +146,15 @@ def iterate_forever(loader: Any) -> Iterator[Any]:
             raise ValueError("the data loader is empty: the dataset has fewer samples than one global batch")
 
 
+IGNORED_KEYS = ("log_grad_pct_zeros", "log_optimizer_states", "log_gradient_noise_scale")
+
+
+def _warn_ignored(args: Any) -> None:
+    for key in IGNORED_KEYS:
+        if getattr(args, key, False):
+            logger.warning("%s is not implemented by neox-forge's training loop; ignored", key)
+
+
 def _train_iters_from_epochs(args: Any) -> None:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
     from megatron import mpu
@@ -212,6 +221,7 @@ def pretrain(args: Any) -> PretrainResult:
     from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
     timers = Timers()
+    _warn_ignored(args)
     initialize_megatron(args)
     rank = dist.get_rank() if dist.is_initialized() else 0
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
