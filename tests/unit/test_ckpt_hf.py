@@ -62,10 +62,11 @@ CASES = {
 
 
 def _tokenizer(path: Path) -> transformers.PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<|endoftext|>", "<|padding|>"])
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
     fast = transformers.PreTrainedTokenizerFast(
@@ -225,3 +226,38 @@ def test_tokenizer_export_from_gpt2_bpe_files_and_hf_tokenizer(tmp_path: Path) -
     assert _run(TO_HF, ["--input_dir", str(tmp_path / "bpe"), "--output_dir", str(tmp_path / "no-tok"),
                         "--no_save_tokenizer"]) == 0  # fmt: skip
     assert not (tmp_path / "no-tok" / "tokenizer.json").exists()
+
+
+def test_generate_runs_on_a_converted_hf_model(tmp_path: Path) -> None:
+    """HF folder → NeoX (tp=1, pp=0) → our generate path: greedy continuations equal HF's ``generate``."""
+    from megatron.generation.text_generation import run_generation
+
+    hf = _hf_model(CASES["llama-gqa"][1], tmp_path / "hf")
+    tokenizer = _tokenizer(tmp_path / "hf")
+    neox = tmp_path / "neox"
+    assert (
+        _run(TO_NEOX, ["--input_dir", str(tmp_path / "hf"), "--output_dir", str(neox), "--tp", "1", "--pp", "0"]) == 0
+    )
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the quick brown\nover the lazy\n")
+    setup = tmp_path / "gen.yml"
+    setup.write_text(
+        f"load: {neox}\nseq_length: 64\ntrain_micro_batch_size_per_gpu: 1\ntrain_iters: 1\n"
+        f"text_gen_type: input-file\nsample_input_file: {prompts}\nsample_output_file: {tmp_path / 'out.jsonl'}\n"
+        "temperature: 0.0\nmaximum_tokens: 6\n"
+    )
+    args = NeoXArgs.from_ymls([str(neox / "neox_config.yml"), str(neox / "tokenizer.yml"), str(setup)])
+    records = run_generation(args)
+    assert len(records) == 2 and sum(r["length"] for r in records) > 0
+    for record in records:  # HF greedy, with the padding rows beyond the tokenizer masked like generate.py does
+        ids = tokenizer(record["context"])["input_ids"]
+        new: list[int] = []
+        with torch.no_grad():
+            for _ in range(6):
+                logits = hf(torch.tensor([ids + new])).logits[0, -1]
+                logits[len(tokenizer) :] = float("-inf")
+                token = int(logits.argmax())
+                if token == tokenizer.eos_token_id:
+                    break
+                new.append(token)
+        assert record["length"] == len(new) and record["text"] == tokenizer.decode(new), record
