@@ -49,6 +49,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "model": {"gpt_j_residual": True},
     },
+    # sequence parallelism (norm/dropout regions split on the sequence across the TP group)
+    "tied-z1-sp": {"tied": True, "zero": 1, "model": {"sequence_parallel": True, "gpt_j_residual": True}},
+    # bf16 parameters and DeepSpeed bf16 (compared with a looser tolerance)
+    "untied-bf16-z1": {"tied": False, "zero": 1, "bf16": True},
     # GPT-NeoX's pipe_parallel_size: 1 (single-stage pipe engine) where the layout has one stage
     "tied-z1-pipe1": {"tied": True, "zero": 1, "pipe1": True},
 }
@@ -73,11 +77,13 @@ def model_config(variant: dict[str, Any]) -> Any:
         "checkpoint_num_layers": int(variant.get("ckpt") or 1),
         "seed": SEED,
     }
+    if variant.get("bf16"):
+        kwargs["params_dtype"] = torch.bfloat16
     kwargs.update(variant.get("model", {}))
     return GPTModelConfig(**kwargs)
 
 
-def ds_config(micro_batch: int, zero: int) -> dict[str, Any]:
+def ds_config(micro_batch: int, zero: int, bf16: bool = False) -> dict[str, Any]:
     """The DeepSpeed config of a run (fp32, clipping, AdamW).
 
     Adam's ``eps`` is 1e-6: some gradients are analytically zero (e.g. the key bias without rotary: softmax is
@@ -95,6 +101,7 @@ def ds_config(micro_batch: int, zero: int) -> dict[str, Any]:
         "gradient_clipping": 1.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        "bf16": {"enabled": bf16},
     }
 
 
@@ -144,6 +151,7 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
         ActivationCheckpointConfig,
         configure_activation_checkpointing,
     )
+    from megatron.parallel_config import ParallelConfig
 
     pipe_size = mpu.get_pipe_parallel_world_size() if pipe else 0
     cfg = model_config(variant)
@@ -163,10 +171,19 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
 
         gm.non_reentrant_checkpoint = deepspeed.checkpointing.checkpoint
     model = build_pipeline_model(cfg) if pipe else build_sequential_model(cfg)
+    if cfg.sequence_parallel:
+        # TEMPORARY (until the model builders do it): norm weights see only this rank's tokens under SP.
+        mpu.mark_norms_for_sequence_parallel_grad_sync(model)
+    layout = ParallelConfig(
+        model_parallel_size=mpu.get_model_parallel_world_size(),
+        pipe_parallel_size=pipe_size,
+        sequence_parallel=cfg.sequence_parallel,
+        zero_stage=zero,
+    )
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=ds_config(micro_batch, zero),
+        config=layout.apply(ds_config(micro_batch, zero, bool(variant.get("bf16")))),
         mpu=None if pipe else mpu,
         dist_init_required=False,
     )

@@ -1,10 +1,11 @@
 """Parity matrix: every (tp, pp, dp) layout trains the tiny GPT exactly like one process.
 
-For each layout, one ``run_distributed`` call trains all variants of ``fns_parallel.VARIANTS`` (tied/untied
-embeddings, ZeRO-1/ZeRO-3 — ZeRO-1 under a pipeline, where DeepSpeed refuses 2/3 —, with and without activation
-checkpointing incl. partitioned/contiguous/CPU checkpoints, and the single-stage pipe engine) for 5 steps on
-fixed data, and gathers the full weights in GPT-NeoX names. They must equal the (1,1,1) run: initial weights bit
-for bit (layout-invariant initialisation), the 5 losses, the eval loss and the final weights to <= 1e-5.
+For each layout, one ``run_distributed`` call trains all variants of ``fns_parallel.VARIANTS`` for 5 steps on
+fixed data and gathers the full weights in GPT-NeoX names. They must equal the (1,1,1) run: initial weights bit
+for bit (layout-invariant initialisation), the 5 losses, the eval loss and the final weights to <= 1e-5 in fp32
+(bf16: within bf16 rounding). Variants: tied/untied embeddings, ZeRO-1/ZeRO-3 (ZeRO-1 under a pipeline, where
+DeepSpeed refuses 2/3), activation checkpointing (every layer; 2 layers per chunk with partitioned, contiguous,
+CPU and synchronised checkpoints), sequence parallelism, bf16, and the single-stage pipe engine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tests.harness import run_distributed
 pytestmark = pytest.mark.distributed
 
 TOL = 1e-5
+# bf16: one bf16 ulp at 1.0 is 7.8e-3, and summation order differs between layouts.
+BF16_LOSS_TOL, BF16_WEIGHT_TOL = 1e-2, 2e-2
 LAYOUTS = [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 4, 1), (4, 1, 1)]
 PARTITION_METHODS = ["type:transformer|mlp", "uniform", "parameters"]
 
@@ -50,6 +53,7 @@ def reference() -> dict:
 
 def _check_variant(name: str, got: dict, ref: dict, layout: tuple[int, int, int]) -> list[str]:
     problems = []
+    loss_tol, weight_tol = (BF16_LOSS_TOL, BF16_WEIGHT_TOL) if fp.VARIANTS[name].get("bf16") else (TOL, TOL)
     pp = layout[1]
     pipe = pp > 1 or fp.VARIANTS[name].get("pipe1")
     want_zero = 1 if pipe and fp.VARIANTS[name]["zero"] >= 2 else fp.VARIANTS[name]["zero"]
@@ -61,12 +65,12 @@ def _check_variant(name: str, got: dict, ref: dict, layout: tuple[int, int, int]
     if init_diff != 0.0:
         problems.append(f"{name}: initial weights differ by {init_diff} (layout-invariant init broken)")
     loss_diff = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"], strict=True))
-    if loss_diff > TOL:
+    if loss_diff > loss_tol:
         problems.append(f"{name}: losses {got['losses']} vs {ref['losses']} (max diff {loss_diff:.2e})")
-    if abs(got["eval"] - ref["eval"]) > TOL:
+    if abs(got["eval"] - ref["eval"]) > loss_tol:
         problems.append(f"{name}: eval loss {got['eval']} vs {ref['eval']}")
     final_diff = fp.max_abs_diff(got["final"], ref["final"])
-    if final_diff > TOL:
+    if final_diff > weight_tol:
         worst = max(ref["final"], key=lambda k: float(np.max(np.abs(got["final"][k] - ref["final"][k]))))
         problems.append(f"{name}: final weights differ by {final_diff:.2e} (worst: {worst})")
     return problems
