@@ -214,16 +214,30 @@ def _loss_fn() -> Any:
     return cross_entropy
 
 
-def pretrain(args: Any) -> PretrainResult:
-    """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+def build_data_iterators(
+    args: Any, consumed_train: int, consumed_valid: int
+) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
+    """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
     from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+
+    data_cfg = DataConfig.from_neox_args(args)
+    data_cfg.validate()
+    loaders = build_train_valid_test_data_loaders(
+        data_cfg,
+        dp_rank=mpu.get_data_parallel_rank(),
+        dp_size=mpu.get_data_parallel_world_size(),
+        consumed_train_samples=consumed_train,
+        consumed_valid_samples=consumed_valid,
+    )
+    train, valid, test = (iterate_forever(loader) if loader is not None else None for loader in loaders)
+    return train, valid, test
+
+
+def _setup_tokenizer(args: Any) -> Any:
+    """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``)."""
     from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
-    timers = Timers()
-    _warn_ignored(args)
-    initialize_megatron(args)
-    rank = dist.get_rank() if dist.is_initialized() else 0
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     padded = padded_vocab_size(
         tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
@@ -231,6 +245,16 @@ def pretrain(args: Any) -> PretrainResult:
     args.update_value("padded_vocab_size", padded)
     if getattr(args, "train_iters", None) is None and getattr(args, "train_epochs", None):
         _train_iters_from_epochs(args)
+    return tokenizer
+
+
+def pretrain(args: Any) -> PretrainResult:
+    """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+    timers = Timers()
+    _warn_ignored(args)
+    initialize_megatron(args)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tokenizer = _setup_tokenizer(args)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)
@@ -241,40 +265,23 @@ def pretrain(args: Any) -> PretrainResult:
     )
     try:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, save_cfg)
-        start_iteration = iteration
         tbs = int(args.train_batch_size)
-        consumed_train = iteration * tbs
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
-        data_cfg = DataConfig.from_neox_args(args)
-        data_cfg.validate()
-        train_loader, valid_loader, test_loader = build_train_valid_test_data_loaders(
-            data_cfg,
-            dp_rank=mpu.get_data_parallel_rank(),
-            dp_size=mpu.get_data_parallel_world_size(),
-            consumed_train_samples=consumed_train,
-            consumed_valid_samples=consumed_valid,
-        )
-        train_iter = iterate_forever(train_loader) if train_loader is not None else None
-        valid_iter = iterate_forever(valid_loader) if valid_loader is not None else None
-        test_iter = iterate_forever(test_loader) if test_loader is not None else None
+        train_iter, valid_iter, test_iter = build_data_iterators(args, iteration * tbs, consumed_valid)
 
         batch_cfg = BatchConfig.from_neox_args(args, tokenizer.eod)
-        gas = int(args.gradient_accumulation_steps or 1)
-        is_pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
-        step = (
-            PipeStep(engine, batch_cfg, timers)
-            if is_pipe
-            else SequentialStep(engine, _loss_fn(), batch_cfg, gas, timers)
-        )
-
+        if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
+            step: PipeStep | SequentialStep = PipeStep(engine, batch_cfg, timers)
+        else:
+            gas = int(args.gradient_accumulation_steps or 1)
+            step = SequentialStep(engine, _loss_fn(), batch_cfg, gas, timers)
         result = PretrainResult(
             iteration=iteration,
-            start_iteration=start_iteration,
+            start_iteration=iteration,
             optimizer_class=type(engine.optimizer).__name__,
             zero_stage=int(engine.zero_optimization_stage()),
             params_dtype=str(next(engine.module.parameters()).dtype).removeprefix("torch."),
         )
-        config_files = getattr(args, "config_files", None) or {}
 
         def save(it: int) -> None:
             extra = {}
@@ -287,19 +294,18 @@ def pretrain(args: Any) -> PretrainResult:
                 checkpoint_args=checkpoint_args(args),
                 consumed_train_samples=it * tbs,
                 consumed_valid_samples=trainer.consumed_valid,
-                config_files=config_files,
+                config_files=getattr(args, "config_files", None) or {},
                 resolved_config=resolved,
                 extra_state=extra,
             )
             result.saved.append(it)
 
-        flops_cfg = FlopsConfig.from_neox_args(args)
         trainer = Trainer(
             engine=engine,
             step=step,
             loop_cfg=loop_cfg,
             log_cfg=log_cfg,
-            flops_cfg=flops_cfg,
+            flops_cfg=FlopsConfig.from_neox_args(args),
             metrics=metrics,
             timers=timers,
             save_fn=save if save_cfg.save else None,
@@ -310,8 +316,7 @@ def pretrain(args: Any) -> PretrainResult:
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
-        result.iteration = state.iteration
-        result.train_losses = state.history
+        result.iteration, result.train_losses = state.iteration, state.history
         result.skipped_iters = int(engine.skipped_steps)
         if state.exited_early:
             return result
