@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
-    from megatron.checkpoint.inspect import describe_checkpoint, diff_checkpoints
+    from megatron.checkpoint.inspection import describe_checkpoint, diff_checkpoints
 
     if args.diff is None:
         print("\n".join(describe_checkpoint(args.dir, args.attributes)))
