@@ -261,3 +261,19 @@ def test_generate_runs_on_a_converted_hf_model(tmp_path: Path) -> None:
                     break
                 new.append(token)
         assert record["length"] == len(new) and record["text"] == tokenizer.decode(new), record
+
+
+def test_vocab_not_divisible_by_tp_is_padded(tmp_path: Path) -> None:
+    config = transformers.GPTNeoXConfig(**{**COMMON, "vocab_size": 127}, intermediate_size=128)
+    original = _hf_model(config, tmp_path / "hf")
+    neox, back = tmp_path / "neox", tmp_path / "back"
+    assert (
+        _run(TO_NEOX, ["--input_dir", str(tmp_path / "hf"), "--output_dir", str(neox), "--tp", "2", "--pp", "0"]) == 0
+    )
+    assert "make_vocab_size_divisible_by: 64" in (neox / "neox_config.yml").read_text()
+    assert _run(TO_HF, ["--input_dir", str(neox), "--output_dir", str(back)]) == 0
+    padded = transformers.AutoModelForCausalLM.from_pretrained(str(back), dtype=torch.float32).eval()
+    assert padded.config.vocab_size == 128
+    ids = torch.randint(0, 127, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.allclose(padded(ids).logits[..., :127], original(ids).logits, atol=1e-6)

@@ -36,11 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from megatron.checkpoint import TargetLayout, write_checkpoint
     from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files, tokenizer_yaml
+    from megatron.checkpoint.rules import resize_vocab
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
     if os.path.exists(args.output_dir) and not args.overwrite:
         raise ValueError(f"--output_dir {args.output_dir} already exists (pass --overwrite to replace it)")
     sd, cfg, arch, _ = import_hf(args.input_dir, args.precision)
+    if cfg.padded_vocab_size % target.tp:  # pad the vocabulary rows (zeros) so that every TP rank gets a slice
+        rows = -(-cfg.padded_vocab_size // target.tp) * target.tp
+        print(f"vocab_size {cfg.padded_vocab_size} is not divisible by tp={target.tp}: padding to {rows} rows")
+        sd = {k: resize_vocab(k, v, rows) for k, v in sd.items()}
+        cfg = cfg.replace(padded_vocab_size=rows)
     extra = tokenizer_files(args.input_dir)
     tokenizer = os.path.abspath(os.path.join(args.output_dir, "tokenizer", "tokenizer.json")) if extra else None
     extra["neox_config.yml"] = neox_config_yaml(cfg, target.tp, target.pp)
