@@ -86,7 +86,9 @@ def sample_next(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gene
         logits = logits / cfg.temperature
     logits = filter_logits(logits, cfg.top_k, cfg.top_p)
     probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if generator is not None and generator.device != probs.device:
+        probs = probs.cpu()  # a seeded CPU generator draws on the CPU, whatever device the model runs on
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
 
 def kv_cache_forward(model: torch.nn.Module) -> ForwardFn:

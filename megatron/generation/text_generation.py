@@ -76,9 +76,16 @@ def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:
         raise ValueError(f"checkpoint {load}/{tag} does not fit the config: missing {missing}, unexpected {unexpected}")
-    model.eval()
+    model.eval().to(inference_device())
     logger.info("loaded %s/%s for generation", load, tag)
     return model, tokenizer
+
+
+def inference_device() -> torch.device:
+    """CUDA when a GPU is used, else the CPU."""
+    from megatron.distributed import on_cpu
+
+    return torch.device("cpu") if on_cpu() else torch.device("cuda", torch.cuda.current_device())
 
 
 def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
@@ -96,6 +103,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     mode = args.text_gen_type or ("input-file" if args.sample_input_file else "unconditional")
     seed = int(args.seed)
     forward = kv_cache_forward(model)
+    device = inference_device()
     if mode == "unconditional":
         prompts = [""] * int(args.num_samples or 1)
     elif mode == "input-file":
@@ -105,13 +113,13 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     elif mode == "interactive":
         records = []
         for line in sys.stdin:
-            record = generate_samples(forward, tokenizer, [line.rstrip("\n")], cfg, seed=seed)[0]
+            record = generate_samples(forward, tokenizer, [line.rstrip("\n")], cfg, seed=seed, device=device)[0]
             print(record["context"] + record["text"], flush=True)
             records.append(record)
         return records
     else:
         raise ValueError(f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive)")
-    records = generate_samples(forward, tokenizer, prompts, cfg, seed=seed)
+    records = generate_samples(forward, tokenizer, prompts, cfg, seed=seed, device=device)
     out = args.sample_output_file or "samples.txt"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

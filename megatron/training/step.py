@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 
 from megatron.logging.timers import Timers
 
@@ -48,7 +49,9 @@ def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
     if mpu.get_model_parallel_world_size() > 1:
         # Other TP ranks learn the keys from TP rank 0's batch.
         keys = ["text"] if data is None else keys
-    data_b = mpu.broadcast_data(keys, data, torch.int64)
+    # broadcast_data leaves tp=1 batches where the loader put them (CPU): move them to the rank's device.
+    device = get_accelerator().current_device_name()
+    data_b = {k: v.to(device, non_blocking=True) for k, v in mpu.broadcast_data(keys, data, torch.int64).items()}
     text = data_b["text"]
     tokens = text[:, :-1].contiguous()  # [b, s]
     labels = text[:, 1:].contiguous()  # [b, s]
