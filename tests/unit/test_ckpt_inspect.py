@@ -71,3 +71,18 @@ def test_gpt_neox_config_files_give_the_hf_config() -> None:
     llama = model_config(load_neox_args([REPO / "configs/llama2/7B.yml"]), padded_vocab_size=32000)
     hf = neox_to_hf_config(llama, "llama")
     assert (hf.intermediate_size, hf.hidden_act, hf.num_key_value_heads) == (11008, "silu", 32)
+
+
+def test_tools_run_as_scripts(tmp_path: Path) -> None:
+    from tests.harness import PYTHON, run_command
+
+    cfg = GPTModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, padded_vocab_size=64, pos_emb="rotary")
+    full = build_sequential_model(cfg).state_dict()
+    write_checkpoint(full, cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=3)
+    listed = run_command([PYTHON, "tools/ckpts/inspect_checkpoints.py", str(tmp_path / "ck")], timeout=300)
+    assert "layout tp=2 pp=0 (sequential)" in listed.stdout and "iteration 3" in listed.stdout
+    bad = run_command(
+        [PYTHON, "tools/ckpts/reshard_checkpoint.py", "--input_dir", str(tmp_path / "none"), "--output_dir",
+         str(tmp_path / "out"), "--tp", "1", "--pp", "0"], timeout=300, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "does not exist" in bad.stderr and not (tmp_path / "out").exists()
