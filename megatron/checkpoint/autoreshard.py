@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.checkpoint.layout import CheckpointError, detect_layout
-from megatron.checkpoint.reader import load_torch
+from megatron.checkpoint.reader import engine_state, is_neox_forge, load_torch
 from megatron.checkpoint.reshard import WEIGHTS_ONLY_KEY, reshard_checkpoint
 from megatron.checkpoint.writer import MANIFEST, TargetLayout
 
@@ -31,12 +31,6 @@ class LoadPlan:
     tag: str
     resharded: bool = False
     weights_only: bool = False
-
-
-def checkpoint_layout(directory: Path) -> tuple[int, int]:
-    """``(tp, pp)`` of a checkpoint directory (``pp == 0`` for sequential ``module`` files)."""
-    layout = detect_layout(directory)
-    return layout.tp, layout.pp if layout.is_pipe else 0
 
 
 def _weights_only(directory: Path) -> bool:
@@ -61,19 +55,31 @@ def plan_load(
     Every rank must call this (it contains a barrier when resharding).
     """
     directory = Path(root) / tag
-    src = checkpoint_layout(directory)
-    if src == (tp, pp):
+    layout = detect_layout(directory)
+    src = (layout.tp, layout.pp if layout.is_pipe else 0)
+    # A GPT-NeoX-written parallel-residual checkpoint stores row-parallel biases per TP rank (effective = sum).
+    gpt_neox_biases = (
+        layout.tp > 1
+        and bool(getattr(args, "gpt_j_residual", False))
+        and not is_neox_forge(layout, engine_state(layout))
+    )
+    if src == (tp, pp) and not gpt_neox_biases:
         return LoadPlan(str(root), tag)
     out_root = Path(root) / RESHARD_DIR / f"{tag}-tp{tp}-pp{pp}"
-    logger.warning(
-        "checkpoint %s was saved with tp=%d pp=%d but this run uses tp=%d pp=%d: resharding it into %s",
-        directory,
-        src[0],
-        src[1],
-        tp,
-        pp,
-        out_root,
-    )
+    if src == (tp, pp):
+        logger.warning(
+            "checkpoint %s was written by GPT-NeoX: converting its row-parallel biases into %s", directory, out_root
+        )
+    else:
+        logger.warning(
+            "checkpoint %s was saved with tp=%d pp=%d but this run uses tp=%d pp=%d: resharding it into %s",
+            directory,
+            src[0],
+            src[1],
+            tp,
+            pp,
+            out_root,
+        )
     error: Exception | None = None
     if is_writer and not (out_root / tag / MANIFEST).is_file():
         try:

@@ -209,3 +209,25 @@ def test_reads_a_gpt_neox_written_pipe_checkpoint(tmp_path: Path) -> None:
     assert set(back.state_dict) == set(full) and back.iteration == 9
     for key, value in full.items():
         assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
+
+
+def test_plan_load_converts_gpt_neox_row_biases(tmp_path: Path) -> None:
+    from megatron.checkpoint.autoreshard import plan_load
+
+    cfg = CONFIGS["neox"]
+    full = random_state(cfg, seed=6)
+    row = ("attention.dense.bias", "mlp.linear2.bias")
+    stored = {k: (v / 2 if k.endswith(row) else v) for k, v in full.items()}
+    directory = write_checkpoint(stored, cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=1)
+    (directory / "manifest.json").unlink()
+    for path in directory.glob("mp_rank_*"):
+        state = torch.load(path, weights_only=False)
+        del state[FORMAT_KEY]
+        torch.save(state, path)
+    plan = plan_load(tmp_path / "ck", "global_step1", tp=2, pp=0, args=args_of(cfg), padded_vocab_size=64,
+                     is_writer=True, barrier=lambda: None)  # fmt: skip
+    assert plan.resharded
+    back = read_checkpoint(Path(plan.root), args=args_of(cfg))
+    assert back.layout.tp == 2
+    for key, value in full.items():
+        assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
