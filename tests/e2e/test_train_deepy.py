@@ -101,3 +101,17 @@ def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
     assert [r["context"] for r in records] == ["def main():", "import os"]
     assert all(0 < r["length"] <= 8 or r["finished"] for r in records)
     assert set(records[0]) >= {"context", "text", "length", "finished", "message", "duration_seconds"}
+
+
+def test_deepy_train_reports_bad_data_path_and_exits_nonzero(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data")
+    cfg = tiny_config(data, world=1, master_port=free_port())
+    cfg["data_path"] = str(tmp_path / "missing" / "nothing_text_document")
+    cfg.pop("global_num_gpus")
+    cfg["num_gpus"] = 1
+    config_file = tmp_path / "bad.yml"
+    config_file.write_text(yaml.safe_dump(cfg))
+    result = run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=300, check=False)
+    assert result.returncode != 0
+    assert "error:" in result.stderr and "nothing_text_document" in result.stderr
+    assert "Traceback" not in result.stderr
