@@ -31,6 +31,19 @@ def progress_bar(desc: str, total: int | None = None) -> Iterator[Callable[[str]
         yield step
 
 
+def shard_count(path: str, iteration: int | None = None) -> int | None:
+    """Number of shard files a read of ``path`` goes through (for a progress bar total), None if unknown."""
+    from megatron.checkpoint.layout import detect_layout, resolve_checkpoint_dir
+
+    try:
+        layout = detect_layout(resolve_checkpoint_dir(path, iteration))
+    except (CheckpointError, OSError):
+        return None  # the read itself reports the problem
+    if layout.zero3_files:
+        return layout.tp
+    return sum(len(files) for files in layout.layer_files.values()) if layout.is_pipe else len(layout.mp_files)
+
+
 def run(main: Callable[[], int]) -> int:
     """Run an entry point: user mistakes (ValueError, CheckpointError, missing files) → message and exit code 1."""
     setup_logging()
