@@ -187,18 +187,18 @@ def stage_bounds(cfg: GPTModelConfig, pp: int, partition_method: str | None = No
     method = (partition_method or cfg.pipe_partition_method).lower()
     specs = _spec_names(cfg)
     if method == "uniform":
-        return list(ds_utils.partition_uniform(num_items=len(specs), num_parts=pp))
+        return [int(x) for x in ds_utils.partition_uniform(num_items=len(specs), num_parts=pp)]
     if method.startswith("type:"):
         regex = re.compile(method.split(":", 1)[1], re.IGNORECASE)
         weights = [1 if name and regex.search(name) else 0 for name, _ in specs]
         if not any(weights):
             raise CheckpointError(f"pipe_partition_method {method!r} matches no layer")
-        return list(ds_utils.partition_balanced(weights=weights, num_parts=pp))
+        return [int(x) for x in ds_utils.partition_balanced(weights=weights, num_parts=pp)]
     if method == "parameters":
         from deepspeed.pipe import LayerSpec
 
         counts = []
         for _, spec in specs:
             counts.append(sum(p.numel() for p in spec.build().parameters()) if isinstance(spec, LayerSpec) else 0)
-        return list(ds_utils.partition_balanced(weights=counts, num_parts=pp))
+        return [int(x) for x in ds_utils.partition_balanced(weights=counts, num_parts=pp)]
     raise CheckpointError(f"pipe_partition_method {method!r}: supported are uniform, parameters, type:<regex>")
