@@ -58,8 +58,10 @@ def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
     if kind.lower() in ("hftokenizer", "gpt2bpetokenizer", "hfgpt2tokenizer"):
         from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
-        if not vocab_file:
-            logger.warning("the config names no vocab_file for %s: no tokenizer files written", kind)
+        missing = [f for f in (vocab_file, getattr(args, "merge_file", None)) if f and not Path(f).exists()]
+        if not vocab_file or missing:
+            what = f"{missing[0]} does not exist" if missing else "the config names no vocab_file"
+            logger.warning("%s tokenizer: %s; no tokenizer files written", kind, what)
             return None
 
         tok = build_tokenizer(TokenizerConfig.from_neox_args(args))

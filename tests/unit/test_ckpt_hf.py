@@ -277,3 +277,26 @@ def test_vocab_not_divisible_by_tp_is_padded(tmp_path: Path) -> None:
     ids = torch.randint(0, 127, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.allclose(padded(ids).logits[..., :127], original(ids).logits, atol=1e-6)
+
+
+def test_pythia_config_checkpoint_converts(tmp_path: Path) -> None:
+    """A checkpoint of GPT-NeoX's own configs/pythia/14M.yml (pipe, tp=2) exports to an equivalent GPTNeoX model."""
+    from megatron.checkpoint import TargetLayout, write_checkpoint
+    from megatron.checkpoint.config_io import load_neox_args, model_config
+    from megatron.model import build_sequential_model
+
+    config_file = REPO / "configs" / "pythia" / "14M.yml"
+    cfg = model_config(load_neox_args([config_file]), padded_vocab_size=50304)
+    assert cfg.params_dtype == torch.float16  # Pythia trained in fp16; compare in fp32 here
+    cfg = cfg.replace(params_dtype=torch.float32)
+    torch.manual_seed(0)
+    ours = build_sequential_model(cfg).eval()
+    write_checkpoint(ours.state_dict(), cfg, tmp_path / "ck", TargetLayout(2, 1), iteration=143000)
+    out = tmp_path / "hf"
+    assert _run(TO_HF, ["--input_dir", str(tmp_path / "ck"), "--config_file", str(config_file), "--output_dir",
+                        str(out), "--precision", "fp32"]) == 0  # fmt: skip
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert hf.config.hidden_act == "gelu_pytorch_tanh" and hf.config.rope_parameters["partial_rotary_factor"] == 0.25
+    ids = torch.randint(0, 50277, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (hf(ids).logits - ours(ids)).abs().max().item() <= 1e-5
