@@ -53,6 +53,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "tied-z1-sp": {"tied": True, "zero": 1, "model": {"sequence_parallel": True, "gpt_j_residual": True}},
     # bf16 parameters and DeepSpeed bf16 (compared with a looser tolerance)
     "untied-bf16-z1": {"tied": False, "zero": 1, "bf16": True},
+    # fp16 with dynamic loss scaling (DeepSpeed's fp16 check is overridden on CPUs without fp16 kernels)
+    "tied-fp16-z1": {"tied": True, "zero": 1, "fp16": True},
     # GPT-NeoX's pipe_parallel_size: 1 (single-stage pipe engine) where the layout has one stage
     "tied-z1-pipe1": {"tied": True, "zero": 1, "pipe1": True},
 }
@@ -77,13 +79,13 @@ def model_config(variant: dict[str, Any]) -> Any:
         "checkpoint_num_layers": int(variant.get("ckpt") or 1),
         "seed": SEED,
     }
-    if variant.get("bf16"):
-        kwargs["params_dtype"] = torch.bfloat16
+    if variant.get("bf16") or variant.get("fp16"):
+        kwargs["params_dtype"] = torch.bfloat16 if variant.get("bf16") else torch.float16
     kwargs.update(variant.get("model", {}))
     return GPTModelConfig(**kwargs)
 
 
-def ds_config(micro_batch: int, zero: int, bf16: bool = False) -> dict[str, Any]:
+def ds_config(micro_batch: int, zero: int, bf16: bool = False, fp16: bool = False) -> dict[str, Any]:
     """The DeepSpeed config of a run (fp32, clipping, AdamW).
 
     Adam's ``eps`` is 1e-6: some gradients are analytically zero (e.g. the key bias without rotary: softmax is
@@ -102,6 +104,7 @@ def ds_config(micro_batch: int, zero: int, bf16: bool = False) -> dict[str, Any]
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "bf16": {"enabled": bf16},
+        "fp16": {"enabled": fp16, "loss_scale": 0, "initial_scale_power": 12},
     }
 
 
@@ -180,18 +183,26 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
         sequence_parallel=cfg.sequence_parallel,
         zero_stage=zero,
     )
+    if variant.get("fp16"):
+        # DeepSpeed refuses fp16 on CPUs without native fp16 kernels; it runs (emulated, slowly) when allowed.
+        from deepspeed.accelerator import get_accelerator
+
+        type(get_accelerator()).is_fp16_supported = lambda self: True
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=layout.apply(ds_config(micro_batch, zero, bool(variant.get("bf16")))),
+        config=layout.apply(ds_config(micro_batch, zero, bool(variant.get("bf16")), bool(variant.get("fp16")))),
         mpu=None if pipe else mpu,
         dist_init_required=False,
     )
     return engine, cfg
 
 
-def train_steps(engine: Any, pipe: bool, micro_batch: int, first_step: int, steps: int) -> list[float]:
-    """Run optimizer steps ``first_step ..``; returns the global-batch mean loss of each."""
+def train_steps(
+    engine: Any, pipe: bool, micro_batch: int, first_step: int, steps: int, grad_norms: list[float] | None = None
+) -> list[float]:
+    """Run optimizer steps ``first_step ..``; returns the global-batch mean loss of each (and the gradient norm
+    before clipping of each, appended to ``grad_norms``)."""
     from megatron.model import cross_entropy
 
     losses = []
@@ -199,15 +210,17 @@ def train_steps(engine: Any, pipe: bool, micro_batch: int, first_step: int, step
         if pipe:
             batches = (_batch(d) for d in _micro_batches(step, micro_batch))
             losses.append(float(engine.train_batch(data_iter=batches)))
-            continue
-        total = 0.0
-        for data in _micro_batches(step, micro_batch):
-            inputs, targets = _batch(data)
-            loss = cross_entropy(engine(inputs), targets)
-            engine.backward(loss)
-            engine.step()
-            total += loss.item() / GAS
-        losses.append(_mean_over_dp(total))
+        else:
+            total = 0.0
+            for data in _micro_batches(step, micro_batch):
+                inputs, targets = _batch(data)
+                loss = cross_entropy(engine(inputs), targets)
+                engine.backward(loss)
+                engine.step()
+                total += loss.item() / GAS
+            losses.append(_mean_over_dp(total))
+        if grad_norms is not None:
+            grad_norms.append(float(engine.get_global_grad_norm()))
     return losses
 
 
@@ -238,11 +251,13 @@ def run_variant(variant: dict[str, Any], pipe_stages: int, steps: int = STEPS) -
     started = time.perf_counter()
     engine, cfg = build_engine(variant, pipe, micro_batch, zero)
     init = gather_full_state_dict(engine, cfg)
-    losses = train_steps(engine, pipe, micro_batch, 0, steps)
+    norms: list[float] = []
+    losses = train_steps(engine, pipe, micro_batch, 0, steps, norms)
     evaluated = eval_loss(engine, pipe, micro_batch)
     final = gather_full_state_dict(engine, cfg)
     return {
         "losses": losses,
+        "grad_norms": norms,
         "eval": evaluated,
         "zero": int(engine.zero_optimization_stage()),
         "engine": type(engine).__name__,
@@ -267,11 +282,15 @@ def run_layout(
     variants: list[str | tuple[str, dict]],
     steps: int = STEPS,
     partition_methods: list[str] | None = None,
+    resume_dir: str | None = None,
 ) -> dict[str, Any]:
     """All ``variants`` under tensor-parallel size ``tp`` and ``pp`` pipeline stages (dp = world / (tp·pp)).
 
     ``pp == 1`` runs the sequential model (``pipe_parallel_size: 0``) unless a variant asks for the single-stage
-    pipe engine; ``partition_methods`` also reports the stage boundaries of each method. A variant is a name in ``VARIANTS`` or a ``(name, spec)`` pair. Returns ``{variant: result}`` (weights only on rank 0) plus the layout seen by this rank.
+    pipe engine; ``partition_methods`` also reports the stage boundaries of each method; ``resume_dir`` also
+    runs :func:`fns_parallel_resume.save_and_resume` with a ZeRO-3 (ZeRO-1 under a pipeline) dropout variant.
+    A variant is a name in ``VARIANTS`` or a ``(name, spec)`` pair. Returns ``{variant: result}`` (weights only
+    on rank 0) plus the layout seen by this rank.
     """
     mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(tp, pp)
@@ -288,6 +307,10 @@ def run_layout(
     for item in variants:
         name, spec = (item, VARIANTS[item]) if isinstance(item, str) else item
         out[name] = run_variant(spec, pp, steps)
+    if resume_dir:
+        from tests.distributed import fns_parallel_resume
+
+        out["resume"] = fns_parallel_resume.save_and_resume(tp, pp, resume_dir, fns_parallel_resume.MATRIX_VARIANT)
     mpu.destroy_model_parallel()
     return out
 

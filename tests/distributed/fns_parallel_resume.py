@@ -16,6 +16,12 @@ RESUME_VARIANT: dict[str, Any] = {
     "ckpt": 1,
     "model": {"hidden_dropout": 0.1, "attention_dropout": 0.1},
 }
+# Untied, ZeRO-3 where allowed, dropout on: the variant saved and resumed in every layout of the matrix.
+MATRIX_VARIANT: dict[str, Any] = {
+    "tied": False,
+    "zero": 3,
+    "model": {"hidden_dropout": 0.1, "attention_dropout": 0.1},
+}
 SAVE_AT, TOTAL = 3, 6
 
 
@@ -29,7 +35,7 @@ def _args() -> dict[str, Any]:
     return {"num_layers": fp.LAYERS, "hidden_size": fp.HIDDEN, "padded_vocab_size": fp.VOCAB}
 
 
-def save_and_resume(tp: int, pp: int, directory: str) -> dict[str, Any]:
+def save_and_resume(tp: int, pp: int, directory: str, variant: dict[str, Any] | None = None) -> dict[str, Any]:
     """Uninterrupted run of TOTAL steps saving at SAVE_AT, then a fresh engine (other seed) that loads and resumes.
 
     Returns both loss tails, both final weights (rank 0), the checkpoint's file names and the resumed iteration.
@@ -38,9 +44,11 @@ def save_and_resume(tp: int, pp: int, directory: str) -> dict[str, Any]:
     from megatron.model.full_weights import gather_full_state_dict
     from megatron.training import checkpointing as ckpt
 
+    variant = variant or RESUME_VARIANT
     mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(tp, pp)
     pipe = pp > 1
+    zero = 1 if pipe and variant["zero"] >= 2 else variant["zero"]
     micro = fp.GLOBAL_BATCH // (fp.GAS * mpu.get_data_parallel_world_size())
     cfg_ckpt = _checkpoint_cfg(directory)
 
@@ -53,7 +61,7 @@ def save_and_resume(tp: int, pp: int, directory: str) -> dict[str, Any]:
         )
 
     seed(fp.SEED)
-    engine, cfg = fp.build_engine(RESUME_VARIANT, pipe, micro, 1)
+    engine, cfg = fp.build_engine(variant, pipe, micro, zero)
     first = fp.train_steps(engine, pipe, micro, 0, SAVE_AT)
     ckpt.save_checkpoint(engine, SAVE_AT, cfg_ckpt, checkpoint_args=_args(), consumed_train_samples=0)
     uninterrupted = fp.train_steps(engine, pipe, micro, SAVE_AT, TOTAL - SAVE_AT)
@@ -61,8 +69,8 @@ def save_and_resume(tp: int, pp: int, directory: str) -> dict[str, Any]:
 
     # A different seed: the load, not the initialisation, must restore the weights and RNG streams.
     seed(fp.SEED + 17)
-    other = dict(RESUME_VARIANT, model={**RESUME_VARIANT["model"], "seed": fp.SEED + 17})
-    engine_b, cfg_b = fp.build_engine(other, pipe, micro, 1)
+    other = dict(variant, model={**variant.get("model", {}), "seed": fp.SEED + 17})
+    engine_b, cfg_b = fp.build_engine(other, pipe, micro, zero)
     loaded = ckpt.load_checkpoint(engine_b, cfg_ckpt, checkpoint_args=_args())
     resumed = fp.train_steps(engine_b, pipe, micro, loaded.iteration, TOTAL - loaded.iteration)
     full_b = gather_full_state_dict(engine_b, cfg_b)
@@ -75,6 +83,7 @@ def save_and_resume(tp: int, pp: int, directory: str) -> dict[str, Any]:
         "uninterrupted": uninterrupted,
         "resumed": resumed,
         "iteration": loaded.iteration,
+        "zero": int(engine_b.zero_optimization_stage()),
         "files": files,
         "full_a": fp._to_numpy(full_a),
         "full_b": fp._to_numpy(full_b),
