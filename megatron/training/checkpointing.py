@@ -282,25 +282,43 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
         raise ValueError(f"checkpoint {path} does not match the config: " + "; ".join(bad))
 
 
-def load_checkpoint(engine: Any, cfg: CheckpointConfig, *, checkpoint_args: dict[str, Any]) -> LoadResult:
-    """Load ``cfg.load`` into ``engine``; a directory without ``latest`` means a fresh start (iteration 0)."""
+def load_checkpoint(
+    engine: Any, cfg: CheckpointConfig, *, checkpoint_args: dict[str, Any], args: Any = None
+) -> LoadResult:
+    """Load ``cfg.load`` into ``engine``; a directory without ``latest`` means a fresh start (iteration 0).
+
+    With ``args`` (the run's NeoXArgs), a checkpoint of another TP/PP layout is resharded on load
+    (``megatron.checkpoint.autoreshard``); a weights-only reshard restores everything but the optimizer state.
+    """
     if not cfg.load:
         return LoadResult(0, None)
     tag = resolve_tag(cfg)
     if tag is None:
         logger.warning("no checkpoint found in %s ('latest' missing): starting from iteration 0", cfg.load)
         return LoadResult(0, None)
+    root, resharded, optimizer_missing = cfg.load, False, False
+    if args is not None:
+        from megatron.checkpoint.autoreshard import plan_load_for_engine
+
+        plan = plan_load_for_engine(
+            engine, cfg.load, tag, args=args, padded_vocab_size=checkpoint_args.get("padded_vocab_size")
+        )
+        root, tag, resharded, optimizer_missing = plan.root, plan.tag, plan.resharded, plan.weights_only
     weights_only = cfg.no_load_optim or cfg.finetune
     path, client = engine.load_checkpoint(
-        cfg.load,
+        root,
         tag=tag,
-        load_optimizer_states=not weights_only,
+        load_optimizer_states=not (weights_only or optimizer_missing),
         load_lr_scheduler_states=not weights_only,
         load_module_only=weights_only,
     )
     if path is None or client is None:
-        raise ValueError(f"DeepSpeed could not load checkpoint {Path(cfg.load) / tag}")
-    check_checkpoint_args(client.get("args", {}), checkpoint_args, path)
+        raise ValueError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
+    saved_args = dict(client.get("args", {}))
+    if resharded:  # the layout (and with it the vocab padding) was converted on purpose
+        saved_args.pop("model_parallel_size", None)
+        saved_args.pop("padded_vocab_size", None)
+    check_checkpoint_args(saved_args, checkpoint_args, path)
     if cfg.finetune:
         logger.info("finetune: loaded weights from %s, starting at iteration 0", path)
         return LoadResult(0, path, 0, 0, client)

@@ -122,7 +122,7 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
-    result = ckpt.load_checkpoint(engine, load_cfg, checkpoint_args=checkpoint_args(args))
+    result = ckpt.load_checkpoint(engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args)
     if result.path and getattr(args, "checkpoint_validation_with_forward_pass", False):
         check_validation_logits(engine, args, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result

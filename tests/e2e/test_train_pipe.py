@@ -52,3 +52,15 @@ def test_tensor_parallel_training_matches_one_rank(tmp_path: Path) -> None:
     ref = run_distributed(run_pretrain, 1, tiny_config(data, **common))[0]
     assert tp[0]["dp"] == 1 and tp[0]["train_losses"] == tp[1]["train_losses"]
     assert tp[0]["train_losses"] == pytest.approx(ref["train_losses"], rel=1e-5)
+
+
+def test_resume_with_another_tensor_parallel_size_reshards_on_load(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data")
+    common = {"train_iters": 6, "eval_interval": 100, "eval_iters": 1, "checkpoint_factor": 3}
+    tp2 = run_distributed(
+        run_pretrain, 2, tiny_config(data, world=2, model_parallel_size=2, save=str(tmp_path / "a"), **common)
+    )[0]
+    tp1 = run_distributed(run_pretrain, 1, tiny_config(data, load=str(tmp_path / "a"), iteration=3, **common))[0]
+    assert tp1["start_iteration"] == 3
+    assert tp1["train_losses"] == pytest.approx(tp2["train_losses"][3:], rel=1e-5)
+    assert list((tmp_path / "a" / ".resharded").iterdir())  # the tp=1 copy written next to the checkpoint
