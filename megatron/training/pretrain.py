@@ -261,7 +261,11 @@ def pretrain(args: Any) -> PretrainResult:
     resolved = args.to_dict() if hasattr(args, "to_dict") else None
     run_config = {k: v for k, v in (resolved or {}).items() if k != "config_files"}
     metrics = Metrics.create(
-        log_cfg, rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")), run_config=run_config
+        log_cfg,
+        rank=rank,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        run_config=run_config,
+        config_text=args.format_config() if hasattr(args, "format_config") else None,
     )
     try:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, save_cfg)

@@ -83,6 +83,11 @@ def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
     assert tb["train/lm_loss"][-1][1] < tb["train/lm_loss"][0][1]
     assert {"train/learning_rate", "train/grad_norm", "train/param_norm", "validation/lm_loss"} <= set(tb)
     assert {"runtime/samples_per_sec", "runtime/model_flops_utilization", "timers/forward"} <= set(tb)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    assert "neox_args/text_summary" in ea.Tags()["tensors"]  # the resolved config as TensorBoard text
     (wandb_file,) = find_run_files(run / "logs")
     rows = read_wandb_history(wandb_file)
     logged = [r for r in rows if "train/lm_loss" in r]
