@@ -28,6 +28,7 @@ class BatchConfig:
     eod_mask_loss: bool = False
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
+    with_labels: bool = False  # label datasets (SFT): a "label" stream, negative ids excluded from the loss
 
     @classmethod
     def from_neox_args(cls, args: Any, eod_token: int) -> BatchConfig:
@@ -37,6 +38,7 @@ class BatchConfig:
             eod_mask_loss=bool(getattr(args, "eod_mask_loss", False)),
             reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
             reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
+            with_labels=bool(getattr(args, "train_label_data_paths", None) or getattr(args, "label_data_paths", None)),
         )
 
 
@@ -45,10 +47,7 @@ def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
     from megatron import mpu
     from megatron.model import get_ltor_masks_and_position_ids
 
-    keys = ["text", "label"] if data is not None and "label" in data else ["text"]
-    if mpu.get_model_parallel_world_size() > 1:
-        # Other TP ranks learn the keys from TP rank 0's batch.
-        keys = ["text"] if data is None else keys
+    keys = ["text", "label"] if cfg.with_labels else ["text"]  # known on every TP rank, as broadcast needs
     # broadcast_data leaves tp=1 batches where the loader put them (CPU): move them to the rank's device.
     device = get_accelerator().current_device_name()
     data_b = {k: v.to(device, non_blocking=True) for k, v in mpu.broadcast_data(keys, data, torch.int64).items()}
