@@ -121,6 +121,8 @@ def test_layout_matches_one_process(reference: dict, layout: tuple[int, int, int
         # As in GPT-NeoX, the regex also matches the functions _pre/_post_transformer_block: weights [0,1,1,1,1,0,0].
         assert parts["type:transformer|mlp"] == [0, 2, 3, 4, n_specs]
         assert parts["uniform"] == [0, 2, 4, 6, n_specs]
+        # Parameter counts [4096, 0, 12704, 12704, 0, 64, 4096 (tied head)]: one transformer layer per middle stage.
+        assert parts["parameters"] == [0, 2, 3, 5, n_specs]
         for method, bounds in parts.items():
             assert bounds[0] == 0 and bounds[-1] == n_specs, (method, bounds)
             assert all(a < b for a, b in itertools.pairwise(bounds)), f"{method}: an empty stage {bounds}"
