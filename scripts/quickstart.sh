@@ -40,7 +40,7 @@ echo "[quickstart] 2/4 training configs/cpu/quickstart.yml on 2 CPU ranks"
 rm -rf "$RUN"
 mkdir -p "$RUN"
 t1=$(date +%s)
-$PY deepy.py train.py configs/cpu/quickstart.yml 2>&1 | tee "$RUN/train.log" | grep -E "^(iteration|validation|test|saved|error|Traceback)|Error" || true
+$PY deepy.py train.py configs/cpu/quickstart.yml 2>&1 | tee "$RUN/train.log" | grep --line-buffered -E "^(iteration|validation|test|saved|error|Traceback)|Error" || true
 if ! grep -q "^training finished" "$RUN/train.log"; then
     echo "[quickstart] training failed; full log: $RUN/train.log" >&2
     exit 1
@@ -50,10 +50,11 @@ t2=$(date +%s)
 echo "[quickstart] 3/4 checkpoint: $(cat "$RUN/checkpoints/latest") in $RUN/checkpoints"
 ls "$RUN/checkpoints/$(cat "$RUN/checkpoints/latest")"
 
-echo "[quickstart] 4/4 generating from the checkpoint (greedy, 48 tokens per prompt)"
+echo "[quickstart] 4/4 generating from the checkpoint (temperature 0.7, top-p 0.9, 48 tokens per prompt)"
 printf 'def read_config(path):\nclass LRUCache:\nimport os\n\ndef main():\n' > "$RUN/prompts.txt"
 $PY deepy.py generate.py configs/cpu/quickstart.yml --text_gen_type input-file \
     --sample_input_file "$RUN/prompts.txt" --sample_output_file "$RUN/samples.jsonl" --maximum_tokens 48 \
+    --temperature 0.7 --top_p 0.9 \
     2>&1 | sed -n '/^----- prompt/,$p' | grep -v "launch.py" || true
 [ -s "$RUN/samples.jsonl" ] || { echo "[quickstart] generation failed" >&2; exit 1; }
 

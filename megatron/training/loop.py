@@ -166,11 +166,13 @@ class Trainer:
         """Iterate until ``train_iters``; log every ``log_interval``, evaluate every ``eval_interval``."""
         self.engine.train()
         cfg = self.loop_cfg
-        interval_start = _now()
+        interval_time = 0.0  # seconds spent in training steps since the last log line (not eval/saves)
         interval_iters = 0
         while state.iteration < cfg.train_iters:
             self.profiler.before(state.iteration + 1)
+            start = _now()
             result = self.step.train(train_iter)
+            interval_time += _now() - start
             state.iteration += 1
             interval_iters += 1
             self.profiler.after(state.iteration)
@@ -187,10 +189,9 @@ class Trainer:
             if self.log_cfg.log_param_norm:
                 scalars["train/param_norm"] = param_norm(self.engine)
             if state.iteration % self.log_cfg.log_interval == 0:
-                elapsed = _now() - interval_start
-                scalars.update(throughput_metrics(self.flops_cfg, elapsed / interval_iters, self.world))
+                scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world))
                 self._console(state, scalars, interval_iters)
-                interval_start, interval_iters = _now(), 0
+                interval_time, interval_iters = 0.0, 0
             self.metrics.log(scalars, state.iteration)
             if cfg.eval_interval and state.iteration % cfg.eval_interval == 0 and valid_iter is not None:
                 self.evaluate("validation", valid_iter, state.iteration)
@@ -200,7 +201,8 @@ class Trainer:
             if cfg.exit_interval and state.iteration % cfg.exit_interval == 0:
                 if dist.is_initialized():
                     dist.barrier()
-                logger.info("exit_interval: exiting at iteration %d", state.iteration)
+                if self.rank == 0:
+                    logger.info("exit_interval: exiting at iteration %d", state.iteration)
                 state.exited_early = True
                 break
         return state
