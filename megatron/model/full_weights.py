@@ -43,6 +43,22 @@ def tied_spec_indices(module: nn.Module) -> dict[str, int]:
     return indices
 
 
+def tied_parameter_names(module: nn.Module) -> list[str]:
+    """Names (as in ``module.named_parameters()``) of the weights a ``PipelineModule`` ties across stages."""
+    attrs = getattr(module, "tied_weight_attrs", None) or {}
+    tied_modules = getattr(module, "tied_modules", None) or {}
+    by_id = {id(p): name for name, p in module.named_parameters()}
+    names = []
+    for key, attr_names in attrs.items():
+        for attr in attr_names:
+            weight: Any = tied_modules[key]
+            for part in attr.split("."):
+                weight = getattr(weight, part)
+            if id(weight) in by_id:
+                names.append(by_id[id(weight)])
+    return names
+
+
 def neox_parameter_name(name: str, tied_indices: dict[str, int] | None = None) -> str:
     """Map a parameter name of any execution to GPT-NeoX's ``sequential.{idx}.<name>``.
 
@@ -116,9 +132,16 @@ def gather_full_state_dict(
     if mpu.get_pipe_parallel_world_size() > 1:
         stages: list[Any] = [None] * mpu.get_pipe_parallel_world_size()
         dist.all_gather_object(stages, local, group=mpu.get_pipe_parallel_group())
+        tied_names = {neox_parameter_name(n, tied) for n in tied_parameter_names(module)}
         full = {}
-        for stage in stages:  # tied weights live on several stages (kept in sync): the first copy wins
+        # A tied module lives on several stages: its tied weights are kept identical by DeepSpeed (checked here);
+        # its other parameters (e.g. the learned position embeddings of the embedding module reused as the head)
+        # are unused copies on the later stages, so the first stage's copy is the model's.
+        for stage in stages:
             for key, tensor in stage.items():
+                if key in full and key in tied_names and not torch.equal(full[key], tensor):
+                    diff = (full[key] - tensor).abs().max().item()
+                    raise RuntimeError(f"the pipeline stages' copies of tied weight {key} differ (by up to {diff})")
                 full.setdefault(key, tensor)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if dst is not None and rank != dst:
