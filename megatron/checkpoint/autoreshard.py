@@ -33,6 +33,14 @@ class LoadPlan:
     weights_only: bool = False
 
 
+def _fresh_copy(manifest: Path, source: Path) -> bool:
+    """A resharded copy exists and is newer than every file of its source (a re-saved tag invalidates it)."""
+    if not manifest.is_file():
+        return False
+    newest = max((p.stat().st_mtime for p in source.rglob("*") if p.is_file()), default=0.0)
+    return manifest.stat().st_mtime >= newest
+
+
 def _weights_only(directory: Path) -> bool:
     state = load_torch(directory / "mp_rank_00_model_states.pt", weights_only=False)
     return bool(state.get(WEIGHTS_ONLY_KEY, False))
@@ -81,7 +89,7 @@ def plan_load(
             out_root,
         )
     error: Exception | None = None
-    if is_writer and not (out_root / tag / MANIFEST).is_file():
+    if is_writer and not _fresh_copy(out_root / tag / MANIFEST, directory):
         try:
             reshard_checkpoint(
                 directory,

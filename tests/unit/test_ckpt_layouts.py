@@ -231,3 +231,28 @@ def test_plan_load_converts_gpt_neox_row_biases(tmp_path: Path) -> None:
     assert back.layout.tp == 2
     for key, value in full.items():
         assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
+
+
+def test_plan_load_reuses_a_fresh_copy_only(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from megatron.checkpoint.autoreshard import plan_load
+
+    cfg = CONFIGS["neox"]
+    write_checkpoint(random_state(cfg, seed=7), cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=1)
+    kw = dict(tp=1, pp=0, args=args_of(cfg), padded_vocab_size=64, is_writer=True, barrier=lambda: None)
+    plan = plan_load(tmp_path / "ck", "global_step1", **kw)
+    manifest = Path(plan.root) / "global_step1" / "manifest.json"
+    first = manifest.stat().st_mtime_ns
+    plan_load(tmp_path / "ck", "global_step1", **kw)
+    assert manifest.stat().st_mtime_ns == first  # reused
+    newer = random_state(cfg, seed=8)
+    write_checkpoint(newer, cfg, tmp_path / "other", TargetLayout(2, 0), iteration=1)  # the tag is saved again
+    future = manifest.stat().st_mtime + 5
+    for path in (tmp_path / "other" / "global_step1").glob("mp_rank_*"):
+        shutil.copy(path, tmp_path / "ck" / "global_step1" / path.name)
+        os.utime(tmp_path / "ck" / "global_step1" / path.name, (future, future))
+    plan = plan_load(tmp_path / "ck", "global_step1", **kw)
+    back = read_checkpoint(Path(plan.root), args=args_of(cfg))
+    assert all(torch.equal(back.state_dict[k], v) for k, v in newer.items())
