@@ -193,7 +193,7 @@ class Trainer:
                 self._console(state, scalars, interval_iters)
                 interval_time, interval_iters = 0.0, 0
             self.metrics.log(scalars, state.iteration)
-            if cfg.eval_interval and state.iteration % cfg.eval_interval == 0 and valid_iter is not None:
+            if cfg.eval_interval and cfg.eval_iters > 0 and state.iteration % cfg.eval_interval == 0 and valid_iter:
                 self.evaluate("validation", valid_iter, state.iteration)
             # After the evaluation, so that the saved validation position includes it (exact resume).
             if self.save_fn is not None and self.is_save_iter is not None and self.is_save_iter(state.iteration):
