@@ -49,6 +49,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "model": {"gpt_j_residual": True},
     },
+    # Llama-style: GQA (blocked per-rank [q|k|v] shards), RMSNorm, SwiGLU, no linear biases
+    "untied-z1-gqa-llama": {
+        "tied": False,
+        "zero": 1,
+        "model": {
+            "num_attention_heads": 8,
+            "num_kv_heads": 4,
+            "norm": "rmsnorm",
+            "activation": "swiglu",
+            "mlp_multiple_of": 8,
+            "use_bias_in_attn_linear": False,
+            "use_bias_in_mlp": False,
+        },
+    },
     # sequence parallelism (norm/dropout regions split on the sequence across the TP group)
     "tied-z1-sp": {"tied": True, "zero": 1, "model": {"sequence_parallel": True, "gpt_j_residual": True}},
     # bf16 parameters and DeepSpeed bf16 (compared with a looser tolerance)
