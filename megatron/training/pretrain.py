@@ -93,6 +93,23 @@ def _check_parallel_zero(args: Any, zero_stage: int, ds_config: dict[str, Any]) 
         )
 
 
+def _record_fp32_grad_norm(engine: Any) -> None:
+    """Keep the gradient norm DeepSpeed computes when clipping fp32 gradients without a wrapper optimizer.
+
+    DeepSpeed 0.19.8 only reports ``get_global_grad_norm()`` from its wrapper optimizers (ZeRO, fp16, bf16); for a
+    plain fp32 optimizer the clipping norm is computed and dropped, so ``log_grad_norm`` would log nothing.
+    """
+    if hasattr(engine.optimizer, "_global_grad_norm") or engine.gradient_clipping() <= 0:
+        return
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_fp32_gradients() -> None:
+        norm = clip_grad_norm_(engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        engine._global_grad_norm = float(norm)
+
+    engine.clip_fp32_gradients = clip_fp32_gradients
+
+
 def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
@@ -119,6 +136,7 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
         mpu=None if pipe else mpu.get_deepspeed_mpu(),
         dist_init_required=False,
     )
+    _record_fp32_grad_norm(engine)
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)

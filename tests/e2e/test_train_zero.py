@@ -16,6 +16,14 @@ pytestmark = pytest.mark.distributed
 WRAPPERS = {0: "AdamW", 1: "DeepSpeedZeroOptimizer", 2: "DeepSpeedZeroOptimizer", 3: "DeepSpeedZeroOptimizer_Stage3"}
 
 
+def _tb_scalar(path: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    ea.Reload()
+    return [e.value for e in ea.Scalars(tag)]
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return make_tiny_data(tmp_path_factory.mktemp("data"))
@@ -32,6 +40,8 @@ def test_zero_stages_fp32_agree(data: dict[str, str], world: int, tmp_path: Path
             zero_optimization={"stage": s},
             save=str(tmp_path / f"zero{s}"),
             checkpoint_factor=6,
+            log_grad_norm=True,
+            tensorboard_dir=str(tmp_path / f"tb{s}"),
         )
         for s in range(4)
     ]
@@ -43,6 +53,10 @@ def test_zero_stages_fp32_agree(data: dict[str, str], world: int, tmp_path: Path
     reference = runs[0]["train_losses"]
     for run in runs[1:]:
         assert run["train_losses"] == pytest.approx(reference, rel=1e-5)  # ZeRO changes nothing numerically
+    # The logged (pre-clipping) gradient norm is the same with and without ZeRO.
+    norms = [_tb_scalar(tmp_path / f"tb{s}", "train/grad_norm") for s in range(4)] if world == 1 else []
+    for other in norms[1:]:
+        assert len(other) == 6 and other == pytest.approx(norms[0], rel=1e-4)
     # The weights generation reads back: ZeRO-0's module state and ZeRO-3's merged fp32 shards agree.
     zero0, _ = load_module_state(str(tmp_path / "zero0"))
     zero3, tag = load_module_state(str(tmp_path / "zero3"))
