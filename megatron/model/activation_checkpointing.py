@@ -78,15 +78,21 @@ class ActivationCheckpointConfig:
         return self.pipe_parallel_size > 1
 
 
-def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> None:
-    """Set DeepSpeed's activation-checkpointing state (collective-free; needs ``torch.distributed`` and the mpu).
+def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> bool:
+    """Set DeepSpeed's activation-checkpointing state (collective-free); returns whether it was set.
 
     Call after :func:`megatron.mpu.initialize_model_parallel`. Every setting is written, so a later call fully
-    replaces an earlier one.
+    replaces an earlier one. DeepSpeed needs ``torch.distributed``: without it (a plain single process) nothing is
+    configured and checkpoints are kept unpartitioned in memory.
     """
     import deepspeed
+    import torch.distributed as dist
 
     from megatron import mpu
+
+    if not (dist.is_available() and dist.is_initialized()):
+        logger.debug("torch.distributed is not initialised: DeepSpeed activation checkpointing left unconfigured")
+        return False
 
     deepspeed.checkpointing.configure(
         mpu,
@@ -98,3 +104,4 @@ def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> None:
         profile=bool(cfg.profile_backward),
     )
     logger.debug("activation checkpointing configured: %s", cfg)
+    return True

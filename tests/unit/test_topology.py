@@ -135,3 +135,13 @@ def test_parallel_config_turns_pipe_activation_partitioning_off_for_sequence_par
     assert plain["pipeline"]["pipe_partitioned"] is True and plain["pipeline"]["grad_partitioned"] is True
     with pytest.raises(ValueError, match=r"pipeline\.pipe_partitioned"):
         sp.apply({"pipeline": {"pipe_partitioned": True}})
+
+
+def test_configure_activation_checkpointing_needs_torch_distributed() -> None:
+    import torch.distributed as dist
+
+    from megatron.model.activation_checkpointing import configure_activation_checkpointing
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    assert configure_activation_checkpointing(ActivationCheckpointConfig(partition_activations=True)) is False
