@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -271,6 +272,20 @@ def resolve_tag(cfg: CheckpointConfig) -> str | None:
     return tag
 
 
+def verify_manifest(directory: Path) -> None:
+    """A checkpoint with our manifest must still hold every file it lists (GPT-NeoX ones have no manifest)."""
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        return
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"{manifest} is not a valid checkpoint manifest: {e}") from None
+    missing = [f for f in files if f != MANIFEST and not (directory / f).is_file()]
+    if missing:
+        raise ValueError(f"checkpoint {directory} is incomplete: missing {', '.join(missing[:5])}")
+
+
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
     """The model-shape args stored in the checkpoint must equal the config's."""
     bad = [
@@ -304,14 +319,18 @@ def load_checkpoint(
             engine, cfg.load, tag, args=args, padded_vocab_size=checkpoint_args.get("padded_vocab_size")
         )
         root, tag, resharded, optimizer_missing = plan.root, plan.tag, plan.resharded, plan.weights_only
+    verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
-    path, client = engine.load_checkpoint(
-        root,
-        tag=tag,
-        load_optimizer_states=not (weights_only or optimizer_missing),
-        load_lr_scheduler_states=not weights_only,
-        load_module_only=weights_only,
-    )
+    try:
+        path, client = engine.load_checkpoint(
+            root,
+            tag=tag,
+            load_optimizer_states=not (weights_only or optimizer_missing),
+            load_lr_scheduler_states=not weights_only,
+            load_module_only=weights_only,
+        )
+    except (OSError, EOFError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
+        raise ValueError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
     if path is None or client is None:
         raise ValueError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
     saved_args = dict(client.get("args", {}))

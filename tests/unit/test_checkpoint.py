@@ -78,3 +78,19 @@ def test_check_checkpoint_args() -> None:
     check_checkpoint_args(saved, dict(saved), "p")
     with pytest.raises(ValueError, match="hidden_size: checkpoint 64 vs config 128"):
         check_checkpoint_args(saved, {**saved, "hidden_size": 128}, "p")
+
+
+def test_verify_manifest(tmp_path) -> None:
+    import json
+
+    from megatron.training.checkpointing import verify_manifest
+
+    verify_manifest(tmp_path)  # no manifest (e.g. a GPT-NeoX checkpoint): nothing to check
+    (tmp_path / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    files = ["configs/a.yml", "manifest.json", "mp_rank_00_model_states.pt"]
+    (tmp_path / "manifest.json").write_text(json.dumps({"tag": "global_step1", "iteration": 1, "files": files}))
+    with pytest.raises(ValueError, match="incomplete: missing configs/a.yml"):
+        verify_manifest(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "a.yml").write_text("{}")
+    verify_manifest(tmp_path)
