@@ -1,8 +1,8 @@
 """Load a trained checkpoint for generation and run GPT-NeoX's ``text_gen_type`` modes.
 
-Weights are read from the checkpoint directly (``mp_rank_00_model_states.pt["module"]``, or the merged fp32
-ZeRO-3 shards), so generation needs no optimizer and no DeepSpeed engine. Supported: ``pipe_parallel_size 0``
-checkpoints at ``model_parallel_size 1``.
+Weights are read from the checkpoint directly with ``megatron.checkpoint.reader`` (any TP/PP layout, ZeRO-3 shards
+merged) into the sequential model on one process, so generation needs no optimizer, no DeepSpeed engine and no
+process group.
 """
 
 from __future__ import annotations
@@ -22,62 +22,48 @@ from megatron.generation.sampling import SamplingConfig, generate_samples, kv_ca
 logger = logging.getLogger(__name__)
 
 
-def _is_placeholder(sd: dict[str, Any]) -> bool:
-    return not sd or any(torch.is_tensor(v) and v.numel() == 0 for v in sd.values())
+def load_checkpoint_for_inference(args: Any) -> tuple[dict[str, torch.Tensor], Any, str]:
+    """``(full state dict, GPTModelConfig, tag)`` of the checkpoint in ``load``, whatever its TP/PP/ZeRO layout.
+
+    Uses ``megatron.checkpoint.reader`` (TP shards merged, pipeline layer files renamed to the sequential model's
+    names, ZeRO-3 fp32 shards gathered); the vocabulary padding comes from the checkpoint.
+    """
+    from megatron.checkpoint.reader import read_checkpoint
+
+    load = args.to_dict().get("load") if hasattr(args, "to_dict") else getattr(args, "load", None)
+    if not load:
+        raise ValueError("load: generation needs the checkpoint directory to load")
+    ckpt = read_checkpoint(load, args=args, iteration=getattr(args, "iteration", None))
+    return ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
 
 
 def load_module_state(load_dir: str, iteration: int | None = None) -> tuple[dict[str, torch.Tensor], str]:
-    """The model's full state dict from a neox-forge/GPT-NeoX sequential checkpoint; returns ``(sd, tag)``."""
-    from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+    """The full state dict of a checkpoint (model config from its own ``configs/``); returns ``(sd, tag)``."""
+    from megatron.checkpoint.reader import read_checkpoint
 
-    tag = resolve_tag(CheckpointConfig(load=load_dir, iteration=iteration))
-    if tag is None:
-        raise ValueError(f"load: no checkpoint in {load_dir} (no 'latest' file); train first or set iteration")
-    directory = Path(load_dir) / tag
-    path = directory / "mp_rank_00_model_states.pt"
-    if (directory / "layer_00-model_00-model_states.pt").exists() or (directory / "layer_00-model_states.pt").exists():
-        raise ValueError(f"{directory} is a pipeline (pipe_parallel_size >= 1) checkpoint; generation needs pp=0")
-    sd: dict[str, Any] = {}
-    if path.exists():
-        sd = torch.load(path, map_location="cpu", weights_only=False).get("module") or {}
-    if _is_placeholder(sd):  # ZeRO-3: the weights live in the optimizer shards
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        sd = get_fp32_state_dict_from_zero_checkpoint(load_dir, tag=tag)
-    if not sd:
-        raise ValueError(f"{directory}: no model weights found")
-    return {k: v for k, v in sd.items() if torch.is_tensor(v)}, tag
+    ckpt = read_checkpoint(load_dir, iteration=iteration)
+    return ckpt.state_dict, ckpt.layout.tag
 
 
 def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
-    """Tokenizer (sets ``padded_vocab_size``) and the fp32 sequential model with the checkpoint's weights."""
+    """Tokenizer and the fp32 sequential model with the checkpoint's weights (any training layout)."""
     from megatron.initialize import set_random_seed
-    from megatron.model import GPTModelConfig, build_sequential_model
-    from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
+    from megatron.model import build_sequential_model
+    from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
-    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1 or int(args.model_parallel_size or 1) != 1:
-        raise ValueError("generation supports pipe_parallel_size: 0 and model_parallel_size: 1 checkpoints")
     set_random_seed(int(args.seed))
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    args.update_value(
-        "padded_vocab_size",
-        padded_vocab_size(tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), 1),
-    )
-    load = args.to_dict().get("load")
-    if not load:
-        raise ValueError("load: generation needs the checkpoint directory to load")
+    sd, ckpt_cfg, tag = load_checkpoint_for_inference(args)
+    args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
     # fp32 on any device (bf16/fp16 checkpoints are upcast), no activation checkpointing at inference
-    cfg = dataclasses.replace(
-        GPTModelConfig.from_neox_args(args), params_dtype=torch.float32, checkpoint_activations=False
-    )
+    cfg = dataclasses.replace(ckpt_cfg, params_dtype=torch.float32, checkpoint_activations=False)
     model = build_sequential_model(cfg)
-    sd, tag = load_module_state(load, getattr(args, "iteration", None))
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {load}/{tag} does not fit the config: missing {missing}, unexpected {unexpected}")
+        raise ValueError(f"checkpoint {tag} does not fit the config: missing {missing}, unexpected {unexpected}")
     model.eval().to(inference_device())
-    logger.info("loaded %s/%s for generation", load, tag)
+    logger.info("loaded checkpoint %s for generation", tag)
     return model, tokenizer
 
 

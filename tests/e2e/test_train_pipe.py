@@ -36,6 +36,19 @@ def test_pipe_train_save_resume(tmp_path: Path) -> None:
         run_pretrain, 2, tiny_config(data, world=2, load=str(tmp_path / "a"), iteration=3, **common)
     )[0]
     assert resumed["start_iteration"] == 3 and resumed["train_losses"] == losses[3:]
+    _generate_from(tiny_config(data, world=2, load=str(tmp_path / "a"), **common), tmp_path)
+
+
+def _generate_from(config: dict, tmp_path: Path) -> None:
+    """generate.py's path (one process, no engine) on a checkpoint of any training layout."""
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    out = tmp_path / "samples.jsonl"
+    gen = {"text_gen_type": "unconditional", "num_samples": 2, "maximum_tokens": 4, "sample_output_file": str(out)}
+    records = run_generation(NeoXArgs.from_dict({**config, **gen}))
+    assert len(records) == 2 and all(r["length"] > 0 or r["finished"] for r in records)
+    assert len(out.read_text().splitlines()) == 2
 
 
 def test_pipe_refuses_zero2(tmp_path: Path) -> None:
@@ -64,3 +77,4 @@ def test_resume_with_another_tensor_parallel_size_reshards_on_load(tmp_path: Pat
     assert tp1["start_iteration"] == 3
     assert tp1["train_losses"] == pytest.approx(tp2["train_losses"][3:], rel=1e-5)
     assert list((tmp_path / "a" / ".resharded").iterdir())  # the tp=1 copy written next to the checkpoint
+    _generate_from(tiny_config(data, world=2, model_parallel_size=2, load=str(tmp_path / "a"), **common), tmp_path)
