@@ -4,7 +4,8 @@ The model recomputes every ``checkpoint_num_layers`` transformer layers when ``c
 sequential and pipeline execution alike, through DeepSpeed's checkpoint function). How those checkpoints are
 stored is DeepSpeed's global state, set here once per process from GPT-NeoX's keys:
 
-* ``partition_activations``: each TP rank keeps 1/tp of every checkpointed input (all-gathered on recompute);
+* ``partition_activations``: each TP rank keeps 1/tp of every checkpointed input (all-gathered on recompute;
+  refused with ``sequence_parallel``, whose activations are already split and differ per TP rank);
 * ``contiguous_checkpointing``: partitions are copied into preallocated buffers (needs ``partition_activations``);
 * ``checkpoint_in_cpu``: checkpoints are kept in host memory;
 * ``synchronize_each_layer``: synchronise the accelerator around every checkpointed chunk;
@@ -45,6 +46,8 @@ class ActivationCheckpointConfig:
     """Pipeline stages (0/1: none); sizes the contiguous buffers for micro-batches in flight."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per step (bounds the micro-batches in flight in a pipeline)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (activations already split over the TP group)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_num_layers, int) or self.checkpoint_num_layers < 1:
@@ -53,6 +56,14 @@ class ActivationCheckpointConfig:
             raise ValueError(
                 "contiguous_checkpointing: true needs partition_activations: true (DeepSpeed only keeps "
                 "partitioned activations in contiguous buffers)"
+            )
+
+        if self.partition_activations and self.sequence_parallel:
+            raise ValueError(
+                "partition_activations: true cannot be combined with sequence_parallel: true: sequence-parallel "
+                "activations are already split over the tensor-parallel group and differ per rank, while "
+                "DeepSpeed's partitioning assumes identical copies (the recomputation would mix slices); set "
+                "partition_activations: false"
             )
 
     @classmethod

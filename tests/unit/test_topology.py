@@ -92,6 +92,8 @@ def test_activation_checkpoint_config() -> None:
         ActivationCheckpointConfig(contiguous_checkpointing=True)
     with pytest.raises(ValueError, match="checkpoint_num_layers"):
         ActivationCheckpointConfig(checkpoint_num_layers=0)
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        ActivationCheckpointConfig(partition_activations=True, sequence_parallel=True)
 
 
 @pytest.mark.parametrize("tied", [True, False])
