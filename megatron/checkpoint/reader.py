@@ -165,6 +165,22 @@ def merge_shards(
     return full
 
 
+def full_shapes(cfg: GPTModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name → full (tp=1) shape of every tensor of the model, also inside a run whose ``mpu`` is initialised."""
+    from megatron import mpu
+    from megatron.model import build_sequential_model
+    from megatron.model.tp_sharding import partition_spec
+
+    tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
+    with torch.device("meta"):
+        local = {k: list(v.shape) for k, v in build_sequential_model(cfg).state_dict().items()}
+    for name, shape in local.items():
+        dim = partition_spec(name, cfg)[0]
+        if dim is not None and tp > 1:
+            shape[dim] *= tp  # the layers were built as this rank's shard
+    return {k: tuple(v) for k, v in local.items()}
+
+
 BENIGN_EXTRAS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
 
 
@@ -176,10 +192,7 @@ def check_against_config(
     Returns ``state_dict`` without buffers the configured model does not persist (e.g. GPT-NeoX's saved rotary
     ``inv_freq``).
     """
-    from megatron.model import build_sequential_model
-
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in build_sequential_model(cfg).state_dict().items()}
+    expected = full_shapes(cfg)
     state_dict = {k: v for k, v in state_dict.items() if k in expected or not k.endswith(BENIGN_EXTRAS)}
     got = {k: tuple(v.shape) for k, v in state_dict.items()}
     missing = sorted(set(expected) - set(got))

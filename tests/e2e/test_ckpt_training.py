@@ -145,17 +145,22 @@ def test_reshard_2x2_to_1x1_to_2x1_continues_with_the_same_losses(data: dict[str
         if src == "a":
             argv += ["--iteration", "2"]
         assert cli.run(lambda argv=argv: reshard.main(argv)) == 0
-    resumed, weights_only = run_distributed(
+    resumed, weights_only, automatic = run_distributed(
         run_pretrain_many,
         2,
         [
             _continue(data, 2, 2, 1, load=str(tmp_path / "c21")),
             _continue(data, 2, 2, 1, load=str(tmp_path / "c21"), no_load_optim=True),
+            # the original (2,2) pipe checkpoint loaded by a sequential tp=2 run: resharded on load
+            _continue(data, 2, 2, 0, load=str(tmp_path / "a"), iteration=2),
         ],
         timeout=600,
     )[0]
     assert resumed["start_iteration"] == 2 and resumed["iteration"] == 4
     assert resumed["train_losses"] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6)
+    assert automatic["start_iteration"] == 2
+    assert automatic["train_losses"] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6)
+    assert (tmp_path / "a" / ".resharded" / "global_step2-tp2-pp0" / "global_step2" / "manifest.json").is_file()
     # the optimizer state was resharded and used: without it the next step goes elsewhere
     assert abs(weights_only["train_losses"][1] - full["train_losses"][3]) > 100 * abs(
         resumed["train_losses"][1] - full["train_losses"][3]
