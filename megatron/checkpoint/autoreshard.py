@@ -56,11 +56,13 @@ def plan_load(
     padded_vocab_size: int | None,
     is_writer: bool,
     barrier: Callable[[], None],
+    zero_stage: int = 0,
 ) -> LoadPlan:
     """Decide where to load ``root/tag`` from for the current ``(tp, pp)``; reshard (on the writer rank) if needed.
 
     ``pp`` is ``pipe_parallel_size`` (0 = sequential model). ``args`` carries the model keys (GPT-NeoX names).
-    Every rank must call this (it contains a barrier when resharding).
+    ``zero_stage`` of the run: a resharded copy holds plain (ZeRO-0) optimizer state, which a ZeRO >= 1 run cannot
+    load, so it is then treated as weights-only. Every rank must call this (it contains a barrier when resharding).
     """
     directory = Path(root) / tag
     layout = detect_layout(directory)
@@ -99,7 +101,7 @@ def plan_load(
                 padded_vocab_size=padded_vocab_size,
                 overwrite=True,
             )
-        except (CheckpointError, ValueError, OSError) as e:
+        except Exception as e:  # any failure must still reach the barrier, or the other ranks would hang
             error = e
     barrier()
     if error is not None:
@@ -109,6 +111,9 @@ def plan_load(
     weights_only = _weights_only(out_root / tag)
     if weights_only:
         logger.warning("the resharded checkpoint is weights-only: optimizer state is not loaded")
+    elif zero_stage >= 1:
+        weights_only = True
+        logger.warning("this run uses ZeRO stage %d: the resharded ZeRO-0 optimizer state is not loaded", zero_stage)
     return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only)
 
 
@@ -133,4 +138,5 @@ def plan_load_for_engine(
         padded_vocab_size=padded_vocab_size,
         is_writer=(dist.get_rank() if initialized else 0) == 0,
         barrier=dist.barrier if initialized else (lambda: None),
+        zero_stage=int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0,
     )

@@ -256,3 +256,24 @@ def test_plan_load_reuses_a_fresh_copy_only(tmp_path: Path) -> None:
     plan = plan_load(tmp_path / "ck", "global_step1", **kw)
     back = read_checkpoint(Path(plan.root), args=args_of(cfg))
     assert all(torch.equal(back.state_dict[k], v) for k, v in newer.items())
+    # a failing reshard still reaches the barrier (other ranks must not hang), then raises everywhere
+    calls: list[int] = []
+    (tmp_path / "ck" / "global_step1" / "mp_rank_01_model_states.pt").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match=r"automatic resharding .* failed: cannot read"):
+        plan_load(tmp_path / "ck", "global_step1", **{**kw, "tp": 2, "pp": 2, "barrier": lambda: calls.append(1)})
+    assert calls == [1]
+
+
+def test_plan_load_optimizer_state_only_for_zero0_runs(tmp_path: Path) -> None:
+    from megatron.checkpoint.autoreshard import plan_load
+
+    cfg = CONFIGS["neox"]
+    full = FullOptimizerState(group_hparams={"decay": {"lr": 0.1, "weight_decay": 0.1}, "no_decay": {"lr": 0.1}})
+    for name, value in random_state(cfg).items():
+        full.per_param[name] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(value)}
+    write_checkpoint(random_state(cfg), cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=1,
+                     optimizer_state=scatter_optimizer_state(full, cfg, 2, 0))  # fmt: skip
+    kw = dict(tp=1, pp=1, args=args_of(cfg), padded_vocab_size=64, is_writer=True, barrier=lambda: None)
+    plan = plan_load(tmp_path / "ck", "global_step1", **kw)
+    assert plan.resharded and not plan.weights_only  # ZeRO-0 state came along
+    assert plan_load(tmp_path / "ck", "global_step1", **kw, zero_stage=1).weights_only
