@@ -118,12 +118,18 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     import deepspeed
 
     from megatron import mpu
+    from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
+    from megatron.parallel_config import ParallelConfig
 
     opt_cfg = OptimizerConfig.from_neox_args(args)
-    ds_config = deepspeed_config_for(args.deepspeed_config, opt_cfg)
+    # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
+    ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     _check_parallel_zero(args, opt_cfg.zero_stage, ds_config)
     _allow_fp16_on_cpu(ds_config)
+    configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
     model, _ = build_model(args)
+    if getattr(args, "sequence_parallel", False):
+        mpu.mark_norms_for_sequence_parallel_grad_sync(model)  # idempotent: norms see only this rank's tokens
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
     pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
