@@ -300,3 +300,18 @@ def test_pythia_config_checkpoint_converts(tmp_path: Path) -> None:
     ids = torch.randint(0, 50277, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (hf(ids).logits - ours(ids)).abs().max().item() <= 1e-5
+
+
+def test_sharded_hf_folders_are_read(tmp_path: Path) -> None:
+    original = _hf_model(CASES["llama-gqa"][1], tmp_path / "hf")
+    original.save_pretrained(str(tmp_path / "sharded"), max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    (tmp_path / "bin").mkdir()  # a torch-pickle folder (read with weights_only=True)
+    (tmp_path / "bin" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    torch.save(original.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    src = _disk_tensors(tmp_path / "hf")
+    for name in ("sharded", "bin"):
+        neox, back = tmp_path / f"{name}-neox", tmp_path / f"{name}-back"
+        assert _run(TO_NEOX, ["--input_dir", str(tmp_path / name), "--output_dir", str(neox), "--tp", "2"]) == 0
+        assert _run(TO_HF, ["--input_dir", str(neox), "--output_dir", str(back), "--architecture", "llama"]) == 0
+        assert all(torch.equal(t, src[k]) for k, t in _disk_tensors(back).items()), name
