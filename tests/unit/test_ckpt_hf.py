@@ -224,8 +224,9 @@ def test_tokenizer_export_from_gpt2_bpe_files_and_hf_tokenizer(tmp_path: Path) -
         assert exported.eos_token == "<|endoftext|>"
         assert json.loads((out / "config.json").read_text())["eos_token_id"] == tok.token_to_id("<|endoftext|>")
     assert _run(TO_HF, ["--input_dir", str(tmp_path / "bpe"), "--output_dir", str(tmp_path / "no-tok"),
-                        "--no_save_tokenizer"]) == 0  # fmt: skip
+                        "--no_save_tokenizer", "--pad-token-id", "7"]) == 0  # fmt: skip
     assert not (tmp_path / "no-tok" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "no-tok" / "config.json").read_text())["pad_token_id"] == 7
 
 
 def test_generate_runs_on_a_converted_hf_model(tmp_path: Path) -> None:
