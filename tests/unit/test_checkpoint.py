@@ -89,7 +89,7 @@ def test_verify_manifest(tmp_path) -> None:
     (tmp_path / "mp_rank_00_model_states.pt").write_bytes(b"x")
     files = ["configs/a.yml", "manifest.json", "mp_rank_00_model_states.pt"]
     (tmp_path / "manifest.json").write_text(json.dumps({"tag": "global_step1", "iteration": 1, "files": files}))
-    with pytest.raises(ValueError, match="incomplete: missing configs/a.yml"):
+    with pytest.raises(ValueError, match=r"incomplete: missing configs/a\.yml"):
         verify_manifest(tmp_path)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "a.yml").write_text("{}")
