@@ -78,3 +78,11 @@ def test_resume_with_another_tensor_parallel_size_reshards_on_load(tmp_path: Pat
     assert tp1["train_losses"] == pytest.approx(tp2["train_losses"][3:], rel=1e-5)
     assert list((tmp_path / "a" / ".resharded").iterdir())  # the tp=1 copy written next to the checkpoint
     _generate_from(tiny_config(data, world=2, model_parallel_size=2, load=str(tmp_path / "a"), **common), tmp_path)
+    # and the other way: a tp=1 checkpoint continued by a tp=2 run
+    tp1_full = run_distributed(run_pretrain, 1, tiny_config(data, save=str(tmp_path / "b"), **common))[0]
+    tp2_resumed = run_distributed(
+        run_pretrain,
+        2,
+        tiny_config(data, world=2, model_parallel_size=2, load=str(tmp_path / "b"), iteration=3, **common),
+    )[0]
+    assert tp2_resumed["train_losses"] == pytest.approx(tp1_full["train_losses"][3:], rel=1e-5)
