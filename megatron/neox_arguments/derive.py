@@ -255,7 +255,7 @@ def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[
             out["attention_config"] = expand_attention_config(v["attention_config"], v["num_layers"])
         except ValueError as e:
             problems.append(str(e))
-    if v["lr_decay_fraction"] is not None and v["train_iters"] is not None:
+    if v["lr_decay_fraction"] is not None and v["train_iters"] is not None and v["lr_decay_iters"] is None:
         out["lr_decay_iters"] = int(v["lr_decay_fraction"] * v["train_iters"])
     for split in ("train", "valid", "test"):
         paths, weights = v[f"{split}_data_paths"], v[f"{split}_data_weights"]

@@ -451,3 +451,9 @@ def test_any_value_for_any_key_gives_a_config_error_or_a_valid_config():
                 _ = args.deepspeed_config, args.to_dict(), args.format_config()
             except ConfigError:
                 pass
+
+
+def test_lr_decay_iters_wins_over_fraction_and_inverse_sqrt_is_selectable():
+    assert build(train_iters=100, lr_decay_fraction=0.5).lr_decay_iters == 50
+    assert build(train_iters=100, lr_decay_iters=80, lr_decay_fraction=0.5).lr_decay_iters == 80
+    assert build(lr_decay_style="inverse_sqrt").lr_decay_style == "inverse_sqrt"

@@ -41,12 +41,12 @@ class OptimizerArgs:
 class LRSchedulerArgs:
     """Learning-rate warmup and decay."""
 
-    lr_decay_style: Literal["constant", "linear", "cosine", "exponential"] = arg(
-        "linear", "Shape of the decay after warmup."
+    lr_decay_style: Literal["constant", "linear", "cosine", "exponential", "inverse_sqrt"] = arg(
+        "linear", "Shape of the decay after warmup (inverse_sqrt, ours: lr_max·sqrt(max(W,1) / n) after warmup)."
     )
     lr_decay_iters: int | None = arg(None, "Iterations over which the learning rate decays (default train_iters).")
     lr_decay_fraction: float | None = arg(
-        None, "Decay over this fraction of the training iterations (overrides lr_decay_iters)."
+        None, "Decay over floor(train_iters · lr_decay_fraction) iterations; used only when lr_decay_iters is unset."
     )
     min_lr: float = arg(0.0, "Floor of the learning rate; the schedule is clipped below it.")
     warmup: float = arg(0.01, "Warmup length as a fraction of the decay iterations (0.01 = 1%).")
