@@ -124,6 +124,14 @@ def gather_optimizer_state(
                     slot = per_rank.setdefault(name, [None] * tp)
                     if slot[tp_rank] is None:  # a tied copy on a later stage carries the same state
                         slot[tp_rank] = state
+    merge_per_rank(per_rank, cfg, full)
+    return full
+
+
+def merge_per_rank(
+    per_rank: dict[str, list[dict[str, Any] | None]], cfg: GPTModelConfig, full: FullOptimizerState
+) -> None:
+    """Merge each parameter's per-TP-rank state (element-wise tensors with the weight rules) into ``full``."""
     for name, states in per_rank.items():
         if any(s is None for s in states):
             continue  # the parameter never received a gradient (e.g. an unused tied copy)
@@ -134,7 +142,6 @@ def gather_optimizer_state(
             else:
                 merged[key] = value
         full.per_param[name] = merged
-    return full
 
 
 def resize_optimizer_vocab(full: FullOptimizerState, rows: int) -> None:

@@ -18,6 +18,7 @@ from megatron.checkpoint.optimizer_state import (
 from megatron.checkpoint.reader import NeoXCheckpoint, load_torch, read_checkpoint
 from megatron.checkpoint.rules import resize_vocab, split_tensor
 from megatron.checkpoint.writer import TargetLayout, write_checkpoint
+from megatron.checkpoint.zero_state import gather_zero_optimizer_state
 from megatron.model.config import pad_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -60,13 +61,18 @@ def _optimizer_fn(
     optimizers = [load_torch(p, weights_only=False).get("optimizer") for p in layout.mp_files]
     src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
     src_shard = {key: tuple(split_tensor(key, value, cfg, src_tp)[0].shape) for key, value in ckpt.state_dict.items()}
+    note = ""
     try:
         full = gather_optimizer_state(optimizers, lambda name, _tp: src_shard[name], cfg, src_tp, src_pp)
-    except CheckpointError as e:
-        return None, f"optimizer state not resharded ({e}); the output is weights-only"
+    except CheckpointError as plain:
+        try:
+            full = gather_zero_optimizer_state(layout.directory, cfg, src_tp, lambda name, _tp: src_shard[name])
+        except CheckpointError as zero:
+            return None, f"optimizer state not resharded ({plain}; {zero}); the output is weights-only"
+        note = "ZeRO-1/2 optimizer state written in ZeRO-0 form: it loads into runs with zero_optimization.stage 0"
     resize_optimizer_vocab(full, rows)
     new_cfg = cfg.replace(padded_vocab_size=rows)
-    return scatter_optimizer_state(full, new_cfg, target.tp, target.pp), ""
+    return scatter_optimizer_state(full, new_cfg, target.tp, target.pp), note
 
 
 def reshard_checkpoint(

@@ -167,13 +167,17 @@ def test_reshard_2x2_to_1x1_to_2x1_continues_with_the_same_losses(data: dict[str
     )
 
 
-def test_zero3_tp2_dp2_checkpoint_converts(data: dict[str, str], tmp_path: Path) -> None:
+def test_zero_checkpoints_tp2_dp2_convert_and_reshard(data: dict[str, str], tmp_path: Path) -> None:
+    """ZeRO-3: weights read per TP rank from the partitioned shards. ZeRO-1: the optimizer state is gathered from
+    the DP shards, so a tp=1 ZeRO-0 run resumed from the resharded copy continues with the original losses."""
     text = torch.randint(0, 500, (2, 17), generator=torch.Generator().manual_seed(1))
-    config = tiny_config(
-        data, world=4, model_parallel_size=2, pipe_parallel_size=0, train_iters=2, checkpoint_factor=2, eval_iters=1,
-        zero_optimization={"stage": 3}, save=str(tmp_path / "z3"), **NEOX_STYLE,
-    )  # fmt: skip
-    results = run_distributed(train_then_logits, 4, [({**config, "finetune": False}, text)], timeout=600)
+    common = dict(world=4, model_parallel_size=2, pipe_parallel_size=0, checkpoint_factor=2, gradient_clipping=0.0)
+    zero3 = tiny_config(data, **common, train_iters=2, eval_iters=1, zero_optimization={"stage": 3},
+                        save=str(tmp_path / "z3"), **NEOX_STYLE)  # fmt: skip
+    zero1 = tiny_config(data, **common, train_iters=4, zero_optimization={"stage": 1}, save=str(tmp_path / "z1"))
+    results = run_distributed(
+        train_then_logits, 4, [({**zero3, "finetune": False}, text), ({**zero1, "finetune": False}, text)], timeout=600
+    )
     ours = [r[0]["logits"] for r in results if r[0]["logits"] is not None]
     assert len(ours) == 1
     assert not list((tmp_path / "z3" / "global_step2").glob("mp_rank_*"))  # weights only in ZeRO-3 shards
@@ -189,3 +193,17 @@ def test_zero3_tp2_dp2_checkpoint_converts(data: dict[str, str], tmp_path: Path)
     flat = read_checkpoint(tmp_path / "flat")
     assert flat.client_state["weights_only"] and flat.layout.describe() == "tp=1 pp=0 (sequential)"
     assert all(torch.equal(flat.state_dict[k], v) for k, v in ckpt.state_dict.items())
+
+    full = results[0][1]
+    assert full["dp"] == 2 and len(full["train_losses"]) == 4
+    argv = ["--input_dir", str(tmp_path / "z1"), "--output_dir", str(tmp_path / "z1-tp1"), "--tp", "1", "--pp", "0"]
+    assert cli.run(lambda: reshard.main([*argv, "--iteration", "2"])) == 0
+    assert not read_checkpoint(tmp_path / "z1-tp1").client_state["weights_only"]
+    resumed = run_distributed(
+        run_pretrain,
+        2,
+        tiny_config(data, world=2, train_iters=4, gradient_clipping=0.0, load=str(tmp_path / "z1-tp1")),
+        timeout=600,
+    )[0]
+    assert resumed["start_iteration"] == 2 and resumed["dp"] == 2 and resumed["zero_stage"] == 0
+    assert resumed["train_losses"] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6)

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             progress=step,
         )
-    state = "with optimizer state" if result.optimizer_resharded else "WEIGHTS ONLY: " + result.note
+    state = "with optimizer state" if result.optimizer_resharded else "WEIGHTS ONLY"
+    state += f"; {result.note}" if result.note else ""
     print(f"resharded {result.source} -> tp={target.tp} pp={target.pp} at {result.directory} ({state})")
     return 0
 
