@@ -240,6 +240,9 @@ def make_data_loader(
         num_workers=cfg.num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=False,
+        # A private generator: starting an epoch must not draw from the global torch RNG (dropout's stream),
+        # or a resumed run would diverge from an uninterrupted one.
+        generator=torch.Generator().manual_seed(0),
     )
 
 

@@ -152,24 +152,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     return engine, lr_scheduler, result.iteration, result
 
 
-def iterate_forever(loader: Any) -> Iterator[Any]:
-    """Batches epoch after epoch, without touching the global torch RNG.
-
-    Creating a DataLoader iterator draws a seed from the global generator; done lazily at different points of
-    an uninterrupted and a resumed run, that draw would shift the dropout stream, so it is undone here.
-    """
-    while True:
-        rng = torch.get_rng_state()
-        batches = iter(loader)
-        torch.set_rng_state(rng)
-        empty = True
-        for batch in batches:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("the data loader is empty: the dataset has fewer samples than one global batch")
-
-
 IGNORED_KEYS = ("log_grad_pct_zeros", "log_optimizer_states", "log_gradient_noise_scale")
 
 
@@ -244,6 +226,7 @@ def build_data_iterators(
     """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
     from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+    from megatron.data.samplers import iterate_forever
 
     data_cfg = DataConfig.from_neox_args(args)
     data_cfg.validate()

@@ -170,3 +170,16 @@ def test_train_epochs_builds_one_epoch_per_split(tmp_path):
     assert valid is not None
     with pytest.raises(ValueError, match="train_epochs"):
         config(train_data_paths=["a", "b"], train_epochs=1).validate()
+
+
+def test_starting_an_epoch_leaves_the_global_torch_rng_alone(tmp_path):
+    # Dropout draws from the global RNG; an epoch start that consumed it would make resumed runs diverge.
+    prefix = str(tmp_path / "x_text_document")
+    write_corpus(prefix, 60)
+    loader = build_train_valid_test_data_loaders(config(data_path=prefix), dp_rank=0, dp_size=1)[0]
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    stream = iterate_forever(loader)
+    for _ in range(len(loader) + 1):  # crosses an epoch boundary
+        next(stream)
+    assert torch.equal(torch.get_rng_state(), before)
