@@ -126,6 +126,11 @@ class ParallelSelfAttention(nn.Module):
             self.qk_layernorm = build_norm(cfg, [self.np, self.hn])
             if cfg.is_gqa:  # extension (GPT-NeoX has no QK norm with GQA): k has its own [kv/tp, hn] norm
                 self.k_layernorm = build_norm(cfg, [self.nkv, self.hn])
+            # Their parameters hold this rank's heads: TP shards along dim 0 (grad-norm clipping and the
+            # sequence-parallel norm sync must treat them as such).
+            for norm in (self.qk_layernorm, getattr(self, "k_layernorm", None)):
+                for param in norm.parameters() if norm is not None else ():
+                    mpu.set_tensor_model_parallel_attributes(param, 0)
         self.rotary_emb = (
             RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rotary_save_freqs_buffer)
             if cfg.pos_emb == "rotary"

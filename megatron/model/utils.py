@@ -46,31 +46,3 @@ def get_ltor_masks_and_position_ids(
     else:
         position_ids = idx[None, :].expand(b, s).clone()
     return attention_mask, loss_mask, position_ids
-
-
-def mark_norms_for_sequence_parallel_grad_sync(model: torch.nn.Module) -> int:
-    """With sequence parallelism, all-reduce over TP the gradients of norm parameters that see only this rank's
-    tokens (layer norms and the final norm). Registers gradient hooks; returns how many parameters were marked.
-
-    No-op (returns 0) at TP size 1. Query/key norms run on the gathered sequence and need no sync.
-    """
-    from megatron import mpu
-    from megatron.model.norms import NORM_CLASSES
-
-    if mpu.get_model_parallel_world_size() == 1:
-        return 0
-    group = mpu.get_model_parallel_group()
-
-    def all_reduce(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        torch.distributed.all_reduce(grad, group=group)
-        return grad
-
-    marked = 0
-    for name, module in model.named_modules():
-        if isinstance(module, NORM_CLASSES) and not name.endswith(("qk_layernorm", "k_layernorm")):
-            for param in module.parameters(recurse=False):
-                param.register_hook(all_reduce)
-                param.sequence_parallel = True
-                marked += 1
-    return marked

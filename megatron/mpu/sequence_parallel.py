@@ -26,7 +26,7 @@ def mark_norms_for_sequence_parallel_grad_sync(
 
     Submodules whose qualified name ends with one of ``exclude_suffixes`` are skipped (query/key norms run on
     the gathered sequence). Call once after building the model when ``sequence_parallel`` is on (no effect at
-    TP size 1). Parameters already marked (``sequence_parallel_grad_sync`` or ``sequence_parallel`` set) are
+    TP size 1). TP-sharded parameters (``tensor_model_parallel``) are never summed. Parameters already marked (``sequence_parallel_grad_sync`` or ``sequence_parallel`` set) are
     left alone, so nothing is summed twice. Returns the number of parameters newly marked.
     """
     if get_model_parallel_world_size() == 1:
@@ -38,8 +38,8 @@ def mark_norms_for_sequence_parallel_grad_sync(
         for param in sub.parameters(recurse=False):
             if not param.requires_grad or getattr(param, "sequence_parallel_grad_sync", False):
                 continue
-            if getattr(param, "sequence_parallel", False):
-                continue
+            if getattr(param, "sequence_parallel", False) or getattr(param, "tensor_model_parallel", False):
+                continue  # already synced, or a TP shard whose gradient is this rank's own
             param.register_hook(_sum_over_tp)
             param.sequence_parallel_grad_sync = True
             param.sequence_parallel = True

@@ -20,7 +20,6 @@ from megatron.model import (
     get_ltor_masks_and_position_ids,
 )
 from megatron.model.tp_sharding import merge_state_dicts, partition_spec, shard_state_dict
-from megatron.model.utils import mark_norms_for_sequence_parallel_grad_sync
 from tests.harness import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -38,6 +37,8 @@ TP_CASES = {
     "gptj-hidden-dropout": dict(gpt_j_residual=True, hidden_dropout=0.3),
     "sequential-hidden-dropout-gqa": dict(hidden_dropout=0.3, num_kv_heads=2),
     "rpe-qknorm-gqa": dict(pos_emb="rpe", use_qk_layernorm=True, num_kv_heads=2),
+    # the qk norm holds this rank's heads: a TP shard the sequence-parallel norm sync must not sum
+    "sp-qknorm-rmsnorm": dict(sequence_parallel=True, use_qk_layernorm=True, norm="rmsnorm"),
 }
 
 
@@ -78,7 +79,7 @@ def _portable(obj: object) -> object:
 def _step(cfg: GPTModelConfig) -> dict:
     model = build_sequential_model(cfg)
     if cfg.sequence_parallel:
-        mark_norms_for_sequence_parallel_grad_sync(model)
+        mpu.mark_norms_for_sequence_parallel_grad_sync(model)
     ids, labels, mask = _batch()
     torch.manual_seed(1234)  # dropout masks (default stream, identical on every TP rank)
     logits = model(ids)  # [b, s, V/tp]
