@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint as deepspeed_checkpoint
 from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentrant_checkpoint
 from torch import nn
 
@@ -122,8 +123,11 @@ class GPTSequential(nn.Module):
             else:
                 modules.append(_Lambda(spec))
         self.sequential = nn.Sequential(*modules)
+        if cfg.sequence_parallel:  # norms see only this rank's tokens: their gradients are summed over TP
+            mpu.mark_norms_for_sequence_parallel_grad_sync(self)
         self.checkpoint_activations = cfg.checkpoint_activations
         self.checkpoint_num_layers = cfg.checkpoint_num_layers
+        configure_checkpoint_storage(cfg, pipe_parallel_size=0)
 
     def forward(
         self,
@@ -156,7 +160,7 @@ class GPTSequential(nn.Module):
                         and isinstance(layers[j], ParallelTransformerLayerPipe)
                     ):
                         j += 1
-                    x = non_reentrant_checkpoint(_run_chunk(layers[i:j]), *x)
+                    x = _checkpoint(_run_chunk(layers[i:j]), *x)
                     i = j
                     continue
                 x = layer(x, kv_cache=kv_cache)
@@ -166,6 +170,51 @@ class GPTSequential(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(s)
         return x
+
+
+def configure_checkpoint_storage(cfg: GPTModelConfig, pipe_parallel_size: int) -> None:
+    """Apply ``cfg``'s activation-checkpoint storage keys to DeepSpeed (process-global state).
+
+    Done when a model that checkpoints activations is built (with ``torch.distributed`` up), so the GPT-NeoX
+    keys ``partition_activations``, ``contiguous_checkpointing``, ``checkpoint_in_cpu``, ``synchronize_each_layer``
+    and ``profile_backward`` take effect in sequential and pipeline execution alike.
+    """
+    if not cfg.checkpoint_activations:
+        return
+    from megatron.model.activation_checkpointing import (
+        ActivationCheckpointConfig,
+        configure_activation_checkpointing,
+    )
+
+    configure_activation_checkpointing(
+        ActivationCheckpointConfig(
+            checkpoint_activations=True,
+            checkpoint_num_layers=cfg.checkpoint_num_layers,
+            partition_activations=cfg.partition_activations,
+            contiguous_checkpointing=cfg.contiguous_checkpointing,
+            checkpoint_in_cpu=cfg.checkpoint_in_cpu,
+            synchronize_each_layer=cfg.synchronize_each_layer,
+            profile_backward=cfg.profile_backward,
+            num_layers=cfg.num_layers,
+            pipe_parallel_size=pipe_parallel_size,
+            # micro-batches in flight are bounded by the number of stages
+            gradient_accumulation_steps=max(pipe_parallel_size, 1),
+            sequence_parallel=cfg.sequence_parallel,
+        )
+    )
+
+
+def _checkpoint(function: Any, *args: Any) -> Any:
+    """DeepSpeed activation checkpointing of a chunk of transformer layers.
+
+    The reentrant form (GPT-NeoX's ``deepspeed.checkpointing.checkpoint``) re-gathers ZeRO-3 parameters when it
+    recomputes; the non-reentrant one would recompute with already released (size-0) ZeRO-3 weights. The
+    reentrant form needs an input that requires grad, so without one (e.g. frozen embeddings) the
+    non-reentrant form is used.
+    """
+    if any(torch.is_tensor(a) and a.requires_grad for a in args):
+        return deepspeed_checkpoint(function, *args)
+    return non_reentrant_checkpoint(function, *args)
 
 
 def _run_chunk(layers: list[nn.Module]) -> Any:
@@ -216,6 +265,11 @@ class GPT2ModelPipe(PipelineModule):
             activation_checkpoint_func=non_reentrant_checkpoint,
             checkpointable_layers=CHECKPOINTABLE_LAYERS,
         )
+        if cfg.sequence_parallel:  # norms see only this rank's tokens: their gradients are summed over TP
+            mpu.mark_norms_for_sequence_parallel_grad_sync(self)
+        if ckpt:
+            storage_cfg = cfg.replace(checkpoint_activations=True, checkpoint_num_layers=every)
+            configure_checkpoint_storage(storage_cfg, pipe_parallel_size=self.num_stages)
 
 
 def build_pipeline_model(cfg: GPTModelConfig, topology: Any = None, **kwargs: Any) -> GPT2ModelPipe:
