@@ -31,7 +31,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "tied": True,
         "zero": 3,
         "ckpt": 1,
-        "reentrant": True,
         "model": {"gpt_j_residual": True, "pos_emb": "learned"},
     },
     # untied head, ZeRO-3, gated MLP (strided column shards)
@@ -63,8 +62,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "use_bias_in_mlp": False,
         },
     },
-    # sequence parallelism (norm/dropout regions split on the sequence across the TP group)
-    "tied-z1-sp": {"tied": True, "zero": 1, "model": {"sequence_parallel": True, "gpt_j_residual": True}},
+    # sequence parallelism (norm/dropout regions split on the sequence across the TP group), QK layernorm,
+    # checkpoint every layer
+    "tied-z1-sp-qk": {
+        "tied": True,
+        "zero": 1,
+        "ckpt": 1,
+        "model": {"sequence_parallel": True, "gpt_j_residual": True, "use_qk_layernorm": True},
+    },
     # bf16 parameters and DeepSpeed bf16 (compared with a looser tolerance)
     "untied-bf16-z1": {"tied": False, "zero": 1, "bf16": True},
     # fp16 with dynamic loss scaling (DeepSpeed's fp16 check is overridden on CPUs without fp16 kernels)
@@ -92,6 +97,7 @@ def model_config(variant: dict[str, Any]) -> Any:
         "checkpoint_activations": bool(variant.get("ckpt")),
         "checkpoint_num_layers": int(variant.get("ckpt") or 1),
         "seed": SEED,
+        **variant.get("ckpt_opts", {}),
     }
     if variant.get("bf16") or variant.get("fp16"):
         kwargs["params_dtype"] = torch.bfloat16 if variant.get("bf16") else torch.float16
@@ -164,33 +170,12 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
     import deepspeed
 
     from megatron.model import build_pipeline_model, build_sequential_model
-    from megatron.model.activation_checkpointing import (
-        ActivationCheckpointConfig,
-        configure_activation_checkpointing,
-    )
     from megatron.parallel_config import ParallelConfig
 
     pipe_size = mpu.get_pipe_parallel_world_size() if pipe else 0
     cfg = model_config(variant)
-    configure_activation_checkpointing(
-        ActivationCheckpointConfig(
-            checkpoint_activations=cfg.checkpoint_activations,
-            checkpoint_num_layers=cfg.checkpoint_num_layers,
-            num_layers=LAYERS,
-            pipe_parallel_size=pipe_size,
-            gradient_accumulation_steps=GAS,
-            **variant.get("ckpt_opts", {}),
-        )
-    )
     mpu.model_parallel_cuda_manual_seed(SEED)
-    if variant.get("reentrant"):
-        import megatron.model.gpt2_model as gm
-
-        gm.non_reentrant_checkpoint = deepspeed.checkpointing.checkpoint
     model = build_pipeline_model(cfg) if pipe else build_sequential_model(cfg)
-    if cfg.sequence_parallel:
-        # TEMPORARY (until the model builders do it): norm weights see only this rank's tokens under SP.
-        mpu.mark_norms_for_sequence_parallel_grad_sync(model)
     layout = ParallelConfig(
         model_parallel_size=mpu.get_model_parallel_world_size(),
         pipe_parallel_size=pipe_size,
