@@ -122,6 +122,10 @@ class ParallelSelfAttention(nn.Module):
             seq_dim=0,
             output_sizes=(cfg.hidden_size, kv, kv) if cfg.is_gqa else None,
         )
+        if cfg.use_qk_layernorm and cfg.norm == "scalenorm" and mpu.get_model_parallel_world_size() > 1:
+            # ScaleNorm's single gain would be shared by all heads across TP ranks (a replicated parameter with
+            # partial gradients), which no sync handles yet.
+            raise ValueError("use_qk_layernorm with norm: scalenorm is not supported with model_parallel_size > 1")
         if cfg.use_qk_layernorm:  # GPT-NeoX: ONE norm over [heads/tp, hn] applied to q and to k
             self.qk_layernorm = build_norm(cfg, [self.np, self.hn])
             if cfg.is_gqa:  # extension (GPT-NeoX has no QK norm with GQA): k has its own [kv/tp, hn] norm

@@ -79,13 +79,9 @@ def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
     return model_lib.build_sequential_model(cfg), cfg
 
 
-def _check_parallel_zero(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> None:
+def _check_pipe_fp16(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> None:
+    """ZeRO-2/3 with a pipeline is refused by ParallelConfig; this is the pipeline's other DeepSpeed limit."""
     pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
-    if pipe and zero_stage >= 2:
-        raise ValueError(
-            f"zero_optimization.stage {zero_stage} cannot be combined with pipe_parallel_size >= 1 (DeepSpeed "
-            "limit); use stage 0 or 1, or pipe_parallel_size: 0"
-        )
     if pipe and zero_stage == 0 and (ds_config.get("fp16") or {}).get("enabled"):
         raise ValueError(
             "fp16 with pipe_parallel_size >= 1 needs zero_optimization.stage 1: DeepSpeed 0.19.8's pipeline engine "
@@ -124,12 +120,10 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     opt_cfg = OptimizerConfig.from_neox_args(args)
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
-    _check_parallel_zero(args, opt_cfg.zero_stage, ds_config)
+    _check_pipe_fp16(args, opt_cfg.zero_stage, ds_config)
     _allow_fp16_on_cpu(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, _ = build_model(args)
-    if getattr(args, "sequence_parallel", False):
-        mpu.mark_norms_for_sequence_parallel_grad_sync(model)  # idempotent: norms see only this rank's tokens
+    model, _ = build_model(args)  # the builders also register the sequence-parallel norm-gradient sync
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
     pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1

@@ -121,6 +121,11 @@ def tp_rank_fn(tp: int, cases: dict) -> dict:
         out["mqa_error"] = None
     except ValueError as exc:
         out["mqa_error"] = str(exc)
+    try:
+        build_sequential_model(_cfg(use_qk_layernorm=True, norm="scalenorm"))
+        out["qk_scalenorm_error"] = None
+    except ValueError as exc:
+        out["qk_scalenorm_error"] = str(exc)
     return _portable(out)
 
 
@@ -150,6 +155,7 @@ def test_tensor_and_sequence_parallel_match_tp1() -> None:
     for r in ranks:
         assert torch.equal(r["decode"], expected)
         assert r["mqa_error"] == "num_kv_heads=1 must be divisible by model_parallel_size=2"
+        assert "scalenorm is not supported with model_parallel_size > 1" in r["qk_scalenorm_error"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
