@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron.config_utils import neox_overrides
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,11 +28,7 @@ class InitConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> InitConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
-        defaults = cls()
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            values[name] = getattr(defaults, name) if value is None else value
+        values = neox_overrides(cls, args)
         return cls(**values)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from megatron.config_utils import neox_overrides
+
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]
 ForwardFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
@@ -33,11 +35,7 @@ class SamplingConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> SamplingConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
-        defaults = cls()
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            values[name] = getattr(defaults, name) if value is None else value
+        values = neox_overrides(cls, args)
         cfg = cls(**values)
         cfg.validate()
         return cfg

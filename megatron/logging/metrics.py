@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from megatron.config_utils import neox_overrides
+
 logger = logging.getLogger("megatron.train")
 
 
@@ -37,11 +39,7 @@ class LoggingConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> LoggingConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
-        defaults = cls()
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            values[name] = getattr(defaults, name) if value is None else value
+        values = neox_overrides(cls, args)
         return cls(**values)
 
 

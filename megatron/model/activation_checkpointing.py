@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from megatron.config_utils import neox_overrides
+
 logger = logging.getLogger(__name__)
 
 
@@ -69,11 +71,7 @@ class ActivationCheckpointConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> ActivationCheckpointConfig:
         """Read GPT-NeoX's flat attribute names (None = default)."""
-        defaults = cls()
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            values[name] = getattr(defaults, name) if value is None else value
+        values = neox_overrides(cls, args)
         return cls(**values)
 
     @property

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megatron.config_utils import neox_overrides
+
 logger = logging.getLogger(__name__)
 
 EOD_TOKEN = "<|endoftext|>"
@@ -41,12 +43,7 @@ class TokenizerConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> TokenizerConfig:
         """Read GPT-NeoX's flat attribute names with getattr (missing ones keep the defaults)."""
-        kwargs = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            if value is not None:
-                kwargs[name] = value
-        return cls(**kwargs)
+        return cls(**neox_overrides(cls, args))
 
 
 def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:

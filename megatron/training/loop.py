@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron.config_utils import neox_overrides
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.timers import Timers
@@ -43,11 +44,7 @@ class LoopConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
         if getattr(args, "train_iters", None) is None:
             raise ValueError("train_iters must be set (train_epochs is converted to train_iters by the config)")
-        defaults = cls(0, 0)
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            values[name] = getattr(defaults, name) if value is None else value
+        values = neox_overrides(cls, args)
         return cls(**values)
 
 
