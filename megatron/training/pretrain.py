@@ -21,6 +21,7 @@ from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
 from megatron.logging.timers import Timers
 from megatron.training import checkpointing as ckpt
+from megatron.training.grad_clipping import install_fp32_clipping
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
@@ -89,23 +90,6 @@ def _check_pipe_fp16(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> N
         )
 
 
-def _record_fp32_grad_norm(engine: Any) -> None:
-    """Keep the gradient norm DeepSpeed computes when clipping fp32 gradients without a wrapper optimizer.
-
-    DeepSpeed 0.19.8 only reports ``get_global_grad_norm()`` from its wrapper optimizers (ZeRO, fp16, bf16); for a
-    plain fp32 optimizer the clipping norm is computed and dropped, so ``log_grad_norm`` would log nothing.
-    """
-    if hasattr(engine.optimizer, "_global_grad_norm") or engine.gradient_clipping() <= 0:
-        return
-    from deepspeed.runtime.utils import clip_grad_norm_
-
-    def clip_fp32_gradients() -> None:
-        norm = clip_grad_norm_(engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu)
-        engine._global_grad_norm = float(norm)
-
-    engine.clip_fp32_gradients = clip_fp32_gradients
-
-
 def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
@@ -136,7 +120,7 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
         mpu=None if pipe else mpu.get_deepspeed_mpu(),
         dist_init_required=False,
     )
-    _record_fp32_grad_norm(engine)
+    install_fp32_clipping(engine)  # DeepSpeed's fp32 clipping norm is wrong under pipelines (and unrecorded)
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)

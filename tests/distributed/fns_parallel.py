@@ -26,6 +26,8 @@ GLOBAL_BATCH, GAS, STEPS, SEED = 4, 2, 5, 1234
 VARIANTS: dict[str, dict[str, Any]] = {
     # tied embeddings, ZeRO-1, rotary, sequential residual
     "tied-z1": {"tied": True, "zero": 1},
+    # tied, ZeRO-0: a plain fp32 optimizer, clipped by megatron.training.grad_clipping (pipelines included)
+    "tied-z0": {"tied": True, "zero": 0},
     # tied, ZeRO-3 (every parameter partitioned), parallel residual, checkpoint every layer
     "tied-z3-ckpt": {
         "tied": True,
@@ -171,6 +173,7 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
 
     from megatron.model import build_pipeline_model, build_sequential_model
     from megatron.parallel_config import ParallelConfig
+    from megatron.training.grad_clipping import install_fp32_clipping
 
     pipe_size = mpu.get_pipe_parallel_world_size() if pipe else 0
     cfg = model_config(variant)
@@ -194,6 +197,7 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
         mpu=None if pipe else mpu,
         dist_init_required=False,
     )
+    install_fp32_clipping(engine)  # what pretrain() does: DeepSpeed's own fp32 clipping norm is wrong under PP
     return engine, cfg
 
 
