@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from megatron.neox_arguments.sections.model import ATTENTION_TYPES
+
 logger = logging.getLogger(__name__)
 
 NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm", "te_layernorm", "te_rmsnorm")
@@ -34,19 +36,7 @@ INIT_METHODS = (
     "single_residual_scaled_normal",
 )
 SUPPORTED_ATTENTION = ("global", "flash", "local")
-KNOWN_ATTENTION = (
-    "global",
-    "local",
-    "sparse_fixed",
-    "sparse_variable",
-    "bigbird",
-    "bslongformer",
-    "gmlp",
-    "amlp",
-    "flash",
-    "rwkv",
-    "mamba",
-)
+KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 PRECISIONS = {
     "fp32": torch.float32,
     "float32": torch.float32,
