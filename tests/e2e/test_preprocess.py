@@ -13,9 +13,10 @@ import zstandard
 
 from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
 from megatron.tokenizer import HFTokenizer
+from tests import shared_files
 from tests.harness import PYTHON, REPO_ROOT, run_command
 
-GPT2_JSON = REPO_ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2.json"
+GPT2_JSON = shared_files.SHARED / "data" / "tokenizers" / "gpt2.json"
 TOOLS = REPO_ROOT / "tools" / "datasets"
 pytestmark = pytest.mark.skipif(not GPT2_JSON.exists(), reason="shared gpt2.json not on this machine")
 

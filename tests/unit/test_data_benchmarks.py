@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from tests import shared_files
 from tests.harness import PYTHON, REPO_ROOT, run_command
 
-GPT2_JSON = REPO_ROOT.parent / "shared" / "data" / "tokenizers" / "gpt2.json"
+GPT2_JSON = shared_files.SHARED / "data" / "tokenizers" / "gpt2.json"
 
 
 def last_json(stdout: str) -> dict:

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+from tests import shared_files
 
 REPO = Path(__file__).resolve().parents[2]
-REF = "/work/shared/reference/gpt-neox-configs"
+REF = str(shared_files.SHARED / "reference" / "gpt-neox-configs")
 ENV = LaunchEnv(world_size=None, on_cpu=True)
 
 SETUP = "local_setup.yml"

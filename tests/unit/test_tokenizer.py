@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,8 +20,9 @@ from megatron.tokenizer import (
     padded_vocab_size,
 )
 from megatron.tokenizer.train_tokenizer import train_tokenizer
+from tests import shared_files
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = shared_files.SHARED / "data"
 TOKENIZER_20B = SHARED / "tokenizers" / "20B_tokenizer.json"
 GPT2_JSON = SHARED / "tokenizers" / "gpt2.json"
 SHAKESPEARE = SHARED / "corpora" / "tinyshakespeare.txt"

@@ -1,0 +1,26 @@
+"""Where the project's shared reference files (tokenizers, corpora, GPT-NeoX configs) are, for tests only.
+
+The project never reads them at run time. They normally lie in ``shared/`` beside the clone; ``NEOX_FORGE_SHARED``
+points elsewhere. Tests that need them skip when they are absent, except under CI (``CI=true``), where a missing
+``shared/`` is an error so that coverage cannot silently shrink.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _find() -> Path:
+    candidates = [os.environ.get("NEOX_FORGE_SHARED"), REPO_ROOT.parent / "shared", "/work/shared"]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "data").is_dir():
+            return Path(candidate)
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(f"shared/ reference files not found (looked in {candidates}); set NEOX_FORGE_SHARED")
+    return REPO_ROOT.parent / "shared"
+
+
+SHARED = _find()
