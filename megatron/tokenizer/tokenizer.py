@@ -70,6 +70,8 @@ class AbstractTokenizer(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._eod: int | None = None  # set by each subclass's constructor
+        self._pad: int | None = None
 
     @property
     @abstractmethod
@@ -77,9 +79,10 @@ class AbstractTokenizer(ABC):
         """Number of token ids (before padding for the model)."""
 
     @property
-    @abstractmethod
     def eod(self) -> int:
         """End-of-document id (appended by ``--append-eod``)."""
+        assert self._eod is not None, f"{self.name} did not set its end-of-document id"
+        return self._eod
 
     @property
     def eod_id(self) -> int:
@@ -88,7 +91,7 @@ class AbstractTokenizer(ABC):
     @property
     def pad(self) -> int:
         """Padding id (defaults to ``eod`` for tokenizers without a pad token)."""
-        return self.eod
+        return self.eod if self._pad is None else self._pad
 
     @abstractmethod
     def tokenize(self, text: str) -> list[int]:
@@ -128,14 +131,6 @@ class _TokenizersBackend(AbstractTokenizer):
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
-
-    @property
-    def eod(self) -> int:
-        return self._eod
-
-    @property
-    def pad(self) -> int:
-        return self._pad
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -205,18 +200,11 @@ class HFGPT2Tokenizer(AbstractTokenizer):
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"vocab_file {path!r}: the tokenizer has no eos token")
         self.tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+        self._eod, self._pad = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
 
     @property
     def vocab_size(self) -> int:
         return len(self.tokenizer)
-
-    @property
-    def eod(self) -> int:
-        return int(self.tokenizer.eos_token_id)
-
-    @property
-    def pad(self) -> int:
-        return int(self.tokenizer.pad_token_id)
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -260,14 +248,6 @@ class SPMTokenizer(AbstractTokenizer):
         return self.tokenizer.get_piece_size()
 
     @property
-    def eod(self) -> int:
-        return self._eod
-
-    @property
-    def pad(self) -> int:
-        return self._pad
-
-    @property
     def vocab(self) -> dict[str, int]:
         return {self.tokenizer.id_to_piece(i): i for i in range(self.vocab_size)}
 
@@ -288,18 +268,11 @@ class CharLevelTokenizer(AbstractTokenizer):
     def __init__(self, vocab_size: int = 512) -> None:
         super().__init__("CharLevelTokenizer")
         self._vocab_size = vocab_size
+        self._eod, self._pad = 0, 1
 
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
-
-    @property
-    def eod(self) -> int:
-        return 0
-
-    @property
-    def pad(self) -> int:
-        return 1
 
     def tokenize(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -348,10 +321,6 @@ class TiktokenTokenizer(AbstractTokenizer):
     @property
     def vocab_size(self) -> int:
         return self.encoding.n_vocab
-
-    @property
-    def eod(self) -> int:
-        return self._eod
 
     def tokenize(self, text: str) -> list[int]:
         return self.encoding.encode(text, allowed_special="all")
