@@ -8,7 +8,6 @@ import torch
 
 from megatron.model.config import GPTModelConfig
 
-
 _CACHE: dict[str, dict[str, tuple[int, ...]]] = {}  # by the config's repr: the shapes depend on nothing else
 
 

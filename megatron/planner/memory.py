@@ -4,7 +4,8 @@ Bytes per parameter follow what DeepSpeed allocates for the configured precision
 
 * fp16 (any stage), bf16 with ZeRO >= 1: 16-bit weights and gradients, fp32 master weights and optimizer
   states; ZeRO-1 shards master + states over the DP ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights
-  (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard).
+  (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard,
+  when there is more than one DP rank).
 * fp32: the optimizer steps the weights themselves at ZeRO-0 and ZeRO-3; ZeRO-1/2 still keep an fp32 copy of
   the rank's partition.
 * bf16 without ZeRO: DeepSpeed's bf16 DDP path steps the bf16 weights (bf16 states); with a pipeline it uses
@@ -131,7 +132,7 @@ def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMe
     layout = bytes_per_param(setup)
     held, dp = params.total, setup.dp
     shard = math.ceil(held / dp)
-    if setup.zero_stage == 3:
+    if setup.zero_stage == 3 and dp > 1:  # at dp=1 the partition is the parameter itself
         persistent = sum(n for n in params.numels if n <= setup.param_persistence_threshold)
         weights = (persistent + shard) * layout.weights
     else:
