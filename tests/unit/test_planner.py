@@ -98,7 +98,10 @@ def test_warnings_for_a_plan_that_does_not_fit(capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["configs/20B.yml", "--gpus", "12"], "world size 12 is not divisible by max(pipe_parallel_size, 1) x model_parallel_size = 8"),
+        (
+            ["configs/20B.yml", "--gpus", "12"],
+            "world size 12 is not divisible by max(pipe_parallel_size, 1) x model_parallel_size = 8",
+        ),
         ([*TINY, "--gpu-memory", "lots"], "--gpu-memory 'lots': expected a positive size"),
         ([*TINY, "--gpus-per-node", "0"], "--gpus-per-node 0: must be > 0"),
         ([*TINY, "--vocab-size", "0"], "--vocab-size 0: must be > 0"),
