@@ -16,6 +16,7 @@ from tests.harness import run_distributed
 pytestmark = pytest.mark.distributed
 
 STAGES = (0, 1, 3)
+PIPE = 2  # on 2 ranks also ZeRO-1 with 2 pipeline stages (rank 0: stage 0 with the tied embedding)
 TAGS = ("param_optimizer_bytes", "param_bytes", "master_param_bytes", "optimizer_state_bytes", "grad_bytes")
 
 
@@ -34,6 +35,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str], world: int, tmp_path: Path) -> None:
+    cases = [(stage, 0) for stage in STAGES] + ([(1, PIPE)] if world == 2 else [])
     configs = [
         tiny_config(
             data,
@@ -43,14 +45,15 @@ def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str],
             eval_iters=0,
             log_interval=1,
             zero_optimization={"stage": stage},
-            tensorboard_dir=str(tmp_path / f"tb{stage}"),
+            pipe_parallel_size=pp,
+            tensorboard_dir=str(tmp_path / f"tb{stage}_{pp}"),
         )
-        for stage in STAGES
+        for stage, pp in cases
     ]
     runs = run_distributed(run_pretrain_many, world, configs, timeout=400)[0]
-    assert [r["zero_stage"] for r in runs] == list(STAGES)
-    for stage, config in zip(STAGES, configs, strict=True):
-        measured = _tb_scalars(tmp_path / f"tb{stage}")
+    assert [r["zero_stage"] for r in runs] == [stage for stage, _ in cases]
+    for (stage, pp), config in zip(cases, configs, strict=True):
+        measured = _tb_scalars(tmp_path / f"tb{stage}_{pp}")
         assert all(len(v) == 1 for v in measured.values()), measured  # logged once, after the first step
         args = NeoXArgs.from_dict(config)
         assert set_padded_vocab(args) == []  # the tiny tokenizer is read, no fallback
@@ -58,7 +61,7 @@ def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str],
         predicted = plan.ranks[0]
         got = measured["param_optimizer_bytes"][0]
         assert got == sum(measured[t][0] for t in TAGS[1:4])
-        assert predicted.param_optimizer == pytest.approx(got, rel=0.15), (stage, world, predicted, measured)
+        assert predicted.param_optimizer == pytest.approx(got, rel=0.15), (stage, pp, world, predicted, measured)
         # The parts agree as well: weights, fp32 master copies and Adam moments.
         assert predicted.parameters == pytest.approx(measured["param_bytes"][0], rel=0.15)
         assert predicted.optimizer_states == pytest.approx(measured["optimizer_state_bytes"][0], rel=0.15)
