@@ -71,6 +71,7 @@ class TrainingSetup:
     checkpoint_activations: bool
     checkpoint_num_layers: int
     partition_activations: bool
+    sequence_parallel: bool
     flash_attention: bool
     optimizer_type: str
     grad_accum_fp32: bool
@@ -79,6 +80,7 @@ class TrainingSetup:
     overlap_comm: bool
     param_persistence_threshold: int
     prefetch_bucket_size: int
+    offload: tuple[str, ...]  # ZeRO offload sections set (offload_optimizer, offload_param)
 
     @property
     def stages(self) -> int:
@@ -115,6 +117,7 @@ class TrainingSetup:
             checkpoint_activations=bool(args.checkpoint_activations),
             checkpoint_num_layers=max(int(args.checkpoint_num_layers or 1), 1),
             partition_activations=bool(args.partition_activations),
+            sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
             flash_attention=bool(attention) and all(t == "flash" for t in attention),
             optimizer_type=str(args.optimizer_type or "adam").lower(),
             grad_accum_fp32=str(data_types.get("grad_accum_dtype", "")).lower() in ("fp32", "float32"),
@@ -123,4 +126,5 @@ class TrainingSetup:
             overlap_comm=bool(zero.get("overlap_comm", False)),
             param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
             prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
+            offload=tuple(k for k in ("offload_optimizer", "offload_param") if zero.get(k)),
         )

@@ -12,8 +12,8 @@ Bytes per parameter follow what DeepSpeed allocates for the configured precision
   its BF16 optimizer (fp32 master and states sharded over DP, fp32 gradients).
 
 Activations per micro-batch and transformer layer on one TP rank (Korthikanti et al. 2022, 16-bit):
-``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (the attention-score term drops with flash
-attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
+``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
+attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
 ``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
 ``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule).
 """
@@ -86,7 +86,8 @@ def _layer_activation_bytes(setup: TrainingSetup) -> dict[str, float]:
     s, b, h, a, t = setup.seq_length, setup.micro_batch, setup.hidden_size, setup.num_heads, setup.tp
     scale = setup.param_bytes / 2  # the formula counts 16-bit activations
     scores = 0.0 if setup.flash_attention else 5.0 * a * s / (h * t)
-    full = s * b * h * (10.0 + 24.0 / t + scores) * scale
+    replicated = 10.0 / t if setup.sequence_parallel else 10.0  # layer norms and dropouts, split by SP
+    full = s * b * h * (replicated + 24.0 / t + scores) * scale
     checkpoint = 2.0 * s * b * h * scale
     return {"full": full, "checkpoint": checkpoint, "partitioned": checkpoint / t}
 

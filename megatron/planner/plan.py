@@ -67,6 +67,10 @@ def _warnings(plan: Plan) -> list[str]:
                 f"pipeline groups span {p.nodes_spanned} nodes: stage-to-stage activations cross the inter-node "
                 "network (the topology puts pipe outermost, data-parallel replicas between stages)"
             )
+    if setup.offload:
+        out.append(
+            f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
+        )
     bubble = (setup.stages - 1) / setup.gas
     if bubble > BUBBLE_WARNING:
         out.append(

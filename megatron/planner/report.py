@@ -82,7 +82,7 @@ def format_plan(plan: Plan) -> str:
     for key, label in MEMORY_ROWS:
         lines.append(f"  {label:<24}" + "".join(f"{_gb(getattr(r, key)):>14}" for r in plan.ranks))
     lines.append(f"  {'total':<24}" + "".join(f"{_gb(r.total):>14}" for r in plan.ranks))
-    lines.append(f"  {'of GPU memory':<24}" + "".join(f"{r.total / hw.gpu_memory_bytes:>13.0%} " for r in plan.ranks))
+    lines.append(f"  {'of GPU memory':<24}" + "".join(f"{r.total / hw.gpu_memory_bytes:>14.0%}" for r in plan.ranks))
     worst = plan.worst
     per_mb = worst.activations_per_micro_batch
     lines += [

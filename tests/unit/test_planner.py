@@ -95,6 +95,19 @@ def test_warnings_for_a_plan_that_does_not_fit(capsys: pytest.CaptureFixture[str
     assert plan["throughput"]["bubble_s"] == pytest.approx(plan["throughput"]["compute_s"] / 2)
 
 
+def test_offload_warning_and_sequence_parallel_activations(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*TINY, "--model_parallel_size", "2", "--num_gpus", "2", "--checkpoint_activations", "false"]
+    plain = _plan_json(capsys, *argv)
+    zero = '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+    sp = _plan_json(capsys, *argv, "--sequence_parallel", "true", "--zero_optimization", zero)
+    assert "--gpus not given: planning for 2 GPUs" in plain["warnings"]
+    assert any("offload_optimizer: the plan ignores offloading" in w for w in sp["warnings"])
+    key = "no_checkpointing_kept"
+    plain_mb, sp_mb = (p["memory"]["per_rank"][0]["activations_per_micro_batch"][key] for p in (plain, sp))
+    s, b, h = 64, 2, 64  # configs/cpu/tiny.yml; sequence parallelism halves the 10·s·b·h part at TP 2 (fp32: x2)
+    assert plain_mb - sp_mb == 2 * 2 * 5 * s * b * h
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
