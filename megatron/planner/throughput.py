@@ -81,9 +81,8 @@ def estimate_step(
     tensor = setup.gas * layers_per_stage * per_layer * _ring(act, setup.tp, bw["tensor"])
     pipe = 0.0 if setup.stages == 1 else 2.0 * setup.gas * act / (bw["pipe"] * 1e9)
     grads = params_per_rank * setup.param_bytes
-    data = _ring(grads, setup.dp, bw["data"]) * (
-        1.5 if setup.zero_stage == 3 else 1.0
-    )  # ZeRO-3: 2 gathers + 1 reduce-scatter
+    zero3 = 1.5 if setup.zero_stage == 3 else 1.0  # ZeRO-3: 2 weight gathers + 1 reduce-scatter
+    data = _ring(grads, setup.dp, bw["data"]) * zero3
     return StepEstimate(
         model_flops=model,
         hardware_flops=hardware,
