@@ -16,7 +16,7 @@ from megatron.config_utils import neox_overrides
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.timers import Timers
-from megatron.training.memory_usage import param_optimizer_bytes
+from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
@@ -187,7 +187,7 @@ class Trainer:
             if self.log_cfg.log_param_norm:
                 scalars["train/param_norm"] = param_norm(self.engine)
             if len(state.history) == 1:  # once, after this run's first step (optimizer state exists by then)
-                scalars.update(self._memory(param_optimizer_bytes(self.engine)))
+                scalars.update(log_param_optimizer_bytes(self.engine))
             if state.iteration % self.log_cfg.log_interval == 0:
                 scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world))
                 self._console(state, scalars, interval_iters)
@@ -206,11 +206,6 @@ class Trainer:
                 state.exited_early = True
                 break
         return state
-
-    def _memory(self, scalars: dict[str, float]) -> dict[str, float]:
-        if self.rank == 0:
-            logger.info("memory held by rank 0 after the first step: %s", {k: int(v) for k, v in scalars.items()})
-        return scalars
 
     @staticmethod
     def _count(state: LoopState, result: StepResult) -> None:

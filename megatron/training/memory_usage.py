@@ -10,12 +10,15 @@ state: what the planner (``deepy.py --plan``) predicts per rank.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 PREFIX = "memory/"
+logger = logging.getLogger("megatron.train")
 
 
 def _inner_optimizer(engine: Any) -> Any:
@@ -85,3 +88,11 @@ def param_optimizer_bytes(engine: Any) -> dict[str, float]:
         f"{PREFIX}grad_bytes": float(grads),
         f"{PREFIX}param_optimizer_bytes": float(params + master + states),
     }
+
+
+def log_param_optimizer_bytes(engine: Any) -> dict[str, float]:
+    """:func:`param_optimizer_bytes`, also written to the console by rank 0 (the loop calls it once)."""
+    scalars = param_optimizer_bytes(engine)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        logger.info("memory held by rank 0: %s", ", ".join(f"{k} {int(v):,}" for k, v in scalars.items()))
+    return scalars
