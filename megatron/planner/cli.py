@@ -18,8 +18,13 @@ FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX config
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepy.py --plan", allow_abbrev=False, add_help=False)
-    p.add_argument("--plan", action="store_true")
+    p = argparse.ArgumentParser(
+        prog="deepy.py --plan",
+        usage="deepy.py --plan SCRIPT CONFIG [CONFIG ...] [planner flags] [--key value ...]",
+        description="Print a memory and throughput plan for the configs (docs/planner.md); launches nothing.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--plan", action="store_true", help="plan instead of launching")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in all (default: the config's, else TP x PP)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-memory", default="40GB", help="memory per GPU, e.g. 40GB, 80GiB")

@@ -129,3 +129,9 @@ def test_bad_input_is_a_clear_error(argv: list[str], message: str, capsys: pytes
 
 def test_parse_bytes() -> None:
     assert parse_bytes("40GB") == 40 * 10**9 and parse_bytes("80GiB") == 80 * 2**30 and parse_bytes("512") == 512
+
+
+def test_planner_flags_are_checked_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        deepy.main(["--plan", "train.py", *TINY, "--gpus", "abc"])
+    assert exc.value.code == 2 and "argument --gpus: invalid int value: 'abc'" in capsys.readouterr().err
