@@ -2,14 +2,14 @@
 
 Bytes per parameter follow what DeepSpeed allocates for the configured precision and ZeRO stage:
 
-* fp16 (any stage), bf16 with ZeRO >= 1: 16-bit weights and gradients, fp32 master weights and optimizer
+* fp16 and bf16 (any stage): 16-bit weights and gradients, fp32 master weights and optimizer
   states; ZeRO-1 shards master + states over the DP ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard,
   when there is more than one DP rank).
-* fp32: the optimizer steps the weights themselves at ZeRO-0 and ZeRO-3; ZeRO-1/2 still keep an fp32 copy of
-  the rank's partition.
-* bf16 without ZeRO: DeepSpeed's bf16 DDP path steps the bf16 weights (bf16 states); with a pipeline it uses
-  its BF16 optimizer (fp32 master and states sharded over DP, fp32 gradients).
+* fp32: the optimizer steps the weights themselves at ZeRO-0; ZeRO-1/2/3 still keep an fp32 copy of the rank's
+  partition (measured with DeepSpeed's CPU accelerator).
+* bf16 with a pipeline and ZeRO-0, or ZeRO-1 with fp32 gradient accumulation: DeepSpeed's BF16 optimizer (fp32
+  master and states sharded over DP, fp32 gradients); without a pipeline ZeRO-0 bf16 is like fp16.
 
 Activations per micro-batch and transformer layer on one TP rank (Korthikanti et al. 2022, 16-bit):
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
@@ -45,11 +45,10 @@ def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
     """The DeepSpeed optimizer layout for the setup's precision, ZeRO stage and optimizer."""
     floats = OPTIMIZER_STATE_FLOATS.get(setup.optimizer_type, 2)
     w, zero = setup.param_bytes, setup.zero_stage
-    if setup.precision == "bfloat16" and zero == 0 and setup.pp == 0:  # DDP_BFLOAT16: no master weights
-        return BytesPerParam(w, w, 0, floats * w, False, False)
-    if setup.precision == "bfloat16" and (zero == 0 or (zero == 1 and setup.grad_accum_fp32)):  # BF16_Optimizer
+    bf16_optimizer = (zero == 0 and setup.pp >= 1) or (zero == 1 and setup.grad_accum_fp32)
+    if setup.precision == "bfloat16" and bf16_optimizer:  # DeepSpeed's BF16_Optimizer
         return BytesPerParam(w, FP32, FP32, floats * FP32, False, True)
-    master = 0 if setup.precision == "fp32" and zero in (0, 3) else FP32
+    master = 0 if setup.precision == "fp32" and zero == 0 else FP32
     return BytesPerParam(w, w, master, floats * FP32, zero >= 2, zero >= 1)
 
 

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 PREFIX = "memory/"
+# fp32 master partitions of DeepSpeed's ZeRO-1/2, ZeRO-3 and BF16 optimizers
+MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
 logger = logging.getLogger("megatron.train")
 
 
@@ -34,6 +36,16 @@ def _module_tensors(engine: Any) -> Iterator[torch.Tensor]:
         yield p.data
         if hasattr(p, "ds_tensor"):
             yield p.ds_tensor
+
+
+def _master_tensors(engine: Any, opt: Any) -> Iterator[torch.Tensor]:
+    if opt is not None:
+        yield from (p for group in opt.param_groups for p in group["params"])
+    # ZeRO-3 hands its fp32 partitions to the torch optimizer only while it steps them; read them from the wrapper.
+    for name in MASTER_ATTRS:
+        for t in getattr(getattr(engine, "optimizer", None), name, None) or []:
+            if torch.is_tensor(t):
+                yield t
 
 
 def _state_tensors(opt: Any) -> Iterator[torch.Tensor]:
@@ -78,7 +90,7 @@ def param_optimizer_bytes(engine: Any) -> dict[str, float]:
         return total
 
     params = count(_module_tensors(engine))
-    master = count(p for group in (opt.param_groups if opt is not None else []) for p in group["params"])
+    master = count(_master_tensors(engine, opt))
     states = count(_state_tensors(opt))
     grads = count(_grad_tensors(engine, opt))
     return {

@@ -16,7 +16,7 @@ from tests.harness import run_distributed
 pytestmark = pytest.mark.distributed
 
 STAGES = (0, 1, 3)
-PIPE = 2  # on 2 ranks also ZeRO-1 with 2 pipeline stages (rank 0: stage 0 with the tied embedding)
+PIPE = 2  # rank 0 of 2 pipeline stages: stage 0, with the tied embedding
 TAGS = ("param_optimizer_bytes", "param_bytes", "master_param_bytes", "optimizer_state_bytes", "grad_bytes")
 
 
@@ -35,7 +35,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str], world: int, tmp_path: Path) -> None:
-    cases = [(stage, 0) for stage in STAGES] + ([(1, PIPE)] if world == 2 else [])
+    cases = [(stage, 0, "fp32") for stage in STAGES]
+    if world == 2:  # ZeRO-1 with a pipeline; bf16 ZeRO-3 (fp32 master partitions beside bf16 shards)
+        cases += [(1, PIPE, "fp32"), (3, 0, "bfloat16")]
     configs = [
         tiny_config(
             data,
@@ -46,14 +48,15 @@ def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str],
             log_interval=1,
             zero_optimization={"stage": stage},
             pipe_parallel_size=pp,
-            tensorboard_dir=str(tmp_path / f"tb{stage}_{pp}"),
+            precision=precision,
+            tensorboard_dir=str(tmp_path / f"tb{stage}_{pp}_{precision}"),
         )
-        for stage, pp in cases
+        for stage, pp, precision in cases
     ]
     runs = run_distributed(run_pretrain_many, world, configs, timeout=400)[0]
-    assert [r["zero_stage"] for r in runs] == [stage for stage, _ in cases]
-    for (stage, pp), config in zip(cases, configs, strict=True):
-        measured = _tb_scalars(tmp_path / f"tb{stage}_{pp}")
+    assert [(r["zero_stage"], r["params_dtype"]) for r in runs] == [(c[0], c[2].replace("fp", "float")) for c in cases]
+    for (stage, pp, precision), config in zip(cases, configs, strict=True):
+        measured = _tb_scalars(tmp_path / f"tb{stage}_{pp}_{precision}")
         assert all(len(v) == 1 for v in measured.values()), measured  # logged once, after the first step
         args = NeoXArgs.from_dict(config)
         assert set_padded_vocab(args) == []  # the tiny tokenizer is read, no fallback
@@ -61,7 +64,14 @@ def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str],
         predicted = plan.ranks[0]
         got = measured["param_optimizer_bytes"][0]
         assert got == sum(measured[t][0] for t in TAGS[1:4])
-        assert predicted.param_optimizer == pytest.approx(got, rel=0.15), (stage, pp, world, predicted, measured)
+        assert predicted.param_optimizer == pytest.approx(got, rel=0.15), (
+            stage,
+            pp,
+            precision,
+            world,
+            predicted,
+            measured,
+        )
         # The parts agree as well: weights, fp32 master copies and Adam moments.
         assert predicted.parameters == pytest.approx(measured["param_bytes"][0], rel=0.15)
         assert predicted.optimizer_states == pytest.approx(measured["optimizer_state_bytes"][0], rel=0.15)

@@ -67,11 +67,12 @@ def test_bytes_per_param_follow_deepspeed() -> None:
         return (b.weights, b.grads, b.master, b.states, b.grads_sharded, b.master_sharded)
 
     assert layout(precision="fp32", zero_stage=0) == (4, 4, 0, 8, False, False)
-    assert layout(precision="fp32", zero_stage=1) == (4, 4, 4, 8, False, True)  # ZeRO-1/2 copy the partition
-    assert layout(precision="fp32", zero_stage=3) == (4, 4, 0, 8, True, True)
+    assert layout(precision="fp32", zero_stage=1) == (4, 4, 4, 8, False, True)  # ZeRO >= 1 copies the partition
+    assert layout(precision="fp32", zero_stage=3) == (4, 4, 4, 8, True, True)
     assert layout(precision="fp16", zero_stage=0) == (2, 2, 4, 8, False, False)
     assert layout(precision="fp16", zero_stage=2) == (2, 2, 4, 8, True, True)
-    assert layout(precision="bfloat16", zero_stage=0) == (2, 2, 0, 4, False, False)  # bf16 DDP: no master
+    assert layout(precision="bfloat16", zero_stage=0) == (2, 2, 4, 8, False, False)  # DeepSpeed's fp16 wrapper
+    assert layout(precision="bfloat16", zero_stage=1, grad_accum_fp32=True) == (2, 4, 4, 8, False, True)
     assert layout(precision="bfloat16", zero_stage=0, pp=2) == (2, 4, 4, 8, False, True)  # BF16_Optimizer
     assert layout(precision="fp32", zero_stage=0, optimizer_type="sgd") == (4, 4, 0, 4, False, False)
 
