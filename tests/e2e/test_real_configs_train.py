@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from megatron.neox_arguments import NeoXArgs
 from tests.distributed.fns_train import make_tiny_data, run_pretrain_each
 from tests.e2e.shrink import ITERS, load_raw, shrink
-from tests.harness import run_distributed
+from tests.harness import PYTHON, free_port, run_command, run_distributed
 from tests.shared_files import SHARED
 from tests.unit.test_neox_args_configs import EXPECTED as REAL_EXPECTED
 
@@ -85,12 +86,25 @@ def _tokenizer_files(root: Path) -> dict[str, str]:
     }
 
 
+# GPT-NeoX's own training-test variants that no shipped config covers: name -> (base config, overrides)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "variant/sm3-fp16": (
+        "125M.yml",
+        {"optimizer": {"type": "sm3", "params": {"lr": 0.0006}}, "pipe_parallel_size": 0, "zero_optimization": None},
+    ),
+}
+
+
 def shrunk_runs(files: dict[str, str], out_dir: Path) -> dict[int, list[tuple[list[str], dict[str, Any]]]]:
     """world -> [(config names, shrunk config)]: configs that shrink to the same dict (our copies of GPT-NeoX's
     configs, model sizes of one family) are one run."""
     runs: dict[str, tuple[list[str], dict[str, Any], int]] = {}
-    for name, paths in model_configs().items():
-        cfg, world = shrink(load_raw(paths), files, out_dir)
+    named = [(name, load_raw(paths)) for name, paths in model_configs().items()]
+    for name, (base, overrides) in VARIANTS.items():
+        raw = {**load_raw([REPO / "configs" / base]), **overrides}
+        named.append((name, {k: v for k, v in raw.items() if v is not None}))
+    for name, raw in named:
+        cfg, world = shrink(raw, files, out_dir)
         NeoXArgs.from_dict(cfg)  # a shrunk config that no longer validates is a bug of the shrinking
         runs.setdefault(json.dumps(cfg, sort_keys=True), ([], cfg, world))[0].append(name)
     by_world: dict[int, list[tuple[list[str], dict[str, Any]]]] = {}
@@ -120,5 +134,41 @@ def test_every_config_trains_when_shrunk(files, tmp_path) -> None:
             else:
                 trained += names
     assert not failures, json.dumps(failures, indent=1)
-    assert sorted(trained) == sorted(configs)
+    assert sorted(trained) == sorted([*configs, *VARIANTS])
     print(f"trained {len(trained)} configs at worlds {sorted(by_world)}; refused at load: {refused_real_configs()}")
+
+
+def test_readme_command_with_only_the_size_shrunk(files, tmp_path) -> None:
+    """``python deepy.py train.py configs/125M.yml configs/local_setup.yml`` (pipeline engine, fp16, ZeRO-1,
+    wall_clock_breakdown, steps_per_print 10) with size, iterations and paths given on the command line."""
+    run = tmp_path / "run"
+    overrides = {
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "seq_length": 32,
+        "max_position_embeddings": 32,
+        "train_micro_batch_size_per_gpu": 2,
+        "train_iters": ITERS,
+        "lr_decay_iters": ITERS,
+        "log_interval": 1,
+        "data_path": files["data_path"],
+        "vocab_file": files["gpt2_vocab"],
+        "merge_file": files["gpt2_merges"],
+        "save": str(run / "checkpoints"),
+        "load": str(run / "checkpoints"),
+        "tensorboard_dir": str(run / "tensorboard"),
+        "log_dir": str(run / "logs"),
+        "num_gpus": 1,
+        "master_port": free_port(),
+    }
+    argv = [f"--{k}={v}" for k, v in overrides.items()]
+    res = run_command(
+        [PYTHON, "deepy.py", "train.py", "configs/125M.yml", "configs/local_setup.yml", *argv],
+        timeout=600,
+        env={"NEOX_FORGE_ALLOW_CPU_FP16": "1"},
+    )
+    assert f"training finished at iteration {ITERS}" in res.stdout, res.describe()
+    losses = [float(x) for x in re.findall(r"lm_loss: ([0-9.E+-]+)", res.stdout)]
+    assert len(losses) >= ITERS and all(math.isfinite(x) for x in losses)
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{ITERS}"
