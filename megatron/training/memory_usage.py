@@ -43,7 +43,8 @@ def _master_tensors(engine: Any, opt: Any) -> Iterator[torch.Tensor]:
         yield from (p for group in opt.param_groups for p in group["params"])
     # ZeRO-3 hands its fp32 partitions to the torch optimizer only while it steps them; read them from the wrapper.
     for name in MASTER_ATTRS:
-        for t in getattr(getattr(engine, "optimizer", None), name, None) or []:
+        value = getattr(getattr(engine, "optimizer", None), name, None)
+        for t in [value] if torch.is_tensor(value) else value if isinstance(value, list | tuple) else []:
             if torch.is_tensor(t):
                 yield t
 
