@@ -20,7 +20,7 @@ from megatron.neox_arguments import NeoXArgs
 from tests.distributed.fns_train import make_tiny_data, run_pretrain_each
 from tests.e2e.shrink import ITERS, load_raw, shrink
 from tests.harness import PYTHON, free_port, run_command, run_distributed
-from tests.shared_files import SHARED
+from tests.shared_files import SHARED, train_shakespeare_spm
 from tests.unit.test_neox_args_configs import EXPECTED as REAL_EXPECTED
 
 pytestmark = pytest.mark.distributed
@@ -62,27 +62,15 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 def _tokenizer_files(root: Path) -> dict[str, str]:
     """GPT-2 vocab/merges (from shared/'s gpt2.json) and a small SentencePiece model (vocab ≥ the data's 512)."""
-    import sentencepiece as spm
-
     model = json.loads((SHARED / "data" / "tokenizers" / "gpt2.json").read_text())["model"]
     (root / "vocab.json").write_text(json.dumps(model["vocab"]))
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     (root / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
-    lines = (SHARED / "data" / "corpora" / "tinyshakespeare.txt").read_text().splitlines()[:4000]
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_prefix=str(root / "spm"),
-        vocab_size=600,
-        model_type="bpe",
-        user_defined_symbols=["<|endoftext|>", "<|padding|>"],
-        byte_fallback=True,
-        num_threads=1,
-        minloglevel=2,
-    )
+    spm_model = train_shakespeare_spm(root / "spm", vocab_size=600, lines=4000)
     return {
         "gpt2_vocab": str(root / "vocab.json"),
         "gpt2_merges": str(root / "merges.txt"),
-        "spm_model": str(root / "spm.model"),
+        "spm_model": str(spm_model),
     }
 
 

@@ -30,7 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 SHARED = shared_files.SHARED / "data"
 TOKENIZER_20B = SHARED / "tokenizers" / "20B_tokenizer.json"
 GPT2_JSON = SHARED / "tokenizers" / "gpt2.json"
-SHAKESPEARE = SHARED / "corpora" / "tinyshakespeare.txt"
 needs_shared = pytest.mark.skipif(not GPT2_JSON.exists(), reason="shared tokenizer files not on this machine")
 
 TEXTS = [
@@ -132,20 +131,8 @@ def test_hf_gpt2_tokenizer_adds_padding_token():
 
 @needs_shared
 def test_spm_tokenizer(tmp_path):
-    import sentencepiece as spm
-
-    lines = SHAKESPEARE.read_text().splitlines()[:3000]
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_prefix=str(tmp_path / "spm"),
-        vocab_size=400,
-        model_type="bpe",
-        user_defined_symbols=["<|endoftext|>", "<|padding|>"],
-        byte_fallback=True,
-        character_coverage=1.0,
-        num_threads=1,
-    )
-    tok = build_tokenizer(TokenizerConfig("SPMTokenizer", str(tmp_path / "spm.model")))
+    model = shared_files.train_shakespeare_spm(tmp_path / "spm", vocab_size=400)
+    tok = build_tokenizer(TokenizerConfig("SPMTokenizer", str(model)))
     assert isinstance(tok, SPMTokenizer)
     assert tok.vocab_size == 400
     assert tok.tokenizer.id_to_piece(tok.eod) == "<|endoftext|>"
