@@ -15,6 +15,7 @@ import torch.distributed as dist
 from megatron.config_utils import neox_overrides
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
+from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
 
@@ -147,6 +148,7 @@ class Trainer:
         save_fn: Callable[[int], None] | None = None,
         is_save_iter: Callable[[int], bool] | None = None,
         profile_dir: str = ".",
+        observer: RunObserver | None = None,
     ) -> None:
         self.engine, self.step, self.loop_cfg, self.log_cfg = engine, step, loop_cfg, log_cfg
         self.flops_cfg, self.metrics, self.timers = flops_cfg, metrics, timers
@@ -155,6 +157,7 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
+        self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -187,6 +190,8 @@ class Trainer:
                 scalars["train/param_norm"] = param_norm(self.engine)
             if state.iteration % self.log_cfg.log_interval == 0:
                 scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world))
+                scalars.update(self.observer.interval(state.iteration, interval_time, interval_iters))  # ETA, memory
+                self.observer.observe(scalars)
                 self._console(state, scalars, interval_iters)
                 interval_time, interval_iters = 0.0, 0
             self.metrics.log(scalars, state.iteration)
@@ -248,6 +253,7 @@ class Trainer:
             self.consumed_valid += self.loop_cfg.eval_iters * self.loop_cfg.train_batch_size
         results = {f"{prefix}/lm_loss": loss, f"{prefix}/lm_loss_ppl": math.exp(min(loss, 80.0))}
         self.metrics.log(results, iteration)
+        self.observer.evaluated(prefix, loss)
         if self.rank == 0:
             logger.info(
                 "%s results at iteration %d | lm_loss value: %.6E | lm_loss_ppl value: %.6E",
