@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from megatron.logging.progress import progress
+
 INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -178,6 +180,9 @@ def build_unpacked(
     return doc_idx, sample_idx, shuffle_idx
 
 
+BLEND_CHUNK = 1 << 16  # samples per progress-bar update
+
+
 def build_blending_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """GPT-NeoX's deterministic greedy blend: sample ``k`` goes to the dataset maximising
     ``w_d * max(k, 1) - count_d`` (first one on ties). Returns ``(dataset_index uint8, dataset_sample_index int64)``.
@@ -195,17 +200,20 @@ def build_blending_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, 
     choice = [0] * size
     # Inherently sequential (each pick depends on all earlier ones); plain floats keep it exact and fast enough.
     rng_n = range(1, n)
-    for k in range(size):
-        kd = float(k) if k > 1 else 1.0
-        best = 0
-        best_err = w[0] * kd - counts[0]
-        for d in rng_n:
-            err = w[d] * kd - counts[d]
-            if err > best_err:
-                best_err = err
-                best = d
-        choice[k] = best
-        counts[best] += 1
+    with progress(desc="blending datasets", total=size, unit="sample") as bar:
+        for lo in range(0, size, BLEND_CHUNK):  # the bar advances per chunk: nothing added to the inner loop
+            for k in range(lo, min(lo + BLEND_CHUNK, size)):
+                kd = float(k) if k > 1 else 1.0
+                best = 0
+                best_err = w[0] * kd - counts[0]
+                for d in rng_n:
+                    err = w[d] * kd - counts[d]
+                    if err > best_err:
+                        best_err = err
+                        best = d
+                choice[k] = best
+                counts[best] += 1
+            bar.update(min(BLEND_CHUNK, size - lo))
     dataset_index[:] = choice
     # The running count of each dataset before sample k is that sample's index inside its dataset.
     idx = dataset_index.astype(np.int64)

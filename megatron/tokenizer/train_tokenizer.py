@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from megatron.logging.progress import add_quiet_flag, bars_enabled, set_quiet
+
 logger = logging.getLogger(__name__)
 
 PRESETS = ("neox", "lossless")
@@ -77,7 +79,7 @@ def train_tokenizer(
         vocab_size=vocab_size,
         special_tokens=["<|endoftext|>", "<|padding|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=bars_enabled(),  # the tokenizers library draws its own bars on stderr
     )
     tok.train_from_iterator(iter_json_texts(input_dir, text_key, max_docs), trainer)
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
@@ -97,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text_key", default="text", help="JSON key holding the document text")
     parser.add_argument("--preset", default="neox", choices=PRESETS, help="neox: GPT-NeoX recipe; lossless: exact")
     parser.add_argument("--max_docs", type=int, default=None, help="train on at most this many documents")
+    add_quiet_flag(parser)
     args = parser.parse_args(argv)
+    set_quiet(args.quiet)
     try:
         size = train_tokenizer(
             args.json_input_dir,

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.preprocess import PreprocessConfig, preprocess
+from megatron.logging.progress import add_quiet_flag, set_quiet
 from megatron.tokenizer import TOKENIZER_TYPES
 
 
@@ -36,13 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--dataset-impl", default="mmap", choices=["lazy", "cached", "mmap"])
     g = p.add_argument_group("runtime")
     g.add_argument("--workers", type=int, default=1, help="tokenising processes")
-    g.add_argument("--log-interval", type=int, default=100, help="progress every N documents")
+    g.add_argument("--log-interval", type=int, default=100, help="refresh the progress bar's rates every N documents")
+    add_quiet_flag(g)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: prints what was written, or the error, and returns the exit code."""
     args = parse_args(argv)
+    set_quiet(args.quiet)
     cfg = PreprocessConfig(
         inputs=[s for s in args.input.split(",") if s],
         output_prefix=args.output_prefix,
