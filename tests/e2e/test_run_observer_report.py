@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from megatron.logging.run_report import build_figure, read_run, smooth, write_report
+from megatron.logging.wandb_reader import find_run_files, read_wandb_history
 from tests.distributed.fns_train import make_tiny_data, tiny_config
 from tests.harness import PYTHON, REPO_ROOT, free_port, run_command
 
@@ -43,6 +44,9 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         save=str(run / "checkpoints"),
         checkpoint_factor=6,
         tensorboard_dir=str(run / "tensorboard"),
+        log_dir=str(run / "logs"),
+        use_wandb=True,
+        wandb_project="neox-forge-test",
         log_grad_norm=True,
         peak_theoretical_tflops=1.0,
         master_port=free_port(),
@@ -83,6 +87,13 @@ def test_log_lines_carry_eta_and_per_rank_memory(two_rank_run: tuple[Path, str])
         assert all(len(v) == len(lines) for v in rank_values)
         largest = [max(a[1], b[1]) for a, b in zip(*rank_values)]
         assert [v for _, v in tb[f"memory/{key}"]] == pytest.approx(largest)
+    (wandb_file,) = find_run_files(run / "logs")  # the same scalars in (offline) W&B
+    rows = [r for r in read_wandb_history(wandb_file) if "runtime/eta_seconds" in r]
+    assert [r["_step"] for r in rows] == [s for s, _ in eta]
+    assert [r["runtime/eta_seconds"] for r in rows] == pytest.approx([v for _, v in eta], rel=1e-6)
+    assert [r["memory/rank1/peak_rss_gb"] for r in rows] == pytest.approx(
+        [v for _, v in tb["memory/rank1/peak_rss_gb"]], rel=1e-6
+    )
     first = re.search(r"r0 ([\d.]+)/([\d.]+) r1", lines[-1]).groups()
     assert float(first[0]) == pytest.approx(tb["memory/rank0/rss_gb"][-1][1], abs=0.006)
     assert float(first[1]) == pytest.approx(tb["memory/rank0/peak_rss_gb"][-1][1], abs=0.006)
