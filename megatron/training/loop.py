@@ -15,6 +15,7 @@ import torch.distributed as dist
 from megatron.config_utils import neox_overrides
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
+from megatron.logging.progress import progress
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
@@ -246,7 +247,8 @@ class Trainer:
     def evaluate(self, prefix: str, data_iter: Iterator[Any] | None, iteration: int) -> dict[str, float]:
         """``eval_iters`` evaluation iterations; logs ``<prefix>/lm_loss`` and ``<prefix>/lm_loss_ppl``."""
         self.engine.eval()
-        losses = [self.step.evaluate(data_iter) for _ in range(self.loop_cfg.eval_iters)]
+        batches = progress(range(self.loop_cfg.eval_iters), desc=f"{prefix} at iteration {iteration}", unit="batch")
+        losses = [self.step.evaluate(data_iter) for _ in batches]  # the bar: rank 0 on a terminal only
         self.engine.train()
         loss = sum(losses) / max(len(losses), 1)
         if prefix == "validation":
