@@ -9,23 +9,14 @@ import struct
 from pathlib import Path
 
 import pytest
-import yaml
 
 from megatron.logging.run_report import build_figure, read_run, smooth, write_report
 from megatron.logging.wandb_reader import find_run_files, read_wandb_history
-from tests.distributed.fns_train import make_tiny_data, tiny_config
+from tests.distributed.fns_train import deepy_train, make_tiny_data, tensorboard_scalars, tiny_config
 from tests.harness import PYTHON, REPO_ROOT, free_port, run_command
 
 pytestmark = pytest.mark.distributed
 ITERS, LOG_INTERVAL = 12, 3
-
-
-def _tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(path), size_guidance={"scalars": 0})
-    ea.Reload()
-    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +42,7 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         peak_theoretical_tflops=1.0,
         master_port=free_port(),
     )
-    cfg.pop("global_num_gpus")
-    cfg["num_gpus"] = 2
-    config_file = tmp / "observe.yml"
-    config_file.write_text(yaml.safe_dump(cfg))
-    out = run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=600).stdout
+    out = deepy_train(cfg, tmp / "observe.yml", world=2)
     assert f"training finished at iteration {ITERS}" in out
     return run, out
 
@@ -74,7 +61,7 @@ def test_log_lines_carry_eta_and_per_rank_memory(two_rank_run: tuple[Path, str])
         assert 0.05 < rss0 <= peak0 < 64 and 0.05 < rss1 <= peak1 < 64  # a torch process: >50 MB, <64 GB
     assert etas[-1] == 0  # nothing left at the last iteration
 
-    tb = _tensorboard_scalars(run / "tensorboard")
+    tb = tensorboard_scalars(run / "tensorboard")
     eta = tb["runtime/eta_seconds"]
     assert [s for s, _ in eta] == list(range(LOG_INTERVAL, ITERS + 1, LOG_INTERVAL))
     assert eta[-1][1] == 0.0 and all(v >= 0 for _, v in eta)
@@ -107,7 +94,7 @@ def test_end_of_run_summary_line(two_rank_run: tuple[Path, str]) -> None:
     assert fields["tokens seen"] == f"{ITERS * 8 * 32:,}"  # iterations x global batch (2 ranks x 4) x seq 32
     assert re.fullmatch(r"\d+:\d\d:\d\d", fields["wall time"])
     assert float(fields["mean tokens/sec"]) > 0
-    tb = _tensorboard_scalars(run / "tensorboard")
+    tb = tensorboard_scalars(run / "tensorboard")
     mfu = [v for _, v in tb["runtime/model_flops_utilization"]]
     assert float(fields["mean MFU (%)"]) == pytest.approx(sum(mfu) / len(mfu), abs=0.006)
     best = min(v for _, v in tb["validation/lm_loss"])
@@ -124,7 +111,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_plot_run_report_matches_logged_values(two_rank_run: tuple[Path, str], tmp_path: Path) -> None:
     run, _ = two_rank_run
-    tb = _tensorboard_scalars(run / "tensorboard")
+    tb = tensorboard_scalars(run / "tensorboard")
     out = run_command([PYTHON, "tools/plot_run.py", str(run), "--out", str(tmp_path / "r.png")]).stdout
     assert f"run report written to {tmp_path / 'r.png'}" in out
     png = tmp_path / "r.png"
@@ -163,7 +150,7 @@ def test_plot_run_overlays_runs_and_writes_self_contained_html(two_rank_run: tup
     page = write_report(fig, runs, tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page
     assert "http://" not in page.split("<svg", 1)[0] and "<script src" not in page  # nothing fetched
-    step, value = _tensorboard_scalars(run / "tensorboard")["train/lm_loss"][-1]
+    step, value = tensorboard_scalars(run / "tensorboard")["train/lm_loss"][-1]
     assert page.count(f"<td>{value:.6g} (iteration {step})</td>") == 2  # both runs' tables
     assert math.isfinite(value)
 
