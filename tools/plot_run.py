@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--names: {len(args.names)} names for {len(args.runs)} runs")
         names = args.names or [None] * len(args.runs)
         runs = [read_run(path, name) for path, name in zip(args.runs, names)]
+        for i, run in enumerate(runs):  # two folders with the same name: number them in the legend
+            if any(r.name == run.name for r in runs[:i]):
+                run.name = f"{run.name} ({i + 1})"
         out = write_report(build_figure(runs, args.smoothing), runs, args.out)
     except ValueError as e:
         print(f"plot_run.py: error: {e}", file=sys.stderr)

@@ -147,7 +147,11 @@ def test_plot_run_overlays_runs_and_writes_self_contained_html(two_rank_run: tup
     assert {"a|train/lm_loss|raw", "b|train/lm_loss|raw", "a|validation/lm_loss|points"} <= gids
     colours = {line.get_gid(): line.get_color() for line in loss_ax.get_lines()}
     assert colours["a|train/lm_loss|raw"] != colours["b|train/lm_loss|raw"]
-    page = write_report(fig, runs, tmp_path / "report.html").read_text()
+    assert write_report(fig, runs, tmp_path / "inproc.html").read_text().count("<h2>") == 2
+    html = tmp_path / "report.html"  # the CLI, two folders of one run: legend names numbered
+    run_command([PYTHON, "tools/plot_run.py", str(run), str(run / "tensorboard"), "--out", str(html)])
+    page = html.read_text()
+    assert "<h2>run</h2>" in page and "<h2>run (2)</h2>" in page
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page
     assert "http://" not in page.split("<svg", 1)[0] and "<script src" not in page  # nothing fetched
     step, value = tensorboard_scalars(run / "tensorboard")["train/lm_loss"][-1]
