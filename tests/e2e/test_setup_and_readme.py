@@ -19,10 +19,10 @@ ENTRY_POINTS = sorted(
         "deepy.py",
         "train.py",
         "generate.py",
+        "prepare_data.py",
         *(str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.glob("tools/**/*.py") if not p.name.startswith("_")),
     ]
 )
-STDLIB_ONLY = {"tools/datasets/corpora.py"}  # builds the corpus from the standard library: runs anywhere
 
 
 def _bare(args: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,7 @@ def _bare(args: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess
     )
 
 
-@pytest.mark.parametrize("script", [s for s in ENTRY_POINTS if s not in STDLIB_ONLY])
+@pytest.mark.parametrize("script", ENTRY_POINTS)
 def test_entry_point_under_bare_python_prints_one_line_hint(script: str) -> None:
     args = (
         [script, "train.py", "configs/cpu/quickstart.yml", "--dry-run"] if script == "deepy.py" else [script, "--help"]
@@ -54,12 +54,6 @@ def test_hint_names_setup_paths_from_another_folder(tmp_path: Path) -> None:
     result = _bare([str(REPO_ROOT / "tools/ckpts/reshard_checkpoint.py"), "--help"], cwd=tmp_path)
     assert result.returncode == 1
     assert f"`bash {REPO_ROOT}/scripts/bootstrap.sh && source {REPO_ROOT}/.venv/bin/activate`" in result.stderr
-
-
-def test_stdlib_only_tool_runs_under_bare_python() -> None:
-    for script in STDLIB_ONLY:
-        result = _bare([script, "--help"])
-        assert result.returncode == 0 and "usage:" in result.stdout, result
 
 
 def readme_commands(text: str) -> list[str]:
