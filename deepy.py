@@ -13,6 +13,7 @@ import contextlib
 import logging
 import sys
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.launcher.cli import parse_deepy_args
 from megatron.launcher.launch import (
     default_run_dir,
