@@ -14,6 +14,7 @@ from typing import Any
 
 from megatron.neox_arguments.derive import LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.ignored import ignored_warnings
 from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files, unknown_key_message
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.types import coerce_value, describe
@@ -128,6 +129,8 @@ class NeoXArgs:
         problems = unsupported_problems(resolved, defaults, origins) or problems + validate(resolved, origins, defaults)
         if problems:
             raise ConfigError(problems)
+        for line in ignored_warnings(resolved, defaults, origins):
+            logger.warning(line)
         if env.on_cpu and resolved["precision"] == "fp16":
             logger.warning("fp16 has no CPU kernels: DeepSpeed refuses fp16 on a CPU-only machine; use bf16 or fp32")
         object.__setattr__(self, "_sections", {name: cls() for name, cls in SECTIONS.items()})

@@ -67,7 +67,22 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "comet_others",
         )
     },
-    "s3_path": "S3 checkpoint upload",
+    **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
+    **{k: "parameter sharing across layers" for k in ("num_unique_layers", "param_sharing_style")},
+    **{
+        k: "REINFORCE (needs an online data server)"
+        for k in (
+            "fp32_reinforce",
+            "kl_impl",
+            "kl_div_beta",
+            "reinforce_leave_one_out",
+            "online_dataserver_ips",
+            "online_dataserver_ports",
+            "serve_model_weights",
+            "weight_server_port",
+        )
+    },
+    "precompute_model_name": "precomputed reference log-probs (text_gen_type: precompute)",
     "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "autotuning": "DeepSpeed autotuning",
@@ -87,6 +102,9 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
         "gmlp": "gMLP",
         "amlp": "aMLP",
     },
+    "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
+    "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
+    "text_gen_type": {"precompute": "precomputed reference log-probs (text_gen_type: precompute)"},
 }
 
 
