@@ -4,6 +4,9 @@ at 1 rank and at TP=2 / DP=2 (same first losses as 1 rank in fp32)."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ from tests.harness import run_distributed
 from tests.post_training_data import kto_rows, make_chat_tokenizer, pair_rows, sft_rows, write_jsonl
 
 pytestmark = pytest.mark.distributed
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +92,12 @@ def _decode(tok: Path, ids: list[int]) -> str:
     return AutoTokenizer.from_pretrained(str(tok)).decode(ids)
 
 
-def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any]) -> None:
+def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any], tmp_path: Path) -> None:
     cfgs = configs(data)
+    # The reward model starts from the SFT model's checkpoint (non-strict: the LM head is replaced by rm_linear).
+    cfgs["sft"].update(save=str(tmp_path / "sft_ckpt"), checkpoint_factor=1000)
+    cfgs["rm"].update(load=str(tmp_path / "sft_ckpt"), finetune=True, save=str(tmp_path / "rm_ckpt"))
+    cfgs["rm"]["checkpoint_factor"] = 1000
     sft, dpo, rm, kto = run_distributed(run_recorded_many, 1, list(cfgs.values()), timeout=600)[0]
     # SFT: the first loss was computed on exactly the assistant answers
     batch = sft["sft_batch"]
@@ -112,6 +120,33 @@ def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any]) -> None:
     assert kto["train_losses"][0] == pytest.approx(0.5, abs=1e-6)
     assert all(math.isfinite(x) for x in kto["train_losses"]) and kto["train_losses"][-1] < 0.5
     assert dpo["valid"] and rm["test"]
+    # The reward model exports as GPTNeoXForSequenceClassification and still prefers the chosen answers
+    hf_dir = tmp_path / "rm_hf"
+    r = subprocess.run(
+        [sys.executable, str(REPO / "tools/ckpts/convert_neox_to_hf.py"), "--input_dir", str(tmp_path / "rm_ckpt"),
+         "--output_dir", str(hf_dir), "--precision", "fp32", "--vocab-is-hf-tokenizer"],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    _check_hf_reward_model(hf_dir, data["tok"])
+
+
+def _check_hf_reward_model(hf_dir: Path, tok_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(hf_dir))
+    assert type(model).__name__ == "GPTNeoXForSequenceClassification" and model.config.num_labels == 1
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    wins = 0
+    for row in pair_rows(5):
+        scores = []
+        for key in ("chosen", "rejected"):
+            ids = tok.apply_chat_template(row[key], tokenize=True, return_dict=False)
+            with torch.no_grad():
+                scores.append(model(torch.tensor([ids])).logits[0, 0].item())
+        wins += scores[0] > scores[1]
+    assert wins >= 4
 
 
 def test_tp2_and_dp2_match_one_rank(data: dict[str, Any]) -> None:
