@@ -97,6 +97,8 @@ def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any], tmp_path: Path) -> None:
     # The reward model starts from the SFT model's checkpoint (non-strict: the LM head is replaced by rm_linear).
     cfgs["sft"].update(save=str(tmp_path / "sft_ckpt"), checkpoint_factor=1000)
     cfgs["rm"].update(load=str(tmp_path / "sft_ckpt"), finetune=True, save=str(tmp_path / "rm_ckpt"))
+    # DPO from the SFT model too: its reference is a frozen copy of the loaded weights.
+    cfgs["dpo"].update(load=str(tmp_path / "sft_ckpt"), finetune=True)
     cfgs["rm"]["checkpoint_factor"] = 1000
     sft, dpo, rm, kto = run_distributed(run_recorded_many, 1, list(cfgs.values()), timeout=600)[0]
     # SFT: the first loss was computed on exactly the assistant answers
@@ -158,7 +160,12 @@ def test_tp2_and_dp2_match_one_rank(data: dict[str, Any]) -> None:
     # micro-batches as one rank with micro-batch 4 and 2 accumulation steps (global batch 8 in both).
     dp[2] = {**two["kto"], "train_micro_batch_size_per_gpu": 4}
     kto_gas = {**one["kto"], "gradient_accumulation_steps": 2}
-    ref = run_distributed(run_recorded_many, 1, [*one.values(), kto_gas], timeout=600)[0]
+    # DPO in bf16 with ZeRO-1 runs too (the DPO loss itself is computed in fp32: dpo_fp32)
+    bf16 = {**one["dpo"], "precision": "bfloat16", "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
+    ref = run_distributed(run_recorded_many, 1, [*one.values(), kto_gas, bf16], timeout=600)[0]
+    assert ref[4]["params_dtype"] == "bfloat16" and ref[4]["zero_stage"] == 1
+    assert ref[4]["train_losses"][0] == pytest.approx(math.log(2.0), abs=1e-6)
+    assert all(math.isfinite(x) for x in ref[4]["train_losses"])
     par = run_distributed(run_recorded_many, 2, tp + dp, timeout=600)[0]
     for i, name in enumerate(one):
         for run, how, expected in ((par[i], "TP=2", ref[i]), (par[i + 3], "DP=2", ref[3] if name == "kto" else ref[i])):
