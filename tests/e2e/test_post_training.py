@@ -170,3 +170,43 @@ def test_tp2_and_dp2_match_one_rank(data: dict[str, Any]) -> None:
     for i, name in enumerate(one):
         for run, how, expected in ((par[i], "TP=2", ref[i]), (par[i + 3], "DP=2", ref[3] if name == "kto" else ref[i])):
             assert run["train_losses"] == pytest.approx(expected["train_losses"], abs=1e-5), f"{name} {how}"
+
+
+@pytest.mark.parametrize("name", ["dpo", "kto", "rm", "sft"])
+def test_real_post_training_configs_build_their_data(data: dict[str, Any], name: str, tmp_path: Path) -> None:
+    """GPT-NeoX's llama3-8b-{sft,dpo,kto,rm}.yml with their data paths pointed at local files: the config loads and
+    the post-training data loaders (or, for SFT, the label streams) are built from it."""
+    import re
+
+    from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+    from megatron.neox_arguments import LaunchEnv, NeoXArgs
+    from megatron.neox_arguments.loader import merge_config_files
+    from megatron.neox_arguments.neox_args import KNOWN_KEYS
+    from megatron.post_training.data import build_post_training_loaders
+    from tests.shared_files import SHARED
+
+    path = SHARED / "reference" / "gpt-neox-configs" / "post-training" / f"llama3-8b-{name}.yml"
+    if not path.is_file():
+        pytest.skip("GPT-NeoX reference configs not present")
+    values = dict(merge_config_files([str(path)], KNOWN_KEYS).values)
+    prefix = data[name]
+
+    def local(p: str) -> str:
+        return re.sub(r"^data/\w+/llama3_(?:dpo_|rm_)?(?:train|val|test)_(\w+)$", lambda m: f"{prefix}_{m[1]}", p)
+
+    for key, value in list(values.items()):
+        if key.endswith("_data_paths"):
+            values[key] = [local(p) for p in value]
+    values.update(vocab_file=str(data["tok"] / "tokenizer.json"), save=str(tmp_path / "save"), global_num_gpus=4)
+    values.pop("load")
+    args = NeoXArgs(values, env=LaunchEnv(world_size=None, on_cpu=True))
+    assert args.train_impl == {"sft": "normal"}.get(name, name) and args.model_parallel_size == 4
+    cfg = DataConfig.from_neox_args(args)
+    loaders = build_post_training_loaders(args, cfg, dp_rank=0, dp_size=1, consumed_train=0, consumed_valid=0)
+    if name == "sft":
+        assert loaders is None
+        loaders = build_train_valid_test_data_loaders(cfg, dp_rank=0, dp_size=1)
+    batch = next(iter(loaders[0]))
+    pairs = {"pos", "neg", "pos_label", "neg_label"}
+    keys = {"sft": {"text", "label"}, "kto": {"text", "label", "reward"}}.get(name, pairs)
+    assert set(batch) == keys and batch[next(iter(keys))].shape == (32, 1025)
