@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.post_training.config import PostTrainingConfig
+from tests.unit.test_config_keys_consumed import CPU1
+from tests.unit.test_config_keys_consumed import TINY as KEY_TEST_TINY
 
-CPU1 = LaunchEnv(world_size=None, on_cpu=True)
-TINY = {
-    "num_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "seq_length": 32,
-    "max_position_embeddings": 32,
-    "train_micro_batch_size_per_gpu": 2,
-    "pack_impl": "unpacked",
-}
+TINY = {**KEY_TEST_TINY, "pack_impl": "unpacked"}
 LM = {f"{s}_data_paths": ["d"] for s in ("train", "valid", "test")}
 PAIRS = {"dataset_impl": "pairwise", "pos_train_data_paths": ["c"], "neg_train_data_paths": ["r"]}
 
