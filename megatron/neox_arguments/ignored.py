@@ -16,6 +16,7 @@ IGNORED_KEYS: dict[str, str] = {
     "hysteresis": _FP16_BLOCK.format("hysteresis"),
     "loss_scale_window": _FP16_BLOCK.format("loss_scale_window"),
     "min_scale": _FP16_BLOCK.format("min_loss_scale"),
+    "use_cpu_initialization": "weights are always initialised in full on the CPU and then sharded (layout-invariant)",
     "deepspeed_activation_checkpointing": "deprecated in GPT-NeoX; activation checkpointing always uses DeepSpeed's",
     "detect_nvlink_pairs": "DeeperSpeed-only device remapping; DeepSpeed has no such option",
     "gradient_noise_scale_n_batches": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",

@@ -1,15 +1,15 @@
 """Every config key is used, refused when set, or warned about as ignored: a key nothing reads and no table lists fails.
 
-"Used" means the key's name occurs in code that acts on it (megatron/, tools/, the entry points), not counting the
+"Used" means the key's name occurs as an identifier (or a one-identifier string) in code that acts on it (megatron/, tools/, the entry points), not counting the
 schema (sections/), the refusal and ignore tables, the docs generator and validate.py (checking a key is not using
 it); DeepSpeed-section keys count as used because ``NeoXArgs.deepspeed_config`` hands them to DeepSpeed.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import logging
-import re
 from pathlib import Path
 
 import pytest
@@ -53,13 +53,29 @@ TINY = {
 }
 
 
+def _names_in(source: str) -> set[str]:
+    """Identifiers the code uses: names, attributes, keyword and parameter names, and string constants that are a
+    single identifier (``getattr(args, "key")``). Comments and docstrings do not count."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.keyword, ast.arg)) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)
+    return names
+
+
 def _code_words() -> set[str]:
     files = [*ROOT.glob("megatron/**/*.py"), *ROOT.glob("tools/**/*.py"), *ROOT.glob("*.py")]
     words: set[str] = set()
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
         if not rel.startswith(NOT_CONSUMERS):
-            words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", path.read_text(encoding="utf-8")))
+            words |= _names_in(path.read_text(encoding="utf-8"))
     return words
 
 
