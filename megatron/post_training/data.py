@@ -43,6 +43,12 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
                     f"{prefixes[name]} has {len(ds.sizes)} documents but {prefixes[first]} has {n}: the streams of "
                     "one dataset must be aligned document by document"
                 )
+        for name, base in (("pos_label", "pos"), ("neg_label", "neg"), ("label", "text"), ("reward", "text")):
+            if name in streams and base in streams and not np.array_equal(streams[name].sizes, streams[base].sizes):
+                raise ValueError(
+                    f"{prefixes.get(name, prefixes[base])} does not match {prefixes[base]} token for token (document "
+                    "lengths differ): label and reward streams must come from the same preprocessing run"
+                )
         keep = np.arange(n)
         if not allow_chopped:
             longest = np.max(np.stack([np.asarray(ds.sizes) for ds in streams.values()]), axis=0)
