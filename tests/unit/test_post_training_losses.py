@@ -89,3 +89,19 @@ def test_rm_loss_with_z_loss() -> None:
     assert m["reward_acc"].item() == 0.5
     plain, _ = rm_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0]))
     assert plain.item() == pytest.approx((_log1pexp(-1.0) + _log1pexp(1.0)) / 2, abs=1e-6)
+
+
+def test_reward_is_read_at_the_last_trained_position() -> None:
+    from megatron.post_training.objectives import last_trained_position
+
+    mask = torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert last_trained_position(mask).tolist() == [2, 1, 0]
+
+
+def test_dpo_on_masked_sequences_ignores_masked_tokens() -> None:
+    lp_c = torch.tensor([[-1.0, -50.0, -2.0]])
+    lp_r = torch.tensor([[-99.0, -3.0, -1.0]])
+    mask_c, mask_r = torch.tensor([[1, 0, 1]]), torch.tensor([[0, 1, 1]])
+    loss, _ = dpo_loss(sequence_logprobs(lp_c, mask_c), sequence_logprobs(lp_r, mask_r), None, None, beta=1.0)
+    # S+ = -3, S- = -4: loss = log(1 + e^{-1})
+    assert loss.item() == pytest.approx(_log1pexp(-1.0), abs=1e-6)
