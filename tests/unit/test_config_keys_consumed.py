@@ -35,7 +35,6 @@ OWNED_ELSEWHERE: dict[str, str] = {
     "char_level_ppl": "issue 14 (evaluation)",
     "eval_limit": "issue 14 (evaluation)",
     "return_logits": "issue 14 (evaluation)",
-    "eval_tasks": "issue 14 (evaluation)",
     "adlr_autoresume": "issue 12 (reliability: auto-resume)",
     "adlr_autoresume_interval": "issue 12 (reliability: auto-resume)",
     **{k: "issue 18 (mixture of experts)" for k in ("moe_expert_interval", "moe_top_k", "moe_router_type")},
