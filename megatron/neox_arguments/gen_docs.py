@@ -13,10 +13,9 @@ import typing
 from pathlib import Path
 
 from megatron.neox_arguments.fields import field_doc
-from megatron.neox_arguments.ignored import IGNORED_KEYS
 from megatron.neox_arguments.sections import SECTIONS
 from megatron.neox_arguments.types import describe
-from megatron.neox_arguments.unsupported import UNSUPPORTED_KEYS
+from megatron.neox_arguments.unsupported import IGNORED_KEYS, UNSUPPORTED_KEYS
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "neox_arguments.md"
 
