@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.neox_args import _NOT_DS_CONFIG
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.unsupported import IGNORED_KEYS, UNSUPPORTED_KEYS
+from tests.unit.test_neox_args import CPU1, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_CONSUMERS = (
@@ -37,16 +38,6 @@ OWNED_ELSEWHERE: dict[str, str] = {
     "adlr_autoresume_interval": "issue 12 (reliability: auto-resume)",
     **{k: "issue 18 (mixture of experts)" for k in ("moe_expert_interval", "moe_top_k", "moe_router_type")},
     **{k: "issue 18 (mixture of experts)" for k in ("moe_lbl_in_fp32", "moe_jitter_eps")},
-}
-
-CPU1 = LaunchEnv(world_size=None, on_cpu=True)
-TINY = {
-    "num_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "seq_length": 32,
-    "max_position_embeddings": 32,
-    "train_micro_batch_size_per_gpu": 2,
 }
 
 
