@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
+from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.training import checkpointing as ckpt
 from megatron.training.grad_clipping import install_fp32_clipping
@@ -224,8 +226,14 @@ def _setup_tokenizer(args: Any) -> Any:
     return tokenizer
 
 
+def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
+    if rank == 0:
+        logger.info(observer.summary_line(iteration))
+
+
 def pretrain(args: Any) -> PretrainResult:
     """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+    start_time = time.monotonic()
     timers = Timers()
     initialize_megatron(args)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -282,7 +290,9 @@ def pretrain(args: Any) -> PretrainResult:
                 extra_state=extra,
             )
             result.saved.append(it)
+            observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
 
+        observer = RunObserver(loop_cfg.train_iters, tbs, int(args.seq_length), iteration, start_time=start_time)
         trainer = Trainer(
             engine=engine,
             step=step,
@@ -294,6 +304,7 @@ def pretrain(args: Any) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
+            observer=observer,
         )
         trainer.consumed_valid = consumed_valid
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
@@ -302,6 +313,7 @@ def pretrain(args: Any) -> PretrainResult:
         result.iteration, result.train_losses = state.iteration, state.history
         result.skipped_iters = int(engine.skipped_steps)
         if state.exited_early:
+            _log_summary(rank, observer, state.iteration)
             return result
         if valid_iter is not None and loop_cfg.eval_iters > 0:
             result.valid = trainer.evaluate("validation", valid_iter, state.iteration)
@@ -309,6 +321,7 @@ def pretrain(args: Any) -> PretrainResult:
             save(state.iteration)
         if test_iter is not None and loop_cfg.eval_iters > 0:
             result.test = trainer.evaluate("test", test_iter, state.iteration)
+        _log_summary(rank, observer, state.iteration)
         return result
     finally:
         metrics.close()
