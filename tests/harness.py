@@ -96,6 +96,9 @@ def _rank_main(
     try:
         import torch
 
+        # A spawned child inherits "spawn" as its start method; a launched rank forks its DataLoader workers
+        # (Linux's default), and spawning them would re-import torch in every worker.
+        mp.set_start_method("fork", force=True)
         torch.set_num_threads(1)
         from megatron.distributed import init_distributed
 

@@ -127,18 +127,22 @@ def run_pretrain_many(configs: list[dict[str, Any]], env: dict[str, str] | None 
     return [run_pretrain(config, env) for config in configs]
 
 
-def run_pretrain_each(configs: list[dict[str, Any]], env: dict[str, str] | None = None) -> list[list[float] | str]:
-    """Several runs on the same ranks; each gives its training losses, or its error as text (the rest still run)."""
+def run_pretrain_each(
+    configs: list[dict[str, Any]], env: dict[str, str] | None = None
+) -> list[tuple[list[float], int] | str]:
+    """Several runs on the same ranks; each gives ``(training losses, skipped steps)``, or its error as text (the
+    rest still run)."""
     import time
     import traceback
 
     from megatron import mpu
 
-    out: list[list[float] | str] = []
+    out: list[tuple[list[float], int] | str] = []
     for i, config in enumerate(configs):
         start = time.perf_counter()
         try:
-            out.append(run_pretrain(config, env)["train_losses"])
+            result = run_pretrain(config, env)
+            out.append((result["train_losses"], result["skipped_iters"]))
         except Exception as e:  # reported per config by the test
             out.append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}")
             mpu.destroy_model_parallel()

@@ -1,7 +1,8 @@
 """Shrink a real GPT-NeoX config to a CPU-sized run while keeping every other key.
 
 Only the model size (layers, width, heads, MLP width), sequence length, batch, parallel sizes (world ≤ 4),
-iterations and file paths (data, tokenizer, output folders) change; pipeline vs. sequential, ZeRO, precision,
+iterations (with the fp16 dynamic loss scale starting where a long run's has come down to) and file paths (data,
+tokenizer, output folders) change; pipeline vs. sequential, ZeRO, precision,
 optimizer, schedule, fusions, attention types, activation checkpointing and DeepSpeed's own settings stay.
 """
 
@@ -113,6 +114,11 @@ def shrink(raw: dict[str, Any], files: dict[str, str], out_dir: Path) -> tuple[d
     cfg["log_interval"] = 1
     if "checkpoint_factor" in cfg:
         cfg["checkpoint_factor"] = ITERS
+    fp16 = cfg.get("fp16")
+    if isinstance(fp16, dict) and fp16.get("enabled") and not fp16.get("loss_scale"):
+        # a long run's dynamic loss scale has come down from 2^32 after its first overflow-skipped steps; start
+        # there, so that 3 steps also run the optimizer
+        cfg["fp16"] = {**fp16, "initial_scale_power": min(int(fp16.get("initial_scale_power", 32)), 12)}
     cfg["global_num_gpus"] = world
     cfg["use_wandb"] = False
     cfg["split"] = "90,5,5"
