@@ -42,7 +42,7 @@ def _fresh_copy(manifest: Path, source: Path) -> bool:
 
 
 def _weights_only(directory: Path) -> bool:
-    state = load_torch(directory / "mp_rank_00_model_states.pt", weights_only=False)
+    state = load_torch(directory / "mp_rank_00_model_states.pt")
     return bool(state.get(WEIGHTS_ONLY_KEY, False))
 
 

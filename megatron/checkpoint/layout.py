@@ -55,10 +55,13 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
         return path
     latest = path / "latest"
     if latest.is_file():
+        from megatron.checkpoint.safe_load import confined
+
         tag = latest.read_text().strip()
-        if not (path / tag).is_dir():
-            raise CheckpointError(f"{latest} names {tag!r} but {path / tag} does not exist")
-        return path / tag
+        target = confined(path, tag, str(latest))
+        if not target.is_dir():
+            raise CheckpointError(f"{latest} names {tag!r} but {target} does not exist")
+        return target
     steps = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
     hint = f"; it has {', '.join(steps)}" if steps else ""
     raise CheckpointError(

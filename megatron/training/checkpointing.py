@@ -28,6 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.safe_load import confined, is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_ARG_KEYS = (
@@ -188,7 +191,7 @@ def _strip_optimizer_states(directory: Path, zero_stage: int) -> None:
             path.unlink(missing_ok=True)
     if rank == 0:
         for path in directory.glob("mp_rank_*_model_states.pt"):
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = safe_torch_load(path)
             state["optimizer"] = None
             torch.save(state, path)
 
@@ -267,6 +270,7 @@ def resolve_tag(cfg: CheckpointConfig) -> str | None:
     if not latest.is_file():
         return None
     tag = latest.read_text().strip()
+    confined(root, tag, str(latest))
     if not (root / tag).is_dir():
         raise ValueError(f"{latest} names checkpoint {tag!r} but {root / tag} does not exist")
     return tag
@@ -322,15 +326,20 @@ def load_checkpoint(
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
     try:
-        path, client = engine.load_checkpoint(
-            root,
-            tag=tag,
-            load_optimizer_states=not (weights_only or optimizer_missing),
-            load_lr_scheduler_states=not weights_only,
-            load_module_only=weights_only,
-        )
-    except (OSError, EOFError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
-        raise ValueError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
+        with safe_loading():
+            path, client = engine.load_checkpoint(
+                root,
+                tag=tag,
+                load_optimizer_states=not (weights_only or optimizer_missing),
+                load_lr_scheduler_states=not weights_only,
+                load_module_only=weights_only,
+            )
+    except Exception as e:
+        if is_unsafe_error(e):
+            raise CheckpointError(unsafe_message(Path(root) / tag, e)) from None
+        if not isinstance(e, (OSError, EOFError, RuntimeError, KeyError, pickle.UnpicklingError)):
+            raise
+        raise CheckpointError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
     if path is None or client is None:
         raise ValueError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
     saved_args = dict(client.get("args", {}))

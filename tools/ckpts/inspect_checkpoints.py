@@ -26,12 +26,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--diff", default=None, help="second checkpoint to compare with")
     p.add_argument("--config_file", nargs="*", default=None, help="GPT-NeoX YAML(s) for --diff")
     p.add_argument("--atol", type=float, default=0.0, help="--diff: ignore differences up to this")
+    cli.add_trust_flag(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
+    cli.apply_trust_flag(args)
     from megatron.checkpoint.inspection import describe_checkpoint, diff_checkpoints
 
     if args.diff is None:

@@ -29,12 +29,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--padded_vocab_size", type=int, default=None, help="target vocabulary rows (pad/trim)")
     p.add_argument("--weights_only", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    cli.add_trust_flag(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Reshard; returns the exit code."""
     args = parse_args(argv)
+    cli.apply_trust_flag(args)
     from megatron.checkpoint import TargetLayout, reshard_checkpoint
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
