@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 
 from megatron.launcher.cli import parse_deepy_args
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         cli = parse_deepy_args(sys.argv[1:] if argv is None else argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
         prepare_for_launch(args)
+        if args.log_dir:
+            os.makedirs(args.log_dir, exist_ok=True)  # an unwritable log_dir fails here, not on every rank
         plan = plan_launch(args, cli.run_dir or default_run_dir(args))
         print("-------------------- resolved configuration --------------------")
         print(args.format_config())
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return launch(plan)
     except ConfigError as e:
         print(f"deepy.py: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. an unwritable log_dir or run folder
+        where = e.filename if e.filename is not None else "a file"
+        print(f"deepy.py: error: cannot create or write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

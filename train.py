@@ -15,6 +15,7 @@ def main() -> int:
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from megatron.distributed import shutdown_and_exit
+    from megatron.errors import UserError
     from megatron.neox_arguments import NeoXArgs
     from megatron.training.pretrain import pretrain
 
@@ -22,14 +23,17 @@ def main() -> int:
     try:
         args = NeoXArgs.consume_neox_args()
         if args.log_dir:
-            tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
+            try:
+                tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
+            except OSError as e:
+                raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
         result = pretrain(args)
         if args.rank == 0:
             print(f"training finished at iteration {result.iteration}", flush=True)
-    except ValueError as e:  # configuration, data or checkpoint mistakes (ConfigError is a ValueError)
+    except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
-    except Exception:
+    except Exception:  # a bug: keep the traceback
         logging.getLogger("megatron.train").exception("training failed")
         code = 1
     shutdown_and_exit(code)

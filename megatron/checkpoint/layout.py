@@ -20,6 +20,7 @@ from typing import Any
 
 from deepspeed.runtime import utils as ds_utils
 
+from megatron.errors import UserError
 from megatron.model.config import GPTModelConfig
 
 MP_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
@@ -27,7 +28,7 @@ LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 ZERO3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be read or written as asked (names the file and what would be valid)."""
 
 

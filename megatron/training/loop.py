@@ -13,9 +13,11 @@ import torch
 import torch.distributed as dist
 
 from megatron.config_utils import neox_overrides
+from megatron.errors import UserError
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.timers import Timers
+from megatron.neox_arguments.errors import ConfigError
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
@@ -43,7 +45,7 @@ class LoopConfig:
     def from_neox_args(cls, args: Any) -> LoopConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
         if getattr(args, "train_iters", None) is None:
-            raise ValueError("train_iters must be set (train_epochs is converted to train_iters by the config)")
+            raise ConfigError("train_iters must be set (train_epochs is converted to train_iters by the config)")
         values = neox_overrides(cls, args)
         return cls(**values)
 
@@ -218,7 +220,7 @@ class Trainer:
         state.skipped_iters += 1
         state.consecutive_skips += 1
         if state.consecutive_skips >= MAX_CONSECUTIVE_OVERFLOWS:
-            raise ValueError(
+            raise UserError(
                 f"{state.consecutive_skips} consecutive fp16 overflows (iteration {state.iteration}): the loss "
                 "scale cannot recover; lower the learning rate, check the data, or use bf16"
             )

@@ -16,10 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint.layout import CheckpointError
+from megatron.errors import DataError
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
 from megatron.logging.timers import Timers
+from megatron.neox_arguments.errors import ConfigError
 from megatron.training import checkpointing as ckpt
 from megatron.training.grad_clipping import install_fp32_clipping
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
@@ -60,7 +63,7 @@ def _allow_fp16_on_cpu(ds_config: dict[str, Any]) -> None:
     if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu():
         return
     if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
-        raise ValueError(
+        raise ConfigError(
             "fp16.enabled: DeepSpeed has no fp16 support on this CPU; use bf16 (or fp32), or set "
             f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
         )
@@ -84,7 +87,7 @@ def _check_pipe_fp16(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> N
     """ZeRO-2/3 with a pipeline is refused by ParallelConfig; this is the pipeline's other DeepSpeed limit."""
     pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
     if pipe and zero_stage == 0 and (ds_config.get("fp16") or {}).get("enabled"):
-        raise ValueError(
+        raise ConfigError(
             "fp16 with pipe_parallel_size >= 1 needs zero_optimization.stage 1: DeepSpeed 0.19.8's pipeline engine "
             "does not apply the fp16 loss scale without ZeRO"
         )
@@ -150,11 +153,11 @@ def _train_iters_from_epochs(args: Any) -> None:
         data_cfg, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size()
     )
     if train_loader is None:
-        raise ValueError("train_epochs needs training data")
+        raise DataError("train_epochs needs training data")
     gas = int(args.gradient_accumulation_steps or 1)
     iters = int(args.train_epochs) * len(train_loader) // gas
     if iters < 1:
-        raise ValueError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
+        raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
     args.update_value("train_iters", iters)
     logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
 
@@ -188,7 +191,7 @@ def check_validation_logits(engine: Any, args: Any, client_state: dict[str, Any]
         return
     tol = 1e-5 if args.params_dtype == torch.float32 else 2e-2
     if current.shape != stored.shape or not torch.allclose(current, stored.float(), atol=tol, rtol=tol):
-        raise ValueError(f"checkpoint {path}: the loaded model does not reproduce the logits stored at save time")
+        raise CheckpointError(f"checkpoint {path}: the loaded model does not reproduce the logits stored at save time")
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
@@ -234,7 +237,7 @@ def _setup_tokenizer(args: Any) -> Any:
 
 
 def pretrain(args: Any) -> PretrainResult:
-    """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+    """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes."""
     timers = Timers()
     _warn_ignored(args)
     initialize_megatron(args)

@@ -14,6 +14,7 @@ import torch
 
 from megatron.checkpoint import CheckpointError, cli, read_checkpoint, resolve_checkpoint_dir
 from megatron.checkpoint.hf_io import read_hf_weights
+from megatron.checkpoint.manifest import MANIFEST, write_manifest
 from megatron.checkpoint.safe_load import TRUST_ENV, safe_torch_load
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, tiny_config
 from tests.harness import DistributedTestError, run_distributed
@@ -52,6 +53,8 @@ def poisoned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     marker = root / "pwned"
     state["innocent_looking"] = Payload(marker)
     torch.save(state, path)
+    manifest = json.loads((path.parent / MANIFEST).read_text())  # an attacker can rewrite the manifest as well
+    write_manifest(path.parent, **{k: v for k, v in manifest.items() if k not in ("files", "format")})
     return {"root": root, "ckpt": root / "ck", "file": path, "marker": marker, "data": data}  # type: ignore[dict-item]
 
 
