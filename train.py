@@ -17,6 +17,7 @@ def main() -> int:
     from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
     from megatron.neox_arguments import NeoXArgs
+    from megatron.training.preemption import REQUEUE_EXIT_CODE
     from megatron.training.pretrain import pretrain
 
     code = 0
@@ -28,8 +29,12 @@ def main() -> int:
             except OSError as e:
                 raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
         result = pretrain(args)
+        if result.preempted:  # saved at a step boundary: the job can be requeued and resumes from there
+            code = REQUEUE_EXIT_CODE
         if args.rank == 0:
-            print(f"training finished at iteration {result.iteration}", flush=True)
+            print(
+                f"training {'stopped' if result.preempted else 'finished'} at iteration {result.iteration}", flush=True
+            )
     except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1

@@ -61,6 +61,7 @@ class LoopState:
     loss_count: int = 0
     history: list[float] = field(default_factory=list)  # lm loss of every iteration (rank-reduced)
     exited_early: bool = False
+    preempted: bool = False  # stopped by a signal or exit_duration_in_mins (see training/preemption.py)
     consecutive_skips: int = 0
 
 
@@ -157,6 +158,7 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
+        self.stop_check: Callable[[int], bool] | None = None  # preemption: True on every rank to stop now
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -203,6 +205,9 @@ class Trainer:
                 if self.rank == 0:
                     logger.info("exit_interval: exiting at iteration %d", state.iteration)
                 state.exited_early = True
+                break
+            if self.stop_check is not None and self.stop_check(state.iteration):
+                state.exited_early = state.preempted = True
                 break
         return state
 

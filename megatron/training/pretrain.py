@@ -27,7 +27,9 @@ from megatron.training import checkpointing as ckpt
 from megatron.training.grad_clipping import install_fp32_clipping
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
+from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
+from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 
 logger = logging.getLogger("megatron.train")
@@ -48,7 +50,8 @@ class PretrainResult:
     optimizer_class: str = ""  # DeepSpeed's final optimizer wrapper (e.g. DeepSpeedZeroOptimizer)
     zero_stage: int = 0
     params_dtype: str = ""
-    skipped_iters: int = 0  # optimizer steps skipped on fp16 overflow
+    skipped_iters: int = 0  # optimizer steps skipped (fp16 overflow or a non-finite loss/gradient)
+    preempted: bool = False  # stopped by a signal or exit_duration_in_mins after saving: exit with REQUEUE_EXIT_CODE
 
 
 def checkpoint_args(args: Any) -> dict[str, Any]:
@@ -255,6 +258,7 @@ def pretrain(args: Any) -> PretrainResult:
         run_config=run_config,
         config_text=args.format_config() if hasattr(args, "format_config") else None,
     )
+    preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
     try:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, save_cfg)
         tbs = int(args.train_batch_size)
@@ -305,11 +309,17 @@ def pretrain(args: Any) -> PretrainResult:
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
         )
         trainer.consumed_valid = consumed_valid
+        install_nonfinite_guard(engine, int(getattr(args, "max_consecutive_nonfinite_steps", None) or 10))
+        trainer.stop_check = preemption.should_stop
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
         result.iteration, result.train_losses = state.iteration, state.history
         result.skipped_iters = int(engine.skipped_steps)
+        if state.preempted:
+            result.preempted = True
+            if save_cfg.save and state.iteration not in result.saved:
+                save(state.iteration)
         if state.exited_early:
             return result
         if valid_iter is not None and loop_cfg.eval_iters > 0:
@@ -320,4 +330,5 @@ def pretrain(args: Any) -> PretrainResult:
             result.test = trainer.evaluate("test", test_iter, state.iteration)
         return result
     finally:
+        preemption.uninstall()
         metrics.close()
