@@ -62,16 +62,22 @@ def run_with_nan(config: dict[str, Any], nan_iters: list[int], nan_rank: int) ->
     return out
 
 
-def start_train_ranks(config_path: Path, world: int, log_dir: Path) -> list[subprocess.Popen]:
-    """``train.py --neox_config`` once per rank (own session each), stdout+stderr to ``log_dir/rank<N>.log``."""
+def start_train_ranks(
+    config_path: Path, world: int, log_dir: Path, slow_save_tag: str | None = None
+) -> list[subprocess.Popen]:
+    """train.py's ``main`` once per rank (own session each; see ``__main__`` below), stdout+stderr to
+    ``log_dir/rank<N>.log``; every rank writes its losses to ``log_dir/rank<N>.json``. With ``slow_save_tag`` the
+    ranks stall (60 s) inside the save of that checkpoint after writing ``log_dir/saving``."""
     port = str(free_port())
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(world):
         env = subprocess_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank)})
-        env.update(LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+        env.update(LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), RELIAB_DIR=str(log_dir))
+        if slow_save_tag:
+            env["RELIAB_SLOW_SAVE_TAG"] = slow_save_tag
         out = open(log_dir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed by the child's exit
-        cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--neox_config", str(config_path)]
+        cmd = [sys.executable, "-m", "tests.distributed.fns_reliability", "--neox_config", str(config_path)]
         procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       start_new_session=True))  # fmt: skip
         out.close()
@@ -101,3 +107,42 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
 def run_with_nan_many(jobs: list[tuple[dict[str, Any], list[int], int]]) -> list[dict[str, Any]]:
     """Several :func:`run_with_nan` runs one after the other on the same ranks."""
     return [run_with_nan(*job) for job in jobs]
+
+
+def _worker_main() -> int:
+    """train.py's ``main`` with two test-only additions: losses dumped per rank, and an optional stalled save."""
+    import json
+    import time
+
+    from megatron.training import pretrain as pretrain_mod
+
+    out_dir = Path(os.environ["RELIAB_DIR"])
+    rank = int(os.environ["RANK"])
+    original = pretrain_mod.pretrain
+
+    def recording(args: Any) -> Any:
+        result = original(args)
+        record = {"start": result.start_iteration, "losses": result.train_losses, "preempted": result.preempted}
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+        return result
+
+    pretrain_mod.pretrain = recording
+    slow = os.environ.get("RELIAB_SLOW_SAVE_TAG")
+    if slow:
+        save = torch.save
+
+        def stalled_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            save(obj, f, *args, **kwargs)
+            if f".partial-{slow}" in str(f):
+                (out_dir / "saving").write_text(str(f))
+                time.sleep(60)
+
+        torch.save = stalled_save
+    sys.path.insert(0, str(REPO_ROOT))
+    import train
+
+    return train.main()
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())
