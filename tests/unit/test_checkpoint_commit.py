@@ -41,6 +41,23 @@ def test_manifest_records_sizes_and_checksums(tmp_path: Path) -> None:
     assert "sha256" in (verify_checkpoint(directory, checksums=True) or "")
 
 
+def test_inspect_verify_checks_checksums(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import importlib.util
+
+    from megatron.checkpoint import cli
+    from tests.harness import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("inspect_ck", REPO_ROOT / "tools/ckpts/inspect_checkpoints.py")
+    assert spec and spec.loader
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    directory = _save(tmp_path, 4)
+    assert cli.run(lambda: tool.main([str(tmp_path), "--verify"])) == 0
+    (directory / "configs" / "a.yml").write_text("x: 2")  # same size, other content
+    assert cli.run(lambda: tool.main([str(tmp_path), "--verify"])) == 1
+    assert "a.yml does not match its sha256" in capsys.readouterr().err
+
+
 def test_truncated_newest_falls_back_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _save(tmp_path, 4)
     newest = _save(tmp_path, 8)
