@@ -4,7 +4,6 @@ truncated / non-gzip ``.gz`` and corrupt / truncated ``.zst`` in preprocessing, 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,17 +11,9 @@ import pytest
 import zstandard
 
 import deepy
-from tests.harness import REPO_ROOT
+from tests.harness import REPO_ROOT, load_tool
 
 DOCS = "".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(300)).encode()
-
-
-def _preprocess_tool():
-    spec = importlib.util.spec_from_file_location("preprocess_data", REPO_ROOT / "tools/datasets/preprocess_data.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _corrupt_zst() -> bytes:
@@ -54,7 +45,7 @@ def test_bad_archives_fail_cleanly(name: str, tmp_path: Path, capsys: pytest.Cap
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(vocab))
     argv = ["--input", str(bad), "--output-prefix", str(out / "x"), "--tokenizer-type", "HFTokenizer"]
-    code = _preprocess_tool().main([*argv, "--vocab-file", str(vocab), "--workers", "1"])
+    code = load_tool("tools/datasets/preprocess_data.py").main([*argv, "--vocab-file", str(vocab), "--workers", "1"])
     err = capsys.readouterr().err
     assert code == 1 and str(bad) in err and fragment in err and "Traceback" not in err, err
     assert list(out.iterdir()) == []

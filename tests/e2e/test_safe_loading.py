@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -17,10 +16,9 @@ from megatron.checkpoint.hf_io import read_hf_weights
 from megatron.checkpoint.manifest import MANIFEST, write_manifest
 from megatron.checkpoint.safe_load import TRUST_ENV, safe_torch_load
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, tiny_config
-from tests.harness import DistributedTestError, run_distributed
+from tests.harness import DistributedTestError, load_tool, run_distributed
 
 pytestmark = pytest.mark.distributed
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Payload:
@@ -34,11 +32,7 @@ class Payload:
 
 
 def _tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "ckpts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f"tools/ckpts/{name}.py")
 
 
 @pytest.fixture(scope="module")

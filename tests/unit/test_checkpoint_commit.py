@@ -42,15 +42,10 @@ def test_manifest_records_sizes_and_checksums(tmp_path: Path) -> None:
 
 
 def test_inspect_verify_checks_checksums(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import importlib.util
-
     from megatron.checkpoint import cli
-    from tests.harness import REPO_ROOT
+    from tests.harness import load_tool
 
-    spec = importlib.util.spec_from_file_location("inspect_ck", REPO_ROOT / "tools/ckpts/inspect_checkpoints.py")
-    assert spec and spec.loader
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("tools/ckpts/inspect_checkpoints.py")
     directory = _save(tmp_path, 4)
     assert cli.run(lambda: tool.main([str(tmp_path), "--verify"])) == 0
     (directory / "configs" / "a.yml").write_text("x: 2")  # same size, other content
