@@ -31,7 +31,8 @@ def load_checkpoint_for_inference(args: Any) -> tuple[dict[str, torch.Tensor], A
     """
     from megatron.checkpoint.reader import read_checkpoint
 
-    load = args.to_dict().get("load") if hasattr(args, "to_dict") else getattr(args, "load", None)
+    values = args.to_dict() if hasattr(args, "to_dict") else vars(args)
+    load = values.get("save") if values.get("load") == "auto" else values.get("load")
     if not load:
         raise ConfigError("load: generation needs the checkpoint directory to load")
     ckpt = read_checkpoint(load, args=args, iteration=getattr(args, "iteration", None))

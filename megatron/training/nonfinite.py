@@ -5,7 +5,8 @@ and the pipeline engine alike). Before each optimizer step every rank checks its
 gradients, the flags are all-reduced (MAX), and when any rank saw a non-finite value every rank drops the
 gradients, leaves the weights, optimizer state and LR schedule untouched and counts a skipped step (as DeepSpeed
 does for an fp16 overflow). The skip is logged with its iteration; ``max_consecutive_nonfinite_steps`` skips in a
-row abort the run with a clear message.
+row abort the run with a clear message. Under fp16 only the loss is checked: non-finite gradients there are
+loss-scale overflows, left to DeepSpeed's dynamic loss scaler.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class NonFiniteGuard:
 
     def _agree(self) -> bool:
         local = self.loss_nonfinite
-        if not local:
+        # fp16: inf gradients are loss-scale overflows, which DeepSpeed's scaler handles (and learns from)
+        fp16 = bool(getattr(self.engine, "fp16_enabled", lambda: False)())
+        if not local and not fp16:
             local = any(not bool(torch.isfinite(g).all()) for g in _grads(self.engine))
         flag = torch.tensor([1.0 if local else 0.0])
         if dist.is_initialized() and dist.get_world_size() > 1:
