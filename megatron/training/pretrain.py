@@ -86,16 +86,6 @@ def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
     return model_lib.build_sequential_model(cfg), cfg
 
 
-def _check_pipe_fp16(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> None:
-    """ZeRO-2/3 with a pipeline is refused by ParallelConfig; this is the pipeline's other DeepSpeed limit."""
-    pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
-    if pipe and zero_stage == 0 and (ds_config.get("fp16") or {}).get("enabled"):
-        raise ConfigError(
-            "fp16 with pipe_parallel_size >= 1 needs zero_optimization.stage 1: DeepSpeed 0.19.8's pipeline engine "
-            "does not apply the fp16 loss scale without ZeRO"
-        )
-
-
 def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
@@ -110,7 +100,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     opt_cfg = OptimizerConfig.from_neox_args(args)
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
-    _check_pipe_fp16(args, opt_cfg.zero_stage, ds_config)
     _allow_fp16_on_cpu(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
     model, _ = build_model(args)  # the builders also register the sequence-parallel norm-gradient sync
@@ -134,15 +123,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     if result.path and getattr(args, "checkpoint_validation_with_forward_pass", False):
         check_validation_logits(engine, args, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
-
-
-IGNORED_KEYS = ("log_grad_pct_zeros", "log_optimizer_states", "log_gradient_noise_scale")
-
-
-def _warn_ignored(args: Any) -> None:
-    for key in IGNORED_KEYS:
-        if getattr(args, key, False):
-            logger.warning("%s is not implemented by neox-forge's training loop; ignored", key)
 
 
 def _train_iters_from_epochs(args: Any) -> None:
@@ -242,7 +222,6 @@ def _setup_tokenizer(args: Any) -> Any:
 def pretrain(args: Any) -> PretrainResult:
     """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes."""
     timers = Timers()
-    _warn_ignored(args)
     initialize_megatron(args)
     rank = dist.get_rank() if dist.is_initialized() else 0
     tokenizer = _setup_tokenizer(args)

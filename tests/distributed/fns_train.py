@@ -103,3 +103,22 @@ def run_pretrain(config: dict[str, Any], env: dict[str, str] | None = None) -> d
 def run_pretrain_many(configs: list[dict[str, Any]], env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Several runs one after the other on the same ranks (saves the process start-up of each)."""
     return [run_pretrain(config, env) for config in configs]
+
+
+def run_pretrain_each(configs: list[dict[str, Any]], env: dict[str, str] | None = None) -> list[list[float] | str]:
+    """Several runs on the same ranks; each gives its training losses, or its error as text (the rest still run)."""
+    import time
+    import traceback
+
+    from megatron import mpu
+
+    out: list[list[float] | str] = []
+    for config in configs:
+        start = time.perf_counter()
+        try:
+            out.append(run_pretrain(config, env)["train_losses"])
+            print(f"[run_pretrain_each] {time.perf_counter() - start:.1f}s", flush=True)
+        except Exception as e:  # reported per config by the test
+            out.append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}")
+            mpu.destroy_model_parallel()
+    return out

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
-from megatron.tokenizer.train_tokenizer import main
+from megatron.tokenizer.train_tokenizer import cli, main, parse_args  # noqa: F401 - GPT-NeoX's module API
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())
