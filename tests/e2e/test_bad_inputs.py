@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_archives_fail_cleanly(name: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bad_archives_fail_cleanly(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make, fragment = CASES[name]
     bad = tmp_path / name
     bad.write_bytes(make())
@@ -45,7 +48,8 @@ def test_bad_archives_fail_cleanly(name: str, tmp_path: Path, capsys: pytest.Cap
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(vocab))
     argv = ["--input", str(bad), "--output-prefix", str(out / "x"), "--tokenizer-type", "HFTokenizer"]
-    code = load_tool("tools/datasets/preprocess_data.py").main([*argv, "--vocab-file", str(vocab), "--workers", "1"])
+    monkeypatch.setattr(sys, "argv", ["preprocess_data.py", *argv, "--vocab-file", str(vocab), "--workers", "1"])
+    code = load_tool("tools/datasets/preprocess_data.py").cli()  # the command line's error handling
     err = capsys.readouterr().err
     assert code == 1 and str(bad) in err and fragment in err and "Traceback" not in err, err
     assert list(out.iterdir()) == []
