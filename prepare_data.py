@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.corpora import EMBEDDED, REMOTE_DATASETS, prepare_dataset
 from megatron.tokenizer import TOKENIZER_TYPES
 

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator
 
 from megatron.errors import DataError
+from megatron.logging.progress import add_quiet_flag, bars_enabled, set_quiet
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def train_tokenizer(
         vocab_size=vocab_size,
         special_tokens=["<|endoftext|>", "<|padding|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=bars_enabled(),  # the tokenizers library draws its own bars on stderr
     )
     tok.train_from_iterator(iter_json_texts(input_dir, text_key, max_docs), trainer)
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
@@ -99,12 +100,14 @@ def parse_args(input_args: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text_key", default="text", help="JSON key holding the document text")
     parser.add_argument("--preset", default="neox", choices=PRESETS, help="neox: GPT-NeoX recipe; lossless: exact")
     parser.add_argument("--max_docs", type=int, default=None, help="train on at most this many documents")
+    add_quiet_flag(parser)
     return parser.parse_args(input_args)
 
 
 def main(args: argparse.Namespace | None = None) -> None:
     """GPT-NeoX's ``main(args)`` with parsed args (``parse_args()`` when None). Bad input raises ValueError/OSError."""
     args = parse_args() if args is None else args
+    set_quiet(getattr(args, "quiet", False))
     size = train_tokenizer(
         args.json_input_dir,
         args.tokenizer_output_path,

@@ -362,6 +362,8 @@ def load_checkpoint(
                 load_optimizer_states=not (weights_only or optimizer_missing),
                 load_lr_scheduler_states=not weights_only,
                 load_module_only=weights_only,
+                # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
+                load_module_strict=getattr(args, "train_impl", "normal") != "rm",
             )
     except Exception as e:
         if is_unsafe_error(e):

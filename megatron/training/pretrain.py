@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from megatron.errors import DataError
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
+from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.neox_arguments.errors import ConfigError
 from megatron.training import checkpointing as ckpt
@@ -83,7 +85,12 @@ def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
     cfg = model_lib.GPTModelConfig.from_neox_args(args)
     if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
         return model_lib.build_pipeline_model(cfg), cfg
-    return model_lib.build_sequential_model(cfg), cfg
+    model = model_lib.build_sequential_model(cfg)
+    if getattr(args, "train_impl", "normal") == "rm":
+        from megatron.post_training.reward_head import with_reward_head
+
+        model = with_reward_head(model, cfg)
+    return model, cfg
 
 
 def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
@@ -191,16 +198,22 @@ def build_data_iterators(
     from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
     from megatron.data.samplers import iterate_forever
+    from megatron.post_training.data import build_post_training_loaders
 
     data_cfg = DataConfig.from_neox_args(args)
-    data_cfg.validate()
-    loaders = build_train_valid_test_data_loaders(
-        data_cfg,
-        dp_rank=mpu.get_data_parallel_rank(),
-        dp_size=mpu.get_data_parallel_world_size(),
-        consumed_train_samples=consumed_train,
-        consumed_valid_samples=consumed_valid,
+    dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+    loaders = build_post_training_loaders(
+        args, data_cfg, dp_rank=dp_rank, dp_size=dp_size, consumed_train=consumed_train, consumed_valid=consumed_valid
     )
+    if loaders is None:
+        data_cfg.validate()
+        loaders = build_train_valid_test_data_loaders(
+            data_cfg,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            consumed_train_samples=consumed_train,
+            consumed_valid_samples=consumed_valid,
+        )
     train, valid, test = (iterate_forever(loader) if loader is not None else None for loader in loaders)
     return train, valid, test
 
@@ -219,8 +232,14 @@ def _setup_tokenizer(args: Any) -> Any:
     return tokenizer
 
 
+def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
+    if rank == 0:
+        logger.info(observer.summary_line(iteration))
+
+
 def pretrain(args: Any) -> PretrainResult:
     """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes."""
+    start_time = time.monotonic()
     timers = Timers()
     initialize_megatron(args)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -248,8 +267,12 @@ def pretrain(args: Any) -> PretrainResult:
         if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
             step: PipeStep | SequentialStep = PipeStep(engine, batch_cfg, timers)
         else:
+            from megatron.post_training.step import build_post_training_step
+
             gas = int(args.gradient_accumulation_steps or 1)
-            step = SequentialStep(engine, _loss_fn(), batch_cfg, gas, timers)
+            step = build_post_training_step(args, engine, tokenizer.eod, gas, timers) or SequentialStep(
+                engine, _loss_fn(), batch_cfg, gas, timers
+            )
         result = PretrainResult(
             iteration=iteration,
             start_iteration=iteration,
@@ -274,7 +297,9 @@ def pretrain(args: Any) -> PretrainResult:
                 extra_state=extra,
             )
             result.saved.append(it)
+            observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
 
+        observer = RunObserver(loop_cfg.train_iters, tbs, int(args.seq_length), iteration, start_time=start_time)
         trainer = Trainer(
             engine=engine,
             step=step,
@@ -286,6 +311,7 @@ def pretrain(args: Any) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
+            observer=observer,
         )
         trainer.consumed_valid = consumed_valid
         install_nonfinite_guard(engine, int(getattr(args, "max_consecutive_nonfinite_steps", None) or 10))
@@ -300,6 +326,7 @@ def pretrain(args: Any) -> PretrainResult:
             if save_cfg.save and state.iteration not in result.saved:
                 save(state.iteration)
         if state.exited_early:
+            _log_summary(rank, observer, state.iteration)
             return result
         if valid_iter is not None and loop_cfg.eval_iters > 0:
             result.valid = trainer.evaluate("validation", valid_iter, state.iteration)
@@ -307,6 +334,7 @@ def pretrain(args: Any) -> PretrainResult:
             save(state.iteration)
         if test_iter is not None and loop_cfg.eval_iters > 0:
             result.test = trainer.evaluate("test", test_iter, state.iteration)
+        _log_summary(rank, observer, state.iteration)
         return result
     finally:
         preemption.uninstall()

@@ -12,7 +12,9 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.preprocess import PreprocessConfig, preprocess
+from megatron.logging.progress import add_quiet_flag, set_quiet
 from megatron.tokenizer import TOKENIZER_TYPES
 
 
@@ -35,7 +37,8 @@ def get_args(input_args: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--dataset-impl", default="mmap", choices=["lazy", "cached", "mmap"])
     g = p.add_argument_group("runtime")
     g.add_argument("--workers", type=int, default=1, help="tokenising processes")
-    g.add_argument("--log-interval", type=int, default=100, help="progress every N documents")
+    g.add_argument("--log-interval", type=int, default=100, help="refresh the progress bar's rates every N documents")
+    add_quiet_flag(g)
     return p.parse_args(input_args)
 
 
@@ -46,6 +49,7 @@ def main(input_args: list[str] | None = None) -> None:
     """GPT-NeoX's ``main(input_args)``: preprocess and print what was written. Bad input raises ValueError/OSError
     (naming the file and line), so a calling script sees the failure; the command line prints it in one line."""
     args = get_args(input_args)
+    set_quiet(args.quiet)
     cfg = PreprocessConfig(
         inputs=[s for s in args.input.split(",") if s],
         output_prefix=args.output_prefix,
