@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
         prepare_for_launch(args)
+        if args.log_dir:
+            os.makedirs(args.log_dir, exist_ok=True)  # an unwritable log_dir fails here, not on every rank
         plan = plan_launch(args, cli.run_dir or default_run_dir(args))
         print("-------------------- resolved configuration --------------------")
         print(args.format_config())
@@ -55,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return launch(plan)
     except ConfigError as e:
         print(f"deepy.py: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. an unwritable log_dir or run folder
+        where = e.filename if e.filename is not None else "a file"
+        print(f"deepy.py: error: cannot create or write {where}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

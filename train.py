@@ -17,21 +17,30 @@ def main() -> int:
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from megatron.distributed import shutdown_and_exit
+    from megatron.errors import UserError
     from megatron.neox_arguments import NeoXArgs
+    from megatron.training.preemption import REQUEUE_EXIT_CODE
     from megatron.training.pretrain import pretrain
 
     code = 0
     try:
         args = NeoXArgs.consume_neox_args()
         if args.log_dir:
-            tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
+            try:
+                tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
+            except OSError as e:
+                raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
         result = pretrain(args)
+        if result.preempted:  # saved at a step boundary: the job can be requeued and resumes from there
+            code = REQUEUE_EXIT_CODE
         if args.rank == 0:
-            print(f"training finished at iteration {result.iteration}", flush=True)
-    except ValueError as e:  # configuration, data or checkpoint mistakes (ConfigError is a ValueError)
+            print(
+                f"training {'stopped' if result.preempted else 'finished'} at iteration {result.iteration}", flush=True
+            )
+    except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
-    except Exception:
+    except Exception:  # a bug: keep the traceback
         logging.getLogger("megatron.train").exception("training failed")
         code = 1
     shutdown_and_exit(code)

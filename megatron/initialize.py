@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from megatron.config_utils import neox_overrides
+from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def set_random_seed(seed: int, *, pipe_rank: int = 0, pipe_size: int = 1, model_
     from megatron import mpu
 
     if not isinstance(seed, int) or isinstance(seed, bool) or seed <= 0:
-        raise ValueError(f"seed must be a positive integer, got {seed!r}")
+        raise ConfigError(f"seed must be a positive integer, got {seed!r}")
     if 0 < pipe_rank < pipe_size - 1:
         seed = seed + 1138 + pipe_rank * model_parallel_size
     random.seed(seed)

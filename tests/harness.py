@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
@@ -282,3 +283,15 @@ def run_ranks(
 
 
 PYTHON = sys.executable
+
+
+def load_tool(relative: str) -> ModuleType:
+    """Import a CLI script (e.g. ``tools/ckpts/reshard_checkpoint.py``) as a module, to call its ``main(argv)``."""
+    import importlib.util
+
+    path = REPO_ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec and spec.loader, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from megatron.checkpoint.layout import CheckpointError, detect_layout
+from megatron.checkpoint.manifest import MANIFEST
 from megatron.checkpoint.reader import engine_state, is_neox_forge, load_torch
 from megatron.checkpoint.reshard import WEIGHTS_ONLY_KEY, reshard_checkpoint
-from megatron.checkpoint.writer import MANIFEST, TargetLayout
+from megatron.checkpoint.writer import TargetLayout
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def _fresh_copy(manifest: Path, source: Path) -> bool:
 
 
 def _weights_only(directory: Path) -> bool:
-    state = load_torch(directory / "mp_rank_00_model_states.pt", weights_only=False)
+    state = load_torch(directory / "mp_rank_00_model_states.pt")
     return bool(state.get(WEIGHTS_ONLY_KEY, False))
 
 

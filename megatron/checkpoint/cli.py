@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import sys
@@ -41,6 +42,23 @@ def shard_count(path: str, iteration: int | None = None) -> int | None:
     if layout.zero3_files:
         return layout.tp
     return sum(len(files) for files in layout.layer_files.values()) if layout.is_pipe else len(layout.mp_files)
+
+
+def add_trust_flag(parser: argparse.ArgumentParser) -> None:
+    """``--trust-checkpoint``: the escape hatch from ``weights_only`` loading (see ``megatron.checkpoint.safe_load``)."""
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="fully unpickle checkpoint files (can run code: only for files you trust); default: weights_only loading",
+    )
+
+
+def apply_trust_flag(args: argparse.Namespace) -> None:
+    """Honour ``--trust-checkpoint`` for this process (logged as a warning)."""
+    if getattr(args, "trust_checkpoint", False):
+        from megatron.checkpoint.safe_load import trust_checkpoints
+
+        trust_checkpoints()
 
 
 def run(main: Callable[[], int]) -> int:

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.safe_load import UnsafeCheckpointError, confined, safe_torch_load
 from megatron.checkpoint.writer import staged_output
 from megatron.model.config import GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
@@ -136,6 +137,15 @@ def export_hf(
 # import
 
 
+def _load_bin(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return safe_torch_load(path)
+    except UnsafeCheckpointError as e:
+        raise CheckpointError(str(e)) from None
+    except Exception as e:  # truncated or not a torch file
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+
+
 def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a HF folder: (sharded) safetensors, else (sharded) ``pytorch_model.bin`` (weights_only)."""
     from safetensors.torch import load_file
@@ -143,13 +153,14 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     hf_dir = Path(hf_dir)
     for index_name, loader in (
         ("model.safetensors.index.json", lambda p: load_file(str(p))),
-        ("pytorch_model.bin.index.json", lambda p: torch.load(p, map_location="cpu", weights_only=True)),
+        ("pytorch_model.bin.index.json", _load_bin),
     ):
         index = hf_dir / index_name
         if index.is_file():
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             out: dict[str, torch.Tensor] = {}
             for name in files:
+                confined(hf_dir, name, f"{index} weight_map")
                 if not (hf_dir / name).is_file():
                     raise CheckpointError(f"{index} lists {name} but {hf_dir / name} is missing")
                 out.update(loader(hf_dir / name))
@@ -157,7 +168,7 @@ def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     if (hf_dir / "model.safetensors").is_file():
         return load_file(str(hf_dir / "model.safetensors"))
     if (hf_dir / "pytorch_model.bin").is_file():
-        return torch.load(hf_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return _load_bin(hf_dir / "pytorch_model.bin")
     raise CheckpointError(f"{hf_dir} has no model.safetensors, pytorch_model.bin or their sharded index")
 
 

@@ -27,7 +27,7 @@ def _tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
 
 def describe_file(path: str | Path) -> list[str]:
     """One line per tensor of a ``.pt`` file (nested keys joined with dots), then its scalar entries."""
-    obj = load_torch(Path(path), weights_only=False)
+    obj = load_torch(Path(path))
     lines = [f"{name}  {tuple(t.shape)}  {str(t.dtype).removeprefix('torch.')}" for name, t in _tensors(obj)]
     if isinstance(obj, dict):
         for key, value in obj.items():
@@ -46,7 +46,7 @@ def describe_checkpoint(path: str | Path, attributes: list[str] | None = None) -
     layout = detect_layout(directory)
     lines = [f"checkpoint {directory}", f"layout {layout.describe()}"]
     if layout.mp_files:
-        engine = load_torch(layout.mp_files[0], weights_only=False)
+        engine = load_torch(layout.mp_files[0])
         lines.append(f"iteration {engine.get('iteration', engine.get('global_steps'))}")
         lines.append(f"args {engine.get('args')}")
         opt = engine.get("optimizer")

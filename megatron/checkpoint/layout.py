@@ -20,6 +20,7 @@ from typing import Any
 
 from deepspeed.runtime import utils as ds_utils
 
+from megatron.errors import UserError
 from megatron.model.config import GPTModelConfig
 
 MP_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
@@ -27,7 +28,7 @@ LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 ZERO3_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be read or written as asked (names the file and what would be valid)."""
 
 
@@ -55,10 +56,13 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
         return path
     latest = path / "latest"
     if latest.is_file():
+        from megatron.checkpoint.safe_load import confined
+
         tag = latest.read_text().strip()
-        if not (path / tag).is_dir():
-            raise CheckpointError(f"{latest} names {tag!r} but {path / tag} does not exist")
-        return path / tag
+        target = confined(path, tag, str(latest))
+        if not target.is_dir():
+            raise CheckpointError(f"{latest} names {tag!r} but {target} does not exist")
+        return target
     steps = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
     hint = f"; it has {', '.join(steps)}" if steps else ""
     raise CheckpointError(

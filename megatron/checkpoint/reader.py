@@ -20,6 +20,7 @@ import torch
 from megatron.checkpoint import config_io
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
+from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
 from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
@@ -29,15 +30,13 @@ FORMAT = "neox-forge"
 ENGINE_KEYS = ("module", "optimizer", "buffer_names")
 
 
-def load_torch(path: Path, *, weights_only: bool = True) -> Any:
-    """``torch.load`` on CPU with a clear error for unreadable files.
-
-    Engine-state files (``mp_rank_XX``) hold Python objects (RNG states, numpy arrays) written by DeepSpeed and by
-    our own training, so they are read with ``weights_only=False``; they come from the same trusted checkpoint
-    directory as the weights. Weight files are always read with ``weights_only=True``.
-    """
+def load_torch(path: Path) -> Any:
+    """``torch.load`` on CPU with ``weights_only`` and the checkpoint allow-list (``safe_load``); a clear error for
+    unreadable files and for files holding other Python objects."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=weights_only)
+        return safe_torch_load(path)
+    except UnsafeCheckpointError as e:
+        raise CheckpointError(str(e)) from None
     except Exception as e:  # any unpickling/IO error means a bad input file
         raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from None
 
@@ -66,7 +65,7 @@ def engine_state(layout: CheckpointLayout, mp_rank: int = 0) -> dict[str, Any]:
     """``mp_rank_XX_model_states.pt`` of a checkpoint (empty dict when a pipe checkpoint has none)."""
     if not layout.mp_files:
         return {}
-    state = load_torch(layout.mp_files[mp_rank], weights_only=False)
+    state = load_torch(layout.mp_files[mp_rank])
     if not isinstance(state, dict):
         raise CheckpointError(f"{layout.mp_files[mp_rank]} is not a DeepSpeed model-states dict")
     return state
@@ -103,7 +102,7 @@ def read_tp_shards(
     for tp_rank, path in enumerate(layout.mp_files):
         if progress:
             progress(path.name)
-        state = load_torch(path, weights_only=False)
+        state = load_torch(path)
         module = state.get("module") if isinstance(state, dict) else None
         if not isinstance(module, dict):
             raise CheckpointError(f"{path} has no 'module' weights (saved with ZeRO-3 or without a model?)")
@@ -139,7 +138,7 @@ def zero3_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
             (tag_dir / name).symlink_to(path.resolve())
         chatter = io.StringIO()  # zero_to_fp32 prints its progress
         try:
-            with contextlib.redirect_stdout(chatter):
+            with contextlib.redirect_stdout(chatter), safe_loading():
                 sd = get_fp32_state_dict_from_zero_checkpoint(tmp, tag="tag")
         except Exception as e:  # DeepSpeed raises assorted errors for incomplete shard sets
             raise CheckpointError(f"cannot consolidate ZeRO-3 shards {[p.name for p in files]}: {e}") from None

@@ -58,7 +58,7 @@ def _optimizer_fn(
     ckpt: NeoXCheckpoint, target: TargetLayout, rows: int
 ) -> tuple[Callable[[int, int], dict[str, Any]] | None, str]:
     layout, cfg = ckpt.layout, ckpt.cfg
-    optimizers = [load_torch(p, weights_only=False).get("optimizer") for p in layout.mp_files]
+    optimizers = [load_torch(p).get("optimizer") for p in layout.mp_files]
     src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
     src_shard = {key: tuple(split_tensor(key, value, cfg, src_tp)[0].shape) for key, value in ckpt.state_dict.items()}
     note = ""
@@ -102,7 +102,7 @@ def reshard_checkpoint(
     per_tp_rng = []
     for tp_rank in range(ckpt.layout.tp):
         if tp_rank < len(ckpt.layout.mp_files):
-            engine = load_torch(ckpt.layout.mp_files[tp_rank], weights_only=False)
+            engine = load_torch(ckpt.layout.mp_files[tp_rank])
             per_tp_rng.append({k: engine[k] for k in RNG_KEYS if k in engine})
     configs = dict(ckpt.config_files)
     if "resolved_config.json" in configs:  # keep the saved config truthful about the new layout

@@ -10,7 +10,6 @@ never leaves a partial output directory behind.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -22,13 +21,12 @@ from typing import Any
 import torch
 
 from megatron.checkpoint.layout import CheckpointError, layer_file, mp_rank_file
+from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.reader import FORMAT, FORMAT_KEY
 from megatron.checkpoint.rules import layer_index, split_tensor
 from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -187,8 +185,7 @@ def write_checkpoint(
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_text(text)
         (staging / "latest").write_text(tag)
-        files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-        (directory / MANIFEST).write_text(json.dumps({"tag": tag, "iteration": iteration, "files": files}, indent=2))
+        write_manifest(directory, tag=tag, iteration=iteration, layout={"tp": target.tp, "pp": target.pp})
     logger.info("wrote %s checkpoint tp=%d pp=%d to %s", tag, target.tp, target.pp, root)
     return Path(root) / tag
 

@@ -68,7 +68,7 @@ def gather_zero_optimizer_state(
         pieces: dict[str, dict[str, list[torch.Tensor]]] = {}
         scalars: dict[str, dict[str, Any]] = {}
         for path in paths:
-            osd = load_torch(path, weights_only=False).get("optimizer_state_dict") or {}
+            osd = load_torch(path).get("optimizer_state_dict") or {}
             base, mappings = osd.get("base_optimizer_state"), osd.get("param_slice_mappings")
             if not isinstance(base, dict) or mappings is None or int(osd.get("zero_stage", 0)) not in (1, 2):
                 raise CheckpointError(f"{path.name}: not a ZeRO-1/2 optimizer shard with parameter mappings")

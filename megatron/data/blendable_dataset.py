@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from megatron.data.index_maps import build_blending_indices
+from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -18,12 +19,12 @@ def normalize_weights(weights: Sequence[float]) -> np.ndarray:
     """Weights as float64 summing to 1 (raises ValueError for negative or all-zero weights)."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or len(w) == 0:
-        raise ValueError("weights must be a non-empty list of numbers")
+        raise DataError("weights must be a non-empty list of numbers")
     if np.any(w < 0) or not np.all(np.isfinite(w)):
-        raise ValueError(f"weights must be finite and non-negative, got {list(weights)}")
+        raise DataError(f"weights must be finite and non-negative, got {list(weights)}")
     total = w.sum()
     if total <= 0:
-        raise ValueError(f"weights must not sum to 0, got {list(weights)}")
+        raise DataError(f"weights must not sum to 0, got {list(weights)}")
     return w / total
 
 
@@ -35,7 +36,7 @@ class BlendableDataset(torch.utils.data.Dataset):
 
     def __init__(self, datasets: Sequence[Any], weights: Sequence[float]) -> None:
         if len(datasets) != len(weights):
-            raise ValueError(f"{len(datasets)} datasets but {len(weights)} weights")
+            raise DataError(f"{len(datasets)} datasets but {len(weights)} weights")
         self.datasets = list(datasets)
         self.weights = normalize_weights(weights)
         self.size = sum(len(d) for d in self.datasets)
@@ -55,7 +56,7 @@ def weights_by_num_documents(num_documents: Sequence[int], alpha: float = 1.0) -
     """GPT-NeoX's ``weight_by_num_documents``: ``p_i ∝ (n_i / Σn)^α``, then ``w_i ∝ p_i · (1 − n_i / Σn)``."""
     n = np.asarray(num_documents, dtype=np.float64)
     if len(n) == 0 or np.any(n <= 0):
-        raise ValueError(f"every dataset needs documents to be weighted by them, got counts {list(num_documents)}")
+        raise DataError(f"every dataset needs documents to be weighted by them, got counts {list(num_documents)}")
     share = n / n.sum()
     p = share**alpha
     p /= p.sum()

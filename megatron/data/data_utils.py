@@ -20,6 +20,7 @@ from megatron.data.blendable_dataset import BlendableDataset, normalize_weights,
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.samplers import DistributedBatchSampler
+from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -84,22 +85,22 @@ class DataConfig:
     def validate(self) -> None:
         """Raise ValueError naming the key when the data keys are inconsistent."""
         if self.pack_impl not in PACK_IMPLS:
-            raise ValueError(f"pack_impl {self.pack_impl!r} is not one of {', '.join(PACK_IMPLS)}")
+            raise DataError(f"pack_impl {self.pack_impl!r} is not one of {', '.join(PACK_IMPLS)}")
         if self.train_epochs and (
             self.pack_impl != "packed" or (self.train_data_paths and len(self.train_data_paths) > 1)
         ):
-            raise ValueError("train_epochs needs pack_impl packed and a single dataset (data_path or one train path)")
+            raise DataError("train_epochs needs pack_impl packed and a single dataset (data_path or one train path)")
         if self.data_path and self.train_data_paths:
-            raise ValueError("set either data_path (with split) or train/valid/test_data_paths, not both")
+            raise DataError("set either data_path (with split) or train/valid/test_data_paths, not both")
         if not self.data_path and not self.train_data_paths:
-            raise ValueError("no data: set data_path (with split) or train_data_paths/valid_data_paths/test_data_paths")
+            raise DataError("no data: set data_path (with split) or train_data_paths/valid_data_paths/test_data_paths")
         for split in SPLIT_NAMES:
             paths, weights = getattr(self, f"{split}_data_paths"), getattr(self, f"{split}_data_weights")
             if paths and weights and len(paths) != len(weights):
-                raise ValueError(f"{split}_data_paths has {len(paths)} entries but {split}_data_weights {len(weights)}")
+                raise DataError(f"{split}_data_paths has {len(paths)} entries but {split}_data_weights {len(weights)}")
             labels = getattr(self, f"{split}_label_data_paths")
             if labels and (not paths or len(labels) != len(paths)):
-                raise ValueError(f"{split}_label_data_paths must have one entry per {split}_data_paths entry")
+                raise DataError(f"{split}_label_data_paths must have one entry per {split}_data_paths entry")
 
     def num_samples(self) -> tuple[int | None, int | None, int | None]:
         """GPT-NeoX's (train, valid, test) sample counts (all None with ``train_epochs``: one epoch each)."""
@@ -117,10 +118,10 @@ def parse_split(split: str) -> list[float]:
     try:
         parts = [float(s) for s in split.split(sep)] if sep in split else [float(split)]
     except ValueError:
-        raise ValueError(f"split {split!r} must be numbers separated by ',' or '/', e.g. '949,50,1'") from None
+        raise DataError(f"split {split!r} must be numbers separated by ',' or '/', e.g. '949,50,1'") from None
     parts = [*parts, 0.0, 0.0, 0.0][:3]
     if any(p < 0 for p in parts) or sum(parts) <= 0:
-        raise ValueError(f"split {split!r} needs non-negative parts with a positive sum")
+        raise DataError(f"split {split!r} needs non-negative parts with a positive sum")
     total = sum(parts)
     return [p / total for p in parts]
 
@@ -231,7 +232,7 @@ def make_data_loader(
             "(micro_batch_size x data-parallel size)"
         )
         if name == "train":
-            raise ValueError(message)
+            raise DataError(message)
         logger.warning("%s; no %s loader", message, name)
         return None
     return torch.utils.data.DataLoader(

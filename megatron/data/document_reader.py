@@ -13,12 +13,14 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
+
+from megatron.errors import DataError
 
 SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.gz", ".json", ".json.zst", ".json.gz", ".zst", ".gz", ".txt")
 
 
-class DocumentError(ValueError):
+class DocumentError(DataError):
     """A bad input line; the message names the file and line."""
 
 
@@ -32,26 +34,78 @@ class ReadStats:
     skipped_examples: list[str] = field(default_factory=list)
 
 
-def _open_binary(path: str) -> IO[bytes]:
-    if path.endswith(".zst"):
+class _ZstdLines(io.RawIOBase):
+    """The decompressed bytes of a (multi-frame) ``.zst`` file; a truncated last frame is an error, not an EOF."""
+
+    def __init__(self, path: str) -> None:
         import zstandard
 
-        raw = open(path, "rb")  # noqa: SIM115 - owned by the returned reader
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+        self.path, self.raw = path, open(path, "rb")  # noqa: SIM115 - closed in close()
+        self.dctx, self.dobj, self.pending = zstandard.ZstdDecompressor(), None, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.dobj is not None and not self.dobj.eof:
+                    raise EOFError("the last zstd frame is incomplete")
+                return 0
+            while chunk:
+                if self.dobj is None or self.dobj.eof:
+                    self.dobj = self.dctx.decompressobj()
+                self.pending += self.dobj.decompress(chunk)
+                chunk = self.dobj.unused_data if self.dobj.eof else b""
+        n = min(len(buffer), len(self.pending))
+        buffer[:n], self.pending = self.pending[:n], self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    if path.endswith(".zst"):
+        return io.BufferedReader(_ZstdLines(path))
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     return open(path, "rb")
 
 
+def _checked_lines(path: str, f: IO[bytes]) -> Iterator[bytes]:
+    """The lines of a (compressed) file; a truncated or corrupt archive is a :class:`DocumentError` naming it."""
+    kind = "zstd" if path.endswith(".zst") else "gzip" if path.endswith(".gz") else "input"
+    lines = iter(f)
+    lineno = 0
+    while True:
+        try:
+            line = next(lines)
+        except StopIteration:
+            return
+        except (EOFError, OSError, ValueError) as e:
+            raise DocumentError(
+                f"{path}: not a valid {kind} file or truncated after line {lineno} ({type(e).__name__}: {e})"
+            ) from None
+        except Exception as e:  # zstandard.ZstdError and friends
+            if type(e).__module__.startswith("zstandard"):
+                raise DocumentError(f"{path}: corrupt zstd data after line {lineno} ({e})") from None
+            raise
+        lineno += 1
+        yield line
+
+
 def check_inputs(paths: Sequence[str]) -> list[str]:
     """Validate input paths (exist, known suffix); returns them."""
     if not paths:
-        raise ValueError("--input: no input files given")
+        raise DataError("--input: no input files given")
     for path in paths:
         if not os.path.isfile(path):
-            raise ValueError(f"--input: {path!r} does not exist or is not a file")
+            raise DataError(f"--input: {path!r} does not exist or is not a file")
         if not path.endswith(SUFFIXES):
-            raise ValueError(f"--input: {path!r} has an unsupported suffix; valid: {', '.join(SUFFIXES)}")
+            raise DataError(f"--input: {path!r} has an unsupported suffix; valid: {', '.join(SUFFIXES)}")
     return list(paths)
 
 
@@ -106,7 +160,7 @@ def read_documents(
             yield from _read_json_array(path, keys, stats)
             continue
         with _open_binary(path) as f:
-            for lineno, line in enumerate(f, 1):
+            for lineno, line in enumerate(_checked_lines(path, f), 1):
                 if not line.strip():
                     continue
                 try:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from megatron.data import index_maps
+from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +81,9 @@ def load_or_build_index_maps(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Load the cached index maps, building and saving them first where needed (see the module docstring)."""
     if pack_impl not in PACK_IMPLS:
-        raise ValueError(f"unknown pack_impl {pack_impl!r}; valid: {', '.join(PACK_IMPLS)}")
+        raise DataError(f"unknown pack_impl {pack_impl!r}; valid: {', '.join(PACK_IMPLS)}")
     if num_samples is None and (pack_impl != "packed" or not num_epochs):
-        raise ValueError("num_samples may only be None (epoch-based training) with pack_impl packed and num_epochs")
+        raise DataError("num_samples may only be None (epoch-based training) with pack_impl packed and num_epochs")
     paths = index_map_paths(data_prefix, name, num_samples, seq_length, seed, pack_impl, allow_chopped)
     if _should_build(use_shared_fs) and not all(os.path.isfile(p) for p in paths.values()):
         start = time.perf_counter()
@@ -144,11 +145,11 @@ class GPT2Dataset(torch.utils.data.Dataset):
         self.seq_length = seq_length
         documents = np.asarray(documents)
         if len(documents) == 0:
-            raise ValueError(f"{data_prefix}: the {name} split has no documents")
+            raise DataError(f"{data_prefix}: the {name} split has no documents")
         if documents.min() < 0 or documents.max() >= len(indexed_dataset.sizes):
-            raise ValueError(f"{data_prefix}: document ids must lie in [0, {len(indexed_dataset.sizes)})")
+            raise DataError(f"{data_prefix}: document ids must lie in [0, {len(indexed_dataset.sizes)})")
         if label_dataset is not None and not np.array_equal(label_dataset.sizes, indexed_dataset.sizes):
-            raise ValueError(f"{data_prefix}: the label dataset's item sizes differ from the text dataset's")
+            raise DataError(f"{data_prefix}: the label dataset's item sizes differ from the text dataset's")
         if build_index_mappings:
             all_masked = None
             if label_dataset is not None:

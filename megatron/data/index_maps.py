@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from megatron.errors import DataError
 from megatron.logging.progress import progress
 
 PROGRESS_CHUNK = 1 << 16  # samples per progress-bar update in the Python loops
@@ -26,9 +27,9 @@ def num_tokens(documents: np.ndarray, sizes: np.ndarray) -> int:
 def num_epochs_for(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
     """Smallest ``e >= 1`` with ``(e * tokens_per_epoch - 1) // seq_length >= num_samples``."""
     if tokens_per_epoch <= 0:
-        raise ValueError("the dataset has no tokens; cannot build samples from it")
+        raise DataError("the dataset has no tokens; cannot build samples from it")
     if seq_length <= 0:
-        raise ValueError(f"seq_length must be positive, got {seq_length}")
+        raise DataError(f"seq_length must be positive, got {seq_length}")
     # Closed form of GPT-NeoX's loop: need e * T >= num_samples * seq_length + 1.
     need = num_samples * seq_length + 1
     return max(1, -(-need // tokens_per_epoch))
@@ -109,7 +110,7 @@ def _usable(
         docs = progress(documents, desc="finding fully masked documents", unit="doc")
         ok &= np.array([not all_masked(int(d)) for d in docs], dtype=bool)
     if not ok.any():
-        raise ValueError("no document can be used: all are longer than seq_length + 1 or fully masked")
+        raise DataError("no document can be used: all are longer than seq_length + 1 or fully masked")
     return ok
 
 
@@ -194,7 +195,7 @@ def build_blending_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, 
     w = [float(x) for x in np.asarray(weights, dtype=np.float64)]
     n = len(w)
     if n == 0 or n > 255:
-        raise ValueError(f"blending needs 1..255 datasets, got {n}")
+        raise DataError(f"blending needs 1..255 datasets, got {n}")
     dataset_index = np.zeros(size, dtype=np.uint8)
     dataset_sample_index = np.zeros(size, dtype=np.int64)
     if n == 1:

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from megatron.errors import DataError
+
 logger = logging.getLogger(__name__)
 
 MMAP_MAGIC = b"MMIDIDX\x00\x00"
@@ -46,7 +48,7 @@ DTYPES: dict[int, type[np.generic]] = {
 IMPLS = ("mmap", "cached", "lazy", "infer")
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(DataError):
     """A ``.bin``/``.idx`` pair is missing, truncated, or inconsistent; the message names the file."""
 
 
@@ -56,7 +58,7 @@ def dtype_code(dtype: Any) -> int:
     for code, candidate in DTYPES.items():
         if np.dtype(candidate) == dt:
             return code
-    raise ValueError(
+    raise DataError(
         f"dtype {dt} cannot be stored in an indexed dataset; valid: {[np.dtype(d).name for d in DTYPES.values()]}"
     )
 
@@ -217,7 +219,7 @@ class MMapIndexedDataset:
         if isinstance(idx, slice):
             start, stop, step = idx.indices(len(self))
             if step != 1:
-                raise ValueError("slices of an indexed dataset must be contiguous (step 1)")
+                raise DataError("slices of an indexed dataset must be contiguous (step 1)")
             sizes = self._index.sizes[start:stop]
             if len(sizes) == 0:
                 return []
@@ -290,7 +292,7 @@ class MMapIndexedDatasetBuilder:
             tokens = tokens.numpy()
         arr = np.asarray(tokens)
         if arr.ndim != 1:
-            raise ValueError(f"an item must be 1-D, got shape {arr.shape}")
+            raise DataError(f"an item must be 1-D, got shape {arr.shape}")
         self._data_file.write(np.ascontiguousarray(arr, dtype=self._dtype).tobytes(order="C"))
         self._sizes.append(len(arr))
 
@@ -321,7 +323,7 @@ class MMapIndexedDatasetBuilder:
         """Append another dataset (prefix) of the same dtype, keeping its document boundaries."""
         other = MMapIndexedDataset(another_file)
         if other.dtype != self._dtype:
-            raise ValueError(f"cannot merge {another_file} ({other.dtype}) into a {self._dtype} dataset")
+            raise DataError(f"cannot merge {another_file} ({other.dtype}) into a {self._dtype} dataset")
         base = len(self._sizes)
         self._sizes.extend(int(s) for s in other.sizes)
         # GPT-NeoX drops the merged file's doc_idx; we keep its boundaries (shifted), without the leading 0.
@@ -344,13 +346,13 @@ def make_builder(out_file: str, impl: str = "mmap", vocab_size: int | None = Non
         from megatron.data.legacy_indexed_dataset import IndexedDatasetBuilder
 
         return IndexedDatasetBuilder(out_file)
-    raise ValueError(f"unknown dataset impl {impl!r} for a builder; valid: mmap, cached, lazy")
+    raise DataError(f"unknown dataset impl {impl!r} for a builder; valid: mmap, cached, lazy")
 
 
 def make_dataset(path: str, impl: str = "infer", skip_warmup: bool = True) -> Any:
     """Open dataset prefix ``path``: ``mmap``, ``cached``/``lazy`` (legacy ``TNTIDX``) or ``infer`` (by magic)."""
     if impl not in IMPLS:
-        raise ValueError(f"unknown data_impl {impl!r}; valid: {', '.join(IMPLS)}")
+        raise DataError(f"unknown data_impl {impl!r}; valid: {', '.join(IMPLS)}")
     if not os.path.isfile(index_file_path(path)):
         raise IndexedDatasetError(
             f"dataset not found: {index_file_path(path)} does not exist (data paths are prefixes: "

@@ -24,6 +24,7 @@ from megatron.data.indexed_dataset import (
     dtype_code,
     index_file_path,
 )
+from megatron.errors import DataError
 
 _HEADER_BYTES = 8 + 8 + 16 + 16 + 8
 
@@ -141,7 +142,7 @@ class IndexedDatasetBuilder:
             tokens = tokens.numpy()
         arr = np.ascontiguousarray(np.asarray(tokens), dtype=self.dtype)
         if arr.ndim != 1:
-            raise ValueError(f"an item must be 1-D, got shape {arr.shape}")
+            raise DataError(f"an item must be 1-D, got shape {arr.shape}")
         self._out.write(arr.tobytes())
         self._data_offsets.append(self._data_offsets[-1] + arr.size)
         self._sizes.append(arr.size)

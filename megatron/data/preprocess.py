@@ -23,6 +23,7 @@ import numpy as np
 
 from megatron.data.document_reader import ReadStats, read_documents
 from megatron.data.indexed_dataset import data_file_path, index_file_path, make_builder
+from megatron.errors import DataError
 from megatron.logging.progress import progress as progress_bar
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
@@ -108,7 +109,7 @@ def encode_batch(docs: list[dict[str, str]]) -> tuple[dict[str, tuple[np.ndarray
         lengths = np.fromiter((len(s) for s in ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
         if len(flat) and (flat.min() < 0 or flat.max() > np.iinfo(dtype).max):
-            raise ValueError(f"token ids out of range for the output dtype {dtype}")
+            raise DataError(f"token ids out of range for the output dtype {dtype}")
         out[key] = (flat.astype(dtype, copy=False), lengths)
     return out, nbytes
 
@@ -170,14 +171,14 @@ def preprocess(
 ) -> PreprocessResult:
     """Run the whole preprocessing; raises ValueError (file:line for bad input) and leaves no output then."""
     if cfg.dataset_impl not in ("mmap", "cached", "lazy"):
-        raise ValueError(f"--dataset-impl {cfg.dataset_impl!r} is not one of mmap, cached, lazy")
+        raise DataError(f"--dataset-impl {cfg.dataset_impl!r} is not one of mmap, cached, lazy")
     if cfg.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+        raise DataError(f"--workers must be >= 1, got {cfg.workers}")
     if not cfg.jsonl_keys:
-        raise ValueError("--jsonl-keys: at least one key is needed")
+        raise DataError("--jsonl-keys: at least one key is needed")
     out_dir = os.path.dirname(os.path.abspath(cfg.output_prefix))
     if not os.path.isdir(out_dir):
-        raise ValueError(f"--output-prefix: directory {out_dir} does not exist")
+        raise DataError(f"--output-prefix: directory {out_dir} does not exist")
     tokenizer = build_tokenizer(cfg.tokenizer_config())
     final = {key: output_prefix_for(cfg.output_prefix, key) for key in cfg.jsonl_keys}
     builders: dict[str, Any] = {}
@@ -221,7 +222,7 @@ def preprocess(
                 while pending:
                     write(pending.popleft().get())
         if stats.documents == 0:
-            raise ValueError(
+            raise DataError(
                 f"no documents in {', '.join(cfg.inputs)} ({stats.skipped} invalid lines skipped, "
                 f"{stats.empty} empty documents); nothing written"
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from megatron.errors import DataError
+
 
 class DistributedBatchSampler:
     """Sequential global batches of ``micro_batch_size * dp_size`` indices (last partial batch dropped); DP rank
@@ -18,9 +20,9 @@ class DistributedBatchSampler:
         self, num_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int, start_iter: int = 0
     ) -> None:
         if micro_batch_size <= 0 or dp_size <= 0:
-            raise ValueError(f"micro_batch_size and dp_size must be positive, got {micro_batch_size}, {dp_size}")
+            raise DataError(f"micro_batch_size and dp_size must be positive, got {micro_batch_size}, {dp_size}")
         if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
+            raise DataError(f"dp_rank {dp_rank} outside [0, {dp_size})")
         self.num_samples = num_samples
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank
@@ -49,4 +51,4 @@ def iterate_forever(loader: Iterable[Any]) -> Iterator[Any]:
             empty = False
             yield batch
         if empty:
-            raise ValueError("the data loader is empty: the dataset has fewer samples than one global batch")
+            raise DataError("the data loader is empty: the dataset has fewer samples than one global batch")

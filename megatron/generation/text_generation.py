@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from megatron.generation.sampling import SamplingConfig, generate_samples, kv_cache_forward
+from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +31,10 @@ def load_checkpoint_for_inference(args: Any) -> tuple[dict[str, torch.Tensor], A
     """
     from megatron.checkpoint.reader import read_checkpoint
 
-    load = args.to_dict().get("load") if hasattr(args, "to_dict") else getattr(args, "load", None)
+    values = args.to_dict() if hasattr(args, "to_dict") else vars(args)
+    load = values.get("save") if values.get("load") == "auto" else values.get("load")
     if not load:
-        raise ValueError("load: generation needs the checkpoint directory to load")
+        raise ConfigError("load: generation needs the checkpoint directory to load")
     ckpt = read_checkpoint(load, args=args, iteration=getattr(args, "iteration", None))
     return ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
 
@@ -61,7 +63,7 @@ def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {tag} does not fit the config: missing {missing}, unexpected {unexpected}")
+        raise ConfigError(f"checkpoint {tag} does not fit the config: missing {missing}, unexpected {unexpected}")
     model.eval().to(inference_device())
     logger.info("loaded checkpoint %s for generation", tag)
     return model, tokenizer
@@ -77,7 +79,7 @@ def inference_device() -> torch.device:
 def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
     """Prompts of ``sample_input_file`` separated by ``prompt_end`` (empty ones dropped)."""
     if not os.path.isfile(path):
-        raise ValueError(f"sample_input_file {path} does not exist")
+        raise ConfigError(f"sample_input_file {path} does not exist")
     text = Path(path).read_text(encoding="utf-8")
     return [p for p in text.split(prompt_end) if p.strip()]
 
@@ -94,7 +96,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
         prompts = [""] * int(args.num_samples or 1)
     elif mode == "input-file":
         if not args.sample_input_file:
-            raise ValueError("text_gen_type input-file needs sample_input_file")
+            raise ConfigError("text_gen_type input-file needs sample_input_file")
         prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n")
     elif mode == "interactive":
         records = []
@@ -104,7 +106,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
             records.append(record)
         return records
     else:
-        raise ValueError(f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive)")
+        raise ConfigError(f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive)")
     records = generate_samples(forward, tokenizer, prompts, cfg, seed=seed, device=device)
     out = args.sample_output_file or "samples.txt"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

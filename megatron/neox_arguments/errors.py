@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from megatron.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """One or more problems with the user's configuration; ``problems`` holds one readable line each."""
 
     def __init__(self, problems: list[str] | str) -> None:

@@ -207,6 +207,18 @@ def _generation(c: Ctx) -> list[str]:
     return []
 
 
+def _reliability(c: Ctx) -> list[str]:
+    from megatron.training.preemption import check_preemption_keys
+
+    v = c.v
+    out = check_preemption_keys(v["preemption_signals"], v["exit_duration_in_mins"])
+    if v["max_consecutive_nonfinite_steps"] < 1:
+        out.append(f"{c.at('max_consecutive_nonfinite_steps')} must be >= 1")
+    if v["load"] == "auto" and not v["save"]:
+        out.append(f"{c.at('load')} resumes from save, but save is not set")
+    return out
+
+
 # (name, rule): each rule returns its violations as readable lines.
 RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("required keys", _required),
@@ -224,6 +236,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("post-training", _post_training),
     ("ranges", _ranges),
     ("generation", _generation),
+    ("reliability", _reliability),
 ]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron.config_utils import neox_overrides
+from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, 
     """Smallest size ``>= vocab_size`` divisible by ``make_vocab_size_divisible_by * model_parallel_size``."""
     multiple = make_vocab_size_divisible_by * model_parallel_size
     if multiple <= 0:
-        raise ValueError(
+        raise DataError(
             f"make_vocab_size_divisible_by ({make_vocab_size_divisible_by}) x model_parallel_size "
             f"({model_parallel_size}) must be positive"
         )
@@ -59,9 +60,9 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, 
 
 def _require_file(path: str | None, key: str, tokenizer_type: str, what: str) -> str:
     if not path:
-        raise ValueError(f"tokenizer_type {tokenizer_type} needs {key}: {what}")
+        raise DataError(f"tokenizer_type {tokenizer_type} needs {key}: {what}")
     if not os.path.exists(path):
-        raise ValueError(f"{key} {path!r} does not exist (tokenizer_type {tokenizer_type} needs {what})")
+        raise DataError(f"{key} {path!r} does not exist (tokenizer_type {tokenizer_type} needs {what})")
     return path
 
 
@@ -124,7 +125,7 @@ class _TokenizersBackend(AbstractTokenizer):
         self.tokenizer = tokenizer
         self._eod = tokenizer.token_to_id(eod_token)
         if self._eod is None:
-            raise ValueError(f"{name}: the vocabulary has no end-of-document token {eod_token!r}")
+            raise DataError(f"{name}: the vocabulary has no end-of-document token {eod_token!r}")
         pad = tokenizer.token_to_id(PAD_TOKEN)
         self._pad = self._eod if pad is None else pad
 
@@ -158,7 +159,7 @@ class HFTokenizer(_TokenizersBackend):
         try:
             tok = Tokenizer.from_file(path)
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-            raise ValueError(f"vocab_file {path!r} is not a valid tokenizers JSON file: {e}") from None
+            raise DataError(f"vocab_file {path!r} is not a valid tokenizers JSON file: {e}") from None
         super().__init__("HFTokenizer", tok)
 
 
@@ -173,7 +174,7 @@ class GPT2BPETokenizer(_TokenizersBackend):
         try:
             tok = Tokenizer(models.BPE.from_file(vocab, merges))
         except Exception as e:
-            raise ValueError(f"cannot read GPT-2 BPE files {vocab!r} / {merges!r}: {e}") from None
+            raise DataError(f"cannot read GPT-2 BPE files {vocab!r} / {merges!r}: {e}") from None
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         super().__init__("GPT2BPETokenizer", tok)
@@ -191,7 +192,7 @@ def _hub_tokenizer(name: str) -> Any:
             error = e
     where = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", "~/.cache/huggingface"), "hub")
     how = "offline (HF_HUB_OFFLINE=1)" if offline else "and the Hugging Face hub could not be reached"
-    raise ValueError(
+    raise DataError(
         f"vocab_file {name!r} (tokenizer_type HFGPT2Tokenizer) is not a local file or folder, and the model is not in "
         f"the Hugging Face cache ({where}) {how}; set vocab_file to a tokenizer.json or a save_pretrained folder "
         f"({type(error).__name__})"
@@ -218,7 +219,7 @@ class HFGPT2Tokenizer(AbstractTokenizer):
         else:
             self.tokenizer = _hub_tokenizer(name)
         if self.tokenizer.eos_token_id is None:
-            raise ValueError(f"vocab_file {name!r}: the tokenizer has no eos token")
+            raise DataError(f"vocab_file {name!r}: the tokenizer has no eos token")
         self.tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
         self._eod, self._pad = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
 
@@ -251,11 +252,11 @@ class SPMTokenizer(AbstractTokenizer):
         try:
             self.tokenizer = spm.SentencePieceProcessor(model_file=path)
         except (OSError, RuntimeError) as e:
-            raise ValueError(f"vocab_file {path!r} is not a sentencepiece model: {e}") from None
+            raise DataError(f"vocab_file {path!r} is not a sentencepiece model: {e}") from None
         self._eod = self._piece(EOD_TOKEN, self.tokenizer.eos_id())
         self._pad = self._piece(PAD_TOKEN, self.tokenizer.pad_id())
         if self._eod < 0:
-            raise ValueError(f"vocab_file {path!r}: the model has neither a {EOD_TOKEN!r} piece nor an eos id")
+            raise DataError(f"vocab_file {path!r}: the model has neither a {EOD_TOKEN!r} piece nor an eos id")
         if self._pad < 0:
             self._pad = self._eod
 
@@ -324,7 +325,7 @@ class TiktokenTokenizer(AbstractTokenizer):
             try:
                 self.encoding = tiktoken.get_encoding(vocab_file)
             except Exception as e:
-                raise ValueError(
+                raise DataError(
                     f"vocab_file {vocab_file!r}: tiktoken encoding not available offline ({type(e).__name__}); "
                     "pass a local .tiktoken file instead"
                 ) from None
@@ -363,9 +364,9 @@ def load_tiktoken_ranks(path: str) -> dict[bytes, int]:
                 token, rank = line.split()
                 ranks[base64.b64decode(token, validate=True)] = int(rank)
             except ValueError:
-                raise ValueError(f"{path}:{lineno}: expected 'base64-token rank', got {line[:60]!r}") from None
+                raise DataError(f"{path}:{lineno}: expected 'base64-token rank', got {line[:60]!r}") from None
     if not ranks:
-        raise ValueError(f"{path}: no tokens")
+        raise DataError(f"{path}: no tokens")
     return ranks
 
 
@@ -385,4 +386,4 @@ def build_tokenizer(cfg: TokenizerConfig) -> AbstractTokenizer:
         return CharLevelTokenizer(vocab_size=512)
     if kind.lower() == "TiktokenTokenizer".lower():
         return TiktokenTokenizer(cfg.vocab_file)
-    raise ValueError(f"unknown tokenizer_type {kind!r}; valid: {', '.join(TOKENIZER_TYPES)}")
+    raise DataError(f"unknown tokenizer_type {kind!r}; valid: {', '.join(TOKENIZER_TYPES)}")

@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+from megatron.errors import DataError
 from megatron.logging.progress import add_quiet_flag, bars_enabled, set_quiet
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def iter_json_texts(input_dir: str, text_key: str = "text", max_docs: int | None
     files = sorted(glob.glob(os.path.join(input_dir, "*.jsonl")) + glob.glob(os.path.join(input_dir, "*.json")))
     files = [f for f in files if not f.endswith("tokenizer.json")]  # do not train on a previous output
     if not files:
-        raise ValueError(f"--json_input_dir {input_dir!r} holds no *.jsonl or *.json files")
+        raise DataError(f"--json_input_dir {input_dir!r} holds no *.jsonl or *.json files")
     count = 0
     for path in files:
         with open(path, encoding="utf-8") as f:
@@ -43,9 +44,9 @@ def iter_json_texts(input_dir: str, text_key: str = "text", max_docs: int | None
                 try:
                     doc = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                    raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
                 if not isinstance(doc, dict) or text_key not in doc:
-                    raise ValueError(f"{path}:{lineno}: no key {text_key!r} in the JSON object")
+                    raise DataError(f"{path}:{lineno}: no key {text_key!r} in the JSON object")
                 yield str(doc[text_key])
                 count += 1
                 if max_docs is not None and count >= max_docs:
@@ -65,9 +66,9 @@ def train_tokenizer(
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     if tokenizer_type != "BPE":
-        raise ValueError(f"--tokenizer_type {tokenizer_type!r} is not supported; valid: BPE")
+        raise DataError(f"--tokenizer_type {tokenizer_type!r} is not supported; valid: BPE")
     if preset not in PRESETS:
-        raise ValueError(f"--preset {preset!r} is not one of {', '.join(PRESETS)}")
+        raise DataError(f"--preset {preset!r} is not one of {', '.join(PRESETS)}")
     tok = Tokenizer(models.BPE())
     neox = preset == "neox"
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=neox)

@@ -7,19 +7,23 @@
   mp_rank_XX_model_states.pt                    engine state + our client state (iteration, args, rng, data position)
   layer_LL-model_TT-model_states.pt             pipe models only
   [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt   ZeRO optimizer shards
-  manifest.json                                 written last by rank 0: the files of a complete checkpoint
+  manifest.json                                 written last by rank 0: sizes/sha256 of every file, iteration,
+                                                consumed samples, layout, resolved config
 ```
+
+Saves are crash-safe and loads fall back to the newest valid checkpoint (``checkpoint_commit``). ``load``: a
+missing folder is an error unless it is ``save`` or ``auto`` (auto-resume).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import pickle
 import random
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
+from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
+from megatron.training import checkpoint_commit as commit_lib
+from megatron.training.checkpoint_commit import delete_old_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +50,7 @@ CHECKPOINT_ARG_KEYS = (
     "tokenizer_type",
     "model_parallel_size",
 )
-MANIFEST = "manifest.json"
+AUTO = "auto"
 
 
 @dataclass
@@ -79,20 +89,20 @@ class CheckpointConfig:
     def validate(self) -> None:
         """Raise ValueError for inconsistent keys."""
         if self.checkpoint_scale not in ("linear", "log"):
-            raise ValueError(f"checkpoint_scale must be 'linear' or 'log', got {self.checkpoint_scale!r}")
+            raise CheckpointError(f"checkpoint_scale must be 'linear' or 'log', got {self.checkpoint_scale!r}")
         if self.checkpoint_factor is not None:
             if self.checkpoint_scale == "linear" and (
                 float(self.checkpoint_factor) != int(self.checkpoint_factor) or int(self.checkpoint_factor) < 1
             ):
-                raise ValueError(
+                raise CheckpointError(
                     f"checkpoint_factor must be a positive integer with linear scale, got {self.checkpoint_factor}"
                 )
             if self.checkpoint_scale == "log" and float(self.checkpoint_factor) <= 1:
-                raise ValueError(f"checkpoint_factor must be > 1 with log scale, got {self.checkpoint_factor}")
+                raise CheckpointError(f"checkpoint_factor must be > 1 with log scale, got {self.checkpoint_factor}")
         if self.save and self.checkpoint_factor is None and not self.extra_save_iters:
-            raise ValueError("save is set but neither checkpoint_factor nor extra_save_iters says when to save")
+            raise CheckpointError("save is set but neither checkpoint_factor nor extra_save_iters says when to save")
         if self.keep_last_n_checkpoints is not None and self.keep_last_n_checkpoints < 1:
-            raise ValueError(f"keep_last_n_checkpoints must be >= 1, got {self.keep_last_n_checkpoints}")
+            raise CheckpointError(f"keep_last_n_checkpoints must be >= 1, got {self.keep_last_n_checkpoints}")
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -128,15 +138,6 @@ def list_checkpoints(save_dir: str | Path) -> list[Path]:
     return sorted((p for p in root.glob("global_step*") if p.is_dir()), key=lambda p: _natural_key(p.name))
 
 
-def delete_old_checkpoints(save_dir: str | Path, keep_n: int) -> list[Path]:
-    """Delete all but the newest ``keep_n`` checkpoints; returns the deleted paths."""
-    doomed = list_checkpoints(save_dir)[:-keep_n] if keep_n > 0 else []
-    for path in doomed:
-        logger.info("keep_last_n_checkpoints: removing %s", path)
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
-
-
 def rng_state() -> dict[str, Any]:
     """The RNG states GPT-NeoX saves (python, numpy, torch, accelerator, model-parallel tracker)."""
     from megatron import mpu
@@ -163,7 +164,7 @@ def set_rng_state(state: dict[str, Any], path: str) -> None:
             torch.cuda.set_rng_state(state["cuda_rng_state"])
         mpu.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
     except KeyError as e:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path} has no RNG state {e.args[0]!r}; set no_load_rng: true (or finetune) to load it"
         ) from None
 
@@ -188,7 +189,7 @@ def _strip_optimizer_states(directory: Path, zero_stage: int) -> None:
             path.unlink(missing_ok=True)
     if rank == 0:
         for path in directory.glob("mp_rank_*_model_states.pt"):
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = safe_torch_load(path)
             state["optimizer"] = None
             torch.save(state, path)
 
@@ -207,7 +208,7 @@ def save_checkpoint(
 ) -> Path:
     """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call)."""
     if not cfg.save:
-        raise ValueError("save_checkpoint needs the 'save' directory")
+        raise CheckpointError("save_checkpoint needs the 'save' directory")
     tag = checkpoint_tag(iteration)
     client_state: dict[str, Any] = {
         "iteration": iteration,
@@ -218,9 +219,13 @@ def save_checkpoint(
     if not cfg.no_save_rng:
         client_state.update(rng_state())
     client_state.update(extra_state or {})
-    engine.save_checkpoint(cfg.save, tag=tag, client_state=client_state)
-    directory = Path(cfg.save) / tag
     rank = dist.get_rank() if dist.is_initialized() else 0
+    directory = Path(cfg.save) / commit_lib.partial_tag(tag)
+    if rank == 0:
+        commit_lib.clean_partials(cfg.save)
+    if dist.is_initialized():
+        dist.barrier()
+    engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
     if cfg.no_save_optim:
         if dist.is_initialized():
             dist.barrier()
@@ -230,16 +235,28 @@ def save_checkpoint(
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
-        files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-        manifest = {"tag": tag, "iteration": iteration, "files": files}
-        (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        meta = {"tag": tag, "iteration": iteration, "consumed_train_samples": consumed_train_samples}
+        meta.update(consumed_valid_samples=consumed_valid_samples, layout=_layout(engine, world))
+        write_manifest(directory, **meta, config=resolved_config)
+        directory = commit_lib.commit(cfg.save, tag)
         if cfg.keep_last_n_checkpoints is not None:
             delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
     if dist.is_initialized():
         dist.barrier()
+    directory = Path(cfg.save) / tag
     if rank == 0:
         logger.info("saved checkpoint %s at iteration %d", directory, iteration)
     return directory
+
+
+def _layout(engine: Any, world: int) -> dict[str, int]:
+    from megatron import mpu
+
+    tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
+    dp = mpu.get_data_parallel_world_size() if mpu.model_parallel_is_initialized() else world
+    zero = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+    return {"world_size": world, "tp": tp, "dp": dp, "pp": max(world // max(tp * dp, 1), 1), "zero_stage": zero}
 
 
 @dataclass
@@ -261,29 +278,40 @@ def resolve_tag(cfg: CheckpointConfig) -> str | None:
         tag = checkpoint_tag(int(cfg.iteration))
         if not (root / tag).is_dir():
             available = ", ".join(p.name for p in list_checkpoints(root)) or "none"
-            raise ValueError(f"iteration {cfg.iteration}: no checkpoint {root / tag} (available: {available})")
+            raise CheckpointError(f"iteration {cfg.iteration}: no checkpoint {root / tag} (available: {available})")
         return tag
-    latest = root / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text().strip()
-    if not (root / tag).is_dir():
-        raise ValueError(f"{latest} names checkpoint {tag!r} but {root / tag} does not exist")
-    return tag
+    return commit_lib.select_checkpoint(root)
 
 
 def verify_manifest(directory: Path) -> None:
-    """A checkpoint with our manifest must still hold every file it lists (GPT-NeoX ones have no manifest)."""
-    manifest = directory / MANIFEST
-    if not manifest.is_file():
-        return
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError) as e:
-        raise ValueError(f"{manifest} is not a valid checkpoint manifest: {e}") from None
-    missing = [f for f in files if f != MANIFEST and not (directory / f).is_file()]
-    if missing:
-        raise ValueError(f"checkpoint {directory} is incomplete: missing {', '.join(missing[:5])}")
+    """A checkpoint with our manifest must hold every file it lists at the recorded size (GPT-NeoX ones have none)."""
+    problem = verify_checkpoint(directory)
+    if problem:
+        raise CheckpointError(f"checkpoint {directory} is incomplete: {problem}")
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
+    """``load: auto`` means ``save``; a missing ``load`` folder is an error unless it is ``save`` (auto-resume)."""
+    load = cfg.load
+    if load == AUTO:
+        if not cfg.save:
+            raise CheckpointError("load: auto resumes from the save directory, but save is not set")
+        load = cfg.save
+    assert load is not None
+    if Path(load).is_dir():
+        return dataclasses.replace(cfg, load=load)
+    if cfg.load == AUTO or (cfg.save and Path(load).resolve() == Path(cfg.save).resolve()):
+        if _rank() == 0:
+            logger.info("auto-resume: %s holds no checkpoint yet, starting from iteration 0", load)
+        return dataclasses.replace(cfg, load=None)
+    raise CheckpointError(
+        f"load directory {load} does not exist; check the path, or set load equal to save (or load: auto) to "
+        "resume when a checkpoint exists and start fresh otherwise"
+    )
 
 
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
@@ -294,7 +322,7 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
         if k in saved and k in current and saved[k] != current[k]
     ]
     if bad:
-        raise ValueError(f"checkpoint {path} does not match the config: " + "; ".join(bad))
+        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(bad))
 
 
 def load_checkpoint(
@@ -307,9 +335,14 @@ def load_checkpoint(
     """
     if not cfg.load:
         return LoadResult(0, None)
+    cfg = resolve_load_dir(cfg)
+    if cfg.load is None:
+        return LoadResult(0, None)
+    if cfg.save and Path(cfg.load).resolve() == Path(cfg.save).resolve() and _rank() == 0:
+        commit_lib.clean_partials(cfg.load)
     tag = resolve_tag(cfg)
     if tag is None:
-        logger.warning("no checkpoint found in %s ('latest' missing): starting from iteration 0", cfg.load)
+        logger.info("no checkpoint in %s yet: starting from iteration 0", cfg.load)
         return LoadResult(0, None)
     root, resharded, optimizer_missing = cfg.load, False, False
     if args is not None:
@@ -322,19 +355,24 @@ def load_checkpoint(
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
     try:
-        path, client = engine.load_checkpoint(
-            root,
-            tag=tag,
-            load_optimizer_states=not (weights_only or optimizer_missing),
-            load_lr_scheduler_states=not weights_only,
-            load_module_only=weights_only,
-            # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
-            load_module_strict=getattr(args, "train_impl", "normal") != "rm",
-        )
-    except (OSError, EOFError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
-        raise ValueError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
+        with safe_loading():
+            path, client = engine.load_checkpoint(
+                root,
+                tag=tag,
+                load_optimizer_states=not (weights_only or optimizer_missing),
+                load_lr_scheduler_states=not weights_only,
+                load_module_only=weights_only,
+                # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
+                load_module_strict=getattr(args, "train_impl", "normal") != "rm",
+            )
+    except Exception as e:
+        if is_unsafe_error(e):
+            raise CheckpointError(unsafe_message(Path(root) / tag, e)) from None
+        if not isinstance(e, (OSError, EOFError, RuntimeError, KeyError, pickle.UnpicklingError)):
+            raise
+        raise CheckpointError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
     if path is None or client is None:
-        raise ValueError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
+        raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
     saved_args = dict(client.get("args", {}))
     if resharded:  # the layout (and with it the vocab padding) was converted on purpose
         saved_args.pop("model_parallel_size", None)

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from megatron.neox_arguments.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential", "inverse_sqrt")
@@ -55,7 +57,7 @@ class LRScheduleConfig:
         if self.lr_decay_iters is not None:
             total = int(self.lr_decay_iters)
         elif self.train_iters is None:
-            raise ValueError("the LR schedule needs train_iters or lr_decay_iters")
+            raise ConfigError("the LR schedule needs train_iters or lr_decay_iters")
         elif self.lr_decay_fraction is not None:
             total = math.floor(self.train_iters * self.lr_decay_fraction)
         else:
@@ -80,7 +82,7 @@ def annealed_lr(n: int, *, lr_max: float, min_lr: float, warmup_iter: float, end
     elif decay_style == "inverse_sqrt":
         lr = lr_max * math.sqrt(max(warmup_iter, 1.0) / max(n, 1))
     else:
-        raise ValueError(f"lr_decay_style {decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
+        raise ConfigError(f"lr_decay_style {decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
     return max(lr, min_lr)
 
 
@@ -98,11 +100,11 @@ class AnnealingLR:
         last_iter: int = 0,
     ) -> None:
         if cfg.lr_decay_style not in DECAY_STYLES:
-            raise ValueError(f"lr_decay_style {cfg.lr_decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
+            raise ConfigError(f"lr_decay_style {cfg.lr_decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
         if cfg.min_lr > cfg.lr:
-            raise ValueError(f"min_lr ({cfg.min_lr}) must not exceed lr ({cfg.lr})")
+            raise ConfigError(f"min_lr ({cfg.min_lr}) must not exceed lr ({cfg.lr})")
         if cfg.override_lr_scheduler and cfg.use_checkpoint_lr_scheduler:
-            raise ValueError("override_lr_scheduler and use_checkpoint_lr_scheduler cannot both be set")
+            raise ConfigError("override_lr_scheduler and use_checkpoint_lr_scheduler cannot both be set")
         self.optimizer = optimizer
         self.start_lr = float(cfg.lr)
         self.min_lr = float(cfg.min_lr)
@@ -159,7 +161,7 @@ class AnnealingLR:
         if self.use_checkpoint_lr_scheduler:
             return saved
         if current != saved:
-            raise ValueError(
+            raise ConfigError(
                 f"the checkpoint's LR scheduler has {name}={saved!r} but the config gives {current!r}; set "
                 "override_lr_scheduler (use the config) or use_checkpoint_lr_scheduler (use the checkpoint)"
             )

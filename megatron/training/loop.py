@@ -13,11 +13,13 @@ import torch
 import torch.distributed as dist
 
 from megatron.config_utils import neox_overrides
+from megatron.errors import UserError
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.progress import progress
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
+from megatron.neox_arguments.errors import ConfigError
 from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
 
@@ -46,7 +48,7 @@ class LoopConfig:
     def from_neox_args(cls, args: Any) -> LoopConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
         if getattr(args, "train_iters", None) is None:
-            raise ValueError("train_iters must be set (train_epochs is converted to train_iters by the config)")
+            raise ConfigError("train_iters must be set (train_epochs is converted to train_iters by the config)")
         values = neox_overrides(cls, args)
         return cls(**values)
 
@@ -62,6 +64,7 @@ class LoopState:
     loss_count: int = 0
     history: list[float] = field(default_factory=list)  # lm loss of every iteration (rank-reduced)
     exited_early: bool = False
+    preempted: bool = False  # stopped by a signal or exit_duration_in_mins (see training/preemption.py)
     consecutive_skips: int = 0
 
 
@@ -159,6 +162,7 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
+        self.stop_check: Callable[[int], bool] | None = None  # preemption: True on every rank to stop now
         self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
 
     def _lr(self) -> float:
@@ -212,6 +216,9 @@ class Trainer:
                     logger.info("exit_interval: exiting at iteration %d", state.iteration)
                 state.exited_early = True
                 break
+            if self.stop_check is not None and self.stop_check(state.iteration):
+                state.exited_early = state.preempted = True
+                break
         return state
 
     @staticmethod
@@ -228,7 +235,7 @@ class Trainer:
         state.skipped_iters += 1
         state.consecutive_skips += 1
         if state.consecutive_skips >= MAX_CONSECUTIVE_OVERFLOWS:
-            raise ValueError(
+            raise UserError(
                 f"{state.consecutive_skips} consecutive fp16 overflows (iteration {state.iteration}): the loss "
                 "scale cannot recover; lower the learning rate, check the data, or use bf16"
             )

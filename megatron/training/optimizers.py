@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from megatron.neox_arguments.errors import ConfigError
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def check_zero_compatibility(cfg: OptimizerConfig) -> None:
     # Under ZeRO, Lion is DeepSpeed's FusedLion on accelerators; on CPU it is ours (no JIT build), thus untested.
     tested = [t for t in _ZERO_TESTED if not (t == "lion" and cfg.on_cpu)]
     if cfg.zero_stage > 0 and cfg.type not in tested and not cfg.zero_allow_untested_optimizer:
-        raise ValueError(
+        raise ConfigError(
             f"optimizer.type {cfg.optimizer.get('type')!r} is not tested by DeepSpeed under ZeRO stage "
             f"{cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use Adam/Lion"
         )
@@ -137,16 +138,16 @@ def build_optimizer(
     """
     kind = cfg.type
     if kind not in OPTIMIZER_TYPES:
-        raise ValueError(f"optimizer.type {cfg.optimizer.get('type')!r} is not one of {', '.join(OPTIMIZER_TYPES)}")
+        raise ConfigError(f"optimizer.type {cfg.optimizer.get('type')!r} is not one of {', '.join(OPTIMIZER_TYPES)}")
     if cfg.use_mup:
-        raise ValueError("use_mup is not supported by neox-forge; unset it")
+        raise ConfigError("use_mup is not supported by neox-forge; unset it")
     check_zero_compatibility(cfg)
     params = cfg.params
     if "weight_decay" in params:
-        raise ValueError("put weight_decay at the top level of the config, not in optimizer.params (as GPT-NeoX)")
+        raise ConfigError("put weight_decay at the top level of the config, not in optimizer.params (as GPT-NeoX)")
     groups = weight_decay_param_groups(model, cfg.weight_decay)
     if not groups:
-        raise ValueError("the model has no trainable parameters")
+        raise ConfigError("the model has no trainable parameters")
     lr = float(params.pop("lr", 0.001))
     if kind == "adam":
         fused = bool(params.pop("fused", False))
@@ -165,7 +166,7 @@ def build_optimizer(
         return DeepSpeedCPUAdam(groups, lr=lr, **params), groups
     if kind == "onebitadam":
         if cfg.on_cpu:
-            raise ValueError(
+            raise ConfigError(
                 "optimizer.type onebitadam needs DeepSpeed's NCCL/MPI compressed backend; it does not run on CPU"
             )
         return None, groups

@@ -17,16 +17,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint.layout import CheckpointError
+from megatron.errors import DataError
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
+from megatron.neox_arguments.errors import ConfigError
 from megatron.training import checkpointing as ckpt
 from megatron.training.grad_clipping import install_fp32_clipping
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
+from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
+from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 
 logger = logging.getLogger("megatron.train")
@@ -47,7 +52,8 @@ class PretrainResult:
     optimizer_class: str = ""  # DeepSpeed's final optimizer wrapper (e.g. DeepSpeedZeroOptimizer)
     zero_stage: int = 0
     params_dtype: str = ""
-    skipped_iters: int = 0  # optimizer steps skipped on fp16 overflow
+    skipped_iters: int = 0  # optimizer steps skipped (fp16 overflow or a non-finite loss/gradient)
+    preempted: bool = False  # stopped by a signal or exit_duration_in_mins after saving: exit with REQUEUE_EXIT_CODE
 
 
 def checkpoint_args(args: Any) -> dict[str, Any]:
@@ -62,7 +68,7 @@ def _allow_fp16_on_cpu(ds_config: dict[str, Any]) -> None:
     if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu():
         return
     if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
-        raise ValueError(
+        raise ConfigError(
             "fp16.enabled: DeepSpeed has no fp16 support on this CPU; use bf16 (or fp32), or set "
             f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
         )
@@ -137,11 +143,11 @@ def _train_iters_from_epochs(args: Any) -> None:
         data_cfg, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size()
     )
     if train_loader is None:
-        raise ValueError("train_epochs needs training data")
+        raise DataError("train_epochs needs training data")
     gas = int(args.gradient_accumulation_steps or 1)
     iters = int(args.train_epochs) * len(train_loader) // gas
     if iters < 1:
-        raise ValueError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
+        raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
     args.update_value("train_iters", iters)
     logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
 
@@ -175,7 +181,7 @@ def check_validation_logits(engine: Any, args: Any, client_state: dict[str, Any]
         return
     tol = 1e-5 if args.params_dtype == torch.float32 else 2e-2
     if current.shape != stored.shape or not torch.allclose(current, stored.float(), atol=tol, rtol=tol):
-        raise ValueError(f"checkpoint {path}: the loaded model does not reproduce the logits stored at save time")
+        raise CheckpointError(f"checkpoint {path}: the loaded model does not reproduce the logits stored at save time")
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
@@ -232,7 +238,7 @@ def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
 
 
 def pretrain(args: Any) -> PretrainResult:
-    """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+    """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes."""
     start_time = time.monotonic()
     timers = Timers()
     initialize_megatron(args)
@@ -250,6 +256,7 @@ def pretrain(args: Any) -> PretrainResult:
         run_config=run_config,
         config_text=args.format_config() if hasattr(args, "format_config") else None,
     )
+    preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
     try:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, save_cfg)
         tbs = int(args.train_batch_size)
@@ -307,11 +314,17 @@ def pretrain(args: Any) -> PretrainResult:
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
+        install_nonfinite_guard(engine, int(getattr(args, "max_consecutive_nonfinite_steps", None) or 10))
+        trainer.stop_check = preemption.should_stop
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
         result.iteration, result.train_losses = state.iteration, state.history
         result.skipped_iters = int(engine.skipped_steps)
+        if state.preempted:
+            result.preempted = True
+            if save_cfg.save and state.iteration not in result.saved:
+                save(state.iteration)
         if state.exited_early:
             _log_summary(rank, observer, state.iteration)
             return result
@@ -324,4 +337,5 @@ def pretrain(args: Any) -> PretrainResult:
         _log_summary(rank, observer, state.iteration)
         return result
     finally:
+        preemption.uninstall()
         metrics.close()

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from megatron.logging.timers import Timers
+from megatron.training.nonfinite import note_loss
 
 Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -135,10 +136,11 @@ class SequentialStep:
             self.timers("backward").start()
             self._backward(loss)
             self.timers("backward").stop()
+            losses.append(reduce_losses(loss))
+            note_loss(self.engine, losses[-1])  # a non-finite loss on any rank skips the optimizer step
             self.timers("optimizer").start()
             self.engine.step()
             self.timers("optimizer").stop()
-            losses.append(reduce_losses(loss))
         mean = torch.stack(losses).mean().item()
         return StepResult(mean, self.engine.skipped_steps > skipped_before)
 

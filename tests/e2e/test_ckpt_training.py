@@ -3,7 +3,6 @@ checkpoint resharded to (1,1) and then (2,1) continues training with the losses 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,11 +16,10 @@ from megatron.checkpoint import cli, read_checkpoint
 from megatron.model import build_sequential_model
 from tests.distributed.fns_ckpt import train_then_logits
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
-from tests.harness import run_distributed
+from tests.harness import load_tool, run_distributed
 
 pytestmark = pytest.mark.distributed
 
-REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-5
 
 NEOX_STYLE = {  # GPT-NeoX / Pythia: parallel residual, partial rotary, untied head, tanh GELU (bias_gelu_fusion)
@@ -44,11 +42,7 @@ LLAMA_STYLE = {  # Llama: GQA, SwiGLU, RMSNorm, no biases, untied head
 
 
 def _tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "ckpts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f"tools/ckpts/{name}.py")
 
 
 @pytest.fixture(scope="module")

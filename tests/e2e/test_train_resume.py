@@ -68,11 +68,13 @@ def test_finetune_and_fresh_start(data: dict[str, str], tmp_path: Path) -> None:
     )[0]
     assert tuned["start_iteration"] == 0 and tuned["iteration"] == 4
     assert tuned["train_losses"][0] < first["train_losses"][0] - 0.1  # starts from the trained weights
-    # an empty load directory is a fresh start, not an error
-    fresh = run_distributed(
-        run_pretrain, 1, tiny_config(data, train_iters=2, load=str(tmp_path / "empty")), timeout=300
-    )[0]
+    # load equal to save (or load: auto) with nothing there yet is a fresh start (auto-resume), not an error
+    auto = {"save": str(tmp_path / "empty"), "checkpoint_factor": 100}
+    fresh = run_distributed(run_pretrain, 1, tiny_config(data, train_iters=2, load="auto", **auto), timeout=300)[0]
     assert fresh["start_iteration"] == 0 and fresh["train_losses"][0] == first["train_losses"][0]
+    # any other missing load folder is a typo: an error naming it
+    with pytest.raises(DistributedTestError, match=f"load directory {tmp_path / 'typo'} does not exist"):
+        run_distributed(run_pretrain, 1, tiny_config(data, train_iters=2, load=str(tmp_path / "typo")), timeout=300)
 
 
 def test_checkpoint_validation_detects_a_changed_checkpoint(data: dict[str, str], tmp_path: Path) -> None:

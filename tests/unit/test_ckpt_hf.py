@@ -4,7 +4,6 @@ without leaving an output directory."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -17,17 +16,14 @@ from safetensors.torch import load_file
 from megatron.checkpoint import cli
 from megatron.neox_arguments import NeoXArgs
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
+from tests.harness import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 128
 
 
 def _tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "ckpts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f"tools/ckpts/{name}.py")
 
 
 TO_NEOX, TO_HF, RESHARD = _tool("convert_hf_to_neox"), _tool("convert_neox_to_hf"), _tool("reshard_checkpoint")

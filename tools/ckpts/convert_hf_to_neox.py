@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1, help="pipe_parallel_size (0 = sequential model files)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    cli.add_trust_flag(p)
     add_quiet_flag(p)
     return p.parse_args(argv)
 
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
+    cli.apply_trust_flag(args)
     set_quiet(args.quiet)
     from megatron.checkpoint import TargetLayout, write_checkpoint
     from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files, tokenizer_yaml

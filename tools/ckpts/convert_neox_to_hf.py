@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pad-token-id", dest="pad_token_id", type=int, default=None)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
     p.add_argument("--row_bias", default="auto", choices=["auto", "effective", "sum"], help=argparse.SUPPRESS)
+    cli.add_trust_flag(p)
     add_quiet_flag(p)
     return p.parse_args(argv)
 
@@ -40,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
+    cli.apply_trust_flag(args)
     set_quiet(args.quiet)
     from megatron.checkpoint import read_checkpoint
     from megatron.checkpoint.hf_io import export_hf, hf_tokenizer

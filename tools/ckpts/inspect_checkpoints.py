@@ -2,6 +2,7 @@
 
     python tools/ckpts/inspect_checkpoints.py ckpts/global_step1000 [--attributes qkv norm]
     python tools/ckpts/inspect_checkpoints.py ckpts_a --diff ckpts_b [--atol 1e-6]
+    python tools/ckpts/inspect_checkpoints.py ckpts --verify      # sizes and sha256 against manifest.json
 
 A diff compares the merged (tp=1) tensors, so checkpoints of different TP/PP layouts can be compared. Exit code 0
 when equal, 2 when they differ.
@@ -27,14 +28,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--diff", default=None, help="second checkpoint to compare with")
     p.add_argument("--config_file", nargs="*", default=None, help="GPT-NeoX YAML(s) for --diff")
     p.add_argument("--atol", type=float, default=0.0, help="--diff: ignore differences up to this")
+    p.add_argument("--verify", action="store_true", help="check every file's size and sha256 against manifest.json")
+    cli.add_trust_flag(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
+    cli.apply_trust_flag(args)
     from megatron.checkpoint.inspection import describe_checkpoint, diff_checkpoints
 
+    if args.verify:
+        from megatron.checkpoint.layout import CheckpointError, resolve_checkpoint_dir
+        from megatron.checkpoint.manifest import read_manifest, verify_checkpoint
+
+        directory = resolve_checkpoint_dir(args.dir)
+        problem = verify_checkpoint(directory, checksums=True)
+        if problem:
+            raise CheckpointError(problem)
+        if read_manifest(directory) is None:
+            raise CheckpointError(f"{directory} has no manifest.json to verify against")
+        print(f"{directory}: every file matches its size and sha256 in manifest.json")
+        return 0
     if args.diff is None:
         print("\n".join(describe_checkpoint(args.dir, args.attributes)))
         return 0

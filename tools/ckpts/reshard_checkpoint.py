@@ -31,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--padded_vocab_size", type=int, default=None, help="target vocabulary rows (pad/trim)")
     p.add_argument("--weights_only", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    cli.add_trust_flag(p)
     add_quiet_flag(p)
     return p.parse_args(argv)
 
@@ -38,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Reshard; returns the exit code."""
     args = parse_args(argv)
+    cli.apply_trust_flag(args)
     set_quiet(args.quiet)
     from megatron.checkpoint import TargetLayout, reshard_checkpoint
 

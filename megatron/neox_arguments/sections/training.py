@@ -88,7 +88,11 @@ class TrainingArgs:
     save: str | None = arg(None, "Directory to save checkpoints into.")
     s3_path: str | None = arg(None, "S3 location checkpoints are uploaded to.")
     s3_chunk_size: int = arg(104857600, "Chunk size in bytes of S3 uploads.")
-    load: str | None = arg(None, "Directory to load a checkpoint from (its `latest` tag).")
+    load: str | None = arg(
+        None,
+        "Directory to load a checkpoint from (its `latest` tag, else the newest valid one). A missing directory is "
+        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume).",
+    )
     checkpoint_validation_with_forward_pass: bool = arg(
         False, "Store one forward pass with each checkpoint and check it after loading."
     )
@@ -146,3 +150,16 @@ class TrainingArgs:
     eval_limit: int | None = arg(None, "neox-forge: examples per evaluation task (unset: all).")
     reset_position_ids: bool = arg(False, "neox-forge: restart position ids after each end-of-document token.")
     reset_attention_mask: bool = arg(False, "neox-forge: block attention across documents in a packed sample.")
+    preemption_signals: list = arg(
+        ["SIGTERM", "SIGUSR1"],
+        "neox-forge: signals after which every rank saves at the next step boundary and exits with the requeue exit "
+        "code 42 ([] disables; see docs/reliability.md).",
+    )
+    exit_duration_in_mins: float | None = arg(
+        None, "neox-forge: wall-clock budget; when it is used up every rank saves and exits with exit code 42."
+    )
+    max_consecutive_nonfinite_steps: int = arg(
+        10,
+        "neox-forge: a step with a NaN/inf loss or gradient is skipped in any precision (logged with its iteration); "
+        "this many in a row abort the run.",
+    )

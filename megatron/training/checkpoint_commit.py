@@ -1,0 +1,131 @@
+"""Crash-safe checkpoint commit, choice of the checkpoint to load, and retention.
+
+Save: every rank writes into ``<save>/.partial-global_step<N>``; rank 0 then fsyncs the files, writes the manifest
+(sizes, sha256, iteration, consumed samples, layout, resolved config) last, renames the folder to
+``global_step<N>`` and replaces ``latest`` atomically. A kill at any point leaves either the previous checkpoint
+(and a ``.partial-*`` folder, removed by the next save or load) or the new one.
+
+Load: the checkpoint ``latest`` names is used when its files have the sizes its manifest records; otherwise the
+newest older valid checkpoint, with a warning naming the bad file. Retention deletes by iteration number and never
+deletes the newest valid checkpoint nor the one ``latest`` names.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.manifest import atomic_write_text, fsync_path, verify_checkpoint
+from megatron.checkpoint.safe_load import confined
+
+logger = logging.getLogger(__name__)
+
+PARTIAL_PREFIX = ".partial-"
+TRASH_PREFIX = ".trash-"
+STEP_RE = re.compile(r"^global_step(\d+)$")
+
+
+def partial_tag(tag: str) -> str:
+    """The folder name a checkpoint is written under before its commit."""
+    return f"{PARTIAL_PREFIX}{tag}"
+
+
+def clean_partials(root: str | Path) -> list[Path]:
+    """Remove folders of interrupted saves (``.partial-*``, ``.trash-*``); returns them."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    doomed = [p for p in base.iterdir() if p.is_dir() and p.name.startswith((PARTIAL_PREFIX, TRASH_PREFIX))]
+    for path in doomed:
+        logger.warning("removing %s left by an interrupted checkpoint save", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def commit(root: str | Path, tag: str) -> Path:
+    """Rank 0, after the manifest is written: rename the partial folder into place, then point ``latest`` at it."""
+    base = Path(root)
+    staged, final = base / partial_tag(tag), base / tag
+    if final.exists():  # the same iteration saved again (e.g. a run resumed from an older step)
+        trash = base / f"{TRASH_PREFIX}{tag}"
+        shutil.rmtree(trash, ignore_errors=True)
+        final.rename(trash)
+        staged.rename(final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staged.rename(final)
+    fsync_path(base)
+    atomic_write_text(base / "latest", tag)
+    return final
+
+
+def iteration_of(path: Path) -> int | None:
+    """N of a ``global_stepN`` folder, None for other names."""
+    match = STEP_RE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoints_by_iteration(root: str | Path) -> list[Path]:
+    """``global_stepN`` folders, oldest first by N."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    found = [p for p in base.iterdir() if p.is_dir() and iteration_of(p) is not None]
+    return sorted(found, key=lambda p: iteration_of(p) or 0)
+
+
+def latest_tag(root: str | Path) -> str | None:
+    """The tag ``root/latest`` names (confined to ``root``), None without a ``latest`` file."""
+    latest = Path(root) / "latest"
+    if not latest.is_file():
+        return None
+    tag = latest.read_text().strip()
+    confined(root, tag, str(latest))
+    return tag
+
+
+def select_checkpoint(root: str | Path) -> str | None:
+    """The tag to resume from: ``latest``'s if valid, else the newest older valid one (warning); None if none."""
+    base = Path(root)
+    tag = latest_tag(base)
+    candidates = checkpoints_by_iteration(base)[::-1]
+    if tag is not None:
+        limit = iteration_of(Path(tag))
+        older = [p for p in candidates if p.name != tag and (limit is None or (iteration_of(p) or 0) < limit)]
+        candidates = [base / tag, *older]
+    for directory in candidates:
+        problem = "it does not exist" if not directory.is_dir() else verify_checkpoint(directory)
+        if problem is None:
+            if directory.name != tag and tag is not None:
+                logger.warning("loading %s instead of %s named by latest", directory, tag)
+            return directory.name
+        logger.warning("skipping checkpoint %s: %s", directory, problem)
+    if tag is not None:
+        raise CheckpointError(f"{base / 'latest'} names {tag!r}, and neither it nor an older checkpoint is valid")
+    return None
+
+
+def delete_old_checkpoints(save_dir: str | Path, keep_n: int) -> list[Path]:
+    """Keep the newest ``keep_n`` checkpoints by iteration, plus the newest valid one and ``latest``'s; returns the
+    deleted paths."""
+    if keep_n <= 0:
+        return []
+    checkpoints = checkpoints_by_iteration(save_dir)
+    protected = {p.name for p in checkpoints[-keep_n:]}
+    try:
+        tag = latest_tag(save_dir)
+    except CheckpointError:
+        tag = None
+    if tag:
+        protected.add(tag)
+    newest_valid = next((p for p in checkpoints[::-1] if verify_checkpoint(p) is None), None)
+    if newest_valid is not None:
+        protected.add(newest_valid.name)
+    doomed = [p for p in checkpoints if p.name not in protected]
+    for path in doomed:
+        logger.info("keep_last_n_checkpoints: removing %s", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

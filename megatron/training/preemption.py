@@ -1,0 +1,112 @@
+"""Preemption: a signal (``preemption_signals``, default SIGTERM and SIGUSR1) or the wall-clock budget
+(``exit_duration_in_mins``) makes every rank save at the next step boundary and exit with :data:`REQUEUE_EXIT_CODE`.
+
+A signal may reach only one rank, so the flag is all-reduced (MAX) over the world once per step: every rank stops
+after the same iteration and saves the same checkpoint. The budget is checked the same way (each rank's clock,
+agreed by the all-reduce). A scheduler wrapper can requeue the job when the exit code is 42; restarting with the
+same command resumes from that checkpoint (``load`` equal to ``save`` or ``load: auto``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron.neox_arguments.errors import ConfigError
+
+logger = logging.getLogger("megatron.train")
+
+REQUEUE_EXIT_CODE = 42
+
+
+@dataclass
+class PreemptionConfig:
+    """Keys that end a run early to be requeued."""
+
+    preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    exit_duration_in_mins: float | None = None
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> PreemptionConfig:
+        """Read the flat attribute names (None means the default)."""
+        signals = getattr(args, "preemption_signals", None)
+        cfg = cls(
+            preemption_signals=list(cls().preemption_signals if signals is None else signals),
+            exit_duration_in_mins=getattr(args, "exit_duration_in_mins", None),
+        )
+        problems = check_preemption_keys(cfg.preemption_signals, cfg.exit_duration_in_mins)
+        if problems:
+            raise ConfigError(problems)
+        return cfg
+
+
+def check_preemption_keys(signals: list[Any] | None, minutes: float | None) -> list[str]:
+    """Problems with ``preemption_signals`` / ``exit_duration_in_mins`` (for the config's rule table too)."""
+    out = []
+    for name in signals or []:
+        if not isinstance(name, str) or not isinstance(getattr(signal, name, None), signal.Signals):
+            out.append(f"preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1, SIGUSR2)")
+        elif name in ("SIGKILL", "SIGSTOP"):
+            out.append(f"preemption_signals: {name} cannot be caught")
+    if minutes is not None and not minutes > 0:
+        out.append(f"exit_duration_in_mins={minutes!r} must be > 0")
+    return out
+
+
+class Preemption:
+    """Signal handlers plus the per-step agreement on stopping."""
+
+    def __init__(self, cfg: PreemptionConfig, start: float | None = None) -> None:
+        self.cfg = cfg
+        self.start = time.monotonic() if start is None else start
+        self.received: str | None = None
+        self.reason = ""
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> Preemption:
+        """Install the handlers (they only set a flag); :meth:`uninstall` restores the previous ones."""
+        for name in self.cfg.preemption_signals:
+            sig = signal.Signals[name]
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were there before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+
+    def should_stop(self, iteration: int) -> bool:
+        """True on every rank when any rank got a signal or ran out of time (one all-reduce per call)."""
+        out_of_time = (
+            self.cfg.exit_duration_in_mins is not None
+            and time.monotonic() - self.start >= 60.0 * self.cfg.exit_duration_in_mins
+        )
+        local = 2.0 if self.received else 1.0 if out_of_time else 0.0
+        flag = torch.tensor([local], dtype=torch.float32)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        value = float(flag[0])
+        if value == 0.0:
+            return False
+        self.reason = (
+            "a preemption signal" if value == 2.0 else f"exit_duration_in_mins={self.cfg.exit_duration_in_mins}"
+        )
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == 0:
+            logger.warning(
+                "%s: saving at iteration %d and exiting with requeue exit code %d",
+                self.reason,
+                iteration,
+                REQUEUE_EXIT_CODE,
+            )
+        return True

@@ -1,0 +1,137 @@
+"""Reliability of real training runs: non-finite steps skipped in any precision, preemption by a signal to one
+rank (same step saved everywhere, requeue exit code, exact continuation), kill -9 during a checkpoint write and a
+truncated newest checkpoint (previous one loads)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron.training.preemption import REQUEUE_EXIT_CODE
+from tests.distributed.fns_reliability import (
+    kill_all,
+    rank_log,
+    run_with_nan_many,
+    start_train_ranks,
+    write_neox_config,
+)
+from tests.distributed.fns_train import make_tiny_data, tiny_config
+from tests.harness import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_tiny_data(tmp_path_factory.mktemp("data"))
+
+
+def test_nonfinite_steps_are_skipped_in_any_precision_and_repeats_abort(data: dict[str, str]) -> None:
+    common = dict(world=2, train_iters=6, eval_iters=0, log_interval=1)
+    jobs = [
+        (tiny_config(data, **common), [3], 1),  # fp32, ZeRO-0: NaN on rank 1 only
+        (tiny_config(data, **common, bf16={"enabled": True}, zero_optimization={"stage": 1}), [2, 5], 0),
+        (tiny_config(data, **common, max_consecutive_nonfinite_steps=3), [2, 3, 4, 5, 6], 1),
+    ]
+    results = run_distributed(run_with_nan_many, 2, jobs, timeout=600)
+    for rank_results in results:
+        fp32, bf16, aborted = rank_results
+        assert math.isnan(fp32["train_losses"][2]) and fp32["skipped_iters"] == 1
+        # the NaN gradients were not applied: every later step trains on finite weights
+        assert all(math.isfinite(x) for i, x in enumerate(fp32["train_losses"]) if i != 2)
+        assert [i for i, x in enumerate(bf16["train_losses"]) if not math.isfinite(x)] == [1, 4]
+        assert bf16["skipped_iters"] == 2 and bf16["zero_stage"] == 1 and bf16["params_dtype"] == "bfloat16"
+        assert "NonFiniteAbort: 3 consecutive steps" in aborted["abort"] and "iteration 4" in aborted["abort"]
+    rank0 = results[0]
+    assert rank0[0]["warnings"] == ["iteration 3: non-finite loss or gradient, step skipped (1 in a row)"]
+    assert len(rank0[1]["warnings"]) == 2 and "iteration 5" in rank0[1]["warnings"][1]
+
+
+def _wait(procs: list, timeout: float = 300) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        kill_all(procs)
+
+
+def _records(log_dir: Path, world: int) -> list[dict]:
+    return [json.loads((log_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _logs(log_dir: Path, world: int) -> str:
+    return "\n".join(f"--- rank {r}\n{rank_log(log_dir, r)[-4000:]}" for r in range(world))
+
+
+def test_sigterm_to_one_rank_saves_everywhere_and_resumes_exactly(data: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM reaches rank 1 only: both ranks stop after the same step, save it, exit 42; the same command then
+    resumes there and the stitched losses equal an uninterrupted run bit for bit (fp32, 2 ranks, ZeRO-1)."""
+    ck = str(tmp_path / "ck")
+    common = dict(world=2, train_iters=16, eval_iters=0, log_interval=1, zero_optimization={"stage": 1})
+    reference = write_neox_config(tiny_config(data, **common), tmp_path / "reference.json")
+    assert _wait(start_train_ranks(reference, 2, tmp_path / "ref")) == [0, 0], _logs(tmp_path / "ref", 2)
+    full = _records(tmp_path / "ref", 2)[0]["losses"]
+
+    config = write_neox_config(
+        tiny_config(data, **common, save=ck, load=ck, checkpoint_factor=1000), tmp_path / "c.json"
+    )
+    procs = start_train_ranks(config, 2, tmp_path / "run1")
+    deadline = time.monotonic() + 300
+    while not re.search(r"iteration\s+[3-9]/", rank_log(tmp_path / "run1", 0)):
+        assert time.monotonic() < deadline and procs[0].poll() is None, _logs(tmp_path / "run1", 2)
+        time.sleep(0.02)
+    procs[1].send_signal(signal.SIGTERM)
+    assert _wait(procs) == [REQUEUE_EXIT_CODE] * 2, _logs(tmp_path / "run1", 2)
+    first = _records(tmp_path / "run1", 2)
+    stop = len(first[0]["losses"])
+    assert first[0]["preempted"] and first[1]["preempted"] and len(first[1]["losses"]) == stop < 16
+    assert (Path(ck) / "latest").read_text() == f"global_step{stop}"
+    step_dir = Path(ck) / f"global_step{stop}"
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= {
+        p.name for p in step_dir.iterdir()
+    }
+    assert "requeue exit code 42" in rank_log(tmp_path / "run1", 0)
+
+    assert _wait(start_train_ranks(config, 2, tmp_path / "run2")) == [0, 0], _logs(tmp_path / "run2", 2)
+    second = _records(tmp_path / "run2", 2)[0]
+    assert second["start"] == stop and not second["preempted"]
+    assert first[0]["losses"] + second["losses"] == full  # bit-exact stitched trace
+
+
+def test_kill9_during_a_save_and_a_truncated_newest_checkpoint(data: dict[str, str], tmp_path: Path) -> None:
+    """kill -9 while global_step4 is being written: global_step2 loads, the partial folder is ignored and removed,
+    and the resumed losses equal an uninterrupted run's bit for bit.
+    Then a truncated file in the newest checkpoint: the previous one loads with a warning naming the file."""
+    ck = tmp_path / "ck"
+    cfg = tiny_config(data, train_iters=6, eval_iters=0, save=str(ck), load=str(ck), checkpoint_factor=2)
+    config = write_neox_config(cfg, tmp_path / "c.json")
+    procs = start_train_ranks(config, 1, tmp_path / "run1", slow_save_tag="global_step4")
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "run1" / "saving").exists():
+        assert time.monotonic() < deadline and procs[0].poll() is None, _logs(tmp_path / "run1", 1)
+        time.sleep(0.05)
+    kill_all(procs)  # SIGKILL in the middle of writing global_step4
+    assert (ck / ".partial-global_step4").is_dir() and not (ck / "global_step4").exists()
+    assert (ck / "latest").read_text() == "global_step2"
+
+    assert _wait(start_train_ranks(config, 1, tmp_path / "run2")) == [0], _logs(tmp_path / "run2", 1)
+    resumed = _records(tmp_path / "run2", 1)[0]
+    assert resumed["start"] == 2
+    reference = write_neox_config({**cfg, "save": None, "load": None}, tmp_path / "ref.json")
+    assert _wait(start_train_ranks(reference, 1, tmp_path / "ref")) == [0], _logs(tmp_path / "ref", 1)
+    assert resumed["losses"] == _records(tmp_path / "ref", 1)[0]["losses"][2:]  # the kill cost nothing but time
+    assert not (ck / ".partial-global_step4").exists()
+    assert sorted(p.name for p in ck.glob("global_step*")) == ["global_step2", "global_step4", "global_step6"]
+
+    newest = ck / "global_step6" / "mp_rank_00_model_states.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    assert _wait(start_train_ranks(config, 1, tmp_path / "run3")) == [0], _logs(tmp_path / "run3", 1)
+    assert _records(tmp_path / "run3", 1)[0]["start"] == 4
+    log = rank_log(tmp_path / "run3", 0)
+    assert f"skipping checkpoint {ck / 'global_step6'}: {newest}" in log and "truncated" in log

@@ -1,0 +1,55 @@
+"""train.py: user errors (ConfigError / CheckpointError / DataError) are one line without a traceback; any other
+exception is a bug and keeps its traceback; a preempted run exits with the requeue code."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from megatron.errors import DataError
+from megatron.training.preemption import REQUEUE_EXIT_CODE
+from tests.harness import REPO_ROOT
+
+
+def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
+    import megatron.distributed
+    import megatron.training.pretrain
+    from megatron.neox_arguments import NeoXArgs
+
+    def fake_pretrain(args: Any) -> Any:
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(NeoXArgs, "consume_neox_args", classmethod(lambda cls: SimpleNamespace(log_dir=None, rank=0)))
+    monkeypatch.setattr(megatron.training.pretrain, "pretrain", fake_pretrain)
+    monkeypatch.setattr(megatron.distributed, "shutdown_and_exit", lambda code: None)
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    sys.modules.pop("train", None)
+    import train
+
+    return train.main()
+
+
+def test_user_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    assert _run_train(monkeypatch, DataError("data_path /x/y_text_document: no .idx file")) == 1
+    out, err = capsys.readouterr()
+    assert err == "error: data_path /x/y_text_document: no .idx file\n" and "Traceback" not in out + err
+
+
+def test_a_bug_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert _run_train(monkeypatch, ValueError("internal shape bug")) == 1
+    out, err = capsys.readouterr()
+    logged = out + err + caplog.text
+    assert "training failed" in logged and "Traceback" in logged and "ValueError: internal shape bug" in logged
+    assert "error: internal" not in err
+
+
+def test_preempted_run_exits_with_the_requeue_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = SimpleNamespace(preempted=True, iteration=7)
+    assert _run_train(monkeypatch, result) == REQUEUE_EXIT_CODE == 42
