@@ -108,11 +108,13 @@ def generate_tokens(
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
+    stop_fn: Callable[[list[int]], bool] | None = None,
 ) -> tuple[list[int], bool]:
     """Continue ``prompt`` (token ids; empty = start from EOD); returns ``(new_tokens, finished)``.
 
     With ``cfg.recompute`` the whole context is fed at every step instead of using the KV cache.
-    ``vocab_size`` masks the padding rows of the output layer.
+    ``vocab_size`` masks the padding rows of the output layer. ``stop_fn(new_tokens)`` returning True ends the
+    generation after that token (multi-token stop sequences, e.g. lm-eval's ``until`` strings); the tokens are kept.
     """
     from megatron.model.kv_cache import KVCache
 
@@ -134,6 +136,9 @@ def generate_tokens(
             finished = True
             break
         new.append(token)
+        if stop_fn is not None and stop_fn(new):
+            finished = True
+            break
         if cache is None:
             feed = torch.tensor([context + new], dtype=torch.long, device=device)
         else:
