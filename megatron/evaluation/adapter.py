@@ -66,10 +66,11 @@ class NeoXEvalAdapter(TemplateLM):
         max_length: int,
         micro_batch_size: int = 1,
         vocab_size: int | None = None,
-        max_gen_toks: int = 256,
+        max_gen_toks: int = 128,
         device: torch.device | str = "cpu",
         dp: DataParallelSplit | None = None,
         seed: int = 1234,
+        recompute: bool = False,
     ) -> None:
         super().__init__()
         self.neox_tokenizer = tokenizer
@@ -82,6 +83,7 @@ class NeoXEvalAdapter(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         self._device = torch.device(device)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.recompute = recompute
 
     # ---- lm-eval properties -------------------------------------------------------------------------------------
     @property
@@ -174,7 +176,7 @@ class NeoXEvalAdapter(TemplateLM):
 
     # ---- generation ---------------------------------------------------------------------------------------------
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Continue each context until an ``until`` string, end of document or ``max_gen_toks`` tokens."""
+        """Continue each context until an ``until`` string, end of document or ``max_gen_toks`` tokens (default 128, GPT-NeoX's)."""
         eos = self.tok_decode([self.eot_token_id])
         out = []
         for context, gen_kwargs in [r.args for r in requests]:
@@ -189,6 +191,7 @@ class NeoXEvalAdapter(TemplateLM):
                 top_p=float(kwargs.get("top_p") or 0.0) if kwargs.get("do_sample") else 0.0,
                 maximum_tokens=max_gen_toks,
                 seq_length=self.max_length,
+                recompute=self.recompute,
             )
             prompt = self.tok_encode(context)[-(self.max_length - max_gen_toks) :] or [self.eot_token_id]
             new, _ = generate_tokens(

@@ -7,9 +7,12 @@ Metrics are flattened to ``<task>_<metric>`` (lm-eval's ``acc,none`` becomes ``a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,24 +56,40 @@ def run_eval_harness(adapter: Any, args: Any, tasks: list[str] | None = None) ->
     resolved = resolve_tasks(tasks if tasks is not None else args.eval_tasks)
     limit = getattr(args, "eval_limit", None)
     try:
-        results = lm_eval.simple_evaluate(
-            model=adapter,
-            tasks=resolved.specs(),
-            task_manager=resolved.manager,
-            num_fewshot=getattr(args, "eval_num_fewshot", None),
-            limit=int(limit) if limit else None,
-            bootstrap_iters=0,
-            log_samples=False,
-            random_seed=int(args.seed),
-            numpy_random_seed=int(args.seed),
-            torch_random_seed=int(args.seed),
-            fewshot_random_seed=int(args.seed),
-        )
+        with _every_rank_reports():
+            results = lm_eval.simple_evaluate(
+                model=adapter,
+                tasks=resolved.specs(),
+                task_manager=resolved.manager,
+                num_fewshot=getattr(args, "eval_num_fewshot", None),
+                limit=int(limit) if limit else None,
+                bootstrap_iters=0,
+                log_samples=False,
+                random_seed=int(args.seed),
+                numpy_random_seed=int(args.seed),
+                torch_random_seed=int(args.seed),
+                fewshot_random_seed=int(args.seed),
+            )
     except ConnectionError as e:
         raise ValueError(f"eval_tasks: a task's dataset could not be downloaded ({e}); use a local task YAML") from e
     if results is None:
         raise RuntimeError("lm-eval returned no results")
     return results
+
+
+@contextlib.contextmanager
+def _every_rank_reports() -> Iterator[None]:
+    """lm-eval returns results only where ``LOCAL_RANK`` is 0 (its guard for torchrun TP); every neox-forge rank
+    evaluates the same requests (split inside the adapter), so each gets them."""
+    saved = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = saved
 
 
 def flatten_metrics(results: dict[str, Any]) -> dict[str, float]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
@@ -300,6 +301,8 @@ def pretrain(args: Any) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
+            task_eval=build_task_eval(engine, tokenizer, args),
+            char_counter=char_counter_factory(tokenizer, args),
         )
         trainer.consumed_valid = consumed_valid
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:

@@ -71,3 +71,36 @@ def test_eval_matches_lm_eval_hf_backend(tmp_path: Path, monkeypatch: pytest.Mon
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert acc.Scalars("eval/forge_mc_acc")[0].value == pytest.approx(metrics["forge_mc_acc"])
+
+
+def test_generate_until_strings_match_hf_backend(tmp_path: Path) -> None:
+    """The strings generate_until returns (greedy, stop strings, EOD) equal HFLM's on the export."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from megatron.evaluation.runner import build_adapter
+    from megatron.generation.text_generation import setup_for_inference
+
+    tiny = build_tiny_model(tmp_path)
+    args = NeoXArgs.from_ymls(tiny.configs)
+    model, tokenizer = setup_for_inference(args)
+    ours = build_adapter(model, tokenizer, args)
+    ref = HFLM(pretrained=str(tiny.export), dtype="float32", device="cpu", batch_size=1, max_length=64)
+    prompts = ["Q: What is 2 plus 2?\nA:", "The quick brown", "To be, or not", "Question: What color"]
+    kwargs = [
+        {"until": ["\n"], "max_gen_toks": 12, "do_sample": False},
+        {"until": ["fox", "dog"], "max_gen_toks": 20, "do_sample": False},
+        {"until": [], "max_gen_toks": 30, "do_sample": False},
+        {"until": "Answer", "max_gen_toks": 16},
+    ]
+    requests = [
+        Instance(request_type="generate_until", doc={}, arguments=(p, k), idx=i)
+        for i, (p, k) in enumerate(zip(prompts, kwargs, strict=True))
+    ]
+    got = ours.generate_until(requests)
+    want = ref.generate_until([Instance(r.request_type, r.doc, (r.args[0], dict(r.args[1])), r.idx) for r in requests])
+    assert got == want
+    assert sum(len(s) for s in got) > 20  # real text came out, not only empty strings
+    ll = [Instance("loglikelihood", {}, (p, " the"), i) for i, p in enumerate(prompts)]
+    for (a, ga), (b, gb) in zip(ours.loglikelihood(ll), ref.loglikelihood(ll), strict=True):
+        assert abs(a - b) < 1e-4 and ga == gb

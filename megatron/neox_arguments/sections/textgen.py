@@ -30,4 +30,9 @@ class TextgenArgs:
     num_samples: int = arg(1, "Number of unconditional samples.")
     recompute: bool = arg(False, "Recompute attention over the whole context at each step (no KV cache).")
     eval_results_prefix: str = arg("", "Prefix of the evaluation results file.")
-    eval_tasks: list | None = arg(None, "lm-eval task names or local task directories to evaluate on.")
+    eval_tasks: list | None = arg(
+        None,
+        "lm-eval task names, glob patterns, or local task YAML files / folders to evaluate on (eval.py, and during "
+        "training every eval_interval as validation/<task>_<metric>).",
+    )
+    eval_num_fewshot: int | None = arg(None, "neox-forge: few-shot examples per lm-eval task (unset: the task's own).")
