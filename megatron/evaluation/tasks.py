@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,6 @@ def _local_task_names(path: Path) -> list[str]:
 
 def resolve_tasks(entries: list[str] | None) -> ResolvedTasks:
     """Task names and a TaskManager for ``eval_tasks``; raises ValueError naming each bad entry."""
-    from lm_eval.tasks import TaskManager
-
     if not entries:
         raise ValueError(
             "eval_tasks: no tasks given; name lm-eval tasks, globs or task YAML files/folders "
@@ -98,7 +97,7 @@ def resolve_tasks(entries: list[str] | None) -> ResolvedTasks:
         else:
             patterns.append(entry)
     include = sorted(set(include))
-    manager = TaskManager(include_path=include or None, include_defaults=bool(patterns))
+    manager = _task_manager(tuple(include), bool(patterns))
     known = manager.all_tasks
     problems = []
     for pattern in patterns:
@@ -116,6 +115,14 @@ def resolve_tasks(entries: list[str] | None) -> ResolvedTasks:
     unique = list(dict.fromkeys(names))
     _check_offline(unique, manager)
     return ResolvedTasks(unique, manager, include)
+
+
+@functools.lru_cache(maxsize=8)
+def _task_manager(include: tuple[str, ...], include_defaults: bool) -> Any:
+    """lm-eval's TaskManager (indexing its bundled tasks takes seconds: built once per process and include set)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include) or None, include_defaults=include_defaults)
 
 
 def _offline() -> bool:
