@@ -3,7 +3,7 @@
 ``loglikelihood`` (request encoding from ``TemplateLM``: trailing context spaces move to the continuation, an empty
 context is conditioned on the end-of-document token), ``loglikelihood_rolling`` (lm-eval's disjoint rolling windows
 of ``max_length`` tokens) and ``generate_until`` (greedy or sampled through :func:`generate_samples_from_prompt`'s
-token loop, cut at the ``until`` strings). Requests are sorted by length (longest first), left-truncated to
+generation API, cut at the ``until`` strings). Requests are sorted by length (longest first), left-truncated to
 ``max_length + 1`` tokens, right-padded and batched ``micro_batch * dp`` at a time; each data-parallel rank scores
 its slice of a batch and the results are gathered, so every rank returns the same answers (GPT-NeoX reports
 ``rank 0 / world_size 1`` to lm-eval and parallelises inside the model calls, as here).
@@ -20,7 +20,8 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from megatron.generation.sampling import ForwardFn, SamplingConfig, generate_tokens
+from megatron.generation.api import generate_samples_from_prompt
+from megatron.generation.sampling import ForwardFn, SamplingConfig
 
 # tokens [b, s] -> logits [b, s, V] (the full, gathered vocabulary)
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
@@ -193,29 +194,18 @@ class NeoXEvalAdapter(TemplateLM):
                 seq_length=self.max_length,
                 recompute=self.recompute,
             )
-            prompt = self.tok_encode(context)[-(self.max_length - max_gen_toks) :] or [self.eot_token_id]
-            new, _ = generate_tokens(
+            prompt = self.tok_encode(context)[-(self.max_length - max_gen_toks) :]
+            record = generate_samples_from_prompt(
                 self.forward,
-                prompt,
+                self.neox_tokenizer,
+                [prompt],
                 cfg,
-                eod_token=self.eot_token_id,
+                until=until,
                 vocab_size=self.vocab_size,
                 generator=self.generator,
                 device=self.device,
-                stop_fn=stop_strings_fn(self.tok_decode, until),
-            )
-            text = postprocess_generated_text(self.tok_decode(new), until, None)
+            )[0]
+            text = postprocess_generated_text(record["text"] or "", until, None)
             out.append(text)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return out
-
-
-def stop_strings_fn(decode: Callable[[Sequence[int]], str], until: Sequence[str]) -> Callable[[list[int]], bool]:
-    """``stop_fn`` for :func:`generate_tokens`: True once the decoded new tokens contain one of ``until``."""
-    stops = [s for s in until if s]
-
-    def stop(new: list[int]) -> bool:
-        text = decode(new)
-        return any(s in text for s in stops)
-
-    return stop

@@ -7,7 +7,6 @@ end-of-document token, a stop token, ``maximum_tokens`` new tokens, or the conte
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,12 +108,14 @@ def generate_tokens(
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
     stop_fn: Callable[[list[int]], bool] | None = None,
+    logits_out: list[torch.Tensor] | None = None,
 ) -> tuple[list[int], bool]:
     """Continue ``prompt`` (token ids; empty = start from EOD); returns ``(new_tokens, finished)``.
 
     With ``cfg.recompute`` the whole context is fed at every step instead of using the KV cache.
     ``vocab_size`` masks the padding rows of the output layer. ``stop_fn(new_tokens)`` returning True ends the
     generation after that token (multi-token stop sequences, e.g. lm-eval's ``until`` strings); the tokens are kept.
+    ``logits_out`` collects each step's last-position logits ``[V]`` (before sampling filters).
     """
     from megatron.model.kv_cache import KVCache
 
@@ -129,6 +130,8 @@ def generate_tokens(
     finished = False
     for _ in range(budget):
         logits = forward(feed, cache)[:, -1, :]  # [1, V]
+        if logits_out is not None:
+            logits_out.append(logits[0].detach().float().cpu())
         if vocab_size is not None and vocab_size < logits.shape[-1]:
             logits[:, vocab_size:] = float("-inf")
         token = int(sample_next(logits, cfg, generator)[0])
@@ -144,45 +147,3 @@ def generate_tokens(
         else:
             feed = torch.tensor([[token]], dtype=torch.long, device=device)
     return new, finished
-
-
-def generate_samples(
-    forward: ForwardFn,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    cfg: SamplingConfig,
-    *,
-    vocab_size: int | None = None,
-    seed: int | None = None,
-    device: torch.device | str = "cpu",
-) -> list[dict[str, Any]]:
-    """GPT-NeoX output records ``{context, text, length, finished, message, duration_seconds}`` per prompt."""
-    generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-    records = []
-    for prompt in prompts:
-        start = time.perf_counter()
-        ids = tokenizer.tokenize(prompt) if prompt else []
-        message = None
-        try:
-            new, finished = generate_tokens(
-                forward,
-                ids,
-                cfg,
-                eod_token=tokenizer.eod,
-                vocab_size=vocab_size or getattr(tokenizer, "vocab_size", None),
-                generator=generator,
-                device=device,
-            )
-        except ValueError as e:
-            new, finished, message = [], False, str(e)
-        records.append(
-            {
-                "context": prompt,
-                "text": tokenizer.detokenize(new) if new else "",
-                "length": len(new),
-                "finished": finished,
-                "message": message,
-                "duration_seconds": time.perf_counter() - start,
-            }
-        )
-    return records

@@ -1,0 +1,124 @@
+"""The one generation API (GPT-NeoX's ``generate_samples_from_prompt``), used by generate.py, eval.py and users.
+
+Records are GPT-NeoX's: ``{context, text, length, finished, message, duration_seconds}`` (+ ``logits`` with
+``return_logits``). Quirks kept:
+
+* the end-of-document token and the last token of a stop sequence are not part of ``text`` (earlier tokens of a
+  multi-token stop sequence are, as GPT-NeoX's end index stops before the token that completes it);
+* when the very first generated token ends the generation, ``text`` is ``null`` and ``message`` is GPT-NeoX's
+  ``"WARNING: text generation did not start; try different batching or adjust parameters"``;
+* an empty prompt starts from the end-of-document token.
+
+``stop_tokens`` are token-id sequences or strings (tokenised); ``until`` strings end the generation once the
+decoded text contains one (lm-eval's semantics; the text is not cut here). ``logits`` is one row of the full
+(padded) vocabulary per generation step, the EOD / stop step included (GPT-NeoX returns its whole preallocated
+``maximum_tokens`` buffer, partly uninitialised).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from megatron.generation.sampling import ForwardFn, SamplingConfig, generate_tokens
+
+DID_NOT_START = "WARNING: text generation did not start; try different batching or adjust parameters"
+
+
+def stop_sequences(tokenizer: Any, stop_tokens: Sequence[Sequence[int] | int | str] | None) -> list[list[int]]:
+    """``stop_tokens`` entries (an id, a list of ids, or a string) as token-id sequences."""
+    out: list[list[int]] = []
+    for entry in stop_tokens or ():
+        if isinstance(entry, str):
+            ids = list(tokenizer.tokenize(entry))
+        elif isinstance(entry, int):
+            ids = [entry]
+        else:
+            ids = [int(t) for t in entry]
+        if not ids:
+            raise ValueError(f"stop_tokens: {entry!r} is empty (as token ids)")
+        out.append(ids)
+    return out
+
+
+class StopRule:
+    """``stop_fn`` of :func:`generate_tokens`: a stop-token sequence ends the new tokens, or an ``until`` string
+    appears in their text; remembers whether a token sequence matched."""
+
+    def __init__(self, tokenizer: Any, sequences: list[list[int]], strings: list[str]) -> None:
+        self.tokenizer, self.sequences, self.strings = tokenizer, sequences, strings
+        self.hit_sequence = False
+
+    def __call__(self, new: list[int]) -> bool:
+        if any(new[-len(seq) :] == seq for seq in self.sequences):
+            self.hit_sequence = True
+            return True
+        return bool(self.strings) and any(s in self.tokenizer.detokenize(new) for s in self.strings)
+
+
+def generate_samples_from_prompt(
+    forward: ForwardFn,
+    tokenizer: Any,
+    text: str | Sequence[str | Sequence[int]],
+    cfg: SamplingConfig,
+    *,
+    stop_tokens: Sequence[Sequence[int] | int | str] | None = None,
+    until: Sequence[str] | None = None,
+    return_logits: bool = False,
+    vocab_size: int | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> list[dict[str, Any]]:
+    """One GPT-NeoX record per prompt (a string, or token ids); see the module docstring."""
+    prompts = [text] if isinstance(text, str) else list(text)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+    sequences = stop_sequences(tokenizer, stop_tokens)
+    strings = [s for s in until or () if s]
+    records = []
+    for prompt in prompts:
+        start = time.perf_counter()
+        if isinstance(prompt, str):
+            ids = list(tokenizer.tokenize(prompt)) if prompt else []
+        else:  # already token ids (e.g. left-truncated by the lm-eval adapter)
+            ids, prompt = [int(t) for t in prompt], tokenizer.detokenize([int(t) for t in prompt]) if prompt else ""
+        rows: list[torch.Tensor] = []
+        stop = StopRule(tokenizer, sequences, strings)
+        message = None
+        try:
+            new, finished = generate_tokens(
+                forward,
+                ids,
+                cfg,
+                eod_token=tokenizer.eod,
+                vocab_size=vocab_size or getattr(tokenizer, "vocab_size", None),
+                generator=generator,
+                device=device,
+                stop_fn=stop,
+                logits_out=rows if return_logits else None,
+            )
+        except ValueError as e:  # the prompt does not fit the context
+            new, finished, message = [], False, str(e)
+        if stop.hit_sequence:
+            new = new[:-1]  # the token that completed the stop sequence is not part of the completion
+        if new:
+            generated: str | None = tokenizer.detokenize(new)
+        else:
+            generated = None
+            message = message or DID_NOT_START
+        record: dict[str, Any] = {
+            "context": prompt,
+            "text": generated,
+            "length": len(new),
+            "finished": finished,
+            "message": message,
+            "duration_seconds": time.perf_counter() - start,
+        }
+        if return_logits:
+            record["logits"] = [row.tolist() for row in rows]
+        records.append(record)
+    return records
