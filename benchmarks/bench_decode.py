@@ -66,11 +66,11 @@ def main() -> int:
     for batch in (1, 8):
         prompts = torch.randint(1, args.vocab, (batch, args.prompt_len), generator=torch.Generator().manual_seed(batch))
 
-        def run_ours() -> list[list[int]]:
+        def run_ours(prompts: torch.Tensor = prompts) -> list[list[int]]:
             with torch.no_grad():
                 return [generate_tokens(forward, row.tolist(), cfg, eod_token=0)[0] for row in prompts]
 
-        def run_hf() -> list[list[int]]:
+        def run_hf(prompts: torch.Tensor = prompts) -> list[list[int]]:
             with torch.no_grad():
                 out = hf.generate(
                     prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=args.new_tokens,
