@@ -4,9 +4,8 @@
 
 A random GPT-NeoX model is saved as a Hugging Face folder and imported with ``megatron.checkpoint.hf_io`` (the
 code path of ``convert_hf_to_neox.py``), so both sides run identical fp32 weights. Gate: the greedy tokens must be
-identical at batch 1 and batch 8 (same-length prompts). neox-forge decodes each prompt with the KV cache
-(``generate_samples_from_prompt``: one prompt at a time, as GPT-NeoX's generate.py does); transformers decodes the
-batch at once. Prints tokens/s, the median ratio (neox-forge / HF) per batch size and a JSON line.
+identical at batch 1 and batch 8 (same-length prompts). Both decode the whole batch at once over a KV cache
+(neox-forge: ``generate_tokens_batch``, what ``generate_samples_from_prompt(batch_size=8)`` runs). Prints tokens/s, the median ratio (neox-forge / HF) per batch size and a JSON line.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    from megatron.generation.sampling import SamplingConfig, generate_tokens, kv_cache_forward
+    from megatron.generation.sampling import SamplingConfig, generate_tokens_batch, kv_cache_forward
 
     with tempfile.TemporaryDirectory() as folder:
         ours, hf = build(args, folder)
@@ -68,7 +67,7 @@ def main() -> int:
 
         def run_ours(prompts: torch.Tensor = prompts) -> list[list[int]]:
             with torch.no_grad():
-                return [generate_tokens(forward, row.tolist(), cfg, eod_token=0)[0] for row in prompts]
+                return [new for new, _ in generate_tokens_batch(forward, prompts.tolist(), cfg, eod_token=0)]
 
         def run_hf(prompts: torch.Tensor = prompts) -> list[list[int]]:
             with torch.no_grad():

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from megatron.generation.sampling import ForwardFn, SamplingConfig, generate_tokens
+from megatron.generation.sampling import ForwardFn, SamplingConfig, generate_tokens_batch
 
 DID_NOT_START = "WARNING: text generation did not start; try different batching or adjust parameters"
 
@@ -72,25 +72,33 @@ def generate_samples_from_prompt(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
+    batch_size: int = 1,
 ) -> list[dict[str, Any]]:
-    """One GPT-NeoX record per prompt (a string, or token ids); see the module docstring."""
+    """One GPT-NeoX record per prompt (a string, or token ids); see the module docstring.
+
+    ``batch_size`` prompts are decoded together (:func:`generate_tokens_batch`; greedy results do not depend on
+    it, sampled ones draw in a different order); 1 is GPT-NeoX's one prompt at a time.
+    """
     prompts = [text] if isinstance(text, str) else list(text)
     if generator is None and seed is not None:
         generator = torch.Generator(device="cpu").manual_seed(seed)
     sequences = stop_sequences(tokenizer, stop_tokens)
     strings = [s for s in until or () if s]
-    records = []
-    for prompt in prompts:
+    records: list[dict[str, Any]] = []
+    for first in range(0, len(prompts), max(1, batch_size)):
         start = time.perf_counter()
-        if isinstance(prompt, str):
-            ids = list(tokenizer.tokenize(prompt)) if prompt else []
-        else:  # already token ids (e.g. left-truncated by the lm-eval adapter)
-            ids, prompt = [int(t) for t in prompt], tokenizer.detokenize([int(t) for t in prompt]) if prompt else ""
-        rows: list[torch.Tensor] = []
-        stop = StopRule(tokenizer, sequences, strings)
-        message = None
+        contexts, ids = [], []
+        for prompt in prompts[first : first + max(1, batch_size)]:
+            if isinstance(prompt, str):
+                contexts.append(prompt)
+                ids.append(list(tokenizer.tokenize(prompt)) if prompt else [])
+            else:  # already token ids (e.g. left-truncated by the lm-eval adapter)
+                ids.append([int(t) for t in prompt])
+                contexts.append(tokenizer.detokenize(ids[-1]) if ids[-1] else "")
+        rules = [StopRule(tokenizer, sequences, strings) for _ in ids]
+        rows: list[list[torch.Tensor]] = [[] for _ in ids]
         try:
-            new, finished = generate_tokens(
+            results = generate_tokens_batch(
                 forward,
                 ids,
                 cfg,
@@ -98,27 +106,46 @@ def generate_samples_from_prompt(
                 vocab_size=vocab_size or getattr(tokenizer, "vocab_size", None),
                 generator=generator,
                 device=device,
-                stop_fn=stop,
+                stop_fns=rules,
                 logits_out=rows if return_logits else None,
             )
-        except ValueError as e:  # the prompt does not fit the context
-            new, finished, message = [], False, str(e)
-        if stop.hit_sequence:
-            new = new[:-1]  # the token that completed the stop sequence is not part of the completion
-        if new:
-            generated: str | None = tokenizer.detokenize(new)
-        else:
-            generated = None
-            message = message or DID_NOT_START
-        record: dict[str, Any] = {
-            "context": prompt,
-            "text": generated,
-            "length": len(new),
-            "finished": finished,
-            "message": message,
-            "duration_seconds": time.perf_counter() - start,
-        }
-        if return_logits:
-            record["logits"] = [row.tolist() for row in rows]
-        records.append(record)
+            errors: list[str | None] = [None] * len(ids)
+        except ValueError as e:  # a prompt does not fit the context
+            if len(ids) > 1:  # retry one at a time, so that only the offending prompt fails
+                for prompt in prompts[first : first + len(ids)]:
+                    records += generate_samples_from_prompt(
+                        forward, tokenizer, [prompt], cfg, stop_tokens=stop_tokens, until=until,
+                        return_logits=return_logits, vocab_size=vocab_size, generator=generator, device=device,
+                    )  # fmt: skip
+                continue
+            results, errors = [([], False)], [str(e)]
+        duration = time.perf_counter() - start
+        for context, (new, finished), rule, logits, error in zip(contexts, results, rules, rows, errors, strict=True):
+            records.append(_record(tokenizer, context, new, finished, rule, logits, error, duration, return_logits))
     return records
+
+
+def _record(
+    tokenizer: Any,
+    context: str,
+    new: list[int],
+    finished: bool,
+    rule: StopRule,
+    logits: list[torch.Tensor],
+    error: str | None,
+    duration: float,
+    return_logits: bool,
+) -> dict[str, Any]:
+    if rule.hit_sequence:
+        new = new[:-1]  # the token that completed the stop sequence is not part of the completion
+    record: dict[str, Any] = {
+        "context": context,
+        "text": tokenizer.detokenize(new) if new else None,
+        "length": len(new),
+        "finished": finished,
+        "message": error or (None if new else DID_NOT_START),
+        "duration_seconds": duration,
+    }
+    if return_logits:
+        record["logits"] = [row.tolist() for row in logits]
+    return record

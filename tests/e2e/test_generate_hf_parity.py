@@ -1,6 +1,6 @@
 """generate.py's greedy path is token-identical to transformers ``generate(do_sample=False)`` on the
-convert_neox_to_hf export (batch 1 and a left-padded batch of prompts of different lengths), with the KV cache and
-with ``recompute: true``; input-file mode without sample_output_file writes ``<sample_input_file>.output.jsonl``."""
+convert_neox_to_hf export (batch 1 and a left-padded batch of prompts of different lengths), with the KV cache, with
+``recompute: true`` and with the API's batched decoding; input-file mode without sample_output_file writes ``<sample_input_file>.output.jsonl``."""
 
 from __future__ import annotations
 
@@ -69,3 +69,14 @@ def test_greedy_generation_matches_transformers_generate(tmp_path: Path) -> None
             assert record["length"] == len(want) and record["text"] == (tokenizer.detokenize(want) if want else None)
         written = [json.loads(x) for x in Path(f"{prompts}.output.jsonl").read_text().splitlines()]
         assert [w["text"] for w in written] == [r["text"] for r in records]
+
+    # the API decoding the 4 prompts of different lengths as one batch gives the same tokens
+    from megatron.generation.api import generate_samples_from_prompt
+    from megatron.generation.sampling import SamplingConfig, kv_cache_forward
+    from megatron.generation.text_generation import setup_for_inference
+
+    model, _ = setup_for_inference(NeoXArgs.from_ymls(tiny.configs))
+    cfg = SamplingConfig(maximum_tokens=20, seq_length=64)
+    batched_records = generate_samples_from_prompt(kv_cache_forward(model), tokenizer, clean, cfg, batch_size=4)
+    assert [r["length"] for r in batched_records] == [len(w) for w in single]
+    assert [r["text"] for r in batched_records] == [tokenizer.detokenize(w) if w else None for w in single]
