@@ -29,6 +29,9 @@ def main() -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     for record in records:
+        if "precomputed" in record:
+            print(f"wrote {record['precomputed']}.bin/.idx", flush=True)
+            continue
         note = f" [{record['message']}]" if record["message"] else ""
         print(f"----- prompt: {record['context']!r}{note}\n{record['context']}{record['text'] or ''}", flush=True)
     return 0

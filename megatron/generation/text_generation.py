@@ -111,15 +111,23 @@ def output_path(args: Any, mode: str) -> str:
 
 
 def run_generation(args: Any) -> list[dict[str, Any]]:
-    """Generate per ``text_gen_type`` (unconditional / input-file / interactive); writes JSONL records."""
+    """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
+    reference log-probs of ``precompute``."""
     from megatron.generation.api import generate_samples_from_prompt
 
     mode = args.text_gen_type or ("input-file" if args.sample_input_file else "unconditional")
-    if mode not in ("unconditional", "input-file", "interactive"):
-        raise ValueError(f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive)")
+    if mode not in ("unconditional", "input-file", "interactive", "precompute"):
+        raise ValueError(
+            f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive, precompute)"
+        )
     if mode == "input-file" and not args.sample_input_file:
         raise ValueError("text_gen_type input-file needs sample_input_file")
     model, tokenizer = setup_for_inference(args)
+    if mode == "precompute":
+        from megatron.generation.precompute import precompute_logprobs
+
+        outputs = precompute_logprobs(model, args, inference_device())
+        return [{"precomputed": out} for out in outputs]
     cfg = SamplingConfig.from_neox_args(args)
     generator = torch.Generator(device="cpu").manual_seed(int(args.seed))
 

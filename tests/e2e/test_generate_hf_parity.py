@@ -80,3 +80,34 @@ def test_greedy_generation_matches_transformers_generate(tmp_path: Path) -> None
     batched_records = generate_samples_from_prompt(kv_cache_forward(model), tokenizer, clean, cfg, batch_size=4)
     assert [r["length"] for r in batched_records] == [len(w) for w in single]
     assert [r["text"] for r in batched_records] == [tokenizer.detokenize(w) if w else None for w in single]
+
+
+def test_precompute_writes_float32_logprobs(tmp_path: Path) -> None:
+    """text_gen_type precompute: <data>_<name>.bin/.idx, one float32 document of seq_length log-probs per document,
+    equal to the exported HF model's log-probs of the padded document."""
+    import numpy as np
+    import transformers
+
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
+    from megatron.generation.text_generation import run_generation
+
+    tiny = build_tiny_model(tmp_path)
+    docs = [[5, 9, 30, 7, 2], list(range(1, 80)), [11]]
+    builder = MMapIndexedDatasetBuilder(str(tmp_path / "d_text_document.bin"), dtype=np.int32)
+    for d in docs:
+        builder.add_item(d)
+        builder.end_document()
+    builder.finalize(str(tmp_path / "d_text_document.idx"))
+    prefix = str(tmp_path / "d_text_document")
+    overrides = {"text_gen_type": "precompute", "train_data_paths": [prefix], "valid_data_paths": [prefix],
+                 "test_data_paths": [prefix], "precompute_model_name": "ref", "seq_length": 32}  # fmt: skip
+    records = run_generation(NeoXArgs.from_ymls(tiny.configs, overwrite_values=overrides))
+    assert records[0] == {"precomputed": f"{prefix}_ref"}
+    out = make_dataset(f"{prefix}_ref")
+    assert len(out) == 3 and out.dtype == np.float32 and all(len(out[i]) == 32 for i in range(3))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny.export), dtype=torch.float32).eval()
+    for i, doc in enumerate(docs):
+        ids = torch.tensor([(doc + [0] * 33)[:33]])
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(ids[:, :-1]).logits, -1).gather(-1, ids[:, 1:, None])[0, :, 0]
+        assert np.allclose(out[i], logp.numpy(), atol=1e-4), i
