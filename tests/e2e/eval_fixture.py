@@ -7,14 +7,13 @@ neox-forge on the checkpoint and the reference (lm-eval's ``hf`` backend, transf
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
 from megatron.checkpoint import cli
+from tests.unit.test_ckpt_hf import TO_HF, TO_NEOX  # the converter CLIs, loaded from tools/ckpts
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = [
@@ -22,14 +21,6 @@ CORPUS = [
     "Q: What is 2 plus 2?\nA: 4\nQ: How many days are in a week?\nA: 7",
     "To be, or not to be, that is the question. All the world's a stage.",
 ]
-
-
-def tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "ckpts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass
@@ -70,9 +61,9 @@ def build_tiny_model(root: Path, *, tp: int = 1, pp: int = 0, setup: str = "") -
     fast.save_pretrained(str(hf))
     neox, export = root / "neox", root / "export"
     args = ["--input_dir", str(hf), "--output_dir", str(neox), "--tp", str(tp), "--pp", str(pp)]
-    assert cli.run(lambda: tool("convert_hf_to_neox").main(args)) == 0
+    assert cli.run(lambda: TO_NEOX.main(args)) == 0
     args = ["--input_dir", str(neox / "global_step0"), "--output_dir", str(export), "--architecture", "neox"]
-    assert cli.run(lambda: tool("convert_neox_to_hf").main(args)) == 0
+    assert cli.run(lambda: TO_HF.main(args)) == 0
     (root / "setup.yml").write_text(
         f"load: {neox}\nseq_length: 64\ntrain_micro_batch_size_per_gpu: 2\ntrain_iters: 1\nseed: 1234\n"
         f"global_num_gpus: {max(1, tp * max(pp, 1))}\n" + setup
