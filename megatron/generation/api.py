@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from megatron.generation.sampling import ForwardFn, SamplingConfig, generate_tokens_batch
+from megatron.logging.progress import progress
 
 DID_NOT_START = "WARNING: text generation did not start; try different batching or adjust parameters"
 
@@ -85,7 +86,8 @@ def generate_samples_from_prompt(
     sequences = stop_sequences(tokenizer, stop_tokens)
     strings = [s for s in until or () if s]
     records: list[dict[str, Any]] = []
-    for first in range(0, len(prompts), max(1, batch_size)):
+    starts = range(0, len(prompts), max(1, batch_size))
+    for first in progress(starts, desc="generating", unit="batch") if len(starts) > 1 else starts:
         start = time.perf_counter()
         contexts, ids = [], []
         for prompt in prompts[first : first + max(1, batch_size)]:
