@@ -2,7 +2,8 @@
 
     python deepy.py generate.py configs/cpu/quickstart.yml --text_gen_type input-file --sample_input_file p.txt
 
-Rank 0 generates (greedy, or temperature / top-k / top-p sampling over the KV cache) and writes JSONL records
+Rank 0 generates (greedy, or temperature / top-k / top-p sampling over the KV cache) through
+``megatron.generation.api.generate_samples_from_prompt`` and writes GPT-NeoX's JSONL records
 ``{context, text, length, finished, message, duration_seconds}`` to ``sample_output_file``; other ranks exit.
 """
 
@@ -30,7 +31,11 @@ def main() -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     for record in records:
-        print(f"----- prompt: {record['context']!r}\n{record['context']}{record['text']}", flush=True)
+        if "precomputed" in record:
+            print(f"wrote {record['precomputed']}.bin/.idx", flush=True)
+            continue
+        note = f" [{record['message']}]" if record["message"] else ""
+        print(f"----- prompt: {record['context']!r}{note}\n{record['context']}{record['text'] or ''}", flush=True)
     return 0
 
 

@@ -7,7 +7,6 @@ end-of-document token, a stop token, ``maximum_tokens`` new tokens, or the conte
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 import torch
 
 from megatron.config_utils import neox_overrides
-from megatron.logging.progress import progress
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]
 ForwardFn = Callable[[torch.Tensor, Any], torch.Tensor]
@@ -99,7 +97,6 @@ def kv_cache_forward(model: torch.nn.Module) -> ForwardFn:
     return forward
 
 
-@torch.no_grad()
 def generate_tokens(
     forward: ForwardFn,
     prompt: Sequence[int],
@@ -109,77 +106,88 @@ def generate_tokens(
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
+    stop_fn: Callable[[list[int]], bool] | None = None,
+    logits_out: list[torch.Tensor] | None = None,
 ) -> tuple[list[int], bool]:
     """Continue ``prompt`` (token ids; empty = start from EOD); returns ``(new_tokens, finished)``.
 
     With ``cfg.recompute`` the whole context is fed at every step instead of using the KV cache.
-    ``vocab_size`` masks the padding rows of the output layer.
+    ``vocab_size`` masks the padding rows of the output layer. ``stop_fn(new_tokens)`` returning True ends the
+    generation after that token (multi-token stop sequences, e.g. lm-eval's ``until`` strings); the tokens are kept.
+    ``logits_out`` collects each step's last-position logits ``[V]`` (before sampling filters).
+    """
+    return generate_tokens_batch(
+        forward,
+        [prompt],
+        cfg,
+        eod_token=eod_token,
+        vocab_size=vocab_size,
+        generator=generator,
+        device=device,
+        stop_fns=[stop_fn] if stop_fn is not None else None,
+        logits_out=[logits_out] if logits_out is not None else None,
+    )[0]
+
+
+@torch.no_grad()
+def generate_tokens_batch(
+    forward: ForwardFn,
+    prompts: Sequence[Sequence[int]],
+    cfg: SamplingConfig,
+    *,
+    eod_token: int,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    stop_fns: Sequence[Callable[[list[int]], bool] | None] | None = None,
+    logits_out: Sequence[list[torch.Tensor] | None] | None = None,
+) -> list[tuple[list[int], bool]]:
+    """:func:`generate_tokens` for several prompts in one batch (GPT-NeoX's ``stream_tokens`` layout).
+
+    The rows share one token tensor and one causal mask: generation starts at the end of the shortest prompt, and
+    a row whose prompt is longer keeps its own prompt token at each position until the prompt is consumed, so no
+    padding ever sits inside a row. Each row gets ``maximum_tokens`` new tokens (within ``seq_length``) and its own
+    stop rules; the batch ends when every row is done. Greedy rows equal their batch-1 result.
     """
     from megatron.model.kv_cache import KVCache
 
-    context = list(prompt) or [eod_token]
-    if len(context) >= cfg.seq_length:
-        raise ValueError(f"prompt of {len(context)} tokens leaves no room in seq_length {cfg.seq_length}")
-    budget = min(cfg.maximum_tokens, cfg.seq_length - len(context))
-    cache = None if cfg.recompute else KVCache()
-    new: list[int] = []
-    feed = torch.tensor([context], dtype=torch.long, device=device)
+    contexts = [list(p) or [eod_token] for p in prompts]
+    lengths = [len(c) for c in contexts]
+    if max(lengths) >= cfg.seq_length:
+        raise ValueError(f"prompt of {max(lengths)} tokens leaves no room in seq_length {cfg.seq_length}")
+    b, width = len(contexts), min(cfg.seq_length, max(lengths) + cfg.maximum_tokens)
+    tokens = torch.full((b, width), eod_token, dtype=torch.long)
+    for i, c in enumerate(contexts):
+        tokens[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    tokens = tokens.to(device)
     stops = {eod_token, *cfg.stop_tokens}
-    finished = False
-    for _ in range(budget):
-        logits = forward(feed, cache)[:, -1, :]  # [1, V]
+    new: list[list[int]] = [[] for _ in range(b)]
+    finished, done = [False] * b, [False] * b
+    cache = None if cfg.recompute else KVCache()
+    pos = min(lengths)
+    feed = tokens[:, :pos]
+    while pos < width:
+        logits = forward(feed, cache)[:, -1, :]  # [b, V]
         if vocab_size is not None and vocab_size < logits.shape[-1]:
             logits[:, vocab_size:] = float("-inf")
-        token = int(sample_next(logits, cfg, generator)[0])
-        if token in stops:
-            finished = True
+        sampled = sample_next(logits, cfg, generator).tolist()
+        for i in range(b):
+            if done[i] or pos < lengths[i]:
+                continue  # finished, or still inside its prompt (the prompt token stays)
+            if logits_out is not None and logits_out[i] is not None:
+                logits_out[i].append(logits[i].detach().float().cpu())
+            token = int(sampled[i])
+            if token in stops:
+                done[i] = finished[i] = True
+                continue
+            new[i].append(token)
+            tokens[i, pos] = token
+            if stop_fns is not None and stop_fns[i] is not None and stop_fns[i](new[i]):
+                done[i] = finished[i] = True
+            elif len(new[i]) >= cfg.maximum_tokens:
+                done[i] = True
+        if all(done):
             break
-        new.append(token)
-        if cache is None:
-            feed = torch.tensor([context + new], dtype=torch.long, device=device)
-        else:
-            feed = torch.tensor([[token]], dtype=torch.long, device=device)
-    return new, finished
-
-
-def generate_samples(
-    forward: ForwardFn,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    cfg: SamplingConfig,
-    *,
-    vocab_size: int | None = None,
-    seed: int | None = None,
-    device: torch.device | str = "cpu",
-) -> list[dict[str, Any]]:
-    """GPT-NeoX output records ``{context, text, length, finished, message, duration_seconds}`` per prompt."""
-    generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-    records = []
-    bar = progress(prompts, desc="generating", unit="prompt") if len(prompts) > 1 else prompts
-    for prompt in bar:
-        start = time.perf_counter()
-        ids = tokenizer.tokenize(prompt) if prompt else []
-        message = None
-        try:
-            new, finished = generate_tokens(
-                forward,
-                ids,
-                cfg,
-                eod_token=tokenizer.eod,
-                vocab_size=vocab_size or getattr(tokenizer, "vocab_size", None),
-                generator=generator,
-                device=device,
-            )
-        except ValueError as e:
-            new, finished, message = [], False, str(e)
-        records.append(
-            {
-                "context": prompt,
-                "text": tokenizer.detokenize(new) if new else "",
-                "length": len(new),
-                "finished": finished,
-                "message": message,
-                "duration_seconds": time.perf_counter() - start,
-            }
-        )
-    return records
+        pos += 1
+        feed = tokens[:, :pos] if cache is None else tokens[:, pos - 1 : pos]
+    return list(zip(new, finished, strict=True))

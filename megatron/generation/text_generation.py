@@ -13,11 +13,11 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
-from megatron.generation.sampling import SamplingConfig, generate_samples, kv_cache_forward
+from megatron.generation.sampling import SamplingConfig, kv_cache_forward
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -77,38 +77,89 @@ def inference_device() -> torch.device:
 
 
 def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
-    """Prompts of ``sample_input_file`` separated by ``prompt_end`` (empty ones dropped)."""
+    """GPT-NeoX's prompts of ``sample_input_file``: split on ``prompt_end``, each stripped, empty ones dropped.
+
+    The file is read with universal newlines, so ``\r\n`` line ends count as ``\n``.
+    """
     if not os.path.isfile(path):
         raise ConfigError(f"sample_input_file {path} does not exist")
     text = Path(path).read_text(encoding="utf-8")
-    return [p for p in text.split(prompt_end) if p.strip()]
+    prompts = [p.strip() for p in text.split(prompt_end or "\n")]
+    return [p for p in prompts if p]
+
+
+def read_interactive_prompt(stream: TextIO, prompt_end: str = "\n") -> str | None:
+    """One prompt from ``stream``: a line when ``prompt_end`` is a newline, else lines up to the first
+    ``prompt_end`` (newlines kept); None at end of input."""
+    text = ""
+    for line in stream:
+        line = line.rstrip("\r\n") if line.endswith("\n") else line
+        if prompt_end in ("\n", "\r\n"):
+            return line
+        if prompt_end in line:
+            return text + line.split(prompt_end)[0]
+        text += line + "\n"
+    return text or None
+
+
+def output_path(args: Any, mode: str) -> str:
+    """``sample_output_file``; unset (null): ``<sample_input_file>.output.jsonl`` for input-file (GPT-NeoX), else
+    ``samples.txt``."""
+    if args.sample_output_file:
+        return str(args.sample_output_file)
+    if mode == "input-file":
+        return f"{args.sample_input_file}.output.jsonl"
+    return "samples.txt"
 
 
 def run_generation(args: Any) -> list[dict[str, Any]]:
-    """Generate per ``text_gen_type`` (unconditional / input-file / interactive); writes JSONL records."""
-    model, tokenizer = setup_for_inference(args)
-    cfg = SamplingConfig.from_neox_args(args)
+    """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
+    reference log-probs of ``precompute``."""
+    from megatron.generation.api import generate_samples_from_prompt
+
     mode = args.text_gen_type or ("input-file" if args.sample_input_file else "unconditional")
-    seed = int(args.seed)
-    forward = kv_cache_forward(model)
-    device = inference_device()
-    if mode == "unconditional":
-        prompts = [""] * int(args.num_samples or 1)
-    elif mode == "input-file":
-        if not args.sample_input_file:
-            raise ConfigError("text_gen_type input-file needs sample_input_file")
-        prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n")
-    elif mode == "interactive":
+    if mode not in ("unconditional", "input-file", "interactive", "precompute"):
+        raise ConfigError(
+            f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive, precompute)"
+        )
+    if mode == "input-file" and not args.sample_input_file:
+        raise ConfigError("text_gen_type input-file needs sample_input_file")
+    model, tokenizer = setup_for_inference(args)
+    if mode == "precompute":
+        from megatron.generation.precompute import precompute_logprobs
+
+        outputs = precompute_logprobs(model, args, inference_device())
+        return [{"precomputed": out} for out in outputs]
+    cfg = SamplingConfig.from_neox_args(args)
+    generator = torch.Generator(device="cpu").manual_seed(int(args.seed))
+
+    def generate(prompts: list[str]) -> list[dict[str, Any]]:
+        return generate_samples_from_prompt(
+            kv_cache_forward(model),
+            tokenizer,
+            prompts,
+            cfg,
+            return_logits=bool(args.return_logits),
+            generator=generator,
+            device=inference_device(),
+        )
+
+    if mode == "interactive":
         records = []
-        for line in sys.stdin:
-            record = generate_samples(forward, tokenizer, [line.rstrip("\n")], cfg, seed=seed, device=device)[0]
-            print(record["context"] + record["text"], flush=True)
+        while (prompt := read_interactive_prompt(sys.stdin, args.prompt_end or "\n")) is not None:
+            if len(tokenizer.tokenize(prompt)) >= cfg.seq_length - 1:
+                print(f"context of {len(tokenizer.tokenize(prompt))} tokens reached seq_length - 1; stopping")
+                break
+            record = generate([prompt])[0]
+            print(f"Generated Text: {record['text'] or ''}", flush=True)
             records.append(record)
         return records
+    if mode == "unconditional":
+        prompts = [""] * int(args.num_samples or 1)
     else:
-        raise ConfigError(f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive)")
-    records = generate_samples(forward, tokenizer, prompts, cfg, seed=seed, device=device)
-    out = args.sample_output_file or "samples.txt"
+        prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n")
+    records = generate(prompts)
+    out = output_path(args, mode)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for record in records:

@@ -82,7 +82,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "weight_server_port",
         )
     },
-    "precompute_model_name": "precomputed reference log-probs (text_gen_type: precompute)",
     "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "autotuning": "DeepSpeed autotuning",
@@ -136,7 +135,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     },
     "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
     "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
-    "text_gen_type": {"precompute": "precomputed reference log-probs (text_gen_type: precompute)"},
 }
 
 

@@ -153,12 +153,15 @@ class Trainer:
         save_fn: Callable[[int], None] | None = None,
         is_save_iter: Callable[[int], bool] | None = None,
         profile_dir: str = ".",
+        task_eval: Callable[[], dict[str, float]] | None = None,
+        char_counter: Callable[[Iterator[Any] | None], Any] | None = None,
         observer: RunObserver | None = None,
     ) -> None:
         self.engine, self.step, self.loop_cfg, self.log_cfg = engine, step, loop_cfg, log_cfg
         self.flops_cfg, self.metrics, self.timers = flops_cfg, metrics, timers
         self.save_fn, self.is_save_iter = save_fn, is_save_iter
         self.profiler = Profiler(loop_cfg, profile_dir)
+        self.task_eval, self.char_counter = task_eval, char_counter  # eval_tasks / char_level_ppl (evaluation/)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
@@ -258,13 +261,19 @@ class Trainer:
     def evaluate(self, prefix: str, data_iter: Iterator[Any] | None, iteration: int) -> dict[str, float]:
         """``eval_iters`` evaluation iterations; logs ``<prefix>/lm_loss`` and ``<prefix>/lm_loss_ppl``."""
         self.engine.eval()
+        counter = self.char_counter(data_iter) if self.char_counter is not None else None
+        feed = counter if counter is not None and data_iter is not None else data_iter
         batches = progress(range(self.loop_cfg.eval_iters), desc=f"{prefix} at iteration {iteration}", unit="batch")
-        losses = [self.step.evaluate(data_iter) for _ in batches]  # the bar: rank 0 on a terminal only
+        losses = [self.step.evaluate(feed) for _ in batches]  # the bar: rank 0 on a terminal only
         self.engine.train()
         loss = sum(losses) / max(len(losses), 1)
         if prefix == "validation":
             self.consumed_valid += self.loop_cfg.eval_iters * self.loop_cfg.train_batch_size
         results = {f"{prefix}/lm_loss": loss, f"{prefix}/lm_loss_ppl": math.exp(min(loss, 80.0))}
+        if counter is not None:  # every rank joins the count's all-reduce
+            results[f"{prefix}/lm_loss_char_lvl_ppl"] = math.exp(min(loss * counter.tokens_per_char(), 80.0))
+        if self.task_eval is not None and prefix == "validation":
+            results.update({f"{prefix}/{k}": v for k, v in self.task_eval().items()})
         self.metrics.log(results, iteration)
         self.observer.evaluated(prefix, loss)
         if self.rank == 0:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from megatron.checkpoint.layout import CheckpointError
 from megatron.errors import DataError
+from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
@@ -311,6 +312,8 @@ def pretrain(args: Any) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
+            task_eval=build_task_eval(engine, tokenizer, args),
+            char_counter=char_counter_factory(tokenizer, args),
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid

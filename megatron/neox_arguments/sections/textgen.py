@@ -22,12 +22,20 @@ class TextgenArgs:
     temperature: float = arg(0.0, "Sampling temperature; 0 with top_p 0 and top_k 0 means greedy decoding.")
     top_p: float = arg(0.0, "Nucleus sampling: smallest token set whose probability mass exceeds top_p.")
     top_k: int = arg(0, "Sample only among the k most likely tokens (0: off).")
-    return_logits: bool = arg(False, "Return the logits of generated tokens.")
+    return_logits: bool = arg(False, "Add each generation step's logits (`logits` field) to the generated records.")
     maximum_tokens: int = arg(64, "Maximum number of generated tokens.")
     prompt_end: str = arg("\n", "String that separates prompts in the input file.")
     sample_input_file: str | None = arg(None, "File of prompts, one per line.")
-    sample_output_file: str = arg("samples.txt", "Output file of generated samples.")
+    sample_output_file: str | None = arg(
+        "samples.txt",
+        "Output file of generated samples (JSONL); null: `<sample_input_file>.output.jsonl` in input-file mode.",
+    )
     num_samples: int = arg(1, "Number of unconditional samples.")
     recompute: bool = arg(False, "Recompute attention over the whole context at each step (no KV cache).")
     eval_results_prefix: str = arg("", "Prefix of the evaluation results file.")
-    eval_tasks: list | None = arg(None, "lm-eval task names or local task directories to evaluate on.")
+    eval_tasks: list | None = arg(
+        None,
+        "lm-eval task names, glob patterns, or local task YAML files / folders to evaluate on (eval.py, and during "
+        "training every eval_interval as validation/<task>_<metric>).",
+    )
+    eval_num_fewshot: int | None = arg(None, "neox-forge: few-shot examples per lm-eval task (unset: the task's own).")

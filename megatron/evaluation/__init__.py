@@ -1,0 +1,1 @@
+"""lm-evaluation-harness integration: the LM adapter, task resolution, eval.py and in-training evaluation."""

@@ -1,0 +1,132 @@
+"""Run lm-eval tasks on a neox-forge model: standalone (``eval.py``) and during training (``eval_tasks``).
+
+Metrics are flattened to ``<task>_<metric>`` (lm-eval's ``acc,none`` becomes ``acc``; another filter is appended,
+``exact_match,strip`` → ``exact_match_strip``); ``eval.py`` logs them as ``eval/<name>`` and training as
+``validation/<name>``. ``eval.py`` writes GPT-NeoX's ``[<eval_results_prefix>_]eval_results_<m-d-Y-H-M-S>.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron.evaluation.adapter import DataParallelSplit, NeoXEvalAdapter
+from megatron.evaluation.tasks import resolve_tasks
+from megatron.generation.sampling import kv_cache_forward
+
+logger = logging.getLogger(__name__)
+
+
+def build_adapter(model: torch.nn.Module, tokenizer: Any, args: Any, dp: DataParallelSplit | None = None) -> Any:
+    """An lm-eval ``LM`` over a sequential neox-forge model (logits of the full vocabulary)."""
+    from megatron.generation.text_generation import inference_device
+
+    device = inference_device()
+
+    def score(tokens: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(tokens)
+
+    return NeoXEvalAdapter(
+        tokenizer=tokenizer,
+        score_fn=score,
+        forward=kv_cache_forward(model),
+        max_length=int(args.max_position_embeddings or args.seq_length),
+        micro_batch_size=int(args.train_micro_batch_size_per_gpu or 1),
+        vocab_size=getattr(tokenizer, "vocab_size", None),
+        device=device,
+        dp=dp,
+        seed=int(args.seed),
+    )
+
+
+def run_eval_harness(adapter: Any, args: Any, tasks: list[str] | None = None) -> dict[str, Any]:
+    """lm-eval's ``simple_evaluate`` over ``eval_tasks`` with ``eval_limit`` / ``eval_num_fewshot``."""
+    import lm_eval
+
+    resolved = resolve_tasks(tasks if tasks is not None else args.eval_tasks)
+    limit = getattr(args, "eval_limit", None)
+    try:
+        with _every_rank_reports():
+            results = lm_eval.simple_evaluate(
+                model=adapter,
+                tasks=resolved.specs(),
+                task_manager=resolved.manager,
+                num_fewshot=getattr(args, "eval_num_fewshot", None),
+                limit=int(limit) if limit else None,
+                bootstrap_iters=0,
+                log_samples=False,
+                random_seed=int(args.seed),
+                numpy_random_seed=int(args.seed),
+                torch_random_seed=int(args.seed),
+                fewshot_random_seed=int(args.seed),
+            )
+    except ConnectionError as e:
+        raise ValueError(f"eval_tasks: a task's dataset could not be downloaded ({e}); use a local task YAML") from e
+    if results is None:
+        raise RuntimeError("lm-eval returned no results")
+    return results
+
+
+@contextlib.contextmanager
+def _every_rank_reports() -> Iterator[None]:
+    """lm-eval returns results only where ``LOCAL_RANK`` is 0 (its guard for torchrun TP); every neox-forge rank
+    evaluates the same requests (split inside the adapter), so each gets them."""
+    saved = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = saved
+
+
+def flatten_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """``{"<task>_<metric>": value}`` for every numeric, finite-or-not metric (stderr entries left out)."""
+    out: dict[str, float] = {}
+    for task, metrics in results.get("results", {}).items():
+        for key, value in metrics.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key or "," not in key:
+                continue
+            metric, _, filt = key.partition(",")
+            name = metric if filt in ("", "none") else f"{metric}_{filt}"
+            out[f"{task}_{name}"] = float(value)
+    return out
+
+
+def results_path(prefix: str | None, now: datetime | None = None) -> str:
+    """GPT-NeoX's results file name ``[<prefix>_]eval_results_<m-d-Y-H-M-S>.json``."""
+    name = f"eval_results_{(now or datetime.now()).strftime('%m-%d-%Y-%H-%M-%S')}.json"
+    return f"{prefix}_{name}" if prefix else name
+
+
+def write_results(results: dict[str, Any], args: Any, path: str) -> None:
+    """Results, lm-eval's versions / n-shot, the resolved config and the git hash, as JSON."""
+    config = args.to_dict() if hasattr(args, "to_dict") else {}
+    payload = {
+        "results": results.get("results", {}),
+        "versions": results.get("versions", {}),
+        "n-shot": results.get("n-shot", {}),
+        "config": config,
+        "git_hash": config.get("git_hash"),
+    }
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_json_default, allow_nan=True), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)

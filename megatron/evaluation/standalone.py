@@ -1,0 +1,46 @@
+"""``eval.py``'s work: load a checkpoint on every rank, evaluate data-parallel, write GPT-NeoX's results file."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from megatron.evaluation.adapter import DataParallelSplit
+from megatron.evaluation.runner import build_adapter, flatten_metrics, results_path, run_eval_harness, write_results
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
+    """Evaluate ``load`` on ``eval_tasks``; returns ``(results file, metrics)`` (``(None, metrics)`` off rank 0).
+
+    With several ranks each loads the whole model (any TP/PP layout is merged on read) and scores its share of
+    every request batch; rank 0 writes the results and the ``eval/<task>_<metric>`` scalars.
+    """
+    from megatron.generation.text_generation import setup_for_inference
+    from megatron.logging.metrics import LoggingConfig, Metrics
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        from megatron.distributed import init_distributed
+
+        init_distributed()
+    if not args.eval_tasks:  # checked before the checkpoint is read
+        from megatron.evaluation.tasks import resolve_tasks
+
+        resolve_tasks(args.eval_tasks)
+    model, tokenizer = setup_for_inference(args)
+    adapter = build_adapter(model, tokenizer, args, DataParallelSplit())
+    results = run_eval_harness(adapter, args)
+    metrics = flatten_metrics(results)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        return None, metrics
+    path = results_path(args.eval_results_prefix)
+    write_results(results, args, path)
+    sink = Metrics.create(LoggingConfig.from_neox_args(args), rank=rank, run_config=args.to_dict())
+    sink.log({f"eval/{k}": v for k, v in metrics.items()}, step=int(getattr(args, "iteration", None) or 0))
+    sink.close()
+    logger.info("wrote evaluation results to %s", path)
+    return path, metrics
