@@ -9,9 +9,11 @@ import sys
 
 def main() -> int:
     """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""
+    from megatron.launcher.secrets import install_log_redaction
     from megatron.logging.tee import CurrentStdout, tee_output
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=CurrentStdout())
+    install_log_redaction()
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from megatron.distributed import shutdown_and_exit

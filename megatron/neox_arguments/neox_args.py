@@ -165,19 +165,25 @@ class NeoXArgs:
 
     @classmethod
     def consume_neox_args(cls, argv: list[str] | None = None, overwrite_values: dict | None = None) -> NeoXArgs:
-        """Worker side: read ``--neox_config PATH`` (JSON) or ``--megatron_config B64``; other args are ignored.
+        """Worker side: read ``--neox_config PATH`` (JSON, as deepy.py passes), ``--megatron_config B64`` or
+        config files (``torchrun ... train.py a.yml b.yml``, ``mpirun ... train.py a.yml``).
 
-        Sets ``rank``, ``local_rank`` and ``world_size`` from the launcher's environment and checks that the
+        Fills RANK/WORLD_SIZE/MASTER_* from the launcher's environment (torchrun, DeepSpeed, srun, mpirun; see
+        ``megatron.launcher.worker_env``), sets ``rank``, ``local_rank`` and ``world_size``, and checks that the
         world size matches the one the config was resolved for.
         """
         import sys
+
+        from megatron.launcher.worker_env import discover_rank_env
 
         parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
         parser.add_argument("--neox_config", default=None)
         parser.add_argument("--megatron_config", default=None)
         parser.add_argument("--deepspeed_config", default=None)
         parser.add_argument("--local_rank", type=int, default=None)
-        known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+        known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+        files = [a for a in rest if a.endswith((".yml", ".yaml", ".json"))]
+        merged: MergedConfig | None = None
         if known.neox_config:
             try:
                 with open(known.neox_config, encoding="utf-8") as f:
@@ -189,17 +195,27 @@ class NeoXArgs:
                 d = json.loads(base64.urlsafe_b64decode(known.megatron_config).decode("utf-8"))
             except ValueError as e:
                 raise ConfigError(f"--megatron_config: not base64-encoded JSON: {e}") from None
+        elif files:
+            merged = merge_config_files(files, KNOWN_KEYS)
+            d = merged.values
         else:
             raise ConfigError(
-                "no config given: expected --neox_config PATH (as passed by deepy.py) or --megatron_config"
+                "no config given: expected --neox_config PATH (as passed by deepy.py), --megatron_config or "
+                "config files (train.py a.yml b.yml)"
             )
         if overwrite_values:
             d = {**d, **overwrite_values}
-        args = cls.from_dict(d)
-        # mpirun/srun start the ranks without RANK/WORLD_SIZE: read them from the scheduler's variables.
-        from megatron.distributed import discover_env_from_scheduler
-
-        discover_env_from_scheduler()
+        # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them from the scheduler's variables first.
+        master_port = d.get("master_port")
+        discover_rank_env(
+            os.environ, prefer_slurm=bool(d.get("deepspeed_slurm")), master_port=int(master_port or 29500)
+        )
+        if merged is not None:
+            if overwrite_values:
+                apply_overrides(merged, overwrite_values, KNOWN_KEYS, "the overrides")
+            args = cls._from_merged(merged)  # resolved here, for the launcher's WORLD_SIZE
+        else:
+            args = cls.from_dict(d)
         env = os.environ
         local_rank = int(env.get("LOCAL_RANK", known.local_rank if known.local_rank is not None else 0))
         world = int(env.get("WORLD_SIZE", "1"))

@@ -1,0 +1,162 @@
+"""Multi-node launch commands (pdsh, OpenMPI, MVAPICH, SLURM) built from the hostfile and include/exclude.
+
+The commands follow DeepSpeed's runner backends, with two differences: environment values never appear on the
+command line (``srun --export=ALL`` and ``mpirun -x NAME`` forward names; pdsh's remote shell sources a 0600
+environment file), and every user value that reaches a shell string is quoted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from megatron.launcher.hostfile import active_resources, read_hostfile
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.errors import ConfigError
+
+# Variables the ranks need from the launching shell (DeepSpeed's runner forwards a similar prefix list).
+FORWARD_PREFIXES = (
+    "WANDB", "NEOX", "HF_", "HUGGING", "COMET", "DS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS",
+    "PYTHON", "UCX", "MV2", "NCCL", "GLOO", "TORCH", "CUDA_", "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+PDSH_FAN_OUT = 1024
+ENV_FILE = "launch.env"
+
+
+@dataclass
+class ClusterCommand:
+    """A multi-node launch: argv (no secrets), the launcher's environment, and files to write first."""
+
+    backend: str
+    argv: list[str]
+    env: dict[str, str]
+    forwarded: list[str]
+    hostfile: tuple[str, str] | None = None  # (path, text) for mpirun
+    env_file: str | None = None  # pdsh: path of the 0600 file holding the forwarded variables
+    notes: list[str] = field(default_factory=list)
+
+    def forwarded_env(self) -> dict[str, str]:
+        return {k: self.env[k] for k in self.forwarded}
+
+
+def _pdsh_quote(value: str) -> str:
+    """Shell-quoted, with pdsh's ``%`` substitutions (``%h``, ``%n``) escaped."""
+    return shlex.quote(value.replace("%", "%%"))
+
+
+def _uniform_slots(backend: str, active: dict[str, list[int]], same_count: bool) -> int:
+    """Slots per host for schedulers that place ranks by count; ConfigError when a filter asks for more."""
+    for host, slots in active.items():
+        if slots != list(range(len(slots))):
+            raise ConfigError(
+                f"launcher {backend}: cannot pin ranks to slots {slots} on {host}; include/exclude whole hosts "
+                "or the first N slots of a host (launcher pdsh can pin slots)"
+            )
+    counts = {h: len(s) for h, s in active.items()}
+    if same_count and len(set(counts.values())) > 1:
+        raise ConfigError(f"launcher {backend}: needs the same slot count on every host, got {counts}")
+    return next(iter(counts.values()))
+
+
+def is_multinode(args: NeoXArgs) -> bool:
+    """True when deepy must use the multi-node backend: a hostfile with >1 active host, or force_multi."""
+    try:
+        return _active(args) is not None
+    except ConfigError:
+        return True  # let cluster_command report the problem
+
+
+def _hostfile(args: NeoXArgs) -> str | None:
+    path = args.hostfile or os.environ.get("DLTS_HOSTFILE")
+    return path if path and os.path.isfile(path) else None
+
+
+def _active(args: NeoXArgs) -> dict[str, list[int]] | None:
+    path = _hostfile(args)
+    if path is None:
+        return None
+    try:
+        active = active_resources(read_hostfile(path), args.include, args.exclude, args.num_nodes, args.num_gpus)
+    except ValueError as e:
+        raise ConfigError(f"hostfile {path}: {e}") from None
+    force = args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi
+    return active if active and (len(active) > 1 or force) else None
+
+
+def cluster_command(
+    args: NeoXArgs,
+    config_path: str,
+    run_dir: str,
+    base_env: Mapping[str, str] | None = None,
+    *,
+    on_cpu: bool | None = None,
+) -> ClusterCommand:
+    """The command that starts every rank of ``args`` across the hostfile's nodes with ``args.launcher``.
+
+    ``base_env`` (default: this process's environment) is what the launcher process inherits.
+    """
+    active = _active(args)
+    if active is None:
+        raise ConfigError("not a multi-node launch: no hostfile with hosts, or one host and force_multi off")
+    environ = dict(os.environ if base_env is None else base_env)
+    env = dict(environ)
+    if _is_cpu() if on_cpu is None else on_cpu:
+        env["DS_ACCELERATOR"] = "cpu"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    cwd = os.getcwd()
+    env["PYTHONPATH"] = f"{cwd}:{environ['PYTHONPATH']}" if environ.get("PYTHONPATH") else cwd
+    master = args.master_addr or environ.get("MASTER_ADDR") or next(iter(active))
+    env["MASTER_ADDR"], env["MASTER_PORT"] = master, str(args.master_port)
+    forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES))
+    script = [sys.executable, "-u", args.user_script, "--neox_config", config_path]
+    total = sum(len(s) for s in active.values())
+    backend = args.launcher
+    notes = [f"{k} is used by launcher slurm only" for k in ("comment", "account") if getattr(args, k)]
+    if backend == "slurm":
+        per_node = _uniform_slots(backend, active, same_count=True)
+        argv = ["srun", "-n", str(total), "--nodes", str(len(active)), "--ntasks-per-node", str(per_node)]
+        argv += ["--nodelist", ",".join(active)]
+        argv += ["--comment", args.comment] if args.comment else []
+        argv += ["--account", args.account] if args.account else []
+        return ClusterCommand(backend, [*argv, "--export=ALL", *script], env, forwarded)
+    if backend == "openmpi":
+        _uniform_slots(backend, active, same_count=False)
+        path = os.path.join(run_dir, "hostfile.openmpi")
+        text = "".join(f"{h} slots={len(s)}\n" for h, s in active.items())
+        argv = ["mpirun", "-n", str(total), "-hostfile", path, "--mca", "btl", "^openib"]
+        for name in forwarded:
+            argv += ["-x", name]  # the value comes from mpirun's own environment
+        return ClusterCommand(backend, [*argv, *script], env, forwarded, (path, text), notes=notes)
+    if backend == "mvapich":
+        per_node = _uniform_slots(backend, active, same_count=True)
+        for key, value in (("MV2_SMP_USE_CMA", "0"), ("MV2_SUPPORT_DL", "1"), ("MV2_ENABLE_AFFINITY", "0")):
+            env.setdefault(key, value)
+        forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES))
+        path = os.path.join(run_dir, "hostfile.mvapich")
+        text = "".join(f"{h}\n" for h in active)
+        argv = ["mpirun", "-np", str(total), "-ppn", str(per_node), "--hostfile", path]
+        argv += ["-genvlist", ",".join(forwarded)]
+        return ClusterCommand(backend, [*argv, *script], env, forwarded, (path, text), notes=notes)
+    # pdsh: ssh to every host; DeepSpeed's per-node launcher starts that node's ranks.
+    env_file = os.path.abspath(os.path.join(run_dir, ENV_FILE))
+    info = base64.urlsafe_b64encode(json.dumps(active).encode("utf-8")).decode("ascii")
+    remote = [
+        f"cd {_pdsh_quote(cwd)} && set -a && . {_pdsh_quote(env_file)} && set +a &&",
+        f"exec {_pdsh_quote(sys.executable)} -u -m deepspeed.launcher.launch --world_info={info} --node_rank=%n",
+        f"--master_addr={_pdsh_quote(master)} --master_port={args.master_port}",
+        " ".join(_pdsh_quote(a) for a in (args.user_script, "--neox_config", config_path)),
+    ]
+    env["PDSH_RCMD_TYPE"] = "ssh"
+    argv = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(active), " ".join(remote)]
+    return ClusterCommand(backend, argv, env, forwarded, env_file=env_file, notes=notes)
+
+
+def _is_cpu() -> bool:
+    from megatron.distributed import on_cpu
+
+    return on_cpu()
