@@ -68,6 +68,29 @@ def test_mpirun_two_ranks_with_deepspeed_mpi_match_deepspeed_runner(setup, tmp_p
     assert losses(out) == setup["reference"]
 
 
+def test_deepy_openmpi_launcher_runs_mpirun_with_names_only(setup, tmp_path):
+    """deepy.py's own mpirun command (launcher: openmpi, hostfile with include) starts the ranks; the HF token
+    reaches them through ``-x HF_TOKEN`` (a name) and appears in no output or run-folder file."""
+    program("mpirun")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nunused-node slots=2\n")
+    config = write_config(
+        tmp_path / "ompi.yml", setup["data"], launcher="openmpi", deepspeed_mpi=True, include="localhost"
+    )
+    secret = "hf_secret_token_for_the_mpirun_test_77"
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HF_TOKEN": secret}
+    run_dir = tmp_path / "run"
+    cmd = [PYTHON, "deepy.py", "train.py", str(config), "--hostfile", str(hostfile), "--run_dir", str(run_dir)]
+    res = run_command(cmd, timeout=600, env=env)
+    out = res.stdout + res.stderr
+    assert "ranks from openmpi: world size 2, master localhost" in out
+    assert losses(out) == setup["reference"]
+    mpirun = shlex.split(next(ln for ln in res.stdout.splitlines() if ln.startswith("mpirun ")))
+    assert mpirun[:4] == ["mpirun", "-n", "2", "-hostfile"] and "HF_TOKEN" in mpirun
+    assert (run_dir / "hostfile.openmpi").read_text() == "localhost slots=2\n"
+    assert secret not in out and not any(secret in p.read_text() for p in run_dir.rglob("*") if p.is_file())
+
+
 def test_sbatch_template_trains_on_a_real_single_host_slurm(setup, tmp_path):
     from tests.slurm_cluster import single_host_slurm
 
