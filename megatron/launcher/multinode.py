@@ -71,6 +71,26 @@ def is_multinode(args: NeoXArgs) -> bool:
         return True  # let cluster_command report the problem
 
 
+def deepspeed_env_file(environ: Mapping[str, str]) -> dict[str, str]:
+    """``KEY=VALUE`` lines of DeepSpeed's ``.deepspeed_env`` (name from $DS_ENV_FILE) in ~ then the working dir."""
+    name = environ.get("DS_ENV_FILE", ".deepspeed_env")
+    values: dict[str, str] = {}
+    for folder in (os.path.expanduser("~"), os.getcwd()):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                key, eq, value = line.partition("=")
+                if not eq or not key.strip():
+                    raise ConfigError(f"{path}: line {lineno}: expected KEY=VALUE, got {line!r}")
+                values[key.strip()] = value
+    return values
+
+
 def _hostfile(args: NeoXArgs) -> str | None:
     path = args.hostfile or os.environ.get("DLTS_HOSTFILE")
     return path if path and os.path.isfile(path) else None
@@ -112,7 +132,9 @@ def cluster_command(
     env["PYTHONPATH"] = f"{cwd}:{environ['PYTHONPATH']}" if environ.get("PYTHONPATH") else cwd
     master = args.master_addr or environ.get("MASTER_ADDR") or next(iter(active))
     env["MASTER_ADDR"], env["MASTER_PORT"] = master, str(args.master_port)
-    forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES))
+    extra = deepspeed_env_file(environ)  # forwarded whatever their names, as DeepSpeed's runner does
+    env.update(extra)
+    forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES) or k in extra)
     script = [sys.executable, "-u", args.user_script, "--neox_config", config_path]
     total = sum(len(s) for s in active.values())
     backend = args.launcher
@@ -136,7 +158,7 @@ def cluster_command(
         per_node = _uniform_slots(backend, active, same_count=True)
         for key, value in (("MV2_SMP_USE_CMA", "0"), ("MV2_SUPPORT_DL", "1"), ("MV2_ENABLE_AFFINITY", "0")):
             env.setdefault(key, value)
-        forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES))
+        forwarded = sorted({*forwarded, *(k for k in env if k.startswith("MV2"))})
         path = os.path.join(run_dir, "hostfile.mvapich")
         text = "".join(f"{h}\n" for h in active)
         argv = ["mpirun", "-np", str(total), "-ppn", str(per_node), "--hostfile", path]

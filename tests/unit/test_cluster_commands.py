@@ -106,6 +106,18 @@ def test_pdsh_command_and_world_info(tmp_path):
     assert cmd.env_file == "/runs/r1/launch.env" and cmd.env["PDSH_RCMD_TYPE"] == "ssh"
 
 
+def test_deepspeed_env_file_is_forwarded_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / ".deepspeed_env").write_text("# cluster settings\nFI_PROVIDER=efa\nMY_API_KEY=k3y-value\n")
+    _, cmd = command(tmp_path, launcher="openmpi")
+    assert cmd.env["FI_PROVIDER"] == "efa" and {"FI_PROVIDER", "MY_API_KEY"} <= set(cmd.forwarded)
+    assert "k3y-value" not in " ".join(cmd.argv)
+    (tmp_path / ".deepspeed_env").write_text("no equals sign\n")
+    with pytest.raises(ConfigError, match="deepspeed_env: line 1: expected KEY=VALUE"):
+        command(tmp_path, launcher="openmpi")
+
+
 def test_launchers_that_place_by_count_refuse_slot_pinning(tmp_path):
     for launcher in ("slurm", "openmpi", "mvapich"):
         with pytest.raises(ConfigError, match=f"launcher {launcher}: cannot pin ranks to slots \\[1, 3\\] on node-a"):
