@@ -18,17 +18,9 @@ from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import RedactingFilter, redact, write_env_file
 from megatron.launcher.worker_env import discover_rank_env, expand_nodelist
 from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+from tests.unit.test_launcher import TINY  # the same tiny model the launcher tests use
 
 PY = sys.executable
-TINY = {
-    "num_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "seq_length": 64,
-    "max_position_embeddings": 64,
-    "train_micro_batch_size_per_gpu": 2,
-    "user_script": "train.py",
-}
 SECRETS = {"WANDB_API_KEY": "wandb-s3cr3t-value-0123", "HF_TOKEN": "hf_T0kenValue987", "MY_PASSWORD": "pa ss'wd"}
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/root", **SECRETS, "NCCL_DEBUG": "INFO"}
 
