@@ -39,24 +39,40 @@ def redact(text: str, env: Mapping[str, str] | None = None, extra: Iterable[str]
     return text
 
 
+def _mask_record(record: logging.LogRecord) -> None:
+    if not secret_values():
+        return
+    try:
+        message = record.getMessage()
+    except (TypeError, ValueError):  # a malformed format: logging reports it when the record is emitted
+        return
+    masked = redact(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+
+
 class RedactingFilter(logging.Filter):
     """A logging filter that masks secret values (read from the environment at each record) in the message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        values = secret_values()
-        if values:
-            message = record.getMessage()
-            masked = redact(message)
-            if masked != message:
-                record.msg, record.args = masked, None
+        _mask_record(record)
         return True
 
 
 def install_log_redaction() -> None:
-    """Mask secrets in every record handled by the root logger's handlers (call after logging.basicConfig)."""
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+    """Mask secrets in every log record of this process, whatever its logger and handlers (DeepSpeed's logger
+    does not propagate to the root logger): the record factory masks each record as it is created."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "redacting", False):
+        return
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        _mask_record(record)
+        return record
+
+    factory.redacting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def write_env_file(path: str, env: Mapping[str, str]) -> None:

@@ -164,6 +164,29 @@ def test_no_secret_in_any_command_or_log_line(tmp_path, caplog):
     assert caplog.records[-1].getMessage() == "cmd = export WANDB_API_KEY=***; python train.py"
 
 
+def test_log_redaction_covers_loggers_that_do_not_propagate(monkeypatch):
+    """deepy.py and train.py install a record factory: DeepSpeed's own logger (own handler, no propagation) too."""
+    import io
+
+    from megatron.launcher.secrets import install_log_redaction
+
+    stream = io.StringIO()
+    logger = logging.getLogger("neox.test.isolated")
+    logger.propagate, handler = False, logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    factory = logging.getLogRecordFactory()
+    try:
+        install_log_redaction()
+        install_log_redaction()  # idempotent
+        monkeypatch.setenv("HF_TOKEN", SECRETS["HF_TOKEN"])
+        logger.warning("export HF_TOKEN=%s", SECRETS["HF_TOKEN"])
+        logger.warning("100%% of %s", "ranks")  # ordinary records are untouched
+    finally:
+        logging.setLogRecordFactory(factory)
+        logger.removeHandler(handler)
+    assert stream.getvalue() == "export HF_TOKEN=***\n100% of ranks\n"
+
+
 def test_run_cluster_writes_private_env_file_and_removes_it(tmp_path):
     """A real launch through run_cluster with `sh` as the 'launcher': the env file is 0600 while it runs."""
     env_file = tmp_path / "launch.env"
