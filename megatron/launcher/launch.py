@@ -94,6 +94,11 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     if master_addr:
         argv += ["--master_addr", master_addr]
     # launcher, force_multi, comment and account only matter across nodes: see multinode.cluster_command.
+    if not has_hosts and (args.launcher != "pdsh" or args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi):
+        notes.append(
+            f"no hostfile: launcher {args.launcher} is not used, the ranks start on this node only "
+            "(pass --hostfile, or use tools/slurm/train.sbatch, which writes one)"
+        )
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
     argv += [args.user_script, "--neox_config", config_path]
     if on_cpu:

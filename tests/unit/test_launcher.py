@@ -77,6 +77,12 @@ def test_plan_local_cpu(tmp_path):
     assert f"{sys.executable} -m deepspeed.launcher.runner --num_gpus 2" in plan.command_line()
     fixed = plan_launch(args_for(num_gpus=2, master_port=29611), str(tmp_path), on_cpu=True).runner_argv
     assert fixed[fixed.index("--master_port") + 1] == "29611"
+    assert plan.notes == []
+    slurm = plan_launch(args_for(num_gpus=2, launcher="slurm", deepspeed_slurm=True), str(tmp_path), on_cpu=True)
+    assert slurm.notes == [
+        "no hostfile: launcher slurm is not used, the ranks start on this node only "
+        "(pass --hostfile, or use tools/slurm/train.sbatch, which writes one)"
+    ]
 
 
 def test_wandb_group_gets_one_suffix():
