@@ -108,6 +108,74 @@ def _active(args: NeoXArgs) -> dict[str, list[int]] | None:
     return active if active and (len(active) > 1 or force) else None
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What every backend needs: the resolved hosts and the launcher's environment."""
+
+    args: NeoXArgs
+    active: dict[str, list[int]]
+    env: dict[str, str]
+    forwarded: list[str]
+    script: list[str]
+    run_dir: str
+    config_path: str
+
+    @property
+    def total(self) -> int:
+        return sum(len(s) for s in self.active.values())
+
+    def notes(self) -> list[str]:
+        return [f"{k} is used by launcher slurm only" for k in ("comment", "account") if getattr(self.args, k)]
+
+
+def _slurm(x: _Launch) -> ClusterCommand:
+    per_node = _uniform_slots("slurm", x.active, same_count=True)
+    argv = ["srun", "-n", str(x.total), "--nodes", str(len(x.active)), "--ntasks-per-node", str(per_node)]
+    argv += ["--nodelist", ",".join(x.active)]
+    argv += ["--comment", x.args.comment] if x.args.comment else []
+    argv += ["--account", x.args.account] if x.args.account else []
+    return ClusterCommand("slurm", [*argv, "--export=ALL", *x.script], x.env, x.forwarded)  # srun passes env
+
+
+def _openmpi(x: _Launch) -> ClusterCommand:
+    _uniform_slots("openmpi", x.active, same_count=False)
+    path = os.path.join(x.run_dir, "hostfile.openmpi")
+    text = "".join(f"{h} slots={len(s)}\n" for h, s in x.active.items())
+    argv = ["mpirun", "-n", str(x.total), "-hostfile", path, "--mca", "btl", "^openib"]
+    for name in x.forwarded:
+        argv += ["-x", name]  # the value comes from mpirun's own environment
+    return ClusterCommand("openmpi", [*argv, *x.script], x.env, x.forwarded, (path, text), notes=x.notes())
+
+
+def _mvapich(x: _Launch) -> ClusterCommand:
+    per_node = _uniform_slots("mvapich", x.active, same_count=True)
+    env = {"MV2_SMP_USE_CMA": "0", "MV2_SUPPORT_DL": "1", "MV2_ENABLE_AFFINITY": "0", **x.env}
+    forwarded = sorted({*x.forwarded, *(k for k in env if k.startswith("MV2"))})
+    path = os.path.join(x.run_dir, "hostfile.mvapich")
+    text = "".join(f"{h}\n" for h in x.active)
+    argv = ["mpirun", "-np", str(x.total), "-ppn", str(per_node), "--hostfile", path]
+    argv += ["-genvlist", ",".join(forwarded)]
+    return ClusterCommand("mvapich", [*argv, *x.script], env, forwarded, (path, text), notes=x.notes())
+
+
+def _pdsh(x: _Launch) -> ClusterCommand:
+    """ssh to every host; DeepSpeed's per-node launcher starts that node's ranks after sourcing the env file."""
+    env_file = os.path.abspath(os.path.join(x.run_dir, ENV_FILE))
+    info = base64.urlsafe_b64encode(json.dumps(x.active).encode("utf-8")).decode("ascii")
+    remote = [
+        f"cd {_pdsh_quote(os.getcwd())} && set -a && . {_pdsh_quote(env_file)} && set +a &&",
+        f"exec {_pdsh_quote(sys.executable)} -u -m deepspeed.launcher.launch --world_info={info} --node_rank=%n",
+        f"--master_addr={_pdsh_quote(x.env['MASTER_ADDR'])} --master_port={x.env['MASTER_PORT']}",
+        " ".join(_pdsh_quote(a) for a in (x.args.user_script, "--neox_config", x.config_path)),
+    ]
+    env = {**x.env, "PDSH_RCMD_TYPE": "ssh"}
+    argv = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(x.active), " ".join(remote)]
+    return ClusterCommand("pdsh", argv, env, x.forwarded, env_file=env_file, notes=x.notes())
+
+
+BACKENDS = {"slurm": _slurm, "openmpi": _openmpi, "mvapich": _mvapich, "pdsh": _pdsh}
+
+
 def cluster_command(
     args: NeoXArgs,
     config_path: str,
@@ -130,52 +198,13 @@ def cluster_command(
         env.setdefault("OMP_NUM_THREADS", "1")
     cwd = os.getcwd()
     env["PYTHONPATH"] = f"{cwd}:{environ['PYTHONPATH']}" if environ.get("PYTHONPATH") else cwd
-    master = args.master_addr or environ.get("MASTER_ADDR") or next(iter(active))
-    env["MASTER_ADDR"], env["MASTER_PORT"] = master, str(args.master_port)
+    env["MASTER_ADDR"] = args.master_addr or environ.get("MASTER_ADDR") or next(iter(active))
+    env["MASTER_PORT"] = str(args.master_port)
     extra = deepspeed_env_file(environ)  # forwarded whatever their names, as DeepSpeed's runner does
     env.update(extra)
     forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES) or k in extra)
     script = [sys.executable, "-u", args.user_script, "--neox_config", config_path]
-    total = sum(len(s) for s in active.values())
-    backend = args.launcher
-    notes = [f"{k} is used by launcher slurm only" for k in ("comment", "account") if getattr(args, k)]
-    if backend == "slurm":
-        per_node = _uniform_slots(backend, active, same_count=True)
-        argv = ["srun", "-n", str(total), "--nodes", str(len(active)), "--ntasks-per-node", str(per_node)]
-        argv += ["--nodelist", ",".join(active)]
-        argv += ["--comment", args.comment] if args.comment else []
-        argv += ["--account", args.account] if args.account else []
-        return ClusterCommand(backend, [*argv, "--export=ALL", *script], env, forwarded)
-    if backend == "openmpi":
-        _uniform_slots(backend, active, same_count=False)
-        path = os.path.join(run_dir, "hostfile.openmpi")
-        text = "".join(f"{h} slots={len(s)}\n" for h, s in active.items())
-        argv = ["mpirun", "-n", str(total), "-hostfile", path, "--mca", "btl", "^openib"]
-        for name in forwarded:
-            argv += ["-x", name]  # the value comes from mpirun's own environment
-        return ClusterCommand(backend, [*argv, *script], env, forwarded, (path, text), notes=notes)
-    if backend == "mvapich":
-        per_node = _uniform_slots(backend, active, same_count=True)
-        for key, value in (("MV2_SMP_USE_CMA", "0"), ("MV2_SUPPORT_DL", "1"), ("MV2_ENABLE_AFFINITY", "0")):
-            env.setdefault(key, value)
-        forwarded = sorted({*forwarded, *(k for k in env if k.startswith("MV2"))})
-        path = os.path.join(run_dir, "hostfile.mvapich")
-        text = "".join(f"{h}\n" for h in active)
-        argv = ["mpirun", "-np", str(total), "-ppn", str(per_node), "--hostfile", path]
-        argv += ["-genvlist", ",".join(forwarded)]
-        return ClusterCommand(backend, [*argv, *script], env, forwarded, (path, text), notes=notes)
-    # pdsh: ssh to every host; DeepSpeed's per-node launcher starts that node's ranks.
-    env_file = os.path.abspath(os.path.join(run_dir, ENV_FILE))
-    info = base64.urlsafe_b64encode(json.dumps(active).encode("utf-8")).decode("ascii")
-    remote = [
-        f"cd {_pdsh_quote(cwd)} && set -a && . {_pdsh_quote(env_file)} && set +a &&",
-        f"exec {_pdsh_quote(sys.executable)} -u -m deepspeed.launcher.launch --world_info={info} --node_rank=%n",
-        f"--master_addr={_pdsh_quote(master)} --master_port={args.master_port}",
-        " ".join(_pdsh_quote(a) for a in (args.user_script, "--neox_config", config_path)),
-    ]
-    env["PDSH_RCMD_TYPE"] = "ssh"
-    argv = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(active), " ".join(remote)]
-    return ClusterCommand(backend, argv, env, forwarded, env_file=env_file, notes=notes)
+    return BACKENDS[args.launcher](_Launch(args, active, env, forwarded, script, run_dir, config_path))
 
 
 def _is_cpu() -> bool:
