@@ -128,8 +128,10 @@ def test_user_values_are_quoted(tmp_path):
     odd = 'it\'s a "quoted" value; rm -rf /tmp/x $(id) %n'
     run_dir = str(tmp_path / "run dir's")
     config = os.path.join(run_dir, "neox config.json")
-    args = make_args(tmp_path, THREE, launcher="slurm", comment=odd, account="acct 'x'", wandb_group=odd)
+    tag = "group 'with' \"tags\" $HOME"
+    args = make_args(tmp_path, THREE, launcher="slurm", comment=odd, account="acct 'x'", wandb_group=tag)
     srun = cluster_command(args, config, run_dir, BASE_ENV, on_cpu=False)
+    assert not any(tag in a for a in srun.argv)  # config values travel in the config file, never on a command line
     assert srun.argv[srun.argv.index("--comment") + 1] == odd
     assert srun.argv[srun.argv.index("--account") + 1] == "acct 'x'" and srun.argv[-1] == config
     args = make_args(tmp_path, THREE, launcher="pdsh", user_script=f"{run_dir}/my train.py")
