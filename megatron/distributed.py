@@ -36,8 +36,7 @@ def init_distributed(backend: str | None = None) -> None:
         return
     from megatron.launcher.worker_env import discover_rank_env
 
-    if "RANK" not in os.environ:  # train.py's consume_neox_args has normally done this
-        discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
+    discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
     if on_cpu():
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     else:

@@ -7,12 +7,9 @@ own variables instead, which are translated here.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -122,12 +119,9 @@ def discover_rank_env(
         env["MASTER_ADDR"] = _master_addr(env, source)
     if "MASTER_PORT" not in env:
         env["MASTER_PORT"] = str(master_port or 29500)
-    if env["RANK"] == "0":
-        logger.info(
-            "ranks from %s: world size %s, master %s:%s",
-            source,
-            env["WORLD_SIZE"],
-            env["MASTER_ADDR"],
-            env["MASTER_PORT"],
-        )
     return source
+
+
+def describe(env: MutableMapping[str, str], source: str) -> str:
+    """One line for rank 0's log: where the ranks came from and where they meet."""
+    return f"ranks from {source}: world size {env['WORLD_SIZE']}, master {env['MASTER_ADDR']}:{env['MASTER_PORT']}"

@@ -174,7 +174,7 @@ class NeoXArgs:
         """
         import sys
 
-        from megatron.launcher.worker_env import discover_rank_env
+        from megatron.launcher.worker_env import describe, discover_rank_env
 
         parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
         parser.add_argument("--neox_config", default=None)
@@ -207,7 +207,7 @@ class NeoXArgs:
             d = {**d, **overwrite_values}
         # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them from the scheduler's variables first.
         master_port = d.get("master_port")
-        discover_rank_env(
+        source = discover_rank_env(
             os.environ, prefer_slurm=bool(d.get("deepspeed_slurm")), master_port=int(master_port or 29500)
         )
         if merged is not None:
@@ -228,6 +228,7 @@ class NeoXArgs:
         args.update_value("local_rank", local_rank)
         args.update_value("world_size", world)
         if args.rank == 0:
+            logger.info(describe(env, source))
             logger.info("resolved configuration:\n%s", args.format_config())
         return args
 
