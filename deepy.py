@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """GPT-NeoX's launcher: ``python deepy.py train.py [-d DIR] a.yml [b.yml ...] [--key value ...] [--dry-run]``.
 
+``python deepy.py --plan train.py a.yml [--gpus N ...] [--json]`` prints a memory and throughput plan instead.
+
 Merges and validates the configs, writes the resolved config to a run folder and starts the script on every
 rank through DeepSpeed's runner. Config errors are printed without a traceback and exit with status 2.
 """
@@ -11,6 +13,7 @@ import logging
 import shlex
 import sys
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.launcher.cli import parse_deepy_args
 from megatron.launcher.launch import (
     default_run_dir,
@@ -23,14 +26,18 @@ from megatron.launcher.launch import (
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
 from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.planner.cli import plan_main
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        cli = parse_deepy_args(sys.argv[1:] if argv is None else argv)
+        if "--plan" in argv:  # memory and throughput plan, no launch (docs/planner.md)
+            return plan_main(argv)
+        cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
         prepare_for_launch(args)
         plan = plan_launch(args, cli.run_dir or default_run_dir(args))

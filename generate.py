@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+
 
 def main() -> int:
     """Parse the worker arguments, generate on rank 0, print the samples; returns the exit code."""

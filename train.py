@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+
 
 def main() -> int:
     """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""

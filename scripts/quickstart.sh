@@ -40,7 +40,7 @@ echo "[quickstart] 2/4 training configs/cpu/quickstart.yml on 2 CPU ranks"
 rm -rf "$RUN"
 mkdir -p "$RUN"
 t1=$(date +%s)
-$PY deepy.py train.py configs/cpu/quickstart.yml 2>&1 | tee "$RUN/train.log" | grep --line-buffered -E "^(iteration|validation|test|saved|error|Traceback)|Error" || true
+$PY deepy.py train.py configs/cpu/quickstart.yml 2>&1 | tee "$RUN/train.log" | grep --line-buffered -E "^(iteration|validation|test|saved|run summary|error|Traceback)|Error" || true
 if ! grep -q "^training finished" "$RUN/train.log"; then
     echo "[quickstart] training failed; full log: $RUN/train.log" >&2
     exit 1
@@ -59,6 +59,8 @@ $PY deepy.py generate.py configs/cpu/quickstart.yml --text_gen_type input-file \
 [ -s "$RUN/samples.jsonl" ] || { echo "[quickstart] generation failed" >&2; exit 1; }
 
 final=$(grep "^validation results" "$RUN/train.log" | tail -1 | sed -E 's/.*lm_loss value: ([0-9.E+-]+).*/\1/')
+$PY tools/plot_run.py "$RUN" --out "$RUN/report.png" >/dev/null
 t3=$(date +%s)
 echo "[quickstart] done in $((t3 - t0)) s (training $((t2 - t1)) s)"
 echo "[quickstart] final validation loss $final nats/token vs unigram entropy $entropy"
+echo "[quickstart] run report (loss, learning rate, grad norm, tokens/s, memory): $RUN/report.png"

@@ -130,8 +130,9 @@ def run_distributed(fn: Callable[..., Any], world: int, *args: Any, timeout: flo
     results = ctx.Queue()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="neox-dist-") as log_dir:
+        # not daemonic: a rank may start DataLoader workers; the `finally` below kills whatever is left
         procs = [
-            ctx.Process(target=_rank_main, args=(r, world, port, fn, args, results, log_dir), daemon=True)
+            ctx.Process(target=_rank_main, args=(r, world, port, fn, args, results, log_dir), daemon=False)
             for r in range(world)
         ]
         for p in procs:

@@ -24,3 +24,22 @@ def _find() -> Path:
 
 
 SHARED = _find()
+
+
+def train_shakespeare_spm(model_prefix: Path, vocab_size: int, lines: int = 3000) -> Path:
+    """A small SentencePiece BPE model on tinyshakespeare with GPT-NeoX's special tokens; returns the .model path."""
+    import sentencepiece as spm
+
+    text = (SHARED / "data" / "corpora" / "tinyshakespeare.txt").read_text().splitlines()[:lines]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text),
+        model_prefix=str(model_prefix),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        user_defined_symbols=["<|endoftext|>", "<|padding|>"],
+        byte_fallback=True,
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+    )
+    return Path(f"{model_prefix}.model")

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from megatron.checkpoint.layout import CheckpointError
+from megatron.logging.progress import progress
 
 
 def setup_logging() -> None:
@@ -19,10 +20,8 @@ def setup_logging() -> None:
 
 @contextlib.contextmanager
 def progress_bar(desc: str, total: int | None = None) -> Iterator[Callable[[str], None]]:
-    """A tqdm bar on stderr; yields ``step(name)`` that advances it by one item."""
-    from tqdm import tqdm
-
-    with tqdm(desc=desc, total=total, unit="item", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+    """A progress bar on stderr (terminal only, not under ``--quiet``); yields ``step(name)`` that advances it."""
+    with progress(desc=desc, total=total, unit="item") as bar:
 
         def step(name: str) -> None:
             bar.set_postfix_str(name[-40:], refresh=False)

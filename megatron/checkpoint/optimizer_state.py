@@ -31,10 +31,9 @@ logger = logging.getLogger(__name__)
 
 def model_param_names(cfg: GPTModelConfig) -> list[str]:
     """Full-layout parameter names in registration order (the tied output layer adds none)."""
-    from megatron.model import build_sequential_model
+    from megatron.model.meta import meta_param_shapes
 
-    with torch.device("meta"):
-        return [name for name, _ in build_sequential_model(cfg).named_parameters()]
+    return list(meta_param_shapes(cfg))
 
 
 def slice_param_names(cfg: GPTModelConfig, pp: int, stage: int, partition_method: str | None = None) -> list[str]:

@@ -11,6 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from megatron.logging.progress import progress
+
+PROGRESS_CHUNK = 1 << 16  # samples per progress-bar update in the Python loops
+
 INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -102,7 +106,8 @@ def _usable(
     if not allow_chopped:
         ok &= sizes[documents] <= seq_length + 1
     if all_masked is not None:
-        ok &= np.array([not all_masked(int(d)) for d in documents], dtype=bool)
+        docs = progress(documents, desc="finding fully masked documents", unit="doc")
+        ok &= np.array([not all_masked(int(d)) for d in docs], dtype=bool)
     if not ok.any():
         raise ValueError("no document can be used: all are longer than seq_length + 1 or fully masked")
     return ok
@@ -135,6 +140,7 @@ def build_pack_until_overflow(
     doc_idx: list[int] = []
     running = 0
     cursor = 0
+    bar = progress(desc="packing samples", total=num_samples, unit="sample")
     while len(starts) < num_samples:
         pos = int(order[cursor])
         if usable[pos]:
@@ -142,6 +148,8 @@ def build_pack_until_overflow(
             if running == 0 or running + length > seq_length + 1:
                 starts.append(len(doc_idx))
                 running = length
+                if len(starts) % PROGRESS_CHUNK == 0:
+                    bar.update(PROGRESS_CHUNK)
             else:
                 running += length
             doc_idx.append(int(documents[pos]))
@@ -149,6 +157,7 @@ def build_pack_until_overflow(
         if cursor == len(documents):
             cursor = 0
             np_rng.shuffle(order)
+    bar.close()
     starts.append(len(doc_idx))
     sample_idx = np.zeros((len(starts), 2), dtype=np.int64)
     sample_idx[:, 0] = starts
@@ -195,17 +204,20 @@ def build_blending_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, 
     choice = [0] * size
     # Inherently sequential (each pick depends on all earlier ones); plain floats keep it exact and fast enough.
     rng_n = range(1, n)
-    for k in range(size):
-        kd = float(k) if k > 1 else 1.0
-        best = 0
-        best_err = w[0] * kd - counts[0]
-        for d in rng_n:
-            err = w[d] * kd - counts[d]
-            if err > best_err:
-                best_err = err
-                best = d
-        choice[k] = best
-        counts[best] += 1
+    with progress(desc="blending datasets", total=size, unit="sample") as bar:
+        for lo in range(0, size, PROGRESS_CHUNK):  # the bar advances per chunk: nothing added to the inner loop
+            for k in range(lo, min(lo + PROGRESS_CHUNK, size)):
+                kd = float(k) if k > 1 else 1.0
+                best = 0
+                best_err = w[0] * kd - counts[0]
+                for d in rng_n:
+                    err = w[d] * kd - counts[d]
+                    if err > best_err:
+                        best_err = err
+                        best = d
+                choice[k] = best
+                counts[best] += 1
+            bar.update(min(PROGRESS_CHUNK, size - lo))
     dataset_index[:] = choice
     # The running count of each dataset before sample k is that sample's index inside its dataset.
     idx = dataset_index.astype(np.int64)

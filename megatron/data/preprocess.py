@@ -23,6 +23,7 @@ import numpy as np
 
 from megatron.data.document_reader import ReadStats, read_documents
 from megatron.data.indexed_dataset import data_file_path, index_file_path, make_builder
+from megatron.logging.progress import progress as progress_bar
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -116,24 +117,21 @@ def encode_batch(docs: list[dict[str, str]]) -> tuple[dict[str, tuple[np.ndarray
 
 
 class _Progress:
-    """Prints documents/s, tokens/s and MB/s every ``interval`` documents (a bar on a terminal)."""
+    """A bar with documents/s, tokens/s and MB/s on a terminal (rates refreshed every ``interval`` documents);
+    ``close()`` writes the final rates as one line whatever the stream."""
 
     def __init__(self, interval: int, total: int | None, stream: Any) -> None:
         self.interval, self.total, self.stream = max(1, interval), total, stream
         self.start = time.perf_counter()
         self.docs = self.tokens = self.bytes = 0
         self._next = self.interval
-        self._tty = hasattr(stream, "isatty") and stream.isatty()
+        self.bar = progress_bar(desc="tokenizing", total=total, unit="doc", stream=stream)
 
     def line(self) -> str:
         dt = max(time.perf_counter() - self.start, 1e-9)
         done = f"{self.docs}/{self.total}" if self.total else f"{self.docs}"
-        bar = ""
-        if self.total:
-            filled = int(30 * min(1.0, self.docs / self.total))
-            bar = "[" + "#" * filled + "." * (30 - filled) + "] "
         return (
-            f"{bar}{done} docs | {self.docs / dt:.1f} docs/s | {self.tokens / dt:,.0f} tokens/s | "
+            f"{done} docs | {self.docs / dt:.1f} docs/s | {self.tokens / dt:,.0f} tokens/s | "
             f"{self.bytes / dt / 1e6:.2f} MB/s"
         )
 
@@ -143,11 +141,13 @@ class _Progress:
         self.bytes += nbytes
         if self.docs >= self._next:
             self._next = (self.docs // self.interval + 1) * self.interval
-            self.stream.write(("\r" if self._tty else "") + self.line() + ("" if self._tty else "\n"))
-            self.stream.flush()
+            dt = max(time.perf_counter() - self.start, 1e-9)
+            self.bar.set_postfix_str(f"{self.tokens / dt:,.0f} tokens/s, {self.bytes / dt / 1e6:.2f} MB/s", False)
+        self.bar.update(docs)
 
     def close(self) -> None:
-        self.stream.write(("\r" if self._tty else "") + self.line() + "\n")
+        self.bar.close()
+        self.stream.write(self.line() + "\n")
         self.stream.flush()
 
 

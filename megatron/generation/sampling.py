@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from megatron.config_utils import neox_overrides
+from megatron.logging.progress import progress
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]
 ForwardFn = Callable[[torch.Tensor, Any], torch.Tensor]
@@ -154,7 +155,8 @@ def generate_samples(
     """GPT-NeoX output records ``{context, text, length, finished, message, duration_seconds}`` per prompt."""
     generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
     records = []
-    for prompt in prompts:
+    bar = progress(prompts, desc="generating", unit="prompt") if len(prompts) > 1 else prompts
+    for prompt in bar:
         start = time.perf_counter()
         ids = tokenizer.tokenize(prompt) if prompt else []
         message = None

@@ -92,25 +92,34 @@ def _master_addr(env: MutableMapping[str, str], source: str) -> str:
 
 
 def discover_rank_env(
-    env: MutableMapping[str, str], *, prefer_slurm: bool = False, master_port: int | None = None
+    env: MutableMapping[str, str],
+    *,
+    prefer_slurm: bool = False,
+    master_port: int | None = None,
+    fill_defaults: bool = True,
 ) -> str:
     """Fill RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT in ``env``; return the source.
 
     A launcher that already set ``RANK`` (torchrun, DeepSpeed) wins. Otherwise MPI variables are read first
     (mpirun inside a SLURM job also sets SLURM variables, per node), SLURM step variables first when
-    ``prefer_slurm`` (``deepspeed_slurm``). With none of them this is a single process: rank 0 of 1.
+    ``prefer_slurm`` (``deepspeed_slurm``). With none of them this is a single process: rank 0 of 1. Without
+    ``fill_defaults`` (reading the config, before torch.distributed starts) only a scheduler's variables are
+    translated and ``env`` is otherwise left alone.
     """
     if "RANK" in env:
         source = "launcher"
     else:
         candidates = [SLURM_SOURCE, *MPI_SOURCES] if prefer_slurm else [*MPI_SOURCES, SLURM_SOURCE]
         found = next((s for s in candidates if s.rank in env and s.size in env), None)
-        if found is None:
-            source = "single process"
-            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-        else:
-            source = found.name
+        source = found.name if found else "single process"
+        if found:
             _apply(env, found)
+        elif not fill_defaults:
+            return source
+        else:
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    if source == "launcher" and not fill_defaults:
+        return source
     env.setdefault("LOCAL_RANK", "0")
     env.setdefault("WORLD_SIZE", "1")
     env.setdefault("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", env["WORLD_SIZE"]))
@@ -122,6 +131,7 @@ def discover_rank_env(
     return source
 
 
-def describe(env: MutableMapping[str, str], source: str) -> str:
+def describe_ranks(env: MutableMapping[str, str], source: str) -> str:
     """One line for rank 0's log: where the ranks came from and where they meet."""
-    return f"ranks from {source}: world size {env['WORLD_SIZE']}, master {env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    where = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
+    return f"ranks from {source}: world size {env.get('WORLD_SIZE', '1')}, master {where}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from megatron.config_utils import neox_overrides
+from megatron.logging.run_observer import format_duration, memory_text
 
 logger = logging.getLogger("megatron.train")
 
@@ -169,6 +170,11 @@ def format_console_line(
             parts.append(f"{label}: {value / 1e12:.4f} TFLOP/s")
         else:
             parts.append(f"{label}: {fmt.format(value)}")
+    if "runtime/eta_seconds" in values:
+        parts.append(f"ETA: {format_duration(values['runtime/eta_seconds'])}")
+    memory = memory_text(values)
+    if memory:
+        parts.append(memory)
     for key, value in losses.items():
         parts.append(f"{key}: {value:.6E}")
     for key, value in counts.items():

@@ -55,7 +55,8 @@ def _sharded_master_weight(
 ) -> nn.Parameter:
     """Draw the full fp32 weight (same on every TP rank), keep this rank's shard, cast to ``params_dtype``."""
     master = torch.empty(full_shape, dtype=torch.float32)
-    init_method(master)
+    if not master.is_meta:  # on the meta device (parameter counting) there are no values to draw
+        init_method(master)
     shard = shard_tensor(
         master,
         partition_dim,

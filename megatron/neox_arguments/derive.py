@@ -185,11 +185,20 @@ def _precision(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> N
         out["bf16"] = {**(v["bf16"] or {}), "enabled": True}
 
 
+PIPE_FP16_ZERO_NOTE = (
+    "fp16 with pipe_parallel_size >= 1 and zero_optimization.stage 0: DeepSpeed 0.19's pipeline engine applies the "
+    "fp16 loss scale only through a ZeRO optimizer, so stage 1 is used (the same updates; optimizer state sharded "
+    "over the data-parallel ranks)"
+)
+
+
 def _zero(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> None:
     zero = copy.deepcopy(v["zero_optimization"]) if v["zero_optimization"] is not None else copy.deepcopy(ZERO_DEFAULTS)
     stage = zero.get("stage", 0)
     if v["autotuning"] is None and (not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
         problems.append(f"zero_optimization.stage={stage!r}: expected 0, 1, 2 or 3")
+    if stage == 0 and out.get("precision") == "fp16" and (v["pipe_parallel_size"] or 0) >= 1:
+        stage = zero["stage"] = 1  # see PIPE_FP16_ZERO_NOTE
     out["zero_optimization"] = zero
     out["zero_stage"] = stage
     out["zero_reduce_scatter"] = zero.get("reduce_scatter", ZERO_DEFAULTS["reduce_scatter"])

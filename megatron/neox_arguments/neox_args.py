@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import dataclasses
 import json
 import logging
@@ -12,12 +13,12 @@ import re
 import typing
 from typing import Any
 
-from megatron.neox_arguments.derive import LaunchEnv, derive
+from megatron.neox_arguments.derive import PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files, unknown_key_message
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.types import coerce_value, describe
-from megatron.neox_arguments.unsupported import unsupported_problems
+from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
 from megatron.neox_arguments.validate import validate
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "comet_experiment", "adlr_au
 # DeepSpeed-section keys that are NeoX bookkeeping, not DeepSpeed config.
 _NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_seqlen", "load_universal"}
 _DEEPERSPEED_ONLY = {"fp16", "bf16", "type"}
-_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# Keys DeepSpeed 0.19 rejects outright; they are refused as unsupported when set, so only defaults get here.
+_REMOVED_FROM_DEEPSPEED = {"sparse_gradients", "amp", "compression_training", "elasticity", "sparse_attention"}
 
 
 def default_values() -> dict[str, Any]:
@@ -128,6 +130,10 @@ class NeoXArgs:
         problems = unsupported_problems(resolved, defaults, origins) or problems + validate(resolved, origins, defaults)
         if problems:
             raise ConfigError(problems)
+        if resolved["zero_stage"] != ((checked.get("zero_optimization") or {}).get("stage") or 0):
+            logger.warning(PIPE_FP16_ZERO_NOTE)
+        for note in ignored_warnings(resolved, defaults):
+            logger.warning(note)
         if env.on_cpu and resolved["precision"] == "fp16":
             logger.warning("fp16 has no CPU kernels: DeepSpeed refuses fp16 on a CPU-only machine; use bf16 or fp32")
         object.__setattr__(self, "_sections", {name: cls() for name, cls in SECTIONS.items()})
@@ -157,44 +163,58 @@ class NeoXArgs:
         return cls(values, origins=merged.origins)
 
     @classmethod
-    def from_dict(cls, d: dict) -> NeoXArgs:
+    def from_dict(cls, args_dict: dict) -> NeoXArgs:
         """Build from a flat dict of GPT-NeoX keys (``-`` or ``_`` spellings), e.g. ``to_dict()``'s output."""
         merged = MergedConfig()
-        apply_overrides(merged, d, KNOWN_KEYS, "the dict")
+        apply_overrides(merged, args_dict, KNOWN_KEYS, "the dict")
         return cls(merged.values, origins=merged.origins)
 
     @classmethod
-    def consume_neox_args(cls, argv: list[str] | None = None, overwrite_values: dict | None = None) -> NeoXArgs:
-        """Worker side: read ``--neox_config PATH`` (JSON, as deepy.py passes), ``--megatron_config B64`` or
-        config files (``torchrun ... train.py a.yml b.yml``, ``mpirun ... train.py a.yml``).
+    def consume_deepy_args(cls, input_args: list[str] | None = None) -> NeoXArgs:
+        """deepy.py's side: ``SCRIPT [-d DIR] a.yml [b.yml ...] [--key value ...]`` (``sys.argv[1:]`` by default)
+        merged and validated, as GPT-NeoX's ``NeoXArgs.consume_deepy_args``."""
+        import sys
 
-        Fills RANK/WORLD_SIZE/MASTER_* from the launcher's environment (torchrun, DeepSpeed, srun, mpirun; see
-        ``megatron.launcher.worker_env``), sets ``rank``, ``local_rank`` and ``world_size``, and checks that the
-        world size matches the one the config was resolved for.
+        from megatron.launcher.cli import parse_deepy_args  # the launcher builds on this module
+
+        cli = parse_deepy_args(sys.argv[1:] if input_args is None else list(input_args))
+        return cls.from_ymls(cli.config_files, cli.overrides)
+
+    @classmethod
+    def consume_neox_args(cls, overwrite_values: dict | None = None, input_args: list[str] | None = None) -> NeoXArgs:
+        """Worker side: read ``--neox_config PATH`` (JSON), ``--megatron_config`` (a JSON file, as current GPT-NeoX
+        passes it, or base64 JSON, as older GPT-NeoX did) or config files (``torchrun ... train.py a.yml b.yml``,
+        ``mpirun ... train.py a.yml``); other args are ignored. ``input_args`` defaults to ``sys.argv[1:]``.
+        The launcher's rank variables (torchrun, DeepSpeed, srun, mpirun: ``megatron.launcher.worker_env``) are read
+        before the config is resolved, then ``configure_distributed_args()``.
         """
         import sys
 
-        from megatron.launcher.worker_env import describe, discover_rank_env
+        from megatron.launcher.worker_env import describe_ranks, discover_rank_env
 
         parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
         parser.add_argument("--neox_config", default=None)
         parser.add_argument("--megatron_config", default=None)
         parser.add_argument("--deepspeed_config", default=None)
         parser.add_argument("--local_rank", type=int, default=None)
-        known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+        known, rest = parser.parse_known_args(sys.argv[1:] if input_args is None else list(input_args))
         files = [a for a in rest if a.endswith((".yml", ".yaml", ".json"))]
         merged: MergedConfig | None = None
-        if known.neox_config:
+        path = known.neox_config or (
+            known.megatron_config if known.megatron_config and os.path.isfile(known.megatron_config) else None
+        )
+        if path:
+            flag = "--neox_config" if known.neox_config else "--megatron_config"
             try:
-                with open(known.neox_config, encoding="utf-8") as f:
+                with open(path, encoding="utf-8") as f:
                     d = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
-                raise ConfigError(f"--neox_config {known.neox_config}: cannot read the resolved config: {e}") from None
+                raise ConfigError(f"{flag} {path}: cannot read the resolved config: {e}") from None
         elif known.megatron_config:
             try:
                 d = json.loads(base64.urlsafe_b64decode(known.megatron_config).decode("utf-8"))
             except ValueError as e:
-                raise ConfigError(f"--megatron_config: not base64-encoded JSON: {e}") from None
+                raise ConfigError(f"--megatron_config: neither a JSON file nor base64-encoded JSON: {e}") from None
         elif files:
             merged = merge_config_files(files, KNOWN_KEYS)
             d = merged.values
@@ -205,32 +225,41 @@ class NeoXArgs:
             )
         if overwrite_values:
             d = {**d, **overwrite_values}
-        # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them from the scheduler's variables first.
-        master_port = d.get("master_port")
+        # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them first, the world size resolves the config.
+        port = int(d.get("master_port") or 29500)
         source = discover_rank_env(
-            os.environ, prefer_slurm=bool(d.get("deepspeed_slurm")), master_port=int(master_port or 29500)
+            os.environ, prefer_slurm=bool(d.get("deepspeed_slurm")), master_port=port, fill_defaults=False
         )
         if merged is not None:
             if overwrite_values:
                 apply_overrides(merged, overwrite_values, KNOWN_KEYS, "the overrides")
-            args = cls._from_merged(merged)  # resolved here, for the launcher's WORLD_SIZE
+            args = cls._from_merged(merged)
         else:
             args = cls.from_dict(d)
-        env = os.environ
-        local_rank = int(env.get("LOCAL_RANK", known.local_rank if known.local_rank is not None else 0))
-        world = int(env.get("WORLD_SIZE", "1"))
-        if world != args.global_num_gpus:
-            raise ConfigError(
-                f"this rank was launched with WORLD_SIZE={world} but the config was resolved for "
-                f"global_num_gpus={args.global_num_gpus}; relaunch with deepy.py"
-            )
-        args.update_value("rank", int(env.get("RANK", "0")))
-        args.update_value("local_rank", local_rank)
-        args.update_value("world_size", world)
+        args.configure_distributed_args(known.local_rank)
         if args.rank == 0:
-            logger.info(describe(env, source))
+            logger.info(describe_ranks(os.environ, source))
             logger.info("resolved configuration:\n%s", args.format_config())
         return args
+
+    def configure_distributed_args(self, local_rank: int | None = None) -> None:
+        """Set ``rank``, ``local_rank`` and ``world_size`` from the launcher's environment (torchrun/DeepSpeed
+        variables, else SLURM's or MPI's) and check the world size is the one the config was resolved for."""
+        from megatron.launcher.worker_env import discover_rank_env
+
+        discover_rank_env(
+            os.environ, prefer_slurm=bool(self.deepspeed_slurm), master_port=self.master_port, fill_defaults=False
+        )
+        env = os.environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        if world != self.global_num_gpus:
+            raise ConfigError(
+                f"this rank was launched with WORLD_SIZE={world} but the config was resolved for "
+                f"global_num_gpus={self.global_num_gpus}; relaunch with deepy.py"
+            )
+        self.update_value("rank", int(env.get("RANK", "0")))
+        self.update_value("local_rank", int(env.get("LOCAL_RANK", local_rank if local_rank is not None else 0)))
+        self.update_value("world_size", world)
 
     # ------------------------------------------------------------------ access
 
@@ -292,22 +321,21 @@ class NeoXArgs:
 
     @property
     def deepspeed_config(self) -> dict[str, Any]:
-        """The DeepSpeed config dict: non-default DeepSpeed keys, the batch triple, and deepspeed_extra_args."""
+        """The DeepSpeed config dict: every DeepSpeed key with a value (its resolved value, whether or not it equals
+        our default: DeepSpeed's own defaults differ, e.g. ``steps_per_print`` None and ``gradient_clipping`` 0),
+        then ``deepspeed_extra_args``. Keys left ``None`` are omitted so DeepSpeed applies its own default."""
         section = self._sections["deepspeed_config"]
         ds: dict[str, Any] = {}
         for f in dataclasses.fields(DeepspeedConfigArgs):
             value = getattr(section, f.name)
-            if f.name in _NOT_DS_CONFIG:
-                continue
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if value != default or f.name in _BATCH_KEYS:
-                ds[f.name] = value
+            if f.name not in _NOT_DS_CONFIG and f.name not in _REMOVED_FROM_DEEPSPEED and value is not None:
+                ds[f.name] = copy.deepcopy(value)
         for block in ("fp16", "bf16"):
             # GPT-NeoX configs write `"fp16": true` / `"type"` inside these blocks, which only DeeperSpeed accepts.
             if isinstance(ds.get(block), dict):
                 ds[block] = {k: v for k, v in ds[block].items() if k not in _DEEPERSPEED_ONLY}
         extra = self.deepspeed_extra_args or {}
-        clash = sorted(set(extra) & set(ds))
+        clash = sorted(k for k in extra if k in ds and k in self.explicit_keys)
         if clash:
             raise ConfigError(f"deepspeed_extra_args sets {', '.join(clash)}, which is also set at top level; keep one")
         ds.update(extra)

@@ -72,6 +72,20 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "curriculum_learning": "curriculum learning",
     "autotuning": "DeepSpeed autotuning",
     "autotuning_run": "DeepSpeed autotuning",
+    # DeepSpeed 0.19 removed these features and rejects their config keys
+    "sparse_gradients": "sparse embedding gradients (removed from DeepSpeed)",
+    "amp": "Apex AMP (removed from DeepSpeed; use fp16 or bf16)",
+    "compression_training": "DeepSpeed compression (removed from DeepSpeed)",
+    "elasticity": "DeepSpeed elastic training (removed from DeepSpeed)",
+    "sparse_attention": "DeepSpeed sparse attention (removed from DeepSpeed)",
+}
+
+# key -> why it changes nothing here. A non-default value is accepted and warned about once, at config time.
+IGNORED_KEYS: dict[str, str] = {
+    "log_grad_pct_zeros": "not implemented by neox-forge's training loop",
+    "log_optimizer_states": "not implemented by neox-forge's training loop",
+    "log_gradient_noise_scale": "not implemented by neox-forge's training loop",
+    "fused_kernels_build_path": "neox-forge builds no fused CUDA kernels (its fusions are PyTorch code)",
 }
 
 # key -> {value: feature}: values of otherwise supported keys that are refused.
@@ -110,4 +124,13 @@ def unsupported_problems(values: dict[str, Any], defaults: dict[str, Any], origi
     return [
         f"not supported yet: {', '.join(items)} ({feature}; set in {', '.join(sorted(files[feature]))})"
         for feature, items in found.items()
+    ]
+
+
+def ignored_warnings(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """One '<key> is ignored: <why>' line per key of ``IGNORED_KEYS`` set to something other than its default."""
+    return [
+        f"{key}={values[key]!r} is ignored: {why}"
+        for key, why in IGNORED_KEYS.items()
+        if values.get(key) != defaults.get(key)
     ]

@@ -94,8 +94,6 @@ def _parallel(c: Ctx) -> list[str]:
 
 def _optimizer(c: Ctx) -> list[str]:
     v, out = c.v, []
-    if v["optimizer_type"] == "sm3" and v["precision"] == "fp16":
-        out.append("the SM3 optimizer does not support fp16 (DeepSpeed's fp16 wrapper); use fp32 or bf16")
     if v["lr"] is not None and v["min_lr"] is not None and v["min_lr"] > v["lr"]:
         out.append(f"{c.at('min_lr')} is larger than the learning rate lr={v['lr']!r} (optimizer.params.lr)")
     if isinstance(v["optimizer"], dict) and "weight_decay" in (v["optimizer"].get("params") or {}):

@@ -179,26 +179,46 @@ class GPT2BPETokenizer(_TokenizersBackend):
         super().__init__("GPT2BPETokenizer", tok)
 
 
+def _hub_tokenizer(name: str) -> Any:
+    """Hugging Face tokenizer ``name`` from the local cache, else from the hub unless offline."""
+    from transformers import AutoTokenizer
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    for local_only in (True,) if offline else (True, False):
+        try:
+            return AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+        except OSError as e:
+            error = e
+    where = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", "~/.cache/huggingface"), "hub")
+    how = "offline (HF_HUB_OFFLINE=1)" if offline else "and the Hugging Face hub could not be reached"
+    raise ValueError(
+        f"vocab_file {name!r} (tokenizer_type HFGPT2Tokenizer) is not a local file or folder, and the model is not in "
+        f"the Hugging Face cache ({where}) {how}; set vocab_file to a tokenizer.json or a save_pretrained folder "
+        f"({type(error).__name__})"
+    ) from None
+
+
 class HFGPT2Tokenizer(AbstractTokenizer):
-    """A transformers fast tokenizer from a local directory (``save_pretrained``) or ``tokenizer.json``, with
-    ``<|padding|>`` added as pad token like GPT-NeoX. GPT-NeoX's default (download ``gpt2``) is not available offline.
+    """A transformers fast tokenizer, with ``<|padding|>`` added as pad token like GPT-NeoX. ``vocab_file`` is a local
+    directory (``save_pretrained``), a ``tokenizer.json``, or (as GPT-NeoX, default ``gpt2``) a Hugging Face model
+    name, loaded from the local Hugging Face cache (downloaded only when the hub is reachable and not offline).
     """
 
     def __init__(self, vocab_file: str | None) -> None:
         super().__init__("HFGPT2Tokenizer")
-        path = _require_file(
-            vocab_file, "vocab_file", "HFGPT2Tokenizer", "a local tokenizer directory or tokenizer.json (no download)"
-        )
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-        if os.path.isdir(path):
-            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        else:
+        name = vocab_file or "gpt2"
+        if os.path.isdir(name):
+            self.tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        elif os.path.isfile(name):
             self.tokenizer = PreTrainedTokenizerFast(
-                tokenizer_file=path, bos_token=EOD_TOKEN, eos_token=EOD_TOKEN, unk_token=EOD_TOKEN
+                tokenizer_file=name, bos_token=EOD_TOKEN, eos_token=EOD_TOKEN, unk_token=EOD_TOKEN
             )
+        else:
+            self.tokenizer = _hub_tokenizer(name)
         if self.tokenizer.eos_token_id is None:
-            raise ValueError(f"vocab_file {path!r}: the tokenizer has no eos token")
+            raise ValueError(f"vocab_file {name!r}: the tokenizer has no eos token")
         self.tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
         self._eod, self._pad = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
 

@@ -21,6 +21,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from megatron.logging.progress import add_quiet_flag, bars_enabled, set_quiet
+
 logger = logging.getLogger(__name__)
 
 PRESETS = ("neox", "lossless")
@@ -77,7 +79,7 @@ def train_tokenizer(
         vocab_size=vocab_size,
         special_tokens=["<|endoftext|>", "<|padding|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=bars_enabled(),  # the tokenizers library draws its own bars on stderr
     )
     tok.train_from_iterator(iter_json_texts(input_dir, text_key, max_docs), trainer)
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
@@ -87,8 +89,8 @@ def train_tokenizer(
     return tok.get_vocab_size()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
+def parse_args(input_args: list[str] | None = None) -> argparse.Namespace:
+    """GPT-NeoX's flags (plus ``--text_key``, ``--preset``, ``--max_docs``); ``input_args`` defaults to argv."""
     parser = argparse.ArgumentParser(description="Train a byte-level BPE tokenizer (tokenizers JSON) on JSONL files.")
     parser.add_argument("--json_input_dir", required=True, help="directory with *.jsonl / *.json documents")
     parser.add_argument("--tokenizer_output_path", required=True, help="output tokenizer file (.json)")
@@ -97,23 +99,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text_key", default="text", help="JSON key holding the document text")
     parser.add_argument("--preset", default="neox", choices=PRESETS, help="neox: GPT-NeoX recipe; lossless: exact")
     parser.add_argument("--max_docs", type=int, default=None, help="train on at most this many documents")
-    args = parser.parse_args(argv)
+    add_quiet_flag(parser)
+    return parser.parse_args(input_args)
+
+
+def main(args: argparse.Namespace | None = None) -> None:
+    """GPT-NeoX's ``main(args)`` with parsed args (``parse_args()`` when None). Bad input raises ValueError/OSError."""
+    args = parse_args() if args is None else args
+    set_quiet(getattr(args, "quiet", False))
+    size = train_tokenizer(
+        args.json_input_dir,
+        args.tokenizer_output_path,
+        args.tokenizer_type,
+        args.vocab_size,
+        getattr(args, "text_key", "text"),
+        getattr(args, "preset", "neox"),
+        getattr(args, "max_docs", None),
+    )
+    print(
+        f"Tokenizer saved at {args.tokenizer_output_path} (vocab size {size}, preset {getattr(args, 'preset', 'neox')})"
+    )
+
+
+def cli(input_args: list[str] | None = None) -> int:
+    """The command line: errors in one line, exit code 1."""
     try:
-        size = train_tokenizer(
-            args.json_input_dir,
-            args.tokenizer_output_path,
-            args.tokenizer_type,
-            args.vocab_size,
-            args.text_key,
-            args.preset,
-            args.max_docs,
-        )
+        main(parse_args(input_args))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"Tokenizer saved at {args.tokenizer_output_path} (vocab size {size}, preset {args.preset})")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())

@@ -15,7 +15,10 @@ import torch.distributed as dist
 from megatron.config_utils import neox_overrides
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
+from megatron.logging.progress import progress
+from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
+from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
@@ -147,6 +150,7 @@ class Trainer:
         save_fn: Callable[[int], None] | None = None,
         is_save_iter: Callable[[int], bool] | None = None,
         profile_dir: str = ".",
+        observer: RunObserver | None = None,
     ) -> None:
         self.engine, self.step, self.loop_cfg, self.log_cfg = engine, step, loop_cfg, log_cfg
         self.flops_cfg, self.metrics, self.timers = flops_cfg, metrics, timers
@@ -155,6 +159,7 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
+        self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -185,8 +190,12 @@ class Trainer:
                     scalars["train/grad_norm"] = float(grad_norm)
             if self.log_cfg.log_param_norm:
                 scalars["train/param_norm"] = param_norm(self.engine)
+            if len(state.history) == 1:  # once, after this run's first step (optimizer state exists by then)
+                scalars.update(log_param_optimizer_bytes(self.engine))
             if state.iteration % self.log_cfg.log_interval == 0:
                 scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world))
+                scalars.update(self.observer.interval(state.iteration, interval_time, interval_iters))  # ETA, memory
+                self.observer.observe(scalars)
                 self._console(state, scalars, interval_iters)
                 interval_time, interval_iters = 0.0, 0
             self.metrics.log(scalars, state.iteration)
@@ -241,13 +250,15 @@ class Trainer:
     def evaluate(self, prefix: str, data_iter: Iterator[Any] | None, iteration: int) -> dict[str, float]:
         """``eval_iters`` evaluation iterations; logs ``<prefix>/lm_loss`` and ``<prefix>/lm_loss_ppl``."""
         self.engine.eval()
-        losses = [self.step.evaluate(data_iter) for _ in range(self.loop_cfg.eval_iters)]
+        batches = progress(range(self.loop_cfg.eval_iters), desc=f"{prefix} at iteration {iteration}", unit="batch")
+        losses = [self.step.evaluate(data_iter) for _ in batches]  # the bar: rank 0 on a terminal only
         self.engine.train()
         loss = sum(losses) / max(len(losses), 1)
         if prefix == "validation":
             self.consumed_valid += self.loop_cfg.eval_iters * self.loop_cfg.train_batch_size
         results = {f"{prefix}/lm_loss": loss, f"{prefix}/lm_loss_ppl": math.exp(min(loss, 80.0))}
         self.metrics.log(results, iteration)
+        self.observer.evaluated(prefix, loss)
         if self.rank == 0:
             logger.info(
                 "%s results at iteration %d | lm_loss value: %.6E | lm_loss_ppl value: %.6E",

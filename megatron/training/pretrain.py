@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
+from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.training import checkpointing as ckpt
 from megatron.training.grad_clipping import install_fp32_clipping
@@ -80,16 +82,6 @@ def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
     return model_lib.build_sequential_model(cfg), cfg
 
 
-def _check_pipe_fp16(args: Any, zero_stage: int, ds_config: dict[str, Any]) -> None:
-    """ZeRO-2/3 with a pipeline is refused by ParallelConfig; this is the pipeline's other DeepSpeed limit."""
-    pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
-    if pipe and zero_stage == 0 and (ds_config.get("fp16") or {}).get("enabled"):
-        raise ValueError(
-            "fp16 with pipe_parallel_size >= 1 needs zero_optimization.stage 1: DeepSpeed 0.19.8's pipeline engine "
-            "does not apply the fp16 loss scale without ZeRO"
-        )
-
-
 def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
@@ -104,7 +96,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     opt_cfg = OptimizerConfig.from_neox_args(args)
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
-    _check_pipe_fp16(args, opt_cfg.zero_stage, ds_config)
     _allow_fp16_on_cpu(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
     model, _ = build_model(args)  # the builders also register the sequence-parallel norm-gradient sync
@@ -128,15 +119,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     if result.path and getattr(args, "checkpoint_validation_with_forward_pass", False):
         check_validation_logits(engine, args, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
-
-
-IGNORED_KEYS = ("log_grad_pct_zeros", "log_optimizer_states", "log_gradient_noise_scale")
-
-
-def _warn_ignored(args: Any) -> None:
-    for key in IGNORED_KEYS:
-        if getattr(args, key, False):
-            logger.warning("%s is not implemented by neox-forge's training loop; ignored", key)
 
 
 def _train_iters_from_epochs(args: Any) -> None:
@@ -233,10 +215,15 @@ def _setup_tokenizer(args: Any) -> Any:
     return tokenizer
 
 
+def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
+    if rank == 0:
+        logger.info(observer.summary_line(iteration))
+
+
 def pretrain(args: Any) -> PretrainResult:
     """Train as configured; every rank calls this. Raises ValueError for configuration/data mistakes."""
+    start_time = time.monotonic()
     timers = Timers()
-    _warn_ignored(args)
     initialize_megatron(args)
     rank = dist.get_rank() if dist.is_initialized() else 0
     tokenizer = _setup_tokenizer(args)
@@ -288,7 +275,9 @@ def pretrain(args: Any) -> PretrainResult:
                 extra_state=extra,
             )
             result.saved.append(it)
+            observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
 
+        observer = RunObserver(loop_cfg.train_iters, tbs, int(args.seq_length), iteration, start_time=start_time)
         trainer = Trainer(
             engine=engine,
             step=step,
@@ -300,6 +289,7 @@ def pretrain(args: Any) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
+            observer=observer,
         )
         trainer.consumed_valid = consumed_valid
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
@@ -308,6 +298,7 @@ def pretrain(args: Any) -> PretrainResult:
         result.iteration, result.train_losses = state.iteration, state.history
         result.skipped_iters = int(engine.skipped_steps)
         if state.exited_early:
+            _log_summary(rank, observer, state.iteration)
             return result
         if valid_iter is not None and loop_cfg.eval_iters > 0:
             result.valid = trainer.evaluate("validation", valid_iter, state.iteration)
@@ -315,6 +306,7 @@ def pretrain(args: Any) -> PretrainResult:
             save(state.iteration)
         if test_iter is not None and loop_cfg.eval_iters > 0:
             result.test = trainer.evaluate("test", test_iter, state.iteration)
+        _log_summary(rank, observer, state.iteration)
         return result
     finally:
         metrics.close()

@@ -326,5 +326,10 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     for key in a:
         if a[key].shape != b[key].shape:
             raise AssertionError(f"{key}: shape {a[key].shape} != {b[key].shape}")
-        worst = max(worst, float(np.max(np.abs(a[key] - b[key]))) if a[key].size else 0.0)
-    return worst if math.isfinite(worst) else float("inf")
+        if not a[key].size:
+            continue
+        diff = float(np.max(np.abs(a[key].astype(np.float64) - b[key].astype(np.float64))))
+        if not math.isfinite(diff):  # NaN/inf anywhere: max(0.0, nan) would be 0.0 and pass every tolerance
+            return float("inf")
+        worst = max(worst, diff)
+    return worst

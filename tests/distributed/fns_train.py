@@ -11,6 +11,28 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+def tensorboard_scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar event under a TensorBoard folder, as logged (a step logged twice appears twice)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+
+
+def deepy_train(cfg: dict[str, Any], config_file: Path, world: int, timeout: float = 600) -> str:
+    """Write ``cfg`` (a ``tiny_config``) as ``config_file`` for ``world`` local CPU ranks and run
+    ``deepy.py train.py`` on it; returns its stdout (a failed run fails the test with every rank's output)."""
+    import yaml
+
+    from tests.harness import PYTHON, run_command
+
+    cfg.pop("global_num_gpus", None)
+    cfg["num_gpus"] = world
+    config_file.write_text(yaml.safe_dump(cfg))
+    return run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=timeout).stdout
+
+
 def make_tiny_data(root: str | Path, max_docs: int = 40, vocab_size: int = 512) -> dict[str, str]:
     """Stdlib corpus → BPE tokenizer → mmap dataset, with the project's own tools (about a second)."""
     root = Path(root)
@@ -103,3 +125,22 @@ def run_pretrain(config: dict[str, Any], env: dict[str, str] | None = None) -> d
 def run_pretrain_many(configs: list[dict[str, Any]], env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Several runs one after the other on the same ranks (saves the process start-up of each)."""
     return [run_pretrain(config, env) for config in configs]
+
+
+def run_pretrain_each(configs: list[dict[str, Any]], env: dict[str, str] | None = None) -> list[list[float] | str]:
+    """Several runs on the same ranks; each gives its training losses, or its error as text (the rest still run)."""
+    import time
+    import traceback
+
+    from megatron import mpu
+
+    out: list[list[float] | str] = []
+    for config in configs:
+        start = time.perf_counter()
+        try:
+            out.append(run_pretrain(config, env)["train_losses"])
+            print(f"[run_pretrain_each] {time.perf_counter() - start:.1f}s", flush=True)
+        except Exception as e:  # reported per config by the test
+            out.append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}")
+            mpu.destroy_model_parallel()
+    return out

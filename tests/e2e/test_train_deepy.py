@@ -11,18 +11,10 @@ import pytest
 import yaml
 
 from megatron.logging.wandb_reader import find_run_files, read_wandb_history
-from tests.distributed.fns_train import make_tiny_data, tiny_config
+from tests.distributed.fns_train import deepy_train, make_tiny_data, tensorboard_scalars, tiny_config
 from tests.harness import PYTHON, free_port, run_command
 
 pytestmark = pytest.mark.distributed
-
-
-def _tensorboard_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(path), size_guidance={"scalars": 0})
-    ea.Reload()
-    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
 
 
 def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
@@ -49,12 +41,8 @@ def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
         peak_theoretical_tflops=1.0,
         master_port=free_port(),
     )
-    cfg.pop("global_num_gpus")
-    cfg["num_gpus"] = 2
     config_file = tmp_path / "tiny_e2e.yml"
-    config_file.write_text(yaml.safe_dump(cfg))
-
-    out = run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=600).stdout
+    out = deepy_train(cfg, config_file, world=2)
     assert "training finished at iteration 30" in out
     lines = [ln for ln in out.splitlines() if re.match(r"^iteration\s+\d+/\s+30 \|", ln)]
     assert len(lines) == 6  # every log_interval
@@ -78,7 +66,7 @@ def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
     resolved = json.loads((step / "configs" / "resolved_config.json").read_text())
     assert resolved["train_iters"] == 30 and resolved["padded_vocab_size"] == 512
 
-    tb = _tensorboard_scalars(run / "tb")
+    tb = tensorboard_scalars(run / "tb")
     assert [s for s, _ in tb["train/lm_loss"]] == list(range(1, 31))
     assert tb["train/lm_loss"][-1][1] < tb["train/lm_loss"][0][1]
     assert {"train/learning_rate", "train/grad_norm", "train/param_norm", "validation/lm_loss"} <= set(tb)

@@ -235,6 +235,13 @@ def test_worker_rank_discovery(env, prefer_slurm, expected):
     assert env["LOCAL_SIZE"] == env["LOCAL_WORLD_SIZE"]
 
 
+def test_reading_the_config_leaves_a_plain_environment_alone():
+    env = {"PATH": "/bin"}
+    assert discover_rank_env(env, fill_defaults=False) == "single process" and env == {"PATH": "/bin"}
+    env = {"RANK": "1", "WORLD_SIZE": "2"}
+    assert discover_rank_env(env, fill_defaults=False) == "launcher" and env == {"RANK": "1", "WORLD_SIZE": "2"}
+
+
 def test_mpi_across_nodes_needs_master_addr():
     env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     with pytest.raises(ValueError, match="span several nodes but MASTER_ADDR is not set"):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,10 +26,10 @@ from megatron.tokenizer import (
 from megatron.tokenizer.train_tokenizer import train_tokenizer
 from tests import shared_files
 
+REPO = Path(__file__).resolve().parents[2]
 SHARED = shared_files.SHARED / "data"
 TOKENIZER_20B = SHARED / "tokenizers" / "20B_tokenizer.json"
 GPT2_JSON = SHARED / "tokenizers" / "gpt2.json"
-SHAKESPEARE = SHARED / "corpora" / "tinyshakespeare.txt"
 needs_shared = pytest.mark.skipif(not GPT2_JSON.exists(), reason="shared tokenizer files not on this machine")
 
 TEXTS = [
@@ -127,20 +131,8 @@ def test_hf_gpt2_tokenizer_adds_padding_token():
 
 @needs_shared
 def test_spm_tokenizer(tmp_path):
-    import sentencepiece as spm
-
-    lines = SHAKESPEARE.read_text().splitlines()[:3000]
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_prefix=str(tmp_path / "spm"),
-        vocab_size=400,
-        model_type="bpe",
-        user_defined_symbols=["<|endoftext|>", "<|padding|>"],
-        byte_fallback=True,
-        character_coverage=1.0,
-        num_threads=1,
-    )
-    tok = build_tokenizer(TokenizerConfig("SPMTokenizer", str(tmp_path / "spm.model")))
+    model = shared_files.train_shakespeare_spm(tmp_path / "spm", vocab_size=400)
+    tok = build_tokenizer(TokenizerConfig("SPMTokenizer", str(model)))
     assert isinstance(tok, SPMTokenizer)
     assert tok.vocab_size == 400
     assert tok.tokenizer.id_to_piece(tok.eod) == "<|endoftext|>"
@@ -204,3 +196,50 @@ def test_train_tokenizer_produces_loadable_json(tmp_path, preset):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         train_tokenizer(str(tmp_path), str(tmp_path / "t2.json"), vocab_size=300)
+
+
+def _hf_cache_with_gpt2(root: Path) -> Path:
+    """A Hugging Face hub cache holding model ``gpt2``'s tokenizer files (what a past download leaves)."""
+    snapshot = root / "hub" / "models--gpt2" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer.json").write_bytes(GPT2_JSON.read_bytes())
+    vocab, merges = gpt2_model()
+    (snapshot / "vocab.json").write_text(json.dumps(vocab))
+    (snapshot / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (snapshot / "config.json").write_text('{"model_type": "gpt2"}')
+    (root / "hub" / "models--gpt2" / "refs").mkdir()
+    (root / "hub" / "models--gpt2" / "refs" / "main").write_text("0123abcd")
+    return root / "hub"
+
+
+_LOAD_BY_NAME = """
+import sys
+from megatron.tokenizer import TokenizerConfig, build_tokenizer
+try:
+    tok = build_tokenizer(TokenizerConfig("HFGPT2Tokenizer", sys.argv[1] if len(sys.argv) > 1 else None))
+except ValueError as e:
+    print("error:", e)
+else:
+    print(type(tok).__name__, tok.eod, tok.pad, tok.vocab_size, tok.tokenize("Hello world"))
+"""
+
+
+def _load_by_name(cache: Path, *vocab_file: str) -> str:
+    """The tokenizer built in a fresh process (the hub reads HF_HUB_CACHE once, at import)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-c", _LOAD_BY_NAME, *vocab_file]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+
+
+@needs_shared
+def test_hf_gpt2_tokenizer_by_model_name_from_the_local_cache(tmp_path):
+    # GPT-NeoX loads from_pretrained(vocab_file or "gpt2"): a model name (or no vocab_file) works from the cache
+    cache = _hf_cache_with_gpt2(tmp_path)
+    for vocab_file in (["gpt2"], []):
+        assert _load_by_name(cache, *vocab_file) == "HFGPT2Tokenizer 50256 50257 50258 [15496, 995]"
+
+
+def test_hf_gpt2_tokenizer_offline_without_cache_says_so(tmp_path):
+    msg = _load_by_name(tmp_path / "empty-cache", "gpt2")
+    assert msg.startswith("error: vocab_file 'gpt2'") and "not in the Hugging Face cache" in msg, msg
+    assert "HF_HUB_OFFLINE=1" in msg and str(tmp_path / "empty-cache") in msg and "\n" not in msg

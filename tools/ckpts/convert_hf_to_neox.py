@@ -16,7 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
+from megatron.logging.progress import add_quiet_flag, set_quiet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,12 +30,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1, help="pipe_parallel_size (0 = sequential model files)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    add_quiet_flag(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
+    set_quiet(args.quiet)
     from megatron.checkpoint import TargetLayout, write_checkpoint
     from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files, tokenizer_yaml
     from megatron.checkpoint.rules import resize_vocab

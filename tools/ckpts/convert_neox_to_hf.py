@@ -15,7 +15,9 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
+from megatron.logging.progress import add_quiet_flag, set_quiet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,12 +33,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pad-token-id", dest="pad_token_id", type=int, default=None)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
     p.add_argument("--row_bias", default="auto", choices=["auto", "effective", "sum"], help=argparse.SUPPRESS)
+    add_quiet_flag(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
+    set_quiet(args.quiet)
     from megatron.checkpoint import read_checkpoint
     from megatron.checkpoint.hf_io import export_hf, hf_tokenizer
 

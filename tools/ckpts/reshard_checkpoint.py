@@ -14,7 +14,9 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
+from megatron.logging.progress import add_quiet_flag, set_quiet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,12 +31,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--padded_vocab_size", type=int, default=None, help="target vocabulary rows (pad/trim)")
     p.add_argument("--weights_only", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    add_quiet_flag(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Reshard; returns the exit code."""
     args = parse_args(argv)
+    set_quiet(args.quiet)
     from megatron.checkpoint import TargetLayout, reshard_checkpoint
 
     target = TargetLayout(tp=args.tp, pp=args.pp)

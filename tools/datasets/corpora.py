@@ -11,55 +11,13 @@ No network access.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import sysconfig
-from collections.abc import Iterator
 
-EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "idle_test"}
-TEST_DIRS = {"test", "tests"}
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
-
-def stdlib_dir() -> str:
-    """The interpreter's standard-library directory (``sysconfig``'s ``stdlib`` path)."""
-    return sysconfig.get_paths()["stdlib"]
-
-
-def stdlib_sources(root: str, include_tests: bool = False) -> Iterator[tuple[str, str]]:
-    """``(relative path, source)`` of every ``.py`` file under ``root`` in sorted order."""
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        skip = EXCLUDED_DIRS | (set() if include_tests else TEST_DIRS)
-        dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.startswith("."))
-        found.extend(os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith(".py"))
-    for rel in sorted(found):
-        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
-            yield rel, f.read()
-
-
-def build_stdlib_corpus(output: str, max_docs: int | None = None, include_tests: bool = False) -> tuple[int, int]:
-    """Write the corpus to ``output`` (atomically); returns ``(documents, bytes of text)``."""
-    root = stdlib_dir()
-    if not os.path.isdir(root):
-        raise ValueError(f"standard library directory {root} not found")
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    tmp = output + ".partial"
-    docs = nbytes = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rel, text in stdlib_sources(root, include_tests):
-            if not text.strip():
-                continue
-            f.write(json.dumps({"text": text, "meta": {"path": rel}}, ensure_ascii=False) + "\n")
-            docs += 1
-            nbytes += len(text.encode("utf-8"))
-            if max_docs is not None and docs >= max_docs:
-                break
-    if docs == 0:
-        os.remove(tmp)
-        raise ValueError(f"no Python sources found under {root}")
-    os.replace(tmp, output)
-    return docs, nbytes
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+from megatron.data.corpora import build_stdlib_corpus, stdlib_dir
 
 
 def main(argv: list[str] | None = None) -> int:

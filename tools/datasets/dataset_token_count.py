@@ -8,7 +8,9 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
-import numpy as np
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+
+import numpy as np  # isort: skip  (after the setup check)
 
 from megatron.data.indexed_dataset import make_dataset
 

@@ -12,12 +12,14 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.preprocess import PreprocessConfig, preprocess
+from megatron.logging.progress import add_quiet_flag, set_quiet
 from megatron.tokenizer import TOKENIZER_TYPES
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """GPT-NeoX's flags (plus ``--skip-invalid``)."""
+def get_args(input_args: list[str] | None = None) -> argparse.Namespace:
+    """GPT-NeoX's flags (plus ``--skip-invalid``); ``input_args`` defaults to ``sys.argv[1:]``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("input data")
     g.add_argument("--input", required=True, help="comma-separated .jsonl/.jsonl.zst/.jsonl.gz/.txt files")
@@ -35,13 +37,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--dataset-impl", default="mmap", choices=["lazy", "cached", "mmap"])
     g = p.add_argument_group("runtime")
     g.add_argument("--workers", type=int, default=1, help="tokenising processes")
-    g.add_argument("--log-interval", type=int, default=100, help="progress every N documents")
-    return p.parse_args(argv)
+    g.add_argument("--log-interval", type=int, default=100, help="refresh the progress bar's rates every N documents")
+    add_quiet_flag(g)
+    return p.parse_args(input_args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: prints what was written, or the error, and returns the exit code."""
-    args = parse_args(argv)
+parse_args = get_args
+
+
+def main(input_args: list[str] | None = None) -> None:
+    """GPT-NeoX's ``main(input_args)``: preprocess and print what was written. Bad input raises ValueError/OSError
+    (naming the file and line), so a calling script sees the failure; the command line prints it in one line."""
+    args = get_args(input_args)
+    set_quiet(args.quiet)
     cfg = PreprocessConfig(
         inputs=[s for s in args.input.split(",") if s],
         output_prefix=args.output_prefix,
@@ -57,11 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         num_docs=args.num_docs,
         skip_invalid=args.skip_invalid,
     )
-    try:
-        result = preprocess(cfg)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    result = preprocess(cfg)
     rate = result.tokens / max(result.seconds, 1e-9)
     print(
         f"Processed {result.documents} documents, {result.tokens} tokens in {result.seconds:.2f} s ({rate:,.0f} tokens/s)"
@@ -70,8 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Skipped {result.skipped} invalid lines, e.g. {result.skipped_examples[0]}")
     for prefix in result.outputs.values():
         print(f"Wrote {prefix}.bin and {prefix}.idx")
+
+
+def cli() -> int:
+    """The command line: errors in one line, exit code 1."""
+    try:
+        main()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())

@@ -58,6 +58,11 @@ class OtherArgs:
     local_rank: int | None = arg(None, "Rank within the node; set by the launcher.")
     rank: int | None = arg(None, "Global rank; set by the launcher.")
     lazy_mpu_init: bool = arg(False, "Let an external manager finish distributed initialisation.")
+    fused_kernels_build_path: str | None = arg(
+        None,
+        "Where GPT-NeoX builds its fused CUDA kernels. neox-forge builds none (its fusions are PyTorch code): a set "
+        "value is ignored with a warning.",
+    )
     short_seq_prob: float = arg(0.1, "Probability of producing a short sequence (unused by GPT training).")
     eod_mask_loss: bool = arg(False, "Exclude end-of-document tokens from the loss.")
     adlr_autoresume: bool = arg(False, "Enable ADLR cluster auto-resume.")

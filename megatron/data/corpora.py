@@ -1,0 +1,186 @@
+"""Datasets named on ``prepare_data.py``'s command line: the embedded stdlib corpus, local files, and GPT-NeoX's
+downloadable corpora (which neox-forge never downloads: it tokenizes copies already on disk).
+
+The embedded corpus is the Python standard library's own sources on this machine, as JSONL: one line
+``{"text": <source>, "meta": {"path": <path relative to the stdlib>}}`` per file, in sorted relative-path order, so
+it is deterministic for a given Python installation; ``site-packages`` is always excluded, test suites unless asked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from megatron.data.document_reader import SUFFIXES
+from megatron.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
+
+# GPT-NeoX's prepare_data.py dataset names (downloaded from the internet there)
+REMOTE_DATASETS = (
+    "enwik8",
+    "enwiki",
+    "pile_subset",
+    "pile",
+    "github",
+    "arxiv",
+    "europarl",
+    "freelaw",
+    "nih",
+    "pubmed",
+    "books1",
+    "books3",
+    "hackernews",
+    "openwebtext2",
+    "stackexchange",
+    "ubuntu_irc",
+    "youtube_subtitles",
+    "c4",
+    "c4_openwebtext",
+)
+EMBEDDED = "stdlib"
+
+EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "idle_test"}
+TEST_DIRS = {"test", "tests"}
+
+
+def stdlib_dir() -> str:
+    """The interpreter's standard-library directory (``sysconfig``'s ``stdlib`` path)."""
+    return sysconfig.get_paths()["stdlib"]
+
+
+def stdlib_sources(root: str, include_tests: bool = False) -> Iterator[tuple[str, str]]:
+    """``(relative path, source)`` of every ``.py`` file under ``root`` in sorted order."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        skip = EXCLUDED_DIRS | (set() if include_tests else TEST_DIRS)
+        dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.startswith("."))
+        found.extend(os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith(".py"))
+    for rel in sorted(found):
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+            yield rel, f.read()
+
+
+def build_stdlib_corpus(output: str, max_docs: int | None = None, include_tests: bool = False) -> tuple[int, int]:
+    """Write the corpus to ``output`` (atomically); returns ``(documents, bytes of text)``."""
+    root = stdlib_dir()
+    if not os.path.isdir(root):
+        raise ValueError(f"standard library directory {root} not found")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    tmp = output + ".partial"
+    docs = nbytes = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rel, text in stdlib_sources(root, include_tests):
+            if not text.strip():
+                continue
+            f.write(json.dumps({"text": text, "meta": {"path": rel}}, ensure_ascii=False) + "\n")
+            docs += 1
+            nbytes += len(text.encode("utf-8"))
+            if max_docs is not None and docs >= max_docs:
+                break
+    if docs == 0:
+        os.remove(tmp)
+        raise ValueError(f"no Python sources found under {root}")
+    os.replace(tmp, output)
+    return docs, nbytes
+
+
+@dataclass
+class PreparedDataset:
+    """What ``prepare_dataset`` tokenized and wrote."""
+
+    name: str
+    inputs: list[str]
+    output_prefix: str  # ``<data_dir>/<name>/<name>_text_document``
+    result: PreprocessResult
+
+
+def _local_inputs(path: str) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    return sorted(
+        os.path.join(dirpath, f)
+        for dirpath, _, files in os.walk(path)
+        for f in files
+        if f.endswith(SUFFIXES) and not f.endswith(".partial")
+    )
+
+
+def _resolve(dataset: str, data_dir: str, force_redownload: bool, max_docs: int | None) -> tuple[str, list[str]]:
+    """``(name, input files)`` for a dataset name or a local path."""
+    if dataset == EMBEDDED:
+        corpus = os.path.join(data_dir, EMBEDDED, f"{EMBEDDED}.jsonl")
+        if not os.path.isfile(corpus) or force_redownload or max_docs is not None:
+            build_stdlib_corpus(corpus, max_docs)
+        return EMBEDDED, [corpus]
+    if os.path.exists(dataset):
+        inputs = _local_inputs(dataset)
+        if not inputs:
+            raise ValueError(f"{dataset}: no input files in it (valid suffixes: {', '.join(SUFFIXES)})")
+        name = os.path.basename(os.path.normpath(dataset))
+        for suffix in SUFFIXES:
+            name = name.removesuffix(suffix)
+        return name, inputs
+    if dataset in REMOTE_DATASETS:
+        folder = os.path.join(data_dir, dataset)
+        inputs = _local_inputs(folder) if os.path.isdir(folder) else []
+        if inputs and not force_redownload:
+            return dataset, inputs
+        raise ValueError(
+            f"dataset {dataset!r} has to be downloaded, and neox-forge does not download datasets (this machine may "
+            f"have no network): put its documents ({', '.join(SUFFIXES)}) in {folder}/ and run again, pass a local "
+            f"file or folder instead of the name, or use {EMBEDDED!r} (the embedded corpus)"
+        )
+    close = difflib.get_close_matches(dataset, [EMBEDDED, *REMOTE_DATASETS], n=3)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ValueError(
+        f"unknown dataset {dataset!r}: not a local file or folder, and not one of {EMBEDDED}, "
+        f"{', '.join(REMOTE_DATASETS)}{hint}"
+    )
+
+
+def prepare_dataset(
+    dataset_name: str,
+    tokenizer_type: str = "GPT2BPETokenizer",
+    data_dir: str | None = None,
+    vocab_file: str | None = None,
+    merge_file: str | None = None,
+    force_redownload: bool = False,
+    workers: int = 1,
+    max_docs: int | None = None,
+) -> PreparedDataset:
+    """GPT-NeoX's ``prepare_dataset``: tokenize into ``<data_dir>/<name>/<name>_text_document.{bin,idx}`` with an EOD
+    after each document. GPT-2's vocab/merges default to ``<data_dir>/gpt2-vocab.json`` / ``gpt2-merges.txt``."""
+    data_dir = data_dir or "data"
+    if tokenizer_type == "GPT2BPETokenizer":
+        vocab_file = vocab_file or os.path.join(data_dir, "gpt2-vocab.json")
+        merge_file = merge_file or os.path.join(data_dir, "gpt2-merges.txt")
+        missing = [p for p in (vocab_file, merge_file) if not os.path.isfile(p)]
+        if missing:
+            raise ValueError(
+                f"GPT2BPETokenizer needs GPT-2's vocab and merges files, not found: {', '.join(missing)} (neox-forge "
+                "does not download them): pass -v/--vocab-file and -m/--merge-file, or another --tokenizer"
+            )
+    name, inputs = _resolve(dataset_name, data_dir, force_redownload, max_docs)
+    prefix = os.path.join(data_dir, name, name)
+    cfg = PreprocessConfig(
+        inputs=inputs,
+        output_prefix=prefix,
+        tokenizer_type=tokenizer_type,
+        vocab_file=vocab_file,
+        merge_file=merge_file,
+        append_eod=True,
+        workers=workers,
+    )
+    folder = os.path.dirname(prefix)
+    created = not os.path.isdir(folder)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        result = preprocess(cfg)
+    except BaseException:
+        if created and not os.listdir(folder):
+            os.rmdir(folder)  # leave nothing behind on bad input
+        raise
+    return PreparedDataset(name, inputs, f"{prefix}_text_document", result)

@@ -1,0 +1,98 @@
+"""``deepy.py --plan SCRIPT a.yml [b.yml ...] [--gpus N ...] [--json] [--key value ...]``: print the plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from megatron.launcher.cli import parse_deepy_args
+from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.loader import apply_overrides, merge_config_files
+from megatron.neox_arguments.neox_args import KNOWN_KEYS
+from megatron.planner.inputs import Hardware, parse_bytes
+from megatron.planner.plan import build_plan
+from megatron.planner.report import format_plan, plan_to_json
+
+FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX configs use
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="deepy.py --plan",
+        usage="deepy.py --plan SCRIPT CONFIG [CONFIG ...] [planner flags] [--key value ...]",
+        description="Print a memory and throughput plan for the configs (docs/planner.md); launches nothing.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--plan", action="store_true", help="plan instead of launching")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs in all (default: the config's, else TP x PP)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu-memory", default="40GB", help="memory per GPU, e.g. 40GB, 80GiB")
+    p.add_argument("--peak-tflops", type=float, default=312.0, help="peak TFLOP/s per GPU in the training dtype")
+    p.add_argument("--intra-node-GBps", type=float, default=300.0, help="GB/s between GPUs of a node")
+    p.add_argument("--inter-node-GBps", type=float, default=25.0, help="GB/s per GPU between nodes")
+    p.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: read the tokenizer)")
+    p.add_argument("--kv-batch", type=int, default=1, help="sequences for the generation KV-cache estimate")
+    p.add_argument("--kv-tokens", type=int, default=None, help="tokens per sequence (default: seq_length)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return p
+
+
+def _default_gpus(files: list[str], overrides: dict[str, Any]) -> int:
+    merged = merge_config_files(files, KNOWN_KEYS)
+    apply_overrides(merged, overrides, KNOWN_KEYS, "the command line")
+    v = merged.values
+    if v.get("global_num_gpus"):
+        return int(v["global_num_gpus"])
+    if v.get("num_gpus"):
+        return int(v["num_gpus"]) * max(int(v.get("num_nodes") or 1), 1)
+    return int(v.get("model_parallel_size") or 1) * max(int(v.get("pipe_parallel_size") or 0), 1)
+
+
+def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
+    """Set ``padded_vocab_size`` as training would (from the tokenizer unless ``vocab_size`` is given).
+
+    A tokenizer that cannot be read (e.g. a vocab_file path on the training cluster) falls back to the
+    GPT-NeoX-20B tokenizer's size; the returned note says so.
+    """
+    from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
+
+    notes = []
+    if vocab_size is not None and vocab_size <= 0:
+        raise ConfigError(f"--vocab-size {vocab_size}: must be > 0")
+    if vocab_size is None:
+        try:
+            vocab_size = int(build_tokenizer(TokenizerConfig.from_neox_args(args)).vocab_size)
+        except (OSError, ValueError) as e:
+            notes.append(f"tokenizer not readable ({e}); assumed {FALLBACK_VOCAB} tokens, pass --vocab-size N")
+            vocab_size = FALLBACK_VOCAB
+    tp = int(args.model_parallel_size or 1)
+    args.update_value("padded_vocab_size", padded_vocab_size(vocab_size, int(args.make_vocab_size_divisible_by), tp))
+    return notes
+
+
+def plan_main(argv: list[str]) -> int:
+    """Parse, plan, print; raises ConfigError for bad input (deepy prints it and exits 2)."""
+    ns, rest = _parser().parse_known_args(argv)
+    cli = parse_deepy_args(rest)
+    for flag, value in (("--kv-batch", ns.kv_batch), ("--kv-tokens", ns.kv_tokens or 1), ("--gpus", ns.gpus or 1)):
+        if value <= 0:
+            raise ConfigError(f"{flag} {value}: must be > 0")
+    gpus = ns.gpus or _default_gpus(cli.config_files, cli.overrides)
+    args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "global_num_gpus": gpus})
+    hw = Hardware(
+        gpus=gpus,
+        gpus_per_node=ns.gpus_per_node,
+        gpu_memory_bytes=parse_bytes(ns.gpu_memory),
+        peak_tflops=ns.peak_tflops,
+        intra_node_GBps=ns.intra_node_GBps,
+        inter_node_GBps=ns.inter_node_GBps,
+    )
+    notes = [] if ns.gpus else [f"--gpus not given: planning for {gpus} GPUs"]
+    notes += set_padded_vocab(args, ns.vocab_size)
+    try:
+        plan = build_plan(args, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
+    except ValueError as e:  # the model config refuses the shape
+        raise ConfigError(str(e)) from None
+    print(json.dumps(plan_to_json(plan), indent=2) if ns.json else format_plan(plan), flush=True)
+    return 0

@@ -1,0 +1,130 @@
+"""What the planner reads: the hardware (command line) and the training setup (the resolved config)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from megatron.neox_arguments.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
+_UNITS.update({"gib": 2**30, "tib": 2**40})
+
+# Adam-family moments are two fp32 tensors per parameter; the others keep fewer.
+OPTIMIZER_STATE_FLOATS = {"adam": 2, "adamw": 2, "cpu_adam": 2, "cpu_torch_adam": 2, "onebitadam": 2, "lamb": 2}
+OPTIMIZER_STATE_FLOATS.update({"lion": 1, "sgd": 1, "madgrad_wd": 3, "sm3": 1})
+
+
+def parse_bytes(text: str, what: str = "--gpu-memory") -> int:
+    """``40GB`` / ``80GiB`` / ``512MB`` / a plain number of bytes → bytes (GB = 10^9, GiB = 2^30)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"{what} {text!r}: expected a positive size such as 40GB, 80GiB or 512MB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The cluster the plan is for (defaults: A100-40GB nodes of 8 with NVLink and 200 Gb/s InfiniBand)."""
+
+    gpus: int
+    gpus_per_node: int = 8
+    gpu_memory_bytes: int = 40 * 10**9
+    peak_tflops: float = 312.0
+    intra_node_GBps: float = 300.0
+    inter_node_GBps: float = 25.0
+
+    def check(self) -> None:
+        """Raise ConfigError naming the flag when a value is not positive."""
+        values = {
+            "--gpus": self.gpus,
+            "--gpus-per-node": self.gpus_per_node,
+            "--peak-tflops": self.peak_tflops,
+            "--intra-node-GBps": self.intra_node_GBps,
+            "--inter-node-GBps": self.inter_node_GBps,
+        }
+        bad = [f"{flag} {value}: must be > 0" for flag, value in values.items() if not value > 0]
+        if bad:
+            raise ConfigError(bad)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """The config values the memory and time models read (flat GPT-NeoX names, resolved)."""
+
+    precision: str  # fp16, bfloat16 or fp32
+    zero_stage: int
+    tp: int
+    pp: int  # pipe_parallel_size as configured (0: no PipelineModule)
+    dp: int
+    micro_batch: int
+    gas: int
+    train_batch: int
+    seq_length: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    padded_vocab_size: int
+    checkpoint_activations: bool
+    checkpoint_num_layers: int
+    partition_activations: bool
+    sequence_parallel: bool
+    flash_attention: bool
+    optimizer_type: str
+    grad_accum_fp32: bool
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    overlap_comm: bool
+    param_persistence_threshold: int
+    prefetch_bucket_size: int
+    offload: tuple[str, ...]  # ZeRO offload sections set (offload_optimizer, offload_param)
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages (1 without a pipeline)."""
+        return max(self.pp, 1)
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per parameter (and activation element) in the training precision."""
+        return 4 if self.precision == "fp32" else 2
+
+    @classmethod
+    def from_neox_args(cls, args: Any) -> TrainingSetup:
+        """Read a resolved NeoXArgs (``padded_vocab_size`` set)."""
+        zero = dict(args.zero_optimization or {})
+        heads = int(args.num_attention_heads)
+        attention = [str(t) for t in (getattr(args, "attention_config", None) or [])]
+        data_types = getattr(args, "data_types", None) or {}
+        return cls(
+            precision=str(args.precision),
+            zero_stage=int(args.zero_stage),
+            tp=int(args.model_parallel_size or 1),
+            pp=int(args.pipe_parallel_size or 0),
+            dp=int(args.dp_world_size),
+            micro_batch=int(args.train_micro_batch_size_per_gpu),
+            gas=int(args.gradient_accumulation_steps or 1),
+            train_batch=int(args.train_batch_size),
+            seq_length=int(args.seq_length),
+            hidden_size=int(args.hidden_size),
+            num_layers=int(args.num_layers),
+            num_heads=heads,
+            num_kv_heads=int(getattr(args, "num_kv_heads", None) or heads),
+            padded_vocab_size=int(args.padded_vocab_size),
+            checkpoint_activations=bool(args.checkpoint_activations),
+            checkpoint_num_layers=max(int(args.checkpoint_num_layers or 1), 1),
+            partition_activations=bool(args.partition_activations),
+            sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+            flash_attention=bool(attention) and all(t == "flash" for t in attention),
+            optimizer_type=str(args.optimizer_type or "adam").lower(),
+            grad_accum_fp32=str(data_types.get("grad_accum_dtype", "")).lower() in ("fp32", "float32"),
+            reduce_bucket_size=int(zero.get("reduce_bucket_size", 5 * 10**8)),
+            allgather_bucket_size=int(zero.get("allgather_bucket_size", 5 * 10**8)),
+            overlap_comm=bool(zero.get("overlap_comm", False)),
+            param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
+            prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
+            offload=tuple(k for k in ("offload_optimizer", "offload_param") if zero.get(k)),
+        )

@@ -1,0 +1,168 @@
+"""Per-rank training memory: weights, gradients, fp32 master weights, optimizer states, activations, buffers.
+
+Bytes per parameter follow what DeepSpeed allocates for the configured precision and ZeRO stage:
+
+* fp16 and bf16 (any stage): 16-bit weights and gradients, fp32 master weights and optimizer
+  states; ZeRO-1 shards master + states over the DP ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights
+  (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard,
+  when there is more than one DP rank).
+* fp32: the optimizer steps the weights themselves at ZeRO-0; ZeRO-1/2/3 still keep an fp32 copy of the rank's
+  partition (measured with DeepSpeed's CPU accelerator).
+* bf16 with a pipeline and ZeRO-0, or ZeRO-1 with fp32 gradient accumulation: DeepSpeed's BF16 optimizer (fp32
+  master and states sharded over DP, fp32 gradients); without a pipeline ZeRO-0 bf16 is like fp16.
+
+Activations per micro-batch and transformer layer on one TP rank (Korthikanti et al. 2022, 16-bit):
+``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
+attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
+``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
+``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from megatron.planner.inputs import OPTIMIZER_STATE_FLOATS, TrainingSetup
+from megatron.planner.params import StageParams
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Where each parameter's bytes live and whether they are sharded over the DP ranks."""
+
+    weights: int
+    grads: int
+    master: int
+    states: int
+    grads_sharded: bool
+    master_sharded: bool
+
+
+def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
+    """The DeepSpeed optimizer layout for the setup's precision, ZeRO stage and optimizer."""
+    floats = OPTIMIZER_STATE_FLOATS.get(setup.optimizer_type, 2)
+    w, zero = setup.param_bytes, setup.zero_stage
+    bf16_optimizer = (zero == 0 and setup.pp >= 1) or (zero == 1 and setup.grad_accum_fp32)
+    if setup.precision == "bfloat16" and bf16_optimizer:  # DeepSpeed's BF16_Optimizer
+        return BytesPerParam(w, FP32, FP32, floats * FP32, False, True)
+    master = 0 if setup.precision == "fp32" and zero == 0 else FP32
+    return BytesPerParam(w, w, master, floats * FP32, zero >= 2, zero >= 1)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes one rank (of one pipeline stage) holds during training."""
+
+    stage: int
+    parameters: int
+    gradients: int
+    master_weights: int
+    optimizer_states: int
+    activations: int
+    communication_buffers: int
+    activations_per_micro_batch: dict[str, int]
+    micro_batches_in_flight: int
+
+    @property
+    def param_optimizer(self) -> int:
+        """Parameters + master weights + optimizer states (what training reports as param_optimizer_bytes)."""
+        return self.parameters + self.master_weights + self.optimizer_states
+
+    @property
+    def total(self) -> int:
+        """Everything above."""
+        return self.param_optimizer + self.gradients + self.activations + self.communication_buffers
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data, with the derived totals."""
+        return {**asdict(self), "param_optimizer": self.param_optimizer, "total": self.total}
+
+
+def _layer_activation_bytes(setup: TrainingSetup) -> dict[str, float]:
+    s, b, h, a, t = setup.seq_length, setup.micro_batch, setup.hidden_size, setup.num_heads, setup.tp
+    scale = setup.param_bytes / 2  # the formula counts 16-bit activations
+    scores = 0.0 if setup.flash_attention else 5.0 * a * s / (h * t)
+    replicated = 10.0 / t if setup.sequence_parallel else 10.0  # layer norms and dropouts, split by SP
+    full = s * b * h * (replicated + 24.0 / t + scores) * scale
+    checkpoint = 2.0 * s * b * h * scale
+    return {"full": full, "checkpoint": checkpoint, "partitioned": checkpoint / t}
+
+
+def activation_bytes(setup: TrainingSetup, layers: int, last_stage: bool) -> dict[str, int]:
+    """One micro-batch's activations on a stage with ``layers`` transformer layers, three ways.
+
+    ``*_kept`` entries are what a micro-batch keeps while it waits for its backward pass; the others add what the
+    micro-batch in its backward pass needs on top (the recomputed block, the logits on the last stage).
+    """
+    per = _layer_activation_bytes(setup)
+    c = min(setup.checkpoint_num_layers, max(layers, 1))
+    blocks = math.ceil(layers / c)
+    logits = 0.0
+    if last_stage:  # 16-bit logits and the fp32 copy the cross entropy works on
+        logits = setup.seq_length * setup.micro_batch * setup.padded_vocab_size / setup.tp * (setup.param_bytes + 4)
+    kept = {
+        "no_checkpointing": layers * per["full"],
+        "checkpointing": blocks * per["checkpoint"],
+        "checkpointing_partitioned": blocks * per["partitioned"],
+    }
+    working = {"no_checkpointing": logits, "checkpointing": c * per["full"] + logits}
+    working["checkpointing_partitioned"] = working["checkpointing"]
+    out = {k: int(v + working[k]) for k, v in kept.items()}
+    out.update({f"{k}_kept": int(v) for k, v in kept.items()})
+    return out
+
+
+def _buffers(setup: TrainingSetup, held: int, layout: BytesPerParam) -> int:
+    """ZeRO's gradient-reduce and all-gather buckets (at most the rank's parameters), DeepSpeed's defaults."""
+    if setup.dp == 1 and setup.zero_stage == 0:
+        return 0
+    reduce = min(setup.reduce_bucket_size, held) * layout.grads * (2 if setup.overlap_comm else 1)
+    if setup.zero_stage == 3:
+        return reduce + min(setup.prefetch_bucket_size, held) * layout.weights
+    if setup.zero_stage in (1, 2):
+        return reduce + min(setup.allgather_bucket_size, held) * layout.weights
+    return min(setup.reduce_bucket_size, held) * layout.grads  # DeepSpeed's all-reduce bucket
+
+
+def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMemory:
+    """The memory of one rank of pipeline ``stage`` holding ``params``."""
+    layout = bytes_per_param(setup)
+    held, dp = params.total, setup.dp
+    shard = math.ceil(held / dp)
+    if setup.zero_stage == 3 and dp > 1:  # at dp=1 the partition is the parameter itself
+        persistent = sum(n for n in params.numels if n <= setup.param_persistence_threshold)
+        weights = (persistent + shard) * layout.weights
+    else:
+        weights = held * layout.weights
+    states_on_rank = shard if layout.master_sharded else held
+    in_flight = min(setup.stages - stage, setup.gas) if setup.pp >= 1 else 1
+    per_mb = activation_bytes(setup, params.num_layers, stage == setup.stages - 1)
+    key = "no_checkpointing"
+    if setup.checkpoint_activations:
+        key = "checkpointing_partitioned" if setup.partition_activations else "checkpointing"
+    return RankMemory(
+        stage=stage,
+        parameters=weights,
+        gradients=(shard if layout.grads_sharded else held) * layout.grads,
+        master_weights=states_on_rank * layout.master,
+        optimizer_states=states_on_rank * layout.states,
+        activations=(in_flight - 1) * per_mb[f"{key}_kept"] + per_mb[key],
+        communication_buffers=_buffers(setup, held, layout),
+        activations_per_micro_batch=per_mb,
+        micro_batches_in_flight=in_flight,
+    )
+
+
+def training_state_bytes(setup: TrainingSetup, total_params: int) -> int:
+    """Weights + gradients + master weights + optimizer states of the whole model before any sharding."""
+    layout = bytes_per_param(setup)
+    return total_params * (layout.weights + layout.grads + layout.master + layout.states)
+
+
+def kv_cache_bytes(setup: TrainingSetup, batch: int, tokens: int) -> int:
+    """Keys and values of every layer for ``batch`` sequences of ``tokens`` in 16-bit (the whole model)."""
+    kv_width = setup.hidden_size * setup.num_kv_heads // setup.num_heads
+    return 2 * setup.num_layers * batch * tokens * kv_width * 2

@@ -1,0 +1,110 @@
+"""The plan: exact parameter counts, per-rank memory of every pipeline stage, layout, step estimate, warnings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments.errors import ConfigError
+from megatron.planner.inputs import Hardware, TrainingSetup
+from megatron.planner.layout import GroupPlacement, group_placements
+from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
+from megatron.planner.params import ParamCounts, count_params
+from megatron.planner.throughput import StepEstimate, estimate_step
+
+BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
+GB = 1e9
+
+
+@dataclass
+class Plan:
+    """Everything ``deepy.py --plan`` prints."""
+
+    hardware: Hardware
+    setup: TrainingSetup
+    params: ParamCounts
+    ranks: list[RankMemory]  # one per pipeline stage
+    placements: list[GroupPlacement]
+    step: StepEstimate
+    training_state_bytes: int
+    weights_16bit_bytes: int
+    kv_cache: dict[str, int]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def worst(self) -> RankMemory:
+        """The rank that needs the most memory."""
+        return max(self.ranks, key=lambda r: r.total)
+
+    @property
+    def fits(self) -> bool:
+        """Every rank's estimate is within the GPU memory."""
+        return self.worst.total <= self.hardware.gpu_memory_bytes
+
+
+def _check_world(setup_tp: int, stages: int, hw: Hardware) -> None:
+    if hw.gpus % (setup_tp * stages):
+        raise ConfigError(
+            f"--gpus {hw.gpus} is not divisible by model_parallel_size x pipeline stages = {setup_tp * stages}"
+        )
+
+
+def _warnings(plan: Plan) -> list[str]:
+    out = []
+    hw, setup, worst = plan.hardware, plan.setup, plan.worst
+    if not plan.fits:
+        out.append(
+            f"does not fit: a stage-{worst.stage} rank needs {worst.total / GB:.1f} GB but the GPU has "
+            f"{hw.gpu_memory_bytes / GB:.1f} GB (raise the ZeRO stage, enable checkpoint_activations, lower "
+            "train_micro_batch_size_per_gpu, or add tensor/pipeline parallelism)"
+        )
+    for p in plan.placements:
+        if p.axis == "tensor" and not p.inside_node:
+            out.append(f"tensor-parallel groups span {p.nodes_spanned} nodes: every layer's all-reduces cross nodes")
+        if p.axis == "pipe" and not p.inside_node:
+            out.append(
+                f"pipeline groups span {p.nodes_spanned} nodes: stage-to-stage activations cross the inter-node "
+                "network (the topology puts pipe outermost, data-parallel replicas between stages)"
+            )
+    if setup.offload:
+        out.append(
+            f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
+        )
+    bubble = (setup.stages - 1) / setup.gas
+    if bubble > BUBBLE_WARNING:
+        out.append(
+            f"pipeline bubble: {setup.gas} micro-batches over {setup.stages} stages idle {100 * bubble:.0f}% of the "
+            "compute; raise gradient_accumulation_steps (>= 4 x stages keeps it small)"
+        )
+    return out
+
+
+def build_plan(
+    args: Any, hw: Hardware, *, kv_batch: int = 1, kv_tokens: int | None = None, notes: list[str] | None = None
+) -> Plan:
+    """Plan a resolved NeoXArgs (``padded_vocab_size`` set, ``global_num_gpus == hw.gpus``) on ``hw``."""
+    hw.check()
+    setup = TrainingSetup.from_neox_args(args)
+    _check_world(setup.tp, setup.stages, hw)
+    cfg = GPTModelConfig.from_neox_args(args)
+    params = count_params(cfg, setup.tp, setup.pp, getattr(args, "pipe_partition_method", None))
+    ranks = [rank_memory(setup, i, stage) for i, stage in enumerate(params.stages)]
+    placements = group_placements(setup.tp, setup.stages, setup.dp, hw.gpus_per_node)
+    busiest = max(params.stages, key=lambda s: s.total)
+    step = estimate_step(setup, hw, placements, busiest.total, max(s.num_layers for s in params.stages))
+    tokens = kv_tokens or setup.seq_length
+    kv = kv_cache_bytes(setup, kv_batch, tokens)
+    plan = Plan(
+        hardware=hw,
+        setup=setup,
+        params=params,
+        ranks=ranks,
+        placements=placements,
+        step=step,
+        training_state_bytes=training_state_bytes(setup, params.total),
+        weights_16bit_bytes=2 * params.total,
+        kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
+    )
+    plan.warnings = list(notes or []) + _warnings(plan)
+    return plan

@@ -1,0 +1,104 @@
+"""The plan as a human-readable table or as JSON (same numbers, bytes and seconds unrounded in JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from megatron.planner.plan import Plan
+
+GB = 1e9
+MEMORY_ROWS = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("master_weights", "fp32 master weights"),
+    ("optimizer_states", "optimizer states"),
+    ("activations", "activations (in flight)"),
+    ("communication_buffers", "communication buffers"),
+)
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """Plain data for ``--json``."""
+    setup = plan.setup
+    return {
+        "hardware": asdict(plan.hardware),
+        "parameters": {
+            "total": plan.params.total,
+            "embedding": plan.params.embedding,
+            "per_rank_by_stage": [s.total for s in plan.params.stages],
+            "layers_by_stage": [s.num_layers for s in plan.params.stages],
+        },
+        "layout": {
+            "gpus": plan.hardware.gpus,
+            "tensor_parallel": setup.tp,
+            "pipeline_stages": setup.stages,
+            "data_parallel": setup.dp,
+            "zero_stage": setup.zero_stage,
+            "precision": setup.precision,
+            "micro_batch": setup.micro_batch,
+            "gradient_accumulation_steps": setup.gas,
+            "train_batch_size": setup.train_batch,
+            "groups": [p.to_dict() for p in plan.placements],
+        },
+        "memory": {
+            "training_state_bytes": plan.training_state_bytes,
+            "weights_16bit_bytes": plan.weights_16bit_bytes,
+            "kv_cache": plan.kv_cache,
+            "gpu_memory_bytes": plan.hardware.gpu_memory_bytes,
+            "fits": plan.fits,
+            "worst_stage": plan.worst.stage,
+            "per_rank": [r.to_dict() for r in plan.ranks],
+        },
+        "throughput": plan.step.to_dict(),
+        "warnings": plan.warnings,
+    }
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.2f} GB"
+
+
+def format_plan(plan: Plan) -> str:
+    """The table ``deepy.py --plan`` prints."""
+    s, hw, step = plan.setup, plan.hardware, plan.step
+    lines = [
+        "==================== neox-forge plan ====================",
+        f"parameters          {plan.params.total:,} ({plan.params.total / 1e9:.2f}B; embedding {plan.params.embedding:,})",
+        f"training state      {_gb(plan.training_state_bytes)} before sharding (weights, grads, master, optimizer)",
+        f"16-bit weights      {_gb(plan.weights_16bit_bytes)}",
+        f"KV cache            {_gb(plan.kv_cache['bytes'])} at batch {plan.kv_cache['batch']} x "
+        f"{plan.kv_cache['tokens']} tokens ({_gb(plan.kv_cache['per_rank_bytes'])} per model-parallel rank)",
+        "",
+        f"layout              {hw.gpus} GPUs ({hw.gpus_per_node} per node) = TP {s.tp} x PP {s.stages} x DP {s.dp}; "
+        f"ZeRO-{s.zero_stage} over {s.dp} DP ranks; {s.precision}",
+        f"batch               {s.micro_batch} per GPU x {s.gas} micro-batches x {s.dp} = {s.train_batch} samples "
+        f"of {s.seq_length} tokens",
+    ]
+    for p in plan.placements:
+        where = "inside a node" if p.inside_node else f"spans {p.nodes_spanned} nodes"
+        lines.append(f"  {p.axis:<8} groups    size {p.size:<4} stride {p.stride:<5} {where}")
+    lines += ["", "per-rank memory     " + "".join(f"{'stage ' + str(r.stage):>14}" for r in plan.ranks)]
+    for key, label in MEMORY_ROWS:
+        lines.append(f"  {label:<24}" + "".join(f"{_gb(getattr(r, key)):>14}" for r in plan.ranks))
+    lines.append(f"  {'total':<24}" + "".join(f"{_gb(r.total):>14}" for r in plan.ranks))
+    lines.append(f"  {'of GPU memory':<24}" + "".join(f"{r.total / hw.gpu_memory_bytes:>14.0%}" for r in plan.ranks))
+    worst = plan.worst
+    per_mb = worst.activations_per_micro_batch
+    lines += [
+        f"activations / micro-batch (stage {worst.stage}, {worst.micro_batches_in_flight} in flight): "
+        f"no checkpointing {_gb(per_mb['no_checkpointing'])}, checkpointing {_gb(per_mb['checkpointing'])}, "
+        f"checkpointing + partitioned {_gb(per_mb['checkpointing_partitioned'])}",
+        "",
+        f"FLOPs per step      {step.model_flops:.3e} model, {step.hardware_flops:.3e} hardware (GPT-NeoX formula)",
+        f"step time           {step.step_s:.2f} s = compute {step.compute_s:.2f} + bubble {step.bubble_s:.2f} + TP "
+        f"{step.tensor_comm_s:.2f} + PP {step.pipe_comm_s:.2f} + DP {step.data_comm_s:.2f} "
+        f"(at {hw.peak_tflops:g} TFLOP/s peak, no overlap)",
+        f"throughput          {step.tokens_per_s:,.0f} tokens/s, MFU {100 * step.mfu:.1f}% (upper bound)",
+    ]
+    lines += [
+        "",
+        f"fits                {'yes' if plan.fits else 'NO'} ({_gb(worst.total)} of {_gb(hw.gpu_memory_bytes)})",
+    ]
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)
