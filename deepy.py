@@ -26,7 +26,6 @@ from megatron.launcher.launch import (
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
 from megatron.neox_arguments import ConfigError, NeoXArgs
-from megatron.planner.cli import plan_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if "--plan" in argv:  # memory and throughput plan, no launch (docs/planner.md)
+            from megatron.planner.cli import plan_main  # imports DeepSpeed: not before deepy has set DS_ACCELERATOR
+
             return plan_main(argv)
         cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
