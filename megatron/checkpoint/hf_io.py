@@ -113,6 +113,9 @@ def export_hf(
     except ValueError as e:
         raise CheckpointError(f"cannot export to {architecture}: {e}") from None
     hf_config.dtype = dtype
+    if "score.weight" in hf_sd:  # reward model: one score per sequence, read at the last non-pad token
+        hf_config.architectures = [hf_config.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
+        hf_config.num_labels = 1
     if cfg.tied_embeddings:
         hf_sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
     tensors = {}

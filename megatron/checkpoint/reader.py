@@ -193,6 +193,10 @@ def check_against_config(
     ``inv_freq``).
     """
     expected = full_shapes(cfg)
+    rm_key = f"sequential.{cfg.num_layers + 4}.rm_linear.weight"
+    if rm_key in state_dict:  # a reward model (train_impl: rm): rm_linear (hidden -> 1) replaces the LM head
+        expected = {k: v for k, v in expected.items() if not k.endswith("final_linear.weight")}
+        expected[rm_key] = (1, cfg.hidden_size)
     state_dict = {k: v for k, v in state_dict.items() if k in expected or not k.endswith(BENIGN_EXTRAS)}
     got = {k: tuple(v.shape) for k, v in state_dict.items()}
     missing = sorted(set(expected) - set(got))

@@ -286,19 +286,23 @@ def neox_to_hf_state_dict(
         return sd[key]
 
     emb = take("sequential.0.word_embeddings.weight")
-    head = emb if cfg.tied_embeddings else take(f"sequential.{L + 4}.final_linear.weight")
+    head_name, rm_key = "lm_head.weight", f"sequential.{L + 4}.rm_linear.weight"
+    if rm_key in sd:  # a reward model (train_impl: rm): HF's *ForSequenceClassification head ``score``
+        head_name, head = "score.weight", sd[rm_key]
+    else:
+        head = emb if cfg.tied_embeddings else take(f"sequential.{L + 4}.final_linear.weight")
     if architecture == "neox":
         prefix = "gpt_neox.layers.{}."
         out["gpt_neox.embed_in.weight"] = emb
         out["gpt_neox.final_layer_norm.weight"] = take(f"sequential.{L + 3}.norm.weight")
         bias = sd.get(f"sequential.{L + 3}.norm.bias")
         out["gpt_neox.final_layer_norm.bias"] = bias if bias is not None else torch.zeros_like(emb[0])
-        out["lm_head.weight"] = head
+        out[head_name] = head
     else:
         prefix = "model.layers.{}."
         out["model.embed_tokens.weight"] = emb
         out["model.norm.weight"] = take(f"sequential.{L + 3}.norm.scale")
-        out["lm_head.weight"] = head
+        out[head_name] = head
     for i in range(L):
         src, dst = f"sequential.{i + 2}.", prefix.format(i)
         for neox_name, hf_name in _layer_map(architecture):

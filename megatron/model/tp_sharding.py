@@ -33,7 +33,7 @@ def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[in
             kv = cfg.kv_heads * cfg.head_dim
             return 0, (cfg.hidden_size, kv, kv)
         return 0, None
-    if name.endswith("attention.dense.weight") or name.endswith("mlp.linear2.weight"):
+    if name.endswith(("attention.dense.weight", "mlp.linear2.weight", "rm_linear.weight")):
         return 1, None
     if "mlp.linear1." in name:
         return 0, ((cfg.mlp_sizes[0] // 2,) * 2 if cfg.is_gated else None)

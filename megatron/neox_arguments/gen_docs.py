@@ -15,7 +15,7 @@ from pathlib import Path
 from megatron.neox_arguments.fields import field_doc
 from megatron.neox_arguments.sections import SECTIONS
 from megatron.neox_arguments.types import describe
-from megatron.neox_arguments.unsupported import UNSUPPORTED_KEYS
+from megatron.neox_arguments.unsupported import IGNORED_KEYS, UNSUPPORTED_KEYS
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "neox_arguments.md"
 
@@ -36,7 +36,7 @@ def render() -> str:
         f"{total} keys, GPT-NeoX's names and defaults. In config files `-` and `_` are interchangeable in "
         "top-level keys; any key can be overridden on the deepy.py command line with `--key value`. "
         "*derived*: computed by `derive()` when unset. *not supported yet*: accepted with its default value "
-        "only. How loading, merging, validation and launching work: [configuration.md](configuration.md).",
+        "only. *ignored*: accepted, a non-default value is logged as ignored. How loading, merging, validation and launching work: [configuration.md](configuration.md).",
         "",
     ]
     for name, cls in SECTIONS.items():
@@ -48,6 +48,8 @@ def render() -> str:
                 tags.append("derived")
             if f.name in UNSUPPORTED_KEYS:
                 tags.append(f"not supported yet: {UNSUPPORTED_KEYS[f.name]}")
+            if f.name in IGNORED_KEYS:
+                tags.append(f"ignored, with a warning: {IGNORED_KEYS[f.name]}")
             tag = f" *({'; '.join(tags)})*" if tags else ""
             out += [
                 f"### `{f.name}`{tag}",

@@ -132,7 +132,7 @@ class NeoXArgs:
             raise ConfigError(problems)
         if resolved["zero_stage"] != ((checked.get("zero_optimization") or {}).get("stage") or 0):
             logger.warning(PIPE_FP16_ZERO_NOTE)
-        for note in ignored_warnings(resolved, defaults):
+        for note in ignored_warnings(resolved, defaults, origins):
             logger.warning(note)
         if env.on_cpu and resolved["precision"] == "fp16":
             logger.warning("fp16 has no CPU kernels: DeepSpeed refuses fp16 on a CPU-only machine; use bf16 or fp32")

@@ -67,7 +67,22 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "comet_others",
         )
     },
-    "s3_path": "S3 checkpoint upload",
+    **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
+    **{k: "parameter sharing across layers" for k in ("num_unique_layers", "param_sharing_style")},
+    **{
+        k: "REINFORCE (needs an online data server)"
+        for k in (
+            "fp32_reinforce",
+            "kl_impl",
+            "kl_div_beta",
+            "reinforce_leave_one_out",
+            "online_dataserver_ips",
+            "online_dataserver_ports",
+            "serve_model_weights",
+            "weight_server_port",
+        )
+    },
+    "precompute_model_name": "precomputed reference log-probs (text_gen_type: precompute)",
     "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "autotuning": "DeepSpeed autotuning",
@@ -80,12 +95,30 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "sparse_attention": "DeepSpeed sparse attention (removed from DeepSpeed)",
 }
 
+_FP16_BLOCK = "DeepSpeed reads the loss-scaling settings from the fp16 block (fp16.{}); set it there"
+_RUNTIME = "GPT-NeoX bookkeeping set while running; neox-forge decides from the data keys"
+
 # key -> why it changes nothing here. A non-default value is accepted and warned about once, at config time.
 IGNORED_KEYS: dict[str, str] = {
     "log_grad_pct_zeros": "not implemented by neox-forge's training loop",
     "log_optimizer_states": "not implemented by neox-forge's training loop",
     "log_gradient_noise_scale": "not implemented by neox-forge's training loop",
     "fused_kernels_build_path": "neox-forge builds no fused CUDA kernels (its fusions are PyTorch code)",
+    "hysteresis": _FP16_BLOCK.format("hysteresis"),
+    "loss_scale_window": _FP16_BLOCK.format("loss_scale_window"),
+    "min_scale": _FP16_BLOCK.format("min_loss_scale"),
+    "use_cpu_initialization": "weights are always initialised in full on the CPU and then sharded (layout-invariant)",
+    "deepspeed_activation_checkpointing": "deprecated in GPT-NeoX; activation checkpointing always uses DeepSpeed's",
+    "detect_nvlink_pairs": "DeeperSpeed-only device remapping; DeepSpeed has no such option",
+    "gradient_noise_scale_n_batches": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",
+    "gradient_noise_scale_cpu_offload": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",
+    "short_seq_prob": "unused by GPT training in GPT-NeoX as well",
+    "lazy_mpu_init": "external distributed managers are not supported; neox-forge initialises torch.distributed itself",
+    "deepscale": "deprecated DeepSpeed flag with no effect",
+    "deepscale_config": "deprecated DeepSpeed flag with no effect",
+    "do_train": _RUNTIME,
+    "do_valid": _RUNTIME,
+    "do_test": _RUNTIME,
 }
 
 # key -> {value: feature}: values of otherwise supported keys that are refused.
@@ -101,6 +134,9 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
         "gmlp": "gMLP",
         "amlp": "aMLP",
     },
+    "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
+    "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
+    "text_gen_type": {"precompute": "precomputed reference log-probs (text_gen_type: precompute)"},
 }
 
 
@@ -127,10 +163,14 @@ def unsupported_problems(values: dict[str, Any], defaults: dict[str, Any], origi
     ]
 
 
-def ignored_warnings(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
-    """One '<key> is ignored: <why>' line per key of ``IGNORED_KEYS`` set to something other than its default."""
+def ignored_warnings(
+    values: dict[str, Any], defaults: dict[str, Any], origins: dict[str, str] | None = None
+) -> list[str]:
+    """One '<key>=<value> is ignored: <why> (set in <file>)' line per key of ``IGNORED_KEYS`` set to something other
+    than its default."""
+    origins = origins or {}
     return [
-        f"{key}={values[key]!r} is ignored: {why}"
+        f"{key}={values[key]!r} is ignored: {why} (set in {origins.get(key, 'the configuration')})"
         for key, why in IGNORED_KEYS.items()
         if values.get(key) != defaults.get(key)
     ]

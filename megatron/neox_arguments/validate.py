@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from megatron.post_training.config import post_training_problems
+
 logger = logging.getLogger(__name__)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings")
@@ -161,10 +163,7 @@ def _post_training(c: Ctx) -> list[str]:
     impl = v["train_impl"]
     if impl in ("dpo", "rm", "kto") and v["pipe_parallel_size"] >= 1:
         out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
-    if impl in ("dpo", "rm") and v["dataset_impl"] != "pairwise":
-        out.append(f"{c.at('train_impl')} needs dataset_impl: pairwise (chosen/rejected pairs)")
-    if impl == "reinforce" and v["dataset_impl"] != "online":
-        out.append(f"{c.at('train_impl')} needs dataset_impl: online")
+    out += post_training_problems(v)
     if impl == "kto" and v["train_micro_batch_size_per_gpu"] is not None and v["train_micro_batch_size_per_gpu"] < 2:
         out.append("train_impl kto needs train_micro_batch_size_per_gpu >= 2 (half of each batch estimates the KL)")
     return out

@@ -328,6 +328,8 @@ def load_checkpoint(
             load_optimizer_states=not (weights_only or optimizer_missing),
             load_lr_scheduler_states=not weights_only,
             load_module_only=weights_only,
+            # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
+            load_module_strict=getattr(args, "train_impl", "normal") != "rm",
         )
     except (OSError, EOFError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
         raise ValueError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e

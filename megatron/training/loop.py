@@ -181,6 +181,7 @@ class Trainer:
             state.history.append(result.lm_loss)
             self._count(state, result)
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
+            scalars.update(result.extra)
             scale = _loss_scale(self.engine)
             if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
                 scalars["train/loss_scale"] = scale

@@ -79,7 +79,12 @@ def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
     cfg = model_lib.GPTModelConfig.from_neox_args(args)
     if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
         return model_lib.build_pipeline_model(cfg), cfg
-    return model_lib.build_sequential_model(cfg), cfg
+    model = model_lib.build_sequential_model(cfg)
+    if getattr(args, "train_impl", "normal") == "rm":
+        from megatron.post_training.reward_head import with_reward_head
+
+        model = with_reward_head(model, cfg)
+    return model, cfg
 
 
 def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
@@ -187,16 +192,22 @@ def build_data_iterators(
     from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
     from megatron.data.samplers import iterate_forever
+    from megatron.post_training.data import build_post_training_loaders
 
     data_cfg = DataConfig.from_neox_args(args)
-    data_cfg.validate()
-    loaders = build_train_valid_test_data_loaders(
-        data_cfg,
-        dp_rank=mpu.get_data_parallel_rank(),
-        dp_size=mpu.get_data_parallel_world_size(),
-        consumed_train_samples=consumed_train,
-        consumed_valid_samples=consumed_valid,
+    dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+    loaders = build_post_training_loaders(
+        args, data_cfg, dp_rank=dp_rank, dp_size=dp_size, consumed_train=consumed_train, consumed_valid=consumed_valid
     )
+    if loaders is None:
+        data_cfg.validate()
+        loaders = build_train_valid_test_data_loaders(
+            data_cfg,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            consumed_train_samples=consumed_train,
+            consumed_valid_samples=consumed_valid,
+        )
     train, valid, test = (iterate_forever(loader) if loader is not None else None for loader in loaders)
     return train, valid, test
 
@@ -249,8 +260,12 @@ def pretrain(args: Any) -> PretrainResult:
         if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
             step: PipeStep | SequentialStep = PipeStep(engine, batch_cfg, timers)
         else:
+            from megatron.post_training.step import build_post_training_step
+
             gas = int(args.gradient_accumulation_steps or 1)
-            step = SequentialStep(engine, _loss_fn(), batch_cfg, gas, timers)
+            step = build_post_training_step(args, engine, tokenizer.eod, gas, timers) or SequentialStep(
+                engine, _loss_fn(), batch_cfg, gas, timers
+            )
         result = PretrainResult(
             iteration=iteration,
             start_iteration=iteration,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -92,6 +92,7 @@ class StepResult:
 
     lm_loss: float
     skipped: bool
+    extra: dict[str, float] = field(default_factory=dict)  # objective metrics (post-training), logged as given
 
 
 class SequentialStep:

@@ -135,12 +135,12 @@ def run_pretrain_each(configs: list[dict[str, Any]], env: dict[str, str] | None 
     from megatron import mpu
 
     out: list[list[float] | str] = []
-    for config in configs:
+    for i, config in enumerate(configs):
         start = time.perf_counter()
         try:
             out.append(run_pretrain(config, env)["train_losses"])
-            print(f"[run_pretrain_each] {time.perf_counter() - start:.1f}s", flush=True)
         except Exception as e:  # reported per config by the test
             out.append(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}")
             mpu.destroy_model_parallel()
+        print(f"[run_pretrain_each] config {i}: {time.perf_counter() - start:.1f}s {out[-1]}", flush=True)
     return out

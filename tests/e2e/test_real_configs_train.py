@@ -57,12 +57,18 @@ def refused_real_configs() -> list[str]:
 def files(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("real_configs")
     data = make_tiny_data(root / "data")
-    return {"data_path": data["data_path"], "hf_tokenizer": data["vocab_file"], **_tokenizer_files(root)}
+    return {
+        "data_path": data["data_path"],
+        "hf_tokenizer": data["vocab_file"],
+        **_tokenizer_files(root, data["vocab_file"]),
+    }
 
 
-def _tokenizer_files(root: Path) -> dict[str, str]:
-    """GPT-2 vocab/merges (from shared/'s gpt2.json) and a small SentencePiece model (vocab ≥ the data's 512)."""
-    model = json.loads((SHARED / "data" / "tokenizers" / "gpt2.json").read_text())["model"]
+def _tokenizer_files(root: Path, hf_tokenizer: str) -> dict[str, str]:
+    """GPT-2-format vocab.json/merges.txt of the data's own 512-token BPE (GPT2BPETokenizer configs keep their
+    tokenizer type; a 50k vocabulary would make the emulated-fp16 CPU steps 20x slower) and a small SentencePiece
+    model (vocab ≥ the data's 512). The real GPT-2 files are tested in tests/unit/test_tokenizer.py."""
+    model = json.loads(Path(hf_tokenizer).read_text())["model"]
     (root / "vocab.json").write_text(json.dumps(model["vocab"]))
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     (root / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")

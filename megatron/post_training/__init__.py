@@ -1,0 +1,1 @@
+"""Post-training objectives (SFT, DPO, KTO, reward models): losses, configuration and the step objects."""

@@ -1,0 +1,156 @@
+"""Post-training datasets: several streams (text, labels, rewards, chosen/rejected) aligned by document index.
+
+One document per sample (``pack_impl: unpacked``): sample ``i`` reads document ``order[i]`` from every stream,
+cut or padded to ``seq_length + 1`` (tokens padded with 0, labels with -100, rewards with 0). The order is a
+seeded permutation per epoch. With ``allow_chopped: false`` documents longer than ``seq_length + 1`` in any
+stream are dropped. Streams:
+
+* pairwise (DPO/RM): ``pos``, ``neg``, ``pos_label``, ``neg_label`` (a missing label stream trains every token);
+* KTO: ``text``, ``label``, ``reward`` (a float per token; the document's reward is its first value).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from megatron.data.blendable_dataset import BlendableDataset
+from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, weighted_num_samples
+from megatron.data.indexed_dataset import make_dataset
+from megatron.post_training.config import PostTrainingConfig
+
+logger = logging.getLogger(__name__)
+
+PADS = {"pos": 0, "neg": 0, "text": 0, "pos_label": -100, "neg_label": -100, "label": -100, "reward": 0.0}
+
+
+class AlignedDocumentsDataset(torch.utils.data.Dataset):
+    """Samples ``{stream: array[seq_length + 1]}``; every stream holds the same number of documents."""
+
+    def __init__(
+        self, streams: dict[str, Any], prefixes: dict[str, str], num_samples: int, seq_length: int, seed: int,
+        allow_chopped: bool = True,
+    ) -> None:  # fmt: skip
+        self.streams, self.seq_length = streams, seq_length
+        first = next(iter(streams))
+        n = len(streams[first].sizes)
+        for name, ds in streams.items():
+            if len(ds.sizes) != n:
+                raise ValueError(
+                    f"{prefixes[name]} has {len(ds.sizes)} documents but {prefixes[first]} has {n}: the streams of "
+                    "one dataset must be aligned document by document"
+                )
+        for name, base in (("pos_label", "pos"), ("neg_label", "neg"), ("label", "text"), ("reward", "text")):
+            if name in streams and base in streams and not np.array_equal(streams[name].sizes, streams[base].sizes):
+                raise ValueError(
+                    f"{prefixes.get(name, prefixes[base])} does not match {prefixes[base]} token for token (document "
+                    "lengths differ): label and reward streams must come from the same preprocessing run"
+                )
+        keep = np.arange(n)
+        if not allow_chopped:
+            longest = np.max(np.stack([np.asarray(ds.sizes) for ds in streams.values()]), axis=0)
+            keep = keep[longest <= seq_length + 1]
+            if len(keep) < n:
+                logger.info(
+                    "%s: %d of %d documents longer than seq_length+1 dropped", prefixes[first], n - len(keep), n
+                )
+        if len(keep) == 0:
+            raise ValueError(
+                f"{prefixes[first]}: no document fits seq_length+1={seq_length + 1} (allow_chopped: false)"
+            )
+        rng = np.random.RandomState(seed)
+        epochs = -(-num_samples // len(keep))
+        self.order = np.concatenate([keep[rng.permutation(len(keep))] for _ in range(epochs)])[:num_samples]
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
+        doc = int(self.order[idx % len(self.order)])
+        out = {}
+        for name, ds in self.streams.items():
+            pad = PADS[name]
+            arr = np.full(self.seq_length + 1, pad, dtype=np.float32 if name == "reward" else np.int64)
+            values = ds.get(doc)[: self.seq_length + 1]
+            arr[: len(values)] = values
+            out[name] = arr
+        return out
+
+
+def _stream_prefixes(pt: PostTrainingConfig, data: DataConfig, split: str) -> list[dict[str, str]]:
+    """One ``{stream: prefix}`` per dataset of the split (empty when the split has no data)."""
+    if pt.pairwise:
+        names = ("pos", "neg", "pos_label", "neg_label")
+        lists = {s: pt.paths(split, s) for s in names}
+        if not lists["pos"]:
+            return []
+        out = []
+        for i, (pos, neg) in enumerate(zip(lists["pos"], lists["neg"] or [])):
+            one = {"pos": pos, "neg": neg}
+            for s in ("pos_label", "neg_label"):
+                if lists[s]:
+                    one[s] = lists[s][i]
+            out.append(one)
+        return out
+    texts = getattr(data, f"{split}_data_paths") or []
+    labels = getattr(data, f"{split}_label_data_paths") or [None] * len(texts)
+    rewards = pt.paths(split, "reward") or [None] * len(texts)
+    if texts and not pt.paths(split, "reward"):
+        raise ValueError(f"train_impl: kto needs {split}_reward_data_paths for {split}_data_paths")
+    return [
+        {k: v for k, v in (("text", t), ("label", lab), ("reward", r)) if v}
+        for t, lab, r in zip(texts, labels, rewards)
+    ]
+
+
+def _with_default_labels(streams: dict[str, Any]) -> dict[str, Any]:
+    """Pairwise data without label streams trains every token: the text stream doubles as its label stream."""
+    for side in ("pos", "neg"):
+        streams.setdefault(f"{side}_label", streams[side])
+    return streams
+
+
+def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, Any]:
+    """(train, valid, test) datasets, ``None`` where a split has no data; several prefixes are blended."""
+    counts = data.num_samples()
+    result: list[Any] = []
+    for k, split in enumerate(SPLIT_NAMES):
+        groups = _stream_prefixes(pt, data, split)
+        if not groups or not counts[k]:
+            result.append(None)
+            continue
+        weights, per_dataset = weighted_num_samples(
+            getattr(data, f"{split}_data_weights") or [1.0] * len(groups), counts[k]
+        )
+        datasets = []
+        for prefixes, n in zip(groups, per_dataset):
+            streams = {
+                s: make_dataset(p, data.data_impl, skip_warmup=not data.mmap_warmup) for s, p in prefixes.items()
+            }
+            if pt.pairwise:
+                streams = _with_default_labels(streams)
+            datasets.append(
+                AlignedDocumentsDataset(streams, prefixes, n, data.seq_length, data.seed, data.allow_chopped)
+            )
+        result.append(BlendableDataset(datasets, weights))
+    return result[0], result[1], result[2]
+
+
+def build_post_training_loaders(
+    args: Any, data: DataConfig, *, dp_rank: int, dp_size: int, consumed_train: int, consumed_valid: int
+) -> tuple[Any, Any, Any] | None:
+    """Loaders for pairwise and KTO data; ``None`` for language-model data (SFT included), built elsewhere."""
+    pt = PostTrainingConfig.from_neox_args(args)
+    if not pt.pairwise and pt.train_impl != "kto":
+        return None
+    train, valid, test = build_datasets(pt, data)
+    if train is None:
+        raise ValueError(f"train_impl: {pt.train_impl} has no training data")
+    return (
+        make_data_loader(train, data, dp_rank, dp_size, consumed_train),
+        make_data_loader(valid, data, dp_rank, dp_size, consumed_valid, name="valid"),
+        make_data_loader(test, data, dp_rank, dp_size, 0, name="test"),
+    )

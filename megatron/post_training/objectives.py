@@ -1,0 +1,148 @@
+"""The post-training objectives: each turns a loader batch into model inputs and a loss, chosen once at setup.
+
+* :class:`DPOObjective` — pairwise; chosen and rejected sequences go through the model as one ``[2b, s]`` batch;
+  reference log-probs from a frozen copy of the loaded weights, or 0 (``dpo_reference_free``).
+* :class:`RewardModelObjective` — pairwise; the model's ``rm_linear`` head scores each sequence at its last trained
+  position (the final EOS written by ``--for-rm``).
+* :class:`KTOObjective` — single sequences with a reward each; the KL reference point of each half of the
+  micro-batch is estimated on the other half.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from deepspeed.accelerator import get_accelerator
+
+from megatron.post_training.config import PostTrainingConfig
+from megatron.post_training.losses import dpo_loss, kto_kl, kto_loss, rm_loss, sequence_logprobs, token_logprobs
+
+Metrics = dict[str, torch.Tensor]
+
+
+@dataclass
+class SequenceBatch:
+    """Model inputs plus the shifted targets and the mask of trained positions (labels >= 0)."""
+
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # tokens, position_ids, attention_mask
+    targets: torch.Tensor  # [n, s]
+    mask: torch.Tensor  # [n, s], 1 where trained
+    reward: torch.Tensor | None = None  # [n] (KTO)
+
+
+def _broadcast(data: dict[str, torch.Tensor] | None, keys: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    from megatron import mpu
+
+    device = get_accelerator().current_device_name()
+    return {k: v.to(device) for k, v in mpu.broadcast_data(keys, data, dtype).items()}
+
+
+def sequence_batch(text: torch.Tensor, label: torch.Tensor, eod: int) -> SequenceBatch:
+    """GPT-NeoX's shift: the model reads ``text[:, :-1]`` and is scored on ``label[:, 1:]`` where it is >= 0."""
+    from megatron.model import get_ltor_masks_and_position_ids
+
+    tokens = text[:, :-1].contiguous()
+    shifted = label[:, 1:].contiguous()
+    attention_mask, _, position_ids = get_ltor_masks_and_position_ids(tokens, eod)
+    return SequenceBatch((tokens, position_ids, attention_mask), shifted.clamp(min=0), (shifted >= 0).float())
+
+
+def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """The reference model: a copy of the (loaded) weights in eval mode, without gradients."""
+    ref = copy.deepcopy(module)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+class PairwiseObjective:
+    """Chosen/rejected batches: ``pos``/``neg`` token streams and their label streams."""
+
+    keys = ("pos", "neg", "pos_label", "neg_label")
+
+    def __init__(self, cfg: PostTrainingConfig, eod: int) -> None:
+        self.cfg, self.eod = cfg, eod
+
+    def batch(self, data: dict[str, torch.Tensor] | None) -> SequenceBatch:
+        """Chosen rows first, then rejected rows."""
+        d = _broadcast(data, list(self.keys), torch.int64)
+        return sequence_batch(torch.cat([d["pos"], d["neg"]]), torch.cat([d["pos_label"], d["neg_label"]]), self.eod)
+
+
+class DPOObjective(PairwiseObjective):
+    """``-mean log σ(β[(S⁺-S⁻)-(R⁺-R⁻)])`` on masked sequence log-prob sums."""
+
+    def __init__(self, cfg: PostTrainingConfig, eod: int, reference: torch.nn.Module | None) -> None:
+        super().__init__(cfg, eod)
+        self.reference = reference
+
+    def _logprobs(self, model: Any, b: SequenceBatch) -> torch.Tensor:
+        return sequence_logprobs(token_logprobs(model(b.inputs), b.targets, self.cfg.dpo_fp32), b.mask)
+
+    def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
+        """The DPO loss and its reward metrics."""
+        chosen, rejected = self._logprobs(engine, b).chunk(2)
+        ref_c = ref_r = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_c, ref_r = self._logprobs(self.reference, b).chunk(2)
+        return dpo_loss(chosen, rejected, ref_c, ref_r, self.cfg.dpo_beta)
+
+
+def last_trained_position(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position with mask 1 in each row (0 for a row without any)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return (positions * (mask > 0)).amax(dim=1)
+
+
+class RewardModelObjective(PairwiseObjective):
+    """``-mean log σ(r⁺-r⁻) + z_loss·mean(r⁺²+r⁻²)``; the model ends in ``rm_linear`` (one output)."""
+
+    def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
+        """The reward-model loss and its accuracy metrics."""
+        scores = engine(b.inputs)[..., 0].float()  # [2b, s]
+        rewards = scores.gather(1, last_trained_position(b.mask).unsqueeze(1)).squeeze(1)
+        chosen, rejected = rewards.chunk(2)
+        return rm_loss(chosen, rejected, self.cfg.z_loss)
+
+
+class KTOObjective:
+    """KTO on ``text``/``label`` streams with a ``reward`` stream (reward > 0: desirable)."""
+
+    def __init__(self, cfg: PostTrainingConfig, eod: int, reference: torch.nn.Module) -> None:
+        self.cfg, self.eod, self.reference = cfg, eod, reference
+
+    def batch(self, data: dict[str, torch.Tensor] | None) -> SequenceBatch:
+        """Token/label streams broadcast as int64, the reward stream as float32."""
+        d = _broadcast(data, ["text", "label"], torch.int64)
+        reward = _broadcast(data, ["reward"], torch.float32)["reward"][:, 0]
+        b = sequence_batch(d["text"], d["label"], self.eod)
+        b.reward = reward
+        return b
+
+    def _logprobs(self, model: Any, b: SequenceBatch) -> torch.Tensor:
+        return sequence_logprobs(token_logprobs(model(b.inputs), b.targets, self.cfg.kto_fp32), b.mask)
+
+    def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
+        """The KTO loss; each half's KL reference point comes from the other half of the micro-batch."""
+        policy = self._logprobs(engine, b)
+        with torch.no_grad():
+            ref = self._logprobs(self.reference, b)
+        n = policy.shape[0]
+        half = n // 2
+        kl = torch.cat(
+            [kto_kl(policy[half:], ref[half:]).expand(half), kto_kl(policy[:half], ref[:half]).expand(n - half)]
+        )
+        assert b.reward is not None
+        return kto_loss(
+            policy,
+            ref,
+            kl,
+            b.reward > 0,
+            self.cfg.kto_beta,
+            self.cfg.kto_desirable_weight,
+            self.cfg.kto_undesirable_weight,
+        )

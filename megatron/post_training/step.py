@@ -1,0 +1,55 @@
+"""The post-training step: :class:`SequentialStep` with the batch and loss of an objective chosen once at setup."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from megatron.logging.timers import Timers
+from megatron.post_training.config import PostTrainingConfig
+from megatron.post_training.objectives import DPOObjective, KTOObjective, RewardModelObjective, frozen_copy
+from megatron.training.step import SequentialStep, StepResult, reduce_losses
+
+
+class PostTrainStep(SequentialStep):
+    """``gas`` × (objective batch, objective loss, backward, step); the objective's metrics are averaged over the
+    iteration's micro-batches and all ranks and returned as ``train/<name>`` in ``StepResult.extra``."""
+
+    def __init__(self, engine: Any, objective: Any, gas: int, timers: Timers) -> None:
+        super().__init__(engine, loss_fn=None, batch_cfg=None, gas=gas, timers=timers)  # type: ignore[arg-type]
+        self.objective = objective
+        self.metrics: list[dict[str, torch.Tensor]] = []
+
+    def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
+        """Forward one micro-batch; returns the objective's loss."""
+        self.timers("batch generator").start()
+        batch = self.objective.batch(next(data_iter) if data_iter is not None else None)
+        self.timers("batch generator").stop()
+        loss, metrics = self.objective.loss(self.engine, batch)
+        self.metrics.append(metrics)
+        return loss
+
+    def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
+        """One iteration; ``extra`` carries the metrics."""
+        self.metrics = []
+        result = super().train(data_iter)
+        names = self.metrics[0].keys() if self.metrics else []
+        result.extra = {
+            f"train/{k}": float(reduce_losses(torch.stack([m[k].float() for m in self.metrics]).mean())) for k in names
+        }
+        return result
+
+
+def build_post_training_step(args: Any, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep | None:
+    """The step for ``train_impl`` dpo/kto/rm (None for ``normal``: language modelling and SFT)."""
+    cfg = PostTrainingConfig.from_neox_args(args)
+    if cfg.train_impl == "dpo":
+        reference = None if cfg.dpo_reference_free else frozen_copy(engine.module)
+        return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers)
+    if cfg.train_impl == "kto":
+        return PostTrainStep(engine, KTOObjective(cfg, eod, frozen_copy(engine.module)), gas, timers)
+    if cfg.train_impl == "rm":
+        return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers)
+    return None

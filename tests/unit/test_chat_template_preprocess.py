@@ -1,0 +1,132 @@
+"""``preprocess_data_with_chat_template.py``: token/label/reward streams from chat JSONL with a local HF tokenizer."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron.data.indexed_dataset import make_dataset
+from tests.post_training_data import kto_rows, make_chat_tokenizer, pair_rows, sft_rows, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "datasets" / "preprocess_data_with_chat_template.py"
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_chat_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def run_tool(*args: str, subprocess_run: bool = False) -> subprocess.CompletedProcess:
+    """The tool's ``main`` in this process (fast), or as a real subprocess (exit code, no traceback)."""
+    if subprocess_run:
+        return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, cwd=ROOT)
+    spec = importlib.util.spec_from_file_location("chat_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = module.main(list(args))
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
+
+
+def _decode(tok_dir: Path, ids) -> str:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tok_dir)).decode([int(i) for i in ids])
+
+
+def test_sft_labels_cover_exactly_the_assistant_answers(tok_dir: Path, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(3))
+    r = run_tool("--input", str(data), "--output-prefix", str(tmp_path / "sft"), "--tokenizer-path", str(tok_dir))
+    assert r.returncode == 0, r.stderr
+    tokens, labels = (
+        make_dataset(str(tmp_path / "sft_messages_document")),
+        make_dataset(str(tmp_path / "sft_messages_label_document")),
+    )
+    assert len(tokens.sizes) == 3 and np.array_equal(tokens.sizes, labels.sizes)
+    for i, (answer, question) in enumerate([("It is noon, my lord.", "What is the time?"), ("Peace.", "Say a word.")]):
+        t, lab = tokens.get(i), labels.get(i)
+        trained = lab >= 0
+        assert np.array_equal(lab[trained], t[trained])  # a label is the token id where trained
+        text = _decode(tok_dir, t[trained])
+        assert text == f"{answer}<|endoftext|>\n"  # the answer (+ EOS and newline), not its header
+        assert question not in text and "Be brief" not in text and "<|assistant|>" not in text
+        assert question in _decode(tok_dir, t)
+
+
+def test_pairwise_for_rm_trains_only_the_appended_eos(tok_dir: Path, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(2))
+    args = ["--input", str(data), "--output-prefix", str(tmp_path / "rm"), "--tokenizer-path", str(tok_dir)]
+    r = run_tool(*args, "--jsonl-keys", "chosen", "rejected", "--for-rm")
+    assert r.returncode == 0, r.stderr
+    for key in ("chosen", "rejected"):
+        t = make_dataset(str(tmp_path / f"rm_{key}_document")).get(0)
+        lab = make_dataset(str(tmp_path / f"rm_{key}_label_document")).get(0)
+        assert (lab >= 0).sum() == 1 and lab[-1] == t[-1] == t[-3]  # EOS, newline, duplicated EOS
+
+
+def test_rewards_keep_their_float_value(tok_dir: Path, tmp_path: Path) -> None:
+    rows = kto_rows(2)
+    rows[1]["reward"] = -0.25
+    data = write_jsonl(tmp_path / "kto.jsonl", rows)
+    args = ["--input", str(data), "--output-prefix", str(tmp_path / "k"), "--tokenizer-path", str(tok_dir)]
+    assert run_tool(*args, "--reward-key", "reward").returncode == 0
+    rewards = make_dataset(str(tmp_path / "k_messages_reward_document"))
+    tokens = make_dataset(str(tmp_path / "k_messages_document"))
+    assert rewards.dtype == np.float32 and np.array_equal(rewards.sizes, tokens.sizes)
+    assert set(rewards.get(0).tolist()) == {1.0} and set(rewards.get(1).tolist()) == {-0.25}
+    assert run_tool(*args, "--reward-key", "reward", "--binary-reward").returncode == 0
+    assert set(make_dataset(str(tmp_path / "k_messages_reward_document")).get(1).tolist()) == {-1.0}
+
+
+def test_only_last_and_no_mask(tok_dir: Path, tmp_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": "Say a word."}, {"role": "assistant", "content": "Peace."}] * 2}]
+    data = write_jsonl(tmp_path / "two.jsonl", rows)
+    args = ["--input", str(data), "--tokenizer-path", str(tok_dir)]
+    assert run_tool(*args, "--output-prefix", str(tmp_path / "a")).returncode == 0
+    assert run_tool(*args, "--output-prefix", str(tmp_path / "b"), "--only-last").returncode == 0
+    t = make_dataset(str(tmp_path / "a_messages_document")).get(0)
+    all_turns = make_dataset(str(tmp_path / "a_messages_label_document")).get(0)
+    last = make_dataset(str(tmp_path / "b_messages_label_document")).get(0)
+    assert _decode(tok_dir, t[all_turns >= 0]) == "Peace.<|endoftext|>\n" * 2
+    assert _decode(tok_dir, t[last >= 0]) == "Peace.<|endoftext|>\n"
+    assert (last >= 0).sum() * 2 == (all_turns >= 0).sum()
+    assert run_tool(*args, "--output-prefix", str(tmp_path / "c"), "--no-mask").returncode == 0
+    assert not (tmp_path / "c_messages_label_document.bin").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "bad.jsonl:2: invalid JSON"),
+        ('{"messages": "hi"}', "bad.jsonl:2: 'messages' must be a non-empty list"),
+        ('{"text": "x"}', "bad.jsonl:2: no key 'messages'"),
+    ],
+)
+def test_bad_lines_name_file_and_line_and_leave_nothing(tok_dir: Path, tmp_path: Path, line: str, message: str) -> None:
+    good = write_jsonl(tmp_path / "x.jsonl", sft_rows(1)).read_text()
+    (tmp_path / "bad.jsonl").write_text(good + line + "\n")
+    args = ["--input", str(tmp_path / "bad.jsonl"), "--output-prefix", str(tmp_path / "o"), "--tokenizer-path"]
+    r = run_tool(*args, str(tok_dir), subprocess_run=line.startswith("{not"))
+    assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.glob("o_*"))
+
+
+def test_tokenizer_without_chat_template_is_refused(tok_dir: Path, tmp_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    raw = tok_dir / "tokenizer.json"
+    PreTrainedTokenizerFast(tokenizer_file=str(raw), eos_token="<|endoftext|>").save_pretrained(str(tmp_path / "plain"))
+    data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(1))
+    r = run_tool(
+        "--input", str(data), "--output-prefix", str(tmp_path / "o"), "--tokenizer-path", str(tmp_path / "plain")
+    )
+    assert r.returncode == 1 and "has no chat_template" in r.stderr

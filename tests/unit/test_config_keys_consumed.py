@@ -1,0 +1,118 @@
+"""Every config key is used, refused when set, or warned about as ignored: a key nothing reads and no table lists fails.
+
+"Used" means the key's name occurs as an identifier (or a one-identifier string) in code that acts on it (megatron/, tools/, the entry points), not counting the
+schema (sections/), the refusal and ignore tables, the docs generator and validate.py (checking a key is not using
+it); DeepSpeed-section keys count as used because ``NeoXArgs.deepspeed_config`` hands them to DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+
+from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.neox_args import _NOT_DS_CONFIG
+from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
+from megatron.neox_arguments.unsupported import IGNORED_KEYS, UNSUPPORTED_KEYS
+from tests.unit.test_neox_args import CPU1, TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_CONSUMERS = (
+    "megatron/neox_arguments/sections/",
+    "megatron/neox_arguments/unsupported.py",
+    "megatron/neox_arguments/gen_docs.py",
+    "megatron/neox_arguments/validate.py",
+)
+
+# Keys other helpers are implementing right now, in their own branches (each either wires the key or lists it in
+# one of the tables above when it lands). Remove an entry once its owner's change is on main.
+OWNED_ELSEWHERE: dict[str, str] = {
+    "char_level_ppl": "issue 14 (evaluation)",
+    "eval_limit": "issue 14 (evaluation)",
+    "return_logits": "issue 14 (evaluation)",
+    "adlr_autoresume": "issue 12 (reliability: auto-resume)",
+    "adlr_autoresume_interval": "issue 12 (reliability: auto-resume)",
+    **{k: "issue 18 (mixture of experts)" for k in ("moe_expert_interval", "moe_top_k", "moe_router_type")},
+    **{k: "issue 18 (mixture of experts)" for k in ("moe_lbl_in_fp32", "moe_jitter_eps")},
+}
+
+
+def _names_in(source: str) -> set[str]:
+    """Identifiers the code uses: names, attributes, keyword and parameter names, and string constants that are a
+    single identifier (``getattr(args, "key")``). Comments and docstrings do not count."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.keyword, ast.arg)) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)
+    return names
+
+
+def _code_words() -> set[str]:
+    files = [*ROOT.glob("megatron/**/*.py"), *ROOT.glob("tools/**/*.py"), *ROOT.glob("*.py")]
+    words: set[str] = set()
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith(NOT_CONSUMERS):
+            words |= _names_in(path.read_text(encoding="utf-8"))
+    return words
+
+
+def test_every_key_is_used_refused_or_warned() -> None:
+    words = _code_words()
+    passed_to_deepspeed = {f.name for f in dataclasses.fields(DeepspeedConfigArgs)} - _NOT_DS_CONFIG
+    orphans = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            key = f.name
+            if key in words or key in passed_to_deepspeed or key in UNSUPPORTED_KEYS:
+                continue
+            if key in IGNORED_KEYS or key in OWNED_ELSEWHERE:
+                continue
+            orphans.append(f"{section}.{key}")
+    assert not orphans, f"keys nothing reads and no table lists (use, refuse or warn): {orphans}"
+
+
+def test_tables_do_not_overlap_and_name_real_keys() -> None:
+    known = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    for table in (IGNORED_KEYS, UNSUPPORTED_KEYS, OWNED_ELSEWHERE):
+        assert set(table) <= known, set(table) - known
+    assert not set(IGNORED_KEYS) & set(UNSUPPORTED_KEYS)
+
+
+def test_ignored_key_is_warned_with_reason_and_file(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        NeoXArgs({**TINY, "hysteresis": 4}, origins={"hysteresis": "run.yml"}, env=CPU1)
+    lines = [r.getMessage() for r in caplog.records if "hysteresis" in r.getMessage()]
+    assert lines == [f"hysteresis=4 is ignored: {IGNORED_KEYS['hysteresis']} (set in run.yml)"]
+
+
+def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        NeoXArgs(dict(TINY), env=CPU1)
+    assert not [r for r in caplog.records if "is ignored" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "feature"),
+    [
+        ("kl_impl", "abs", "REINFORCE"),
+        ("num_unique_layers", 1, "parameter sharing"),
+        ("s3_chunk_size", 5, "S3"),
+        ("text_gen_type", "precompute", "precomputed reference"),
+    ],
+)
+def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs({**TINY, key: value}, env=CPU1)
+    assert len(e.value.problems) == 1
+    assert e.value.problems[0].startswith(f"not supported yet: {key}=") and feature in e.value.problems[0]

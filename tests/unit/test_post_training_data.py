@@ -1,0 +1,43 @@
+"""AlignedDocumentsDataset: one document per sample from streams aligned by index; padding, chopping, mismatches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, index_file_path, make_dataset
+from megatron.post_training.data import AlignedDocumentsDataset
+
+
+def _write(prefix: Path, docs: list[list[float]], dtype: type = np.int32) -> object:
+    b = MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    for d in docs:
+        b.add_item(np.asarray(d))
+        b.end_document()
+    b.finalize(index_file_path(str(prefix)))
+    return make_dataset(str(prefix), "mmap")
+
+
+def test_samples_are_whole_documents_padded_and_aligned(tmp_path: Path) -> None:
+    pos = _write(tmp_path / "p", [[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    lab = _write(tmp_path / "pl", [[-100, 2, 3], [-100, -100, 6, 7, 8, 9]])
+    neg = _write(tmp_path / "n", [[11, 12], [13]])
+    streams = {"pos": pos, "pos_label": lab, "neg": neg, "neg_label": neg}
+    ds = AlignedDocumentsDataset(streams, {"pos": "p", "pos_label": "pl", "neg": "n"}, 4, seq_length=3, seed=1)
+    assert len(ds) == 4 and sorted(ds.order.tolist()) == [0, 0, 1, 1]  # two epochs of a 2-document permutation
+    by_doc = {int(ds.order[i]): ds[i] for i in range(2)}
+    assert by_doc[0]["pos"].tolist() == [1, 2, 3, 0] and by_doc[0]["pos_label"].tolist() == [-100, 2, 3, -100]
+    assert by_doc[0]["neg"].tolist() == [11, 12, 0, 0] and by_doc[1]["pos"].tolist() == [4, 5, 6, 7]  # cut
+    short = AlignedDocumentsDataset(streams, {"pos": "p", "neg": "n"}, 2, seq_length=3, seed=1, allow_chopped=False)
+    assert short.order.tolist() == [0, 0]  # the 6-token document does not fit seq_length + 1
+
+
+def test_mismatched_streams_are_refused_naming_the_files(tmp_path: Path) -> None:
+    pos = _write(tmp_path / "p", [[1, 2], [3]])
+    with pytest.raises(ValueError, match=r"n has 1 documents but p has 2"):
+        AlignedDocumentsDataset({"pos": pos, "neg": _write(tmp_path / "n", [[1]])}, {"pos": "p", "neg": "n"}, 2, 4, 1)
+    bad_label = _write(tmp_path / "pl", [[1], [3]])
+    with pytest.raises(ValueError, match=r"pl does not match p token for token"):
+        AlignedDocumentsDataset({"pos": pos, "pos_label": bad_label}, {"pos": "p", "pos_label": "pl"}, 2, 4, 1)
