@@ -9,9 +9,9 @@ rank through DeepSpeed's runner. Config errors are printed without a traceback a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import shlex
 import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
@@ -19,21 +19,25 @@ from megatron.launcher.cli import parse_deepy_args
 from megatron.launcher.launch import (
     default_run_dir,
     launch,
-    multinode_command,
     plan_launch,
     prepare_for_launch,
+    run_cluster,
     write_run_dir,
 )
+from megatron.launcher.multinode import cluster_command, is_multinode
+from megatron.launcher.secrets import install_log_redaction, redact
 from megatron.neox_arguments import ConfigError, NeoXArgs
-from megatron.planner.cli import plan_main
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     argv = sys.argv[1:] if argv is None else argv
     try:
         if "--plan" in argv:  # memory and throughput plan, no launch (docs/planner.md)
+            from megatron.planner.cli import plan_main  # imports DeepSpeed: not before deepy has set DS_ACCELERATOR
+
             return plan_main(argv)
         cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
@@ -45,17 +49,17 @@ def main(argv: list[str] | None = None) -> int:
         print(args.format_config())
         for note in plan.notes:
             print(f"note: {note}")
+        cluster = cluster_command(args, plan.config_path, plan.run_dir) if is_multinode(args) else None
+        for note in cluster.notes if cluster else []:
+            print(f"note: {note}")
         print("-------------------- launch command --------------------")
-        print(plan.command_line())
-        if plan.runner_argv.count("--force_multi") or args.launcher != "pdsh":
-            with contextlib.suppress(ConfigError):  # a single-node plan has no multi-node command
-                print("multi-node command:", " ".join(multinode_command(plan)))
-        sys.stdout.flush()
+        command = redact(shlex.join(cluster.argv)) if cluster else plan.command_line()
+        print(command, flush=True)
         if cli.dry_run:
             return 0
-        write_run_dir(args, plan)
+        write_run_dir(args, plan, command)
         print(f"run folder: {plan.run_dir}", flush=True)
-        return launch(plan)
+        return run_cluster(cluster) if cluster else launch(plan)
     except ConfigError as e:
         print(f"deepy.py: error: {e}", file=sys.stderr)
         return 2

@@ -11,9 +11,11 @@ import megatron.setup_check  # noqa: F401  (first: a one-line hint when the envi
 
 def main() -> int:
     """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""
+    from megatron.launcher.secrets import install_log_redaction
     from megatron.logging.tee import CurrentStdout, tee_output
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=CurrentStdout())
+    install_log_redaction()
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from megatron.distributed import shutdown_and_exit

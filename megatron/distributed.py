@@ -24,22 +24,6 @@ def default_backend() -> str:
     return "gloo" if on_cpu() else "nccl"
 
 
-def discover_env_from_scheduler() -> None:
-    """Fill RANK/LOCAL_RANK/WORLD_SIZE from SLURM or Open MPI variables when a launcher did not set them."""
-    if "RANK" in os.environ:
-        return
-    env = os.environ
-    if "SLURM_PROCID" in env:
-        env["RANK"], env["LOCAL_RANK"] = env["SLURM_PROCID"], env.get("SLURM_LOCALID", "0")
-        env["WORLD_SIZE"] = env.get("SLURM_NTASKS", "1")
-    elif "OMPI_COMM_WORLD_RANK" in env:
-        env["RANK"], env["LOCAL_RANK"] = env["OMPI_COMM_WORLD_RANK"], env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")
-        env["WORLD_SIZE"] = env["OMPI_COMM_WORLD_SIZE"]
-    elif "MV2_COMM_WORLD_RANK" in env:
-        env["RANK"], env["LOCAL_RANK"] = env["MV2_COMM_WORLD_RANK"], env.get("MV2_COMM_WORLD_LOCAL_RANK", "0")
-        env["WORLD_SIZE"] = env["MV2_COMM_WORLD_SIZE"]
-
-
 def init_distributed(backend: str | None = None) -> None:
     """Initialise the default process group through DeepSpeed (idempotent).
 
@@ -50,13 +34,9 @@ def init_distributed(backend: str | None = None) -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    discover_env_from_scheduler()
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    from megatron.launcher.worker_env import discover_rank_env
+
+    discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
     if on_cpu():
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     else:

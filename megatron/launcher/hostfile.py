@@ -74,6 +74,24 @@ def filter_resources(
     return pool
 
 
+def active_resources(
+    hosts: dict[str, int],
+    include: str | None = None,
+    exclude: str | None = None,
+    num_nodes: int | None = -1,
+    num_gpus: int | None = None,
+) -> dict[str, list[int]]:
+    """Host -> slot ids DeepSpeed's runner would use: include/exclude, then the first ``num_nodes`` hosts and
+    the first ``num_gpus`` slots of each."""
+    active = filter_resources(hosts, include, exclude)
+    names = list(active)
+    if num_nodes is not None and num_nodes > 0:
+        names = names[:num_nodes]
+    if num_gpus is not None and num_gpus > 0:
+        return {n: list(range(num_gpus)) for n in names}
+    return {n: active[n] for n in names}
+
+
 def count_ranks(
     hosts: dict[str, int],
     include: str | None = None,
@@ -82,10 +100,4 @@ def count_ranks(
     num_gpus: int | None = None,
 ) -> int:
     """Total ranks DeepSpeed's runner would start for this hostfile and filters."""
-    active = filter_resources(hosts, include, exclude)
-    names = list(active)
-    if num_nodes is not None and num_nodes > 0:
-        names = names[:num_nodes]
-    if num_gpus is not None and num_gpus > 0:
-        return num_gpus * len(names)
-    return sum(len(active[n]) for n in names)
+    return sum(len(s) for s in active_resources(hosts, include, exclude, num_nodes, num_gpus).values())

@@ -1,4 +1,4 @@
-"""Turning a resolved ``NeoXArgs`` into a DeepSpeed runner invocation, a run folder, and a launch."""
+"""Turning a resolved ``NeoXArgs`` into a launch: DeepSpeed's runner on one node, srun/mpirun/pdsh across nodes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import json
 import logging
 import os
 import shlex
+import signal
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from megatron.launcher.multinode import ClusterCommand
+from megatron.launcher.secrets import redact
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 
@@ -41,7 +44,7 @@ class LaunchPlan:
         """The exact launch command, as a shell line (environment additions first)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cmd = shlex.join([sys.executable, "-m", "deepspeed.launcher.runner", *self.runner_argv])
-        return f"{env} {cmd}".strip()
+        return redact(f"{env} {cmd}".strip())
 
 
 def default_run_dir(args: NeoXArgs) -> str:
@@ -90,19 +93,12 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     master_addr = args.master_addr or os.environ.get("MASTER_ADDR")
     if master_addr:
         argv += ["--master_addr", master_addr]
-    if args.launcher != "pdsh":
-        argv += ["--launcher", args.launcher]
-    if args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi:
-        argv.append("--force_multi")
-    if args.no_ssh_check:
-        argv.append("--no_ssh_check")
-    launcher_args = []
-    if args.comment:
-        launcher_args.append(f"--comment={args.comment}")
-    if args.account:
-        launcher_args.append(f"--account={args.account}")
-    if launcher_args:
-        argv += ["--launcher_args", " ".join(launcher_args)]
+    # launcher, force_multi, comment and account only matter across nodes: see multinode.cluster_command.
+    if not has_hosts and (args.launcher != "pdsh" or args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi):
+        notes.append(
+            f"no hostfile: launcher {args.launcher} is not used, the ranks start on this node only "
+            "(pass --hostfile, or use tools/slurm/train.sbatch, which writes one)"
+        )
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
     argv += [args.user_script, "--neox_config", config_path]
     if on_cpu:
@@ -121,8 +117,9 @@ def prepare_for_launch(args: NeoXArgs) -> None:
         args.update_value("wandb_group", f"{args.wandb_group}_{suffix}" if args.wandb_group else suffix)
 
 
-def write_run_dir(args: NeoXArgs, plan: LaunchPlan) -> None:
-    """Write the resolved config, the DeepSpeed config, the raw config files and the launch command."""
+def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) -> None:
+    """Write the resolved config, the DeepSpeed config, the raw config files and the launch command (``command``,
+    default the DeepSpeed runner's)."""
     os.makedirs(os.path.join(plan.run_dir, "configs"), exist_ok=True)
     args.save_config(plan.config_path)
     with open(os.path.join(plan.run_dir, "ds_config.json"), "w", encoding="utf-8") as f:
@@ -131,7 +128,7 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan) -> None:
         with open(os.path.join(plan.run_dir, "configs", name), "w", encoding="utf-8") as f:
             f.write(text)
     with open(os.path.join(plan.run_dir, "launch.txt"), "w", encoding="utf-8") as f:
-        f.write(plan.command_line() + "\n")
+        f.write(redact(command or plan.command_line()) + "\n")
 
 
 def launch(plan: LaunchPlan) -> int:
@@ -139,10 +136,6 @@ def launch(plan: LaunchPlan) -> int:
     os.environ.update(plan.env)  # before DeepSpeed is imported: it picks its accelerator at import
     from deepspeed.launcher import runner
 
-    # Multi-node backends forward only variables with these prefixes; W&B and neox-forge settings must reach ranks.
-    for prefix in ("WANDB", "NEOX", "DS_ACCELERATOR", "OMP_NUM_THREADS", "HF_"):
-        if prefix not in runner.EXPORT_ENVS:
-            runner.EXPORT_ENVS.append(prefix)
     try:
         runner.main(plan.runner_argv)
     except SystemExit as e:
@@ -152,37 +145,30 @@ def launch(plan: LaunchPlan) -> int:
     return 0
 
 
-def multinode_command(plan: LaunchPlan) -> list[str]:
-    """The command DeepSpeed's runner would run for a multi-node launch (pdsh/openmpi/mvapich/slurm).
+def run_cluster(cmd: ClusterCommand) -> int:
+    """Start a multi-node launch (srun/mpirun/pdsh) and wait; SIGTERM/SIGINT are passed on to it.
 
-    Mirrors the runner's resource resolution (hostfile, include/exclude, num_nodes/num_gpus) without ssh
-    checks or starting anything. Raises ConfigError when the plan is not a multi-node launch.
+    The hostfile for mpirun and pdsh's 0600 environment file are written first; the environment file is removed
+    when the launch ends.
     """
-    from deepspeed.launcher import multinode_runner as mnr
-    from deepspeed.launcher import runner
+    from megatron.launcher.secrets import write_env_file
 
-    args = runner.parse_args(plan.runner_argv)
-    pool = runner.fetch_hostfile(args.hostfile)
-    if not pool:
-        raise ConfigError("not a multi-node launch: no hostfile with hosts")
-    active = runner.parse_inclusion_exclusion(pool, args.include, args.exclude)
-    active = runner.apply_num_nodes_and_gpus(active, args.num_nodes, args.num_gpus)
-    if not (args.force_multi or len(active) > 1):
-        raise ConfigError("not a multi-node launch: one host and force_multi is off")
-    if not args.master_addr:
-        args.master_addr = next(iter(active))
-    info = runner.encode_world_info(active)
-    classes: dict[str, Any] = {
-        "pdsh": lambda: mnr.PDSHRunner(args, info),
-        "openmpi": lambda: mnr.OpenMPIRunner(args, info, pool),
-        "mvapich": lambda: mnr.MVAPICHRunner(args, info, pool),
-        "slurm": lambda: mnr.SlurmRunner(args, info, pool),
+    if cmd.hostfile:
+        with open(cmd.hostfile[0], "w", encoding="utf-8") as f:
+            f.write(cmd.hostfile[1])
+    if cmd.env_file:
+        write_env_file(cmd.env_file, cmd.forwarded_env())
+    try:
+        proc = subprocess.Popen(cmd.argv, env=cmd.env)
+    except FileNotFoundError:
+        raise ConfigError(f"launcher {cmd.backend}: {cmd.argv[0]} is not installed (not on PATH)") from None
+    previous = {
+        s: signal.signal(s, lambda signum, _f: proc.send_signal(signum)) for s in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        backend = classes[args.launcher.lower()]()
-        for key, value in plan.env.items():
-            backend.add_export(key, value)
-        result = backend.get_cmd(dict(os.environ), active)
-    except ValueError as e:
-        raise ConfigError(f"launcher {args.launcher}: {e}") from None
-    return list(result[0] if isinstance(result, tuple) else result)
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if cmd.env_file and os.path.exists(cmd.env_file):
+            os.unlink(cmd.env_file)

@@ -183,17 +183,23 @@ class NeoXArgs:
     @classmethod
     def consume_neox_args(cls, overwrite_values: dict | None = None, input_args: list[str] | None = None) -> NeoXArgs:
         """Worker side: read ``--neox_config PATH`` (JSON), ``--megatron_config`` (a JSON file, as current GPT-NeoX
-        passes it, or base64 JSON, as older GPT-NeoX did); other args are ignored. ``input_args`` defaults to
-        ``sys.argv[1:]``. Then ``configure_distributed_args()``.
+        passes it, or base64 JSON, as older GPT-NeoX did) or config files (``torchrun ... train.py a.yml b.yml``,
+        ``mpirun ... train.py a.yml``); other args are ignored. ``input_args`` defaults to ``sys.argv[1:]``.
+        The launcher's rank variables (torchrun, DeepSpeed, srun, mpirun: ``megatron.launcher.worker_env``) are read
+        before the config is resolved, then ``configure_distributed_args()``.
         """
         import sys
+
+        from megatron.launcher.worker_env import describe_ranks, discover_rank_env
 
         parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
         parser.add_argument("--neox_config", default=None)
         parser.add_argument("--megatron_config", default=None)
         parser.add_argument("--deepspeed_config", default=None)
         parser.add_argument("--local_rank", type=int, default=None)
-        known, _ = parser.parse_known_args(sys.argv[1:] if input_args is None else list(input_args))
+        known, rest = parser.parse_known_args(sys.argv[1:] if input_args is None else list(input_args))
+        files = [a for a in rest if a.endswith((".yml", ".yaml", ".json"))]
+        merged: MergedConfig | None = None
         path = known.neox_config or (
             known.megatron_config if known.megatron_config and os.path.isfile(known.megatron_config) else None
         )
@@ -209,25 +215,41 @@ class NeoXArgs:
                 d = json.loads(base64.urlsafe_b64decode(known.megatron_config).decode("utf-8"))
             except ValueError as e:
                 raise ConfigError(f"--megatron_config: neither a JSON file nor base64-encoded JSON: {e}") from None
+        elif files:
+            merged = merge_config_files(files, KNOWN_KEYS)
+            d = merged.values
         else:
             raise ConfigError(
-                "no config given: expected --neox_config PATH (as passed by deepy.py) or --megatron_config"
+                "no config given: expected --neox_config PATH (as passed by deepy.py), --megatron_config or "
+                "config files (train.py a.yml b.yml)"
             )
         if overwrite_values:
             d = {**d, **overwrite_values}
-        args = cls.from_dict(d)
+        # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them first, the world size resolves the config.
+        port = int(d.get("master_port") or 29500)
+        source = discover_rank_env(
+            os.environ, prefer_slurm=bool(d.get("deepspeed_slurm")), master_port=port, fill_defaults=False
+        )
+        if merged is not None:
+            if overwrite_values:
+                apply_overrides(merged, overwrite_values, KNOWN_KEYS, "the overrides")
+            args = cls._from_merged(merged)
+        else:
+            args = cls.from_dict(d)
         args.configure_distributed_args(known.local_rank)
         if args.rank == 0:
+            logger.info(describe_ranks(os.environ, source))
             logger.info("resolved configuration:\n%s", args.format_config())
         return args
 
     def configure_distributed_args(self, local_rank: int | None = None) -> None:
         """Set ``rank``, ``local_rank`` and ``world_size`` from the launcher's environment (torchrun/DeepSpeed
         variables, else SLURM's or MPI's) and check the world size is the one the config was resolved for."""
-        # mpirun/srun start the ranks without RANK/WORLD_SIZE: read them from the scheduler's variables.
-        from megatron.distributed import discover_env_from_scheduler
+        from megatron.launcher.worker_env import discover_rank_env
 
-        discover_env_from_scheduler()
+        discover_rank_env(
+            os.environ, prefer_slurm=bool(self.deepspeed_slurm), master_port=self.master_port, fill_defaults=False
+        )
         env = os.environ
         world = int(env.get("WORLD_SIZE", "1"))
         if world != self.global_num_gpus:

@@ -109,6 +109,7 @@ IGNORED_KEYS: dict[str, str] = {
     "use_cpu_initialization": "weights are always initialised in full on the CPU and then sharded (layout-invariant)",
     "deepspeed_activation_checkpointing": "deprecated in GPT-NeoX; activation checkpointing always uses DeepSpeed's",
     "detect_nvlink_pairs": "DeeperSpeed-only device remapping; DeepSpeed has no such option",
+    "no_ssh_check": "deepy never runs a passwordless-ssh check (pdsh reports unreachable hosts itself)",
     "gradient_noise_scale_n_batches": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",
     "gradient_noise_scale_cpu_offload": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",
     "short_seq_prob": "unused by GPT training in GPT-NeoX as well",

@@ -63,7 +63,7 @@ class DeepspeedConfigArgs:
 
 @dataclass
 class DeepspeedRunnerArgs:
-    """Keys passed to DeepSpeed's runner (``deepspeed.launcher.runner``) by deepy.py."""
+    """Launch keys: DeepSpeed's runner on one node; srun/mpirun/pdsh across nodes (docs/cluster.md)."""
 
     hostfile: str | None = arg(None, "MPI-style hostfile, one `hostname slots=N` per line.")
     include: str | None = arg(None, "Resources to use: `NODE[:SLOT,SLOT][@NODE...]`, e.g. `worker-0@worker-1:0,2`.")
@@ -74,10 +74,14 @@ class DeepspeedRunnerArgs:
     )
     master_port: int = arg(29500, "Rendezvous port. On a CPU-only machine a free port is picked when unset.")
     master_addr: str | None = arg(None, "Rendezvous address (default: first host).")
-    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm"] = arg("pdsh", "Multi-node launcher backend.")
-    force_multi: bool = arg(False, "Use the multi-node launcher even for one node.")
+    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm"] = arg(
+        "pdsh", "Multi-node backend: pdsh (ssh), openmpi/mvapich (mpirun), slurm (srun); see docs/cluster.md."
+    )
+    force_multi: bool = arg(False, "Use the multi-node backend even for one host.")
     detect_nvlink_pairs: bool = arg(False, "DeeperSpeed-only: remap devices by NVLink pairs (ignored).")
     autotuning_run: str | None = arg(None, "DeepSpeed autotuning mode: `tune` or `run` (from --autotuning).")
-    no_ssh_check: bool = arg(False, "Skip the runner's passwordless-ssh check.")
-    comment: str | None = arg(None, "Comment passed to the (slurm) launcher.")
-    account: str | None = arg(None, "Account passed to the slurm launcher.")
+    no_ssh_check: bool = arg(
+        False, "Skip the passwordless-ssh check. deepy never runs one: pdsh reports unreachable hosts itself."
+    )
+    comment: str | None = arg(None, "`srun --comment` (launcher slurm; noted as unused by the others).")
+    account: str | None = arg(None, "`srun --account` (launcher slurm; noted as unused by the others).")

@@ -71,8 +71,13 @@ class OtherArgs:
     onnx_safe: bool = arg(False, "Work around known problems of the torch ONNX exporter.")
     deepscale: bool = arg(False, "Deprecated DeepSpeed flag (no effect).")
     deepscale_config: str | None = arg(None, "Deprecated DeepSpeed config path (no effect).")
-    deepspeed_mpi: bool = arg(False, "Discover rank/world size from MPI environment variables.")
-    deepspeed_slurm: bool = arg(False, "Discover rank/world size from SLURM environment variables.")
+    deepspeed_mpi: bool = arg(
+        False,
+        "Ranks started by mpirun: rank/world size from OMPI_COMM_WORLD_*/MV2_COMM_WORLD_*/PMI_* (implies force_multi).",
+    )
+    deepspeed_slurm: bool = arg(
+        False, "Ranks started by srun: rank/world size from SLURM_PROCID/LOCALID/STEP_NUM_TASKS, master = first node."
+    )
     user_script: str | None = arg(None, "The script deepy.py launched (train.py, generate.py, eval.py).")
     iteration: int | None = arg(None, "Current iteration; set while running.")
     do_train: bool | None = arg(None, "Whether a training set exists; set while running.")

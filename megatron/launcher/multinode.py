@@ -1,0 +1,213 @@
+"""Multi-node launch commands (pdsh, OpenMPI, MVAPICH, SLURM) built from the hostfile and include/exclude.
+
+The commands follow DeepSpeed's runner backends, with two differences: environment values never appear on the
+command line (``srun --export=ALL`` and ``mpirun -x NAME`` forward names; pdsh's remote shell sources a 0600
+environment file), and every user value that reaches a shell string is quoted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from megatron.launcher.hostfile import active_resources, read_hostfile
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.errors import ConfigError
+
+# Variables the ranks need from the launching shell (DeepSpeed's runner forwards a similar prefix list).
+FORWARD_PREFIXES = (
+    "WANDB", "NEOX", "HF_", "HUGGING", "COMET", "DS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS",
+    "PYTHON", "UCX", "MV2", "NCCL", "GLOO", "TORCH", "CUDA_", "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+PDSH_FAN_OUT = 1024
+ENV_FILE = "launch.env"
+
+
+@dataclass
+class ClusterCommand:
+    """A multi-node launch: argv (no secrets), the launcher's environment, and files to write first."""
+
+    backend: str
+    argv: list[str]
+    env: dict[str, str]
+    forwarded: list[str]
+    hostfile: tuple[str, str] | None = None  # (path, text) for mpirun
+    env_file: str | None = None  # pdsh: path of the 0600 file holding the forwarded variables
+    notes: list[str] = field(default_factory=list)
+
+    def forwarded_env(self) -> dict[str, str]:
+        return {k: self.env[k] for k in self.forwarded}
+
+
+def _pdsh_quote(value: str) -> str:
+    """Shell-quoted, with pdsh's ``%`` substitutions (``%h``, ``%n``) escaped."""
+    return shlex.quote(value.replace("%", "%%"))
+
+
+def _uniform_slots(backend: str, active: dict[str, list[int]], same_count: bool) -> int:
+    """Slots per host for schedulers that place ranks by count; ConfigError when a filter asks for more."""
+    for host, slots in active.items():
+        if slots != list(range(len(slots))):
+            raise ConfigError(
+                f"launcher {backend}: cannot pin ranks to slots {slots} on {host}; include/exclude whole hosts "
+                "or the first N slots of a host (launcher pdsh can pin slots)"
+            )
+    counts = {h: len(s) for h, s in active.items()}
+    if same_count and len(set(counts.values())) > 1:
+        raise ConfigError(f"launcher {backend}: needs the same slot count on every host, got {counts}")
+    return next(iter(counts.values()))
+
+
+def is_multinode(args: NeoXArgs) -> bool:
+    """True when deepy must use the multi-node backend: a hostfile with >1 active host, or force_multi."""
+    try:
+        return _active(args) is not None
+    except ConfigError:
+        return True  # let cluster_command report the problem
+
+
+def deepspeed_env_file(environ: Mapping[str, str]) -> dict[str, str]:
+    """``KEY=VALUE`` lines of DeepSpeed's ``.deepspeed_env`` (name from $DS_ENV_FILE) in ~ then the working dir."""
+    name = environ.get("DS_ENV_FILE", ".deepspeed_env")
+    values: dict[str, str] = {}
+    for folder in (os.path.expanduser("~"), os.getcwd()):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                key, eq, value = line.partition("=")
+                if not eq or not key.strip():
+                    raise ConfigError(f"{path}: line {lineno}: expected KEY=VALUE, got {line!r}")
+                values[key.strip()] = value
+    return values
+
+
+def _hostfile(args: NeoXArgs) -> str | None:
+    path = args.hostfile or os.environ.get("DLTS_HOSTFILE")
+    return path if path and os.path.isfile(path) else None
+
+
+def _active(args: NeoXArgs) -> dict[str, list[int]] | None:
+    path = _hostfile(args)
+    if path is None:
+        return None
+    try:
+        active = active_resources(read_hostfile(path), args.include, args.exclude, args.num_nodes, args.num_gpus)
+    except ValueError as e:
+        raise ConfigError(f"hostfile {path}: {e}") from None
+    force = args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi
+    return active if active and (len(active) > 1 or force) else None
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What every backend needs: the resolved hosts and the launcher's environment."""
+
+    args: NeoXArgs
+    active: dict[str, list[int]]
+    env: dict[str, str]
+    forwarded: list[str]
+    script: list[str]
+    run_dir: str
+    config_path: str
+
+    @property
+    def total(self) -> int:
+        return sum(len(s) for s in self.active.values())
+
+    def notes(self) -> list[str]:
+        return [f"{k} is used by launcher slurm only" for k in ("comment", "account") if getattr(self.args, k)]
+
+
+def _slurm(x: _Launch) -> ClusterCommand:
+    per_node = _uniform_slots("slurm", x.active, same_count=True)
+    argv = ["srun", "-n", str(x.total), "--nodes", str(len(x.active)), "--ntasks-per-node", str(per_node)]
+    argv += ["--nodelist", ",".join(x.active)]
+    argv += ["--comment", x.args.comment] if x.args.comment else []
+    argv += ["--account", x.args.account] if x.args.account else []
+    return ClusterCommand("slurm", [*argv, "--export=ALL", *x.script], x.env, x.forwarded)  # srun passes env
+
+
+def _openmpi(x: _Launch) -> ClusterCommand:
+    _uniform_slots("openmpi", x.active, same_count=False)
+    path = os.path.join(x.run_dir, "hostfile.openmpi")
+    text = "".join(f"{h} slots={len(s)}\n" for h, s in x.active.items())
+    argv = ["mpirun", "-n", str(x.total), "-hostfile", path, "--mca", "btl", "^openib"]
+    for name in x.forwarded:
+        argv += ["-x", name]  # the value comes from mpirun's own environment
+    return ClusterCommand("openmpi", [*argv, *x.script], x.env, x.forwarded, (path, text), notes=x.notes())
+
+
+def _mvapich(x: _Launch) -> ClusterCommand:
+    per_node = _uniform_slots("mvapich", x.active, same_count=True)
+    env = {"MV2_SMP_USE_CMA": "0", "MV2_SUPPORT_DL": "1", "MV2_ENABLE_AFFINITY": "0", **x.env}
+    forwarded = sorted({*x.forwarded, *(k for k in env if k.startswith("MV2"))})
+    path = os.path.join(x.run_dir, "hostfile.mvapich")
+    text = "".join(f"{h}\n" for h in x.active)
+    argv = ["mpirun", "-np", str(x.total), "-ppn", str(per_node), "--hostfile", path]
+    argv += ["-genvlist", ",".join(forwarded)]
+    return ClusterCommand("mvapich", [*argv, *x.script], env, forwarded, (path, text), notes=x.notes())
+
+
+def _pdsh(x: _Launch) -> ClusterCommand:
+    """ssh to every host; DeepSpeed's per-node launcher starts that node's ranks after sourcing the env file."""
+    env_file = os.path.abspath(os.path.join(x.run_dir, ENV_FILE))
+    info = base64.urlsafe_b64encode(json.dumps(x.active).encode("utf-8")).decode("ascii")
+    remote = [
+        f"cd {_pdsh_quote(os.getcwd())} && set -a && . {_pdsh_quote(env_file)} && set +a &&",
+        f"exec {_pdsh_quote(sys.executable)} -u -m deepspeed.launcher.launch --world_info={info} --node_rank=%n",
+        f"--master_addr={_pdsh_quote(x.env['MASTER_ADDR'])} --master_port={x.env['MASTER_PORT']}",
+        " ".join(_pdsh_quote(a) for a in (x.args.user_script, "--neox_config", x.config_path)),
+    ]
+    env = {**x.env, "PDSH_RCMD_TYPE": "ssh"}
+    argv = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(x.active), " ".join(remote)]
+    return ClusterCommand("pdsh", argv, env, x.forwarded, env_file=env_file, notes=x.notes())
+
+
+BACKENDS = {"slurm": _slurm, "openmpi": _openmpi, "mvapich": _mvapich, "pdsh": _pdsh}
+
+
+def cluster_command(
+    args: NeoXArgs,
+    config_path: str,
+    run_dir: str,
+    base_env: Mapping[str, str] | None = None,
+    *,
+    on_cpu: bool | None = None,
+) -> ClusterCommand:
+    """The command that starts every rank of ``args`` across the hostfile's nodes with ``args.launcher``.
+
+    ``base_env`` (default: this process's environment) is what the launcher process inherits.
+    """
+    active = _active(args)
+    if active is None:
+        raise ConfigError("not a multi-node launch: no hostfile with hosts, or one host and force_multi off")
+    environ = dict(os.environ if base_env is None else base_env)
+    env = dict(environ)
+    if _is_cpu() if on_cpu is None else on_cpu:
+        env["DS_ACCELERATOR"] = "cpu"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    cwd = os.getcwd()
+    env["PYTHONPATH"] = f"{cwd}:{environ['PYTHONPATH']}" if environ.get("PYTHONPATH") else cwd
+    env["MASTER_ADDR"] = args.master_addr or environ.get("MASTER_ADDR") or next(iter(active))
+    env["MASTER_PORT"] = str(args.master_port)
+    extra = deepspeed_env_file(environ)  # forwarded whatever their names, as DeepSpeed's runner does
+    env.update(extra)
+    forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES) or k in extra)
+    script = [sys.executable, "-u", args.user_script, "--neox_config", config_path]
+    return BACKENDS[args.launcher](_Launch(args, active, env, forwarded, script, run_dir, config_path))
+
+
+def _is_cpu() -> bool:
+    from megatron.distributed import on_cpu
+
+    return on_cpu()

@@ -1,0 +1,137 @@
+"""Worker side: turn whatever started this rank (torchrun, DeepSpeed, srun, mpirun) into torch.distributed's env.
+
+torch.distributed reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. torchrun and
+DeepSpeed's per-node launcher set them; ``srun`` (``deepspeed_slurm``) and ``mpirun`` (``deepspeed_mpi``) set their
+own variables instead, which are translated here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankSource:
+    """Where one launcher keeps rank, local rank, world size and local world size."""
+
+    name: str
+    rank: str
+    local_rank: str
+    size: str
+    local_size: str
+
+
+MPI_SOURCES = (
+    RankSource(
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    RankSource(
+        "mvapich",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
+    ),
+    RankSource("pmi", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"),  # MPICH / Intel MPI (hydra)
+)
+# SLURM_STEP_* exist only inside an srun step: the batch script itself (SLURM_PROCID=0, SLURM_NTASKS=N) is no rank.
+SLURM_SOURCE = RankSource("slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compact host list (``gpu[01-03,07],login``) as host names, in order."""
+    hosts: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", nodelist):
+        prefix, ranges = m.group(1), m.group(2)
+        if ranges is None:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(prefix + lo)
+                continue
+            if not (lo.isdigit() and hi.isdigit()):
+                raise ValueError(f"cannot read the SLURM node list {nodelist!r} (range {part!r})")
+            hosts.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
+    return hosts
+
+
+def _first_count(tasks_per_node: str) -> str:
+    """``SLURM_STEP_TASKS_PER_NODE`` looks like ``4(x2),3``; the first node's count."""
+    m = re.match(r"\d+", tasks_per_node)
+    return m.group(0) if m else "1"
+
+
+def _apply(env: MutableMapping[str, str], src: RankSource) -> None:
+    env["RANK"] = env[src.rank]
+    env["LOCAL_RANK"] = env.get(src.local_rank, "0")
+    env["WORLD_SIZE"] = env[src.size]
+    local = env.get(src.local_size, env[src.size])
+    env["LOCAL_WORLD_SIZE"] = _first_count(local) if src is SLURM_SOURCE else local
+
+
+def _master_addr(env: MutableMapping[str, str], source: str) -> str:
+    if source == "slurm":
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+        hosts = expand_nodelist(nodelist) if nodelist else []
+        if hosts:
+            return hosts[0]
+    if env["LOCAL_WORLD_SIZE"] == env["WORLD_SIZE"]:
+        return "127.0.0.1"  # every rank is on this node
+    raise ValueError(
+        f"ranks started by {source} span several nodes but MASTER_ADDR is not set: export MASTER_ADDR=<first node> "
+        "(deepy.py's openmpi/mvapich/slurm launches do)"
+    )
+
+
+def discover_rank_env(
+    env: MutableMapping[str, str],
+    *,
+    prefer_slurm: bool = False,
+    master_port: int | None = None,
+    fill_defaults: bool = True,
+) -> str:
+    """Fill RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT in ``env``; return the source.
+
+    A launcher that already set ``RANK`` (torchrun, DeepSpeed) wins. Otherwise MPI variables are read first
+    (mpirun inside a SLURM job also sets SLURM variables, per node), SLURM step variables first when
+    ``prefer_slurm`` (``deepspeed_slurm``). With none of them this is a single process: rank 0 of 1. Without
+    ``fill_defaults`` (reading the config, before torch.distributed starts) only a scheduler's variables are
+    translated and ``env`` is otherwise left alone.
+    """
+    if "RANK" in env:
+        source = "launcher"
+    else:
+        candidates = [SLURM_SOURCE, *MPI_SOURCES] if prefer_slurm else [*MPI_SOURCES, SLURM_SOURCE]
+        found = next((s for s in candidates if s.rank in env and s.size in env), None)
+        source = found.name if found else "single process"
+        if found:
+            _apply(env, found)
+        elif not fill_defaults:
+            return source
+        else:
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    if source == "launcher" and not fill_defaults:
+        return source
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("WORLD_SIZE", "1")
+    env.setdefault("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", env["WORLD_SIZE"]))
+    env.setdefault("LOCAL_SIZE", env["LOCAL_WORLD_SIZE"])  # DeepSpeed's name
+    if "MASTER_ADDR" not in env:
+        env["MASTER_ADDR"] = _master_addr(env, source)
+    if "MASTER_PORT" not in env:
+        env["MASTER_PORT"] = str(master_port or 29500)
+    return source
+
+
+def describe_ranks(env: MutableMapping[str, str], source: str) -> str:
+    """One line for rank 0's log: where the ranks came from and where they meet."""
+    where = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
+    return f"ranks from {source}: world size {env.get('WORLD_SIZE', '1')}, master {where}"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Debian packages the cluster-launch tests need: a real mpirun (openmpi-bin) and a single-host SLURM (slurm-wlm,
+# munge). Cheap when they are present; installs them with apt-get when run as root (CI), else says what is missing.
+set -euo pipefail
+missing=()
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+{ command -v slurmctld || [ -x /usr/sbin/slurmctld ]; } >/dev/null || missing+=(slurm-wlm)
+{ command -v munged || [ -x /usr/sbin/munged ]; } >/dev/null || missing+=(munge)
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" != "0" ]; then
+    echo "[system-packages] missing ${missing[*]}: the cluster-launch tests will skip (install as root to run them)" >&2
+    exit 0
+fi
+echo "[system-packages] installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
