@@ -13,6 +13,8 @@ import json
 import logging
 import sys
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+
 
 def main() -> int:
     """Parse the worker arguments, load the checkpoint, evaluate; returns the exit code."""

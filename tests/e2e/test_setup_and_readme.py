@@ -19,6 +19,7 @@ ENTRY_POINTS = sorted(
         "deepy.py",
         "train.py",
         "generate.py",
+        "eval.py",
         "prepare_data.py",
         *(str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.glob("tools/**/*.py") if not p.name.startswith("_")),
     ]

@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.chat_template import ChatPreprocessConfig, preprocess_chat
 
 
