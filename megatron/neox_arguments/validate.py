@@ -219,6 +219,10 @@ def _reliability(c: Ctx) -> list[str]:
     out = check_preemption_keys(v["preemption_signals"], v["exit_duration_in_mins"])
     if v["max_consecutive_nonfinite_steps"] < 1:
         out.append(f"{c.at('max_consecutive_nonfinite_steps')} must be >= 1")
+    if v["loss_spike_skip_window"] == 1 or v["loss_spike_skip_window"] < 0:
+        out.append(f"{c.at('loss_spike_skip_window')} must be 0 (off) or >= 2 (a standard deviation needs two losses)")
+    if not v["loss_spike_skip_zscore"] > 0:
+        out.append(f"{c.at('loss_spike_skip_zscore')} must be > 0")
     if v["load"] == "auto" and not v["save"]:
         out.append(f"{c.at('load')} resumes from save, but save is not set")
     return out

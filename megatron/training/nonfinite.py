@@ -6,7 +6,8 @@ gradients, the flags are all-reduced (MAX), and when any rank saw a non-finite v
 gradients, leaves the weights, optimizer state and LR schedule untouched and counts a skipped step (as DeepSpeed
 does for an fp16 overflow). The skip is logged with its iteration; ``max_consecutive_nonfinite_steps`` skips in a
 row abort the run with a clear message. Under fp16 only the loss is checked: non-finite gradients there are
-loss-scale overflows, left to DeepSpeed's dynamic loss scaler.
+loss-scale overflows, left to DeepSpeed's dynamic loss scaler. With ``loss_spike_skip_window`` set, a step whose
+loss spikes (:mod:`megatron.training.loss_spike`) is skipped the same way and counts toward the same limit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.errors import UserError
+from megatron.training.loss_spike import LossSpikeDetector
 
 logger = logging.getLogger("megatron.train")
 
@@ -62,34 +64,43 @@ def _drop_gradients(engine: Any) -> None:
 class NonFiniteGuard:
     """Decides, on all ranks alike, whether the coming optimizer step is applied."""
 
-    def __init__(self, engine: Any, max_consecutive: int) -> None:
-        self.engine, self.max_consecutive = engine, max_consecutive
+    def __init__(self, engine: Any, max_consecutive: int, spike: LossSpikeDetector | None = None) -> None:
+        self.engine, self.max_consecutive, self.spike = engine, max_consecutive, spike
         self.loss_nonfinite = False
+        self.loss_sum, self.loss_count = 0.0, 0
         self.consecutive = 0
         self.skipped_total = 0
 
     def note_loss(self, loss: float | torch.Tensor) -> None:
         """Record a (micro-batch) loss of the current step."""
-        if not math.isfinite(float(loss)):
+        value = float(loss)
+        if not math.isfinite(value):
             self.loss_nonfinite = True
+        self.loss_sum += value
+        self.loss_count += 1
 
-    def _agree(self) -> bool:
-        local = self.loss_nonfinite
+    def _agree(self, step_loss: float | None) -> tuple[bool, bool]:
+        """(non-finite, spike) as all ranks see it: any rank's flag counts."""
+        nonfinite = self.loss_nonfinite
         # fp16: inf gradients are loss-scale overflows, which DeepSpeed's scaler handles (and learns from)
         fp16 = bool(getattr(self.engine, "fp16_enabled", lambda: False)())
-        if not local and not fp16:
-            local = any(not bool(torch.isfinite(g).all()) for g in _grads(self.engine))
-        flag = torch.tensor([1.0 if local else 0.0])
+        if not nonfinite and not fp16:
+            nonfinite = any(not bool(torch.isfinite(g).all()) for g in _grads(self.engine))
+        spike = not nonfinite and self.spike is not None and step_loss is not None and self.spike.is_spike(step_loss)
+        flags = torch.tensor([float(nonfinite), float(spike)])
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag[0] > 0)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0] > 0), bool(flags[1] > 0)
 
     def take_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """The wrapped ``_take_model_step``."""
-        skip = self._agree()
-        self.loss_nonfinite = False
-        if not skip:
+        step_loss = self.loss_sum / self.loss_count if self.loss_count else None
+        nonfinite, spike = self._agree(step_loss)
+        self.loss_nonfinite, self.loss_sum, self.loss_count = False, 0.0, 0
+        if not (nonfinite or spike):
             self.consecutive = 0
+            if self.spike is not None and step_loss is not None:
+                self.spike.record(step_loss)
             return original(*args, **kwargs)
         iteration = int(self.engine.global_steps) + 1
         self.consecutive += 1
@@ -102,21 +113,34 @@ class NonFiniteGuard:
         engine.global_steps += 1
         engine.global_samples += engine.train_batch_size()
         if (dist.get_rank() if dist.is_initialized() else 0) == 0:
-            logger.warning(
-                "iteration %d: non-finite loss or gradient, step skipped (%d in a row)", iteration, self.consecutive
-            )
+            if nonfinite:
+                logger.warning(
+                    "iteration %d: non-finite loss or gradient, step skipped (%d in a row)", iteration, self.consecutive
+                )
+            else:
+                assert self.spike is not None and step_loss is not None
+                logger.warning(
+                    "iteration %d: loss spike, step skipped (%d in a row): loss %.6g is %.1f standard deviations above "
+                    "the last %d steps (loss_spike_skip_zscore %g)",
+                    iteration, self.consecutive, step_loss, self.spike.zscore(step_loss) or 0.0,
+                    len(self.spike.losses), self.spike.threshold,
+                )  # fmt: skip
         if self.consecutive >= self.max_consecutive:
             raise NonFiniteAbort(
-                f"{self.consecutive} consecutive steps with a non-finite loss or gradient (last at iteration "
-                f"{iteration}): training diverged or the data is broken; lower the learning rate, check the data, "
-                "or resume from an earlier checkpoint (max_consecutive_nonfinite_steps sets the limit)"
+                f"{self.consecutive} consecutive steps skipped for a non-finite loss or gradient or a loss spike (last "
+                f"at iteration {iteration}): training diverged or the data is broken; lower the learning rate, check "
+                "the data, or resume from an earlier checkpoint (max_consecutive_nonfinite_steps sets the limit)"
             )
         return None
 
 
-def install_nonfinite_guard(engine: Any, max_consecutive: int) -> NonFiniteGuard:
-    """Wrap ``engine._take_model_step`` with a :class:`NonFiniteGuard` (stored as ``engine.nonfinite_guard``)."""
-    guard = NonFiniteGuard(engine, max_consecutive)
+def install_nonfinite_guard(
+    engine: Any, max_consecutive: int, spike_window: int = 0, spike_zscore: float = 0.0
+) -> NonFiniteGuard:
+    """Wrap ``engine._take_model_step`` with a :class:`NonFiniteGuard` (stored as ``engine.nonfinite_guard``);
+    ``spike_window`` > 0 also skips loss spikes above ``spike_zscore``."""
+    spike = LossSpikeDetector(spike_window, spike_zscore) if spike_window > 0 else None
+    guard = NonFiniteGuard(engine, max_consecutive, spike)
     original = engine._take_model_step
 
     def take_model_step(*args: Any, **kwargs: Any) -> Any:

@@ -317,7 +317,12 @@ def pretrain(args: Any) -> PretrainResult:
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
-        install_nonfinite_guard(engine, int(getattr(args, "max_consecutive_nonfinite_steps", None) or 10))
+        install_nonfinite_guard(
+            engine,
+            int(getattr(args, "max_consecutive_nonfinite_steps", None) or 10),
+            int(getattr(args, "loss_spike_skip_window", None) or 0),
+            float(getattr(args, "loss_spike_skip_zscore", None) or 0.0),
+        )
         trainer.stop_check = preemption.should_stop
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
             save(0)

@@ -16,9 +16,12 @@ from tests.distributed.fns_train import run_pretrain
 from tests.harness import REPO_ROOT, free_port, subprocess_env
 
 
-def run_with_nan(config: dict[str, Any], nan_iters: list[int], nan_rank: int) -> dict[str, Any]:
-    """``run_pretrain`` with the training loss of ``nan_iters`` (1-based) replaced by NaN on rank ``nan_rank``;
-    returns the result plus the warnings logged and the abort message (if any)."""
+def run_with_nan(
+    config: dict[str, Any], nan_iters: list[int], nan_rank: int, factor: float = float("nan")
+) -> dict[str, Any]:
+    """``run_pretrain`` with the training loss of ``nan_iters`` (1-based) multiplied by ``factor`` (NaN: replaced
+    by NaN; a large factor: a loss spike) on rank ``nan_rank``; returns the result plus the warnings logged and the
+    abort message (if any)."""
     import torch.distributed as dist
 
     from megatron.training import pretrain as pretrain_mod
@@ -37,7 +40,7 @@ def run_with_nan(config: dict[str, Any], nan_iters: list[int], nan_rank: int) ->
         def poisoned(logits: torch.Tensor, targets: Any) -> torch.Tensor:
             loss = cross_entropy(logits, targets)
             if logits.requires_grad and state["iteration"] in nan_iters and dist.get_rank() == nan_rank:
-                loss = loss * float("nan")
+                loss = loss * factor
             return loss
 
         return poisoned
@@ -58,7 +61,7 @@ def run_with_nan(config: dict[str, Any], nan_iters: list[int], nan_rank: int) ->
     finally:
         step_mod.SequentialStep.train = original_train  # type: ignore[method-assign]
         logging.getLogger("megatron.train").removeHandler(handler)
-    out["warnings"] = [r for r in records if "non-finite" in r]
+    out["warnings"] = [r for r in records if "non-finite" in r or "loss spike" in r]
     return out
 
 
@@ -104,7 +107,7 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
         p.wait(timeout=30)
 
 
-def run_with_nan_many(jobs: list[tuple[dict[str, Any], list[int], int]]) -> list[dict[str, Any]]:
+def run_with_nan_many(jobs: list[tuple]) -> list[dict[str, Any]]:
     """Several :func:`run_with_nan` runs one after the other on the same ranks."""
     return [run_with_nan(*job) for job in jobs]
 

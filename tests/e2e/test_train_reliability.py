@@ -32,25 +32,37 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return make_tiny_data(tmp_path_factory.mktemp("data"))
 
 
-def test_nonfinite_steps_are_skipped_in_any_precision_and_repeats_abort(data: dict[str, str]) -> None:
+def test_nonfinite_steps_and_loss_spikes_are_skipped_and_repeats_abort(data: dict[str, str]) -> None:
     common = dict(world=2, train_iters=6, eval_iters=0, log_interval=1)
+    spikes = dict(loss_spike_skip_window=3, loss_spike_skip_zscore=4.0)
     jobs = [
         (tiny_config(data, **common), [3], 1),  # fp32, ZeRO-0: NaN on rank 1 only
         (tiny_config(data, **common, bf16={"enabled": True}, zero_optimization={"stage": 1}), [2, 5], 0),
         (tiny_config(data, **common, max_consecutive_nonfinite_steps=3), [2, 3, 4, 5, 6], 1),
+        # loss x30 on rank 1 at iteration 5 (the world-mean loss jumps): a spike against the 3 steps before it
+        (tiny_config(data, **common, **spikes), [5], 1, 30.0),
+        # spikes in a row count toward the same limit (the window keeps the last applied steps' losses)
+        (tiny_config(data, **common, **spikes, max_consecutive_nonfinite_steps=2), [4, 5, 6], 0, 30.0),
     ]
     results = run_distributed(run_with_nan_many, 2, jobs, timeout=600)
     for rank_results in results:
-        fp32, bf16, aborted = rank_results
+        fp32, bf16, aborted, spiked, spikes_abort = rank_results
         assert math.isnan(fp32["train_losses"][2]) and fp32["skipped_iters"] == 1
         # the NaN gradients were not applied: every later step trains on finite weights
         assert all(math.isfinite(x) for i, x in enumerate(fp32["train_losses"]) if i != 2)
         assert [i for i, x in enumerate(bf16["train_losses"]) if not math.isfinite(x)] == [1, 4]
         assert bf16["skipped_iters"] == 2 and bf16["zero_stage"] == 1 and bf16["params_dtype"] == "bfloat16"
         assert "NonFiniteAbort: 3 consecutive steps" in aborted["abort"] and "iteration 4" in aborted["abort"]
+        assert spiked["skipped_iters"] == 1 and spiked["train_losses"][4] > 10 * spiked["train_losses"][3]
+        assert spiked["train_losses"][5] < spiked["train_losses"][3] + 0.5  # the spike's gradients were not applied
+        assert "NonFiniteAbort: 2 consecutive steps" in spikes_abort["abort"] and "iteration 5" in spikes_abort["abort"]
     rank0 = results[0]
     assert rank0[0]["warnings"] == ["iteration 3: non-finite loss or gradient, step skipped (1 in a row)"]
     assert len(rank0[1]["warnings"]) == 2 and "iteration 5" in rank0[1]["warnings"][1]
+    assert len(rank0[3]["warnings"]) == 1 and rank0[3]["warnings"][0].startswith(
+        "iteration 5: loss spike, step skipped"
+    )
+    assert not results[1][3]["warnings"]  # rank 0 logs
 
 
 def _wait(procs: list, timeout: float = 300) -> list[int]:

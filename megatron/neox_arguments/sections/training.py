@@ -163,3 +163,12 @@ class TrainingArgs:
         "neox-forge: a step with a NaN/inf loss or gradient is skipped in any precision (logged with its iteration); "
         "this many in a row abort the run.",
     )
+    loss_spike_skip_window: int = arg(
+        0,
+        "neox-forge: loss-spike skip (0: off). The number of recent applied steps whose losses are the reference; a "
+        "step whose loss lies more than loss_spike_skip_zscore standard deviations above their mean is skipped like a "
+        "non-finite step and counts toward max_consecutive_nonfinite_steps (see docs/reliability.md).",
+    )
+    loss_spike_skip_zscore: float = arg(
+        6.0, "neox-forge: z-score above which a step's loss is a spike (used when loss_spike_skip_window > 0)."
+    )
