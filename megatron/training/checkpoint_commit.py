@@ -87,8 +87,9 @@ def latest_tag(root: str | Path) -> str | None:
     return tag
 
 
-def select_checkpoint(root: str | Path) -> str | None:
-    """The tag to resume from: ``latest``'s if valid, else the newest older valid one (warning); None if none."""
+def select_checkpoint(root: str | Path, *, checksums: bool = False) -> str | None:
+    """The tag to resume from: ``latest``'s if valid, else the newest older valid one (warning); None if none.
+    Valid means every file has its manifest's size (and, with ``checksums``, its sha256)."""
     base = Path(root)
     tag = latest_tag(base)
     candidates = checkpoints_by_iteration(base)[::-1]
@@ -97,7 +98,7 @@ def select_checkpoint(root: str | Path) -> str | None:
         older = [p for p in candidates if p.name != tag and (limit is None or (iteration_of(p) or 0) < limit)]
         candidates = [base / tag, *older]
     for directory in candidates:
-        problem = "it does not exist" if not directory.is_dir() else verify_checkpoint(directory)
+        problem = "it does not exist" if not directory.is_dir() else verify_checkpoint(directory, checksums=checksums)
         if problem is None:
             if directory.name != tag and tag is not None:
                 logger.warning("loading %s instead of %s named by latest", directory, tag)

@@ -70,6 +70,7 @@ class CheckpointConfig:
     finetune: bool = False
     iteration: int | None = None
     zero_stage: int = 0
+    load_verify_checksums: bool = False
 
     @classmethod
     def from_neox_args(cls, args: Any) -> CheckpointConfig:
@@ -279,13 +280,15 @@ def resolve_tag(cfg: CheckpointConfig) -> str | None:
         if not (root / tag).is_dir():
             available = ", ".join(p.name for p in list_checkpoints(root)) or "none"
             raise CheckpointError(f"iteration {cfg.iteration}: no checkpoint {root / tag} (available: {available})")
+        verify_manifest(root / tag, checksums=cfg.load_verify_checksums)
         return tag
-    return commit_lib.select_checkpoint(root)
+    return commit_lib.select_checkpoint(root, checksums=cfg.load_verify_checksums)
 
 
-def verify_manifest(directory: Path) -> None:
-    """A checkpoint with our manifest must hold every file it lists at the recorded size (GPT-NeoX ones have none)."""
-    problem = verify_checkpoint(directory)
+def verify_manifest(directory: Path, *, checksums: bool = False) -> None:
+    """A checkpoint with our manifest must hold every file it lists at the recorded size, and with ``checksums``
+    its sha256 (GPT-NeoX checkpoints have no manifest)."""
+    problem = verify_checkpoint(directory, checksums=checksums)
     if problem:
         raise CheckpointError(f"checkpoint {directory} is incomplete: {problem}")
 

@@ -98,3 +98,21 @@ def test_retention_by_iteration_keeps_latest_and_newest_valid(tmp_path: Path) ->
     delete_old_checkpoints(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.glob("global_step*")) == ["global_step30", "global_step40"]
     assert select_checkpoint(tmp_path) == "global_step30"
+
+
+def test_load_verify_checksums_skips_a_corrupted_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``load_verify_checksums``: a same-size corruption passes the size check but not the sha256 one; the load
+    falls back to the previous checkpoint naming the file, and a requested iteration is refused."""
+    from megatron.checkpoint.layout import CheckpointError
+    from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+
+    _save(tmp_path, 4)
+    bad = _save(tmp_path, 8) / "mp_rank_00_model_states.pt"
+    bad.write_bytes(b"X" * bad.stat().st_size)
+    assert resolve_tag(CheckpointConfig(load=str(tmp_path))) == "global_step8"  # sizes only: not noticed
+    cfg = CheckpointConfig.from_neox_args(type("A", (), {"load": str(tmp_path), "load_verify_checksums": True})())
+    with caplog.at_level(logging.WARNING):
+        assert resolve_tag(cfg) == "global_step4"
+    assert f"{bad} does not match its sha256" in caplog.text
+    with pytest.raises(CheckpointError, match=r"mp_rank_00_model_states\.pt does not match its sha256"):
+        resolve_tag(CheckpointConfig(load=str(tmp_path), iteration=8, load_verify_checksums=True))

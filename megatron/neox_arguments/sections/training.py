@@ -172,3 +172,8 @@ class TrainingArgs:
     loss_spike_skip_zscore: float = arg(
         6.0, "neox-forge: z-score above which a step's loss is a spike (used when loss_spike_skip_window > 0)."
     )
+    load_verify_checksums: bool = arg(
+        False,
+        "neox-forge: also check every file's sha256 against the checkpoint's manifest.json when loading (sizes are "
+        "always checked); a checkpoint that fails is skipped with a warning naming the file, as a truncated one.",
+    )
