@@ -20,6 +20,7 @@ from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.types import coerce_value, describe
 from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
 from megatron.neox_arguments.validate import validate
+from megatron.neox_arguments.value_checks import value_problems
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class NeoXArgs:
                 [unknown_key_message(k, origins.get(k, "the configuration"), KNOWN_KEYS) for k in unknown]
             )
         checked, problems = _type_problems(values, origins)
+        problems += value_problems(checked, origins)  # ranges and syntax of the given values, before deriving
         if problems:
             raise ConfigError(problems)
         resolved = default_values()

@@ -1,4 +1,6 @@
-"""Cross-field rules, as a table. ``validate()`` runs them all and returns every violation."""
+"""Cross-field rules, as a table. ``validate()`` runs them all and returns every violation.
+
+Single values (ranges, syntax) are checked earlier, before deriving: ``value_checks.py``."""
 
 from __future__ import annotations
 
@@ -40,11 +42,6 @@ def _deepspeed(c: Ctx) -> list[str]:
     return [] if c.v["deepspeed"] else [f"{c.at('deepspeed')}: neox-forge always runs on DeepSpeed; remove it"]
 
 
-def _positive(c: Ctx) -> list[str]:
-    keys = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings")
-    return [f"{c.at(k)} must be a positive integer" for k in keys if c.v[k] is not None and c.v[k] <= 0]
-
-
 def _heads(c: Ctx) -> list[str]:
     v, out = c.v, []
     h, heads, mp = v["hidden_size"], v["num_attention_heads"], v["model_parallel_size"]
@@ -82,9 +79,6 @@ def _seq(c: Ctx) -> list[str]:
 
 def _parallel(c: Ctx) -> list[str]:
     v, out = c.v, []
-    for k in ("pipe_parallel_size", "model_parallel_size"):
-        if v[k] is not None and v[k] < (0 if k == "pipe_parallel_size" else 1):
-            out.append(f"{c.at(k)} is out of range")
     stage = v["zero_stage"]
     if isinstance(stage, int) and stage >= 2 and v["pipe_parallel_size"] >= 1:
         out.append(
@@ -100,9 +94,6 @@ def _optimizer(c: Ctx) -> list[str]:
         out.append(f"{c.at('min_lr')} is larger than the learning rate lr={v['lr']!r} (optimizer.params.lr)")
     if isinstance(v["optimizer"], dict) and "weight_decay" in (v["optimizer"].get("params") or {}):
         out.append("optimizer.params.weight_decay: set the top-level key weight_decay instead")
-    for k in ("warmup", "hidden_dropout", "attention_dropout"):
-        if not 0.0 <= v[k] <= 1.0:
-            out.append(f"{c.at(k)} must be between 0 and 1")
     return out
 
 
@@ -110,9 +101,6 @@ def _precision(c: Ctx) -> list[str]:
     v, out = c.v, []
     if v["fp16_lm_cross_entropy"] and v["precision"] != "fp16":
         out.append(f"{c.at('fp16_lm_cross_entropy')} needs fp16 precision")
-    for k in ("fp16", "amp", "flops_profiler"):
-        if isinstance(v[k], dict) and "enabled" not in v[k]:
-            out.append(f"{k} must contain 'enabled' (set in {c.origins.get(k, 'the config')})")
     return out
 
 
@@ -147,9 +135,7 @@ def _checkpoints(c: Ctx) -> list[str]:
 
 def _layers(c: Ctx) -> list[str]:
     v, out = c.v, []
-    if v["num_unique_layers"] is not None and v["num_unique_layers"] < 1:
-        out.append(f"{c.at('num_unique_layers')} must be >= 1")
-    elif v["num_unique_layers"] is not None and v["num_layers"] and v["num_layers"] % v["num_unique_layers"]:
+    if v["num_unique_layers"] is not None and v["num_layers"] and v["num_layers"] % v["num_unique_layers"]:
         out.append(f"{c.at('num_unique_layers')} does not divide {c.at('num_layers')}")
     if v["intermediate_size"] is not None and v["expansion_factor"] is not None:
         out.append("intermediate_size and expansion_factor are exclusive; set one")
@@ -175,33 +161,17 @@ def _post_training(c: Ctx) -> list[str]:
 
 
 def _ranges(c: Ctx) -> list[str]:
+    """Combinations of ranges (single-key ranges are checked before deriving: ranges.py)."""
     v, out = c.v, []
-    positive = (
-        "make_vocab_size_divisible_by",
-        "log_interval",
-        "eval_interval",
-        "checkpoint_num_layers",
-        "mlp_multiple_of",
-    )
-    out += [f"{c.at(k)} must be > 0" for k in positive if v[k] is not None and v[k] <= 0]
-    at_least_one = (
-        "keep_last_n_checkpoints",
-        "sliding_window_width",
-        "intermediate_size",
-        "train_iters",
-        "train_epochs",
-    )
-    out += [f"{c.at(k)} must be >= 1" for k in at_least_one if v[k] is not None and v[k] < 1]
-    if v["num_workers"] < 0 or v["eval_iters"] < 0:
-        out += [f"{c.at(k)} must be >= 0" for k in ("num_workers", "eval_iters") if v[k] < 0]
-    if not 0.0 < v["rotary_pct"] <= 1.0:
-        out.append(f"{c.at('rotary_pct')} must be in (0, 1]")
-    if v["lr_decay_fraction"] is not None and not 0.0 < v["lr_decay_fraction"] <= 1.0:
-        out.append(f"{c.at('lr_decay_fraction')} must be in (0, 1]")
     if v["train_epochs"] is not None and (v["pack_impl"] != "packed" or v["dataset_impl"] != "gpt2"):
         out.append("train_epochs needs pack_impl: packed and dataset_impl: gpt2 (use train_iters otherwise)")
     if v["checkpoint_scale"] == "log" and v["checkpoint_factor"] is not None and v["checkpoint_factor"] <= 1:
         out.append(f"{c.at('checkpoint_factor')} must be > 1 with checkpoint_scale: log")
+    factor = v["checkpoint_factor"]
+    if v["checkpoint_scale"] == "linear" and factor is not None and float(factor) != int(factor):
+        out.append(f"{c.at('checkpoint_factor')} must be a whole number of iterations with checkpoint_scale: linear")
+    if v["profile"] and v["profile_step_stop"] < v["profile_step_start"]:
+        out.append(f"{c.at('profile_step_stop')} is before {c.at('profile_step_start')}")
     return out
 
 
@@ -217,12 +187,6 @@ def _reliability(c: Ctx) -> list[str]:
 
     v = c.v
     out = check_preemption_keys(v["preemption_signals"], v["exit_duration_in_mins"])
-    if v["max_consecutive_nonfinite_steps"] < 1:
-        out.append(f"{c.at('max_consecutive_nonfinite_steps')} must be >= 1")
-    if v["loss_spike_skip_window"] == 1 or v["loss_spike_skip_window"] < 0:
-        out.append(f"{c.at('loss_spike_skip_window')} must be 0 (off) or >= 2 (a standard deviation needs two losses)")
-    if not v["loss_spike_skip_zscore"] > 0:
-        out.append(f"{c.at('loss_spike_skip_zscore')} must be > 0")
     if v["load"] == "auto" and not v["save"]:
         out.append(f"{c.at('load')} resumes from save, but save is not set")
     return out
@@ -232,7 +196,6 @@ def _reliability(c: Ctx) -> list[str]:
 RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("required keys", _required),
     ("deepspeed", _deepspeed),
-    ("positive shapes", _positive),
     ("attention heads", _heads),
     ("key/value heads", _kv_heads),
     ("sequence length", _seq),

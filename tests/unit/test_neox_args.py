@@ -316,7 +316,7 @@ def test_padded_vocab_size_and_data_weights():
         ({"train_impl": "kto", "train_micro_batch_size_per_gpu": 1}, "kto needs train_micro_batch_size_per_gpu >= 2"),
         ({"rotary_pct": 0.0}, "rotary_pct=0.0 must be in (0, 1]"),
         ({"keep_last_n_checkpoints": 0}, "keep_last_n_checkpoints=0 must be >= 1"),
-        ({"log_interval": 0}, "log_interval=0 must be > 0"),
+        ({"log_interval": 0}, "log_interval=0 must be >= 1"),
         ({"train_epochs": 2, "pack_impl": "unpacked"}, "train_epochs needs pack_impl: packed"),
         ({"text_gen_type": "input-file"}, "needs sample_input_file"),
     ],

@@ -1,0 +1,160 @@
+"""Checks of single config values before anything is derived: numeric ranges (``ranges.py``) and the syntax of
+structured strings, lists and dicts (``SYNTAX`` below). Cross-field rules live in ``validate.py``.
+
+Each syntax check takes the (type-checked) value and returns what is wrong with it, or None.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from megatron.neox_arguments.ranges import range_problems
+
+Check = Callable[[Any], "str | None"]
+
+
+def _strings(value: Any) -> str | None:
+    items = [value] if isinstance(value, str) else value
+    bad = next((x for x in items if not isinstance(x, str) or not x.strip()), None)
+    return None if bad is None else f"entry {bad!r} is not a non-empty string"
+
+
+def _weights(value: list) -> str | None:
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            return f"entry {x!r} is not a finite number >= 0"
+    return None if any(x > 0 for x in value) or not value else "needs at least one weight > 0"
+
+
+def _iterations(value: list) -> str | None:
+    bad = next((x for x in value if isinstance(x, bool) or not isinstance(x, int) or x < 0), None)
+    return None if bad is None else f"entry {bad!r} is not an iteration (an integer >= 0)"
+
+
+def _split(value: str) -> str | None:
+    from megatron.data.data_utils import parse_split
+
+    if len(re.split(r"[,/]", value)) > 3:
+        return "has more than three parts (train, valid, test)"
+    try:
+        parse_split(value)
+    except ValueError as e:
+        return str(e).replace(f"split {value!r} ", "")
+    return None
+
+
+def _partition(value: str) -> str | None:
+    if value in ("parameters", "uniform"):
+        return None
+    if not value.startswith("type:"):
+        return "must be 'parameters', 'uniform' or 'type:<regex>'"
+    try:
+        re.compile(value[len("type:") :], re.IGNORECASE)
+    except re.error as e:
+        return f"holds an invalid regular expression ({e})"
+    return None
+
+
+def _attention_config(value: list) -> str | None:
+    if all(isinstance(t, str) for t in value):
+        return None  # the expanded form: one type name per layer
+    for entry in value:
+        ok = isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], (list, tuple))
+        repeat = entry[1] if ok else None
+        if not ok or not (repeat == "all" or (type(repeat) is int and repeat >= 1)):
+            return f"entry {entry!r} is not a [[types...], repeat] pair (repeat: a count >= 1 or 'all')"
+        if not entry[0] or not all(isinstance(t, str) for t in entry[0]):
+            return f"entry {entry!r} needs a non-empty list of attention type names"
+    return None
+
+
+def _enabled(value: dict) -> str | None:
+    if "enabled" in value and not isinstance(value["enabled"], bool):
+        return f"'enabled' must be true or false, got {value['enabled']!r}"
+    if "enabled" not in value:
+        return "must contain 'enabled' (true or false)"
+    return None
+
+
+def _optimizer(value: dict) -> str | None:
+    if not isinstance(value.get("type"), str):
+        return "needs 'type' (the optimizer's name)"
+    if not isinstance(value.get("params", {}), dict):
+        return f"'params' must be a mapping of constructor arguments, got {value['params']!r}"
+    return None
+
+
+def _zero(value: dict) -> str | None:
+    stage = value.get("stage", 0)
+    stages = stage if isinstance(stage, list) else [stage]  # a list (or 'all') is DeepSpeed autotuning's search space
+    if stage != "all" and not all(type(x) is int and 0 <= x <= 3 for x in stages):
+        return f"stage must be 0, 1, 2 or 3, got {stage!r}"
+    return None
+
+
+def _resources(what: str) -> Check:
+    def check(value: str) -> str | None:
+        from megatron.launcher.hostfile import _parse_filter
+
+        if any(not part.strip() for part in value.split("@")):
+            return "has an empty NODE between '@'s; expected NODE[:SLOT,SLOT][@NODE...]"
+        try:
+            _parse_filter(value, what)
+        except ValueError as e:
+            return str(e).removeprefix(f"{what}: ")
+        return None
+
+    return check
+
+
+def _one_of(*choices: str) -> Check:
+    return lambda value: None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
+
+
+def _url(value: str) -> str | None:
+    return None if re.match(r"^https?://[^\s/]+", value) else "must be a URL starting with http:// or https://"
+
+
+DATA_PATH_LISTS = tuple(
+    [f"{s}_{kind}data_paths" for s in ("train", "valid", "test") for kind in ("", "label_", "reward_")]
+    + [
+        f"{pn}_{s}_{kind}data_paths"
+        for pn in ("pos", "neg")
+        for s in ("train", "valid", "test")
+        for kind in ("", "label_")
+    ]
+)
+
+SYNTAX: dict[str, Check] = {
+    **dict.fromkeys(DATA_PATH_LISTS, _strings),
+    **dict.fromkeys(("online_dataserver_ips", "comet_tags", "eval_tasks"), _strings),
+    **dict.fromkeys(("train_data_weights", "valid_data_weights", "test_data_weights"), _weights),
+    "extra_save_iters": _iterations,
+    "split": _split,
+    "pipe_partition_method": _partition,
+    "attention_config": _attention_config,
+    **dict.fromkeys(("fp16", "bf16", "amp", "flops_profiler"), _enabled),
+    "optimizer": _optimizer,
+    "zero_optimization": _zero,
+    "include": _resources("include"),
+    "exclude": _resources("exclude"),
+    "communication_data_type": _one_of("fp32", "fp16", "bf16"),
+    "distributed_backend": _one_of("nccl", "gloo", "mpi", "ccl", "hccl", "xccl"),
+    "param_sharing_style": _one_of("grouped", "spaced"),
+    "wandb_host": _url,
+}
+
+
+def value_problems(values: dict[str, Any], origins: dict[str, str]) -> list[str]:
+    """Every problem of the given (type-checked) values, each naming its key (and the file that set it)."""
+    problems = range_problems(values, origins)
+    for key, value in values.items():
+        check = SYNTAX.get(key)
+        problem = check(value) if check is not None and value is not None else None
+        if problem:
+            where = origins.get(key)
+            problems.append(f"{key}={value!r}: {problem}" + (f" (set in {where})" if where else ""))
+    return problems
