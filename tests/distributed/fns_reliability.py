@@ -95,6 +95,12 @@ def write_neox_config(config: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def streamed_losses(log_dir: Path, rank: int) -> list[float]:
+    """The losses a rank streamed so far (one per finished step)."""
+    path = log_dir / f"rank{rank}.steps"
+    return [float(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def rank_log(log_dir: Path, rank: int) -> str:
     path = log_dir / f"rank{rank}.log"
     return path.read_text() if path.exists() else ""
@@ -113,7 +119,8 @@ def run_with_nan_many(jobs: list[tuple]) -> list[dict[str, Any]]:
 
 
 def _worker_main() -> int:
-    """train.py's ``main`` with two test-only additions: losses dumped per rank, and an optional stalled save."""
+    """train.py's ``main`` with test-only additions: losses dumped per rank (at the end, and per step to
+    ``rank<N>.steps`` as they happen), and an optional stalled save."""
     import json
     import time
 
@@ -130,6 +137,17 @@ def _worker_main() -> int:
         return result
 
     pretrain_mod.pretrain = recording
+    from megatron.training import step as step_mod
+
+    step_train = step_mod.SequentialStep.train
+
+    def streaming(self: Any, data_iter: Any) -> Any:  # every step's loss, flushed, so that kill -9 keeps it
+        result = step_train(self, data_iter)
+        with open(out_dir / f"rank{rank}.steps", "a") as f:
+            f.write(f"{result.lm_loss!r}\n")
+        return result
+
+    step_mod.SequentialStep.train = streaming  # type: ignore[method-assign]
     slow = os.environ.get("RELIAB_SLOW_SAVE_TAG")
     if slow:
         save = torch.save

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import signal
 import time
@@ -19,6 +20,7 @@ from tests.distributed.fns_reliability import (
     rank_log,
     run_with_nan_many,
     start_train_ranks,
+    streamed_losses,
     write_neox_config,
 )
 from tests.distributed.fns_train import make_tiny_data, tiny_config
@@ -81,14 +83,25 @@ def _logs(log_dir: Path, world: int) -> str:
     return "\n".join(f"--- rank {r}\n{rank_log(log_dir, r)[-4000:]}" for r in range(world))
 
 
-def test_sigterm_to_one_rank_saves_everywhere_and_resumes_exactly(data: dict[str, str], tmp_path: Path) -> None:
+COMMON = dict(world=2, train_iters=16, eval_iters=0, log_interval=1, zero_optimization={"stage": 1})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The loss trace of the 2-rank fp32 ZeRO-1 run the interrupted runs below must reproduce."""
+    tmp_path = tmp_path_factory.mktemp("reference")
+    reference = write_neox_config(tiny_config(data, **COMMON), tmp_path / "reference.json")
+    assert _wait(start_train_ranks(reference, 2, tmp_path / "ref")) == [0, 0], _logs(tmp_path / "ref", 2)
+    return _records(tmp_path / "ref", 2)[0]["losses"]
+
+
+def test_sigterm_to_one_rank_saves_everywhere_and_resumes_exactly(
+    data: dict[str, str], uninterrupted: list[float], tmp_path: Path
+) -> None:
     """SIGTERM reaches rank 1 only: both ranks stop after the same step, save it, exit 42; the same command then
     resumes there and the stitched losses equal an uninterrupted run bit for bit (fp32, 2 ranks, ZeRO-1)."""
     ck = str(tmp_path / "ck")
-    common = dict(world=2, train_iters=16, eval_iters=0, log_interval=1, zero_optimization={"stage": 1})
-    reference = write_neox_config(tiny_config(data, **common), tmp_path / "reference.json")
-    assert _wait(start_train_ranks(reference, 2, tmp_path / "ref")) == [0, 0], _logs(tmp_path / "ref", 2)
-    full = _records(tmp_path / "ref", 2)[0]["losses"]
+    common, full = COMMON, uninterrupted
 
     config = write_neox_config(
         tiny_config(data, **common, save=ck, load=ck, checkpoint_factor=1000), tmp_path / "c.json"
@@ -114,6 +127,35 @@ def test_sigterm_to_one_rank_saves_everywhere_and_resumes_exactly(data: dict[str
     second = _records(tmp_path / "run2", 2)[0]
     assert second["start"] == stop and not second["preempted"]
     assert first[0]["losses"] + second["losses"] == full  # bit-exact stitched trace
+
+
+def test_kill9_of_all_ranks_at_a_random_step_resumes_bit_exactly(
+    data: dict[str, str], uninterrupted: list[float], tmp_path: Path
+) -> None:
+    """kill -9 of both ranks after a random step (checkpoints every 3 steps), then the same command: it resumes from
+    the newest checkpoint and the stitched trace (steps before it from the killed run, the rest from the restart)
+    equals an uninterrupted run bit for bit (fp32, 2 ranks, ZeRO-1)."""
+    kill_after = random.Random().randint(4, 12)
+    ck = str(tmp_path / "ck")
+    cfg = tiny_config(data, **COMMON, save=ck, load=ck, checkpoint_factor=3)
+    config = write_neox_config(cfg, tmp_path / "c.json")
+    procs = start_train_ranks(config, 2, tmp_path / "run1")
+    deadline = time.monotonic() + 300
+    while len(streamed_losses(tmp_path / "run1", 0)) < kill_after:
+        assert time.monotonic() < deadline and procs[0].poll() is None, _logs(tmp_path / "run1", 2)
+        time.sleep(0.005)
+    kill_all(procs)  # SIGKILL to every rank, wherever each one is
+    killed = streamed_losses(tmp_path / "run1", 0)
+    assert kill_after <= len(killed) < 16, f"kill after step {kill_after}: {killed}"
+
+    assert _wait(start_train_ranks(config, 2, tmp_path / "run2")) == [0, 0], _logs(tmp_path / "run2", 2)
+    resumed = _records(tmp_path / "run2", 2)
+    start = resumed[0]["start"]
+    assert start == resumed[1]["start"] and start % 3 == 0 and len(killed) - 3 <= start <= len(killed), (
+        f"kill after step {kill_after}: resumed at {start}"
+    )
+    assert killed[:start] + resumed[0]["losses"] == uninterrupted, f"kill after step {kill_after}"
+    assert resumed[1]["losses"] == resumed[0]["losses"]
 
 
 def test_kill9_during_a_save_and_a_truncated_newest_checkpoint(data: dict[str, str], tmp_path: Path) -> None:
