@@ -2,7 +2,8 @@
 
 Rank 0 writes the resharded copy next to the checkpoint (``<root>/.resharded/<tag>-tp<T>-pp<P>``, reused when it
 is already there), every rank then loads that copy. The optimizer state comes along when it can be resharded
-(ZeRO-0 torch optimizers); otherwise the copy is weights-only and the caller must not load optimizer state.
+(ZeRO-0 torch state or ZeRO-1/2 fp32 shards); otherwise the copy is weights-only, and the caller refuses it unless
+the run loads no optimizer state.
 """
 
 from __future__ import annotations
@@ -57,13 +58,12 @@ def plan_load(
     padded_vocab_size: int | None,
     is_writer: bool,
     barrier: Callable[[], None],
-    zero_stage: int = 0,
 ) -> LoadPlan:
     """Decide where to load ``root/tag`` from for the current ``(tp, pp)``; reshard (on the writer rank) if needed.
 
     ``pp`` is ``pipe_parallel_size`` (0 = sequential model). ``args`` carries the model keys (GPT-NeoX names).
-    ``zero_stage`` of the run: a resharded copy holds plain (ZeRO-0) optimizer state, which a ZeRO >= 1 run cannot
-    load, so it is then treated as weights-only. Every rank must call this (it contains a barrier when resharding).
+    A resharded copy holds ZeRO-0 optimizer state (ZeRO-1/2 runs carry it over: ``optimizer_carry``).
+    Every rank must call this (it contains a barrier when resharding).
     """
     directory = Path(root) / tag
     layout = detect_layout(directory)
@@ -76,6 +76,12 @@ def plan_load(
     )
     if src == (tp, pp) and not gpt_neox_biases:
         return LoadPlan(str(root), tag)
+    if layout.zero3_files:
+        raise CheckpointError(
+            f"{directory} is a ZeRO-3 checkpoint of tp={src[0]}; this run uses tp={tp} pp={pp}, and ZeRO-3 optimizer "
+            "state cannot be carried to another layout yet: resume at the same layout, or run tools/ckpts/"
+            "reshard_checkpoint.py --weights_only and resume from its output with no_load_optim: true"
+        )
     out_root = Path(root) / RESHARD_DIR / f"{tag}-tp{tp}-pp{pp}"
     if src == (tp, pp):
         logger.warning(
@@ -101,6 +107,7 @@ def plan_load(
                 args=args,
                 padded_vocab_size=padded_vocab_size,
                 overwrite=True,
+                weights_only_fallback=True,
             )
         except Exception as e:  # any failure must still reach the barrier, or the other ranks would hang
             error = e
@@ -109,12 +116,7 @@ def plan_load(
         raise CheckpointError(f"automatic resharding of {directory} failed: {error}") from error
     if not (out_root / tag / MANIFEST).is_file():
         raise CheckpointError(f"automatic resharding of {directory} produced no checkpoint at {out_root / tag}")
-    weights_only = _weights_only(out_root / tag)
-    if weights_only:
-        logger.warning("the resharded checkpoint is weights-only: optimizer state is not loaded")
-    elif zero_stage >= 1:
-        weights_only = True
-        logger.warning("this run uses ZeRO stage %d: the resharded ZeRO-0 optimizer state is not loaded", zero_stage)
+    weights_only = _weights_only(out_root / tag)  # the caller refuses it unless the run loads no optimizer state
     return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only)
 
 
@@ -139,5 +141,4 @@ def plan_load_for_engine(
         padded_vocab_size=padded_vocab_size,
         is_writer=(dist.get_rank() if initialized else 0) == 0,
         barrier=dist.barrier if initialized else (lambda: None),
-        zero_stage=int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0,
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.optimizer_state import (
+    FullOptimizerState,
     gather_optimizer_state,
     resize_optimizer_vocab,
     scatter_optimizer_state,
@@ -54,22 +55,34 @@ def target_vocab(ckpt: NeoXCheckpoint, tp: int, padded_vocab_size: int | None) -
     return rows
 
 
-def _optimizer_fn(
-    ckpt: NeoXCheckpoint, target: TargetLayout, rows: int
-) -> tuple[Callable[[int, int], dict[str, Any]] | None, str]:
+def gather_full_optimizer_state(ckpt: NeoXCheckpoint) -> tuple[FullOptimizerState, bool]:
+    """The per-parameter optimizer state of ``ckpt`` (ZeRO-0 torch state, else ZeRO-1/2 fp32 shards) and whether
+    it came from ZeRO shards; a ``CheckpointError`` saying why when it has none that can be carried."""
     layout, cfg = ckpt.layout, ckpt.cfg
     optimizers = [load_torch(p).get("optimizer") for p in layout.mp_files]
     src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
     src_shard = {key: tuple(split_tensor(key, value, cfg, src_tp)[0].shape) for key, value in ckpt.state_dict.items()}
-    note = ""
     try:
-        full = gather_optimizer_state(optimizers, lambda name, _tp: src_shard[name], cfg, src_tp, src_pp)
+        return gather_optimizer_state(optimizers, lambda name, _tp: src_shard[name], cfg, src_tp, src_pp), False
     except CheckpointError as plain:
         try:
             full = gather_zero_optimizer_state(layout.directory, cfg, src_tp, lambda name, _tp: src_shard[name])
         except CheckpointError as zero:
-            return None, f"optimizer state not resharded ({plain}; {zero}); the output is weights-only"
-        note = "ZeRO-1/2 optimizer state written in ZeRO-0 form: it loads into runs with zero_optimization.stage 0"
+            raise CheckpointError(f"{plain}; {zero}") from None
+        return full, True
+
+
+def _optimizer_fn(
+    ckpt: NeoXCheckpoint, target: TargetLayout, rows: int
+) -> tuple[Callable[[int, int], dict[str, Any]] | None, str]:
+    cfg = ckpt.cfg
+    try:
+        full, from_zero = gather_full_optimizer_state(ckpt)
+    except CheckpointError as e:
+        return None, f"optimizer state not resharded ({e}); the output is weights-only"
+    note = (
+        "ZeRO-1/2 optimizer state written in ZeRO-0 form (a ZeRO-1/2 run carries it over on load)" if from_zero else ""
+    )
     resize_optimizer_vocab(full, rows)
     new_cfg = cfg.replace(padded_vocab_size=rows)
     return scatter_optimizer_state(full, new_cfg, target.tp, target.pp), note
@@ -85,15 +98,26 @@ def reshard_checkpoint(
     iteration: int | None = None,
     padded_vocab_size: int | None = None,
     weights_only: bool = False,
+    weights_only_fallback: bool = False,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ReshardResult:
-    """Rewrite the checkpoint ``src`` (root or ``global_stepN``) as ``dst/global_stepN`` in the ``target`` layout."""
+    """Rewrite the checkpoint ``src`` (root or ``global_stepN``) as ``dst/global_stepN`` in the ``target`` layout.
+
+    When the optimizer state cannot be carried (ZeRO-3, bf16 optimizer) this is an error naming the reason, unless
+    ``weights_only`` asks for the weights alone or ``weights_only_fallback`` accepts a weights-only copy (marked
+    as such; loading it with optimizer state is refused later)."""
     ckpt = read_checkpoint(src, args=args, config_files=config_files, iteration=iteration, progress=progress)
     rows = target_vocab(ckpt, target.tp, padded_vocab_size)
     cfg = ckpt.cfg.replace(padded_vocab_size=rows)
     state = {k: resize_vocab(k, v, rows) for k, v in ckpt.state_dict.items()}
     optimizer_fn, note = (None, "weights-only as requested") if weights_only else _optimizer_fn(ckpt, target, rows)
+    if optimizer_fn is None and not (weights_only or weights_only_fallback):
+        raise CheckpointError(
+            f"{ckpt.layout.directory}: {note.removesuffix('; the output is weights-only')}; the optimizer state of "
+            "ZeRO-3 and bf16-optimizer checkpoints is not resharded yet: pass --weights_only to reshard the weights "
+            "alone (a resumed run then needs no_load_optim: true)"
+        )
     if note:
         logger.warning("%s", note)
     client = dict(ckpt.client_state)

@@ -317,6 +317,23 @@ def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
     )
 
 
+def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
+    """Load the checkpoint's optimizer state into a run of another DP size or ZeRO stage (optimizer_carry)."""
+    from megatron import mpu
+    from megatron.checkpoint.optimizer_carry import carry_optimizer_state
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.reshard import gather_full_optimizer_state
+
+    with safe_loading():
+        ckpt = read_checkpoint(directory, args=args)
+        full, _ = gather_full_optimizer_state(ckpt)
+    tp = mpu.get_model_parallel_world_size()
+    carry_optimizer_state(engine, full, ckpt.cfg, tp, mpu.get_model_parallel_rank(), 0, 0)
+    if _rank() == 0:
+        logger.info("optimizer state of %s carried over to ZeRO stage %d x %d data-parallel ranks", directory,
+                    int(engine.zero_optimization_stage()), mpu.get_data_parallel_world_size())  # fmt: skip
+
+
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
     """The model-shape args stored in the checkpoint must equal the config's."""
     bad = [
@@ -357,12 +374,17 @@ def load_checkpoint(
         root, tag, resharded, optimizer_missing = plan.root, plan.tag, plan.resharded, plan.weights_only
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
+    carry = False
+    if not weights_only:
+        from megatron.checkpoint.optimizer_carry import load_mode
+
+        carry = load_mode(engine, Path(root) / tag, weights_only_copy=optimizer_missing) == "carry"
     try:
         with safe_loading():
             path, client = engine.load_checkpoint(
                 root,
                 tag=tag,
-                load_optimizer_states=not (weights_only or optimizer_missing),
+                load_optimizer_states=not (weights_only or optimizer_missing or carry),
                 load_lr_scheduler_states=not weights_only,
                 load_module_only=weights_only,
                 # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
@@ -376,6 +398,8 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
     if path is None or client is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
+    if carry:
+        _carry_optimizer_state(engine, Path(root) / tag, args)
     saved_args = dict(client.get("args", {}))
     if resharded:  # the layout (and with it the vocab padding) was converted on purpose
         saved_args.pop("model_parallel_size", None)

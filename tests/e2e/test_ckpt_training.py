@@ -15,7 +15,7 @@ import yaml
 from megatron.checkpoint import cli, read_checkpoint
 from megatron.model import build_sequential_model
 from tests.distributed.fns_ckpt import train_then_logits
-from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
+from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_each, run_pretrain_many, tiny_config
 from tests.harness import load_tool, run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -161,7 +161,9 @@ def test_reshard_2x2_to_1x1_to_2x1_continues_with_the_same_losses(data: dict[str
     )
 
 
-def test_zero_checkpoints_tp2_dp2_convert_and_reshard(data: dict[str, str], tmp_path: Path) -> None:
+def test_zero_checkpoints_tp2_dp2_convert_and_reshard(
+    data: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """ZeRO-3: weights read per TP rank from the partitioned shards. ZeRO-1: the optimizer state is gathered from
     the DP shards, so a tp=1 ZeRO-0 run resumed from the resharded copy continues with the original losses."""
     text = torch.randint(0, 500, (2, 17), generator=torch.Generator().manual_seed(1))
@@ -183,7 +185,9 @@ def test_zero_checkpoints_tp2_dp2_convert_and_reshard(data: dict[str, str], tmp_
         assert (model(text[:, :-1]) - ours[0]).abs().max().item() <= TOL
     reshard = _tool("reshard_checkpoint")
     argv = ["--input_dir", str(tmp_path / "z3"), "--output_dir", str(tmp_path / "flat"), "--tp", "1", "--pp", "0"]
-    assert cli.run(lambda: reshard.main(argv)) == 0
+    assert cli.run(lambda: reshard.main(argv)) == 1  # the optimizer state would be lost: refused unless asked
+    assert "pass --weights_only" in capsys.readouterr().err and not (tmp_path / "flat").exists()
+    assert cli.run(lambda: reshard.main([*argv, "--weights_only"])) == 0
     flat = read_checkpoint(tmp_path / "flat")
     assert flat.client_state["weights_only"] and flat.layout.describe() == "tp=1 pp=0 (sequential)"
     assert all(torch.equal(flat.state_dict[k], v) for k, v in ckpt.state_dict.items())
@@ -193,11 +197,44 @@ def test_zero_checkpoints_tp2_dp2_convert_and_reshard(data: dict[str, str], tmp_
     argv = ["--input_dir", str(tmp_path / "z1"), "--output_dir", str(tmp_path / "z1-tp1"), "--tp", "1", "--pp", "0"]
     assert cli.run(lambda: reshard.main([*argv, "--iteration", "2"])) == 0
     assert not read_checkpoint(tmp_path / "z1-tp1").client_state["weights_only"]
-    resumed = run_distributed(
-        run_pretrain,
+    resumed, zero3_at_tp1 = run_distributed(
+        run_pretrain_each,
         2,
-        tiny_config(data, world=2, train_iters=4, gradient_clipping=0.0, load=str(tmp_path / "z1-tp1")),
+        [
+            # the ZeRO-0 form of the resharded copy is carried into this ZeRO-1 run's partitions
+            tiny_config(data, world=2, train_iters=4, gradient_clipping=0.0, load=str(tmp_path / "z1-tp1"),
+                        zero_optimization={"stage": 1}),
+            # a ZeRO-3 checkpoint at another TP: its optimizer state cannot be carried yet, so the load is refused
+            tiny_config(data, world=2, train_iters=4, load=str(tmp_path / "z3"), zero_optimization={"stage": 3},
+                        **NEOX_STYLE),
+        ],
+        timeout=600,
+    )[0]  # fmt: skip
+    assert resumed[0] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6), resumed
+    assert "CheckpointError" in zero3_at_tp1 and "ZeRO-3 optimizer state cannot be carried" in zero3_at_tp1
+    assert "no_load_optim: true" in zero3_at_tp1
+
+
+def test_zero1_two_ranks_resume_on_one_rank_carries_the_optimizer_state(data: dict[str, str], tmp_path: Path) -> None:
+    """A ZeRO-1 checkpoint of 2 data-parallel ranks resumed on 1 rank (same global batch through gradient
+    accumulation): DeepSpeed alone refuses the other DP size; the state is carried into the new partition and the
+    next steps' losses equal the uninterrupted 2-rank run's. Into a ZeRO-0 run too; without the state they differ."""
+    common = dict(train_iters=4, eval_iters=0, gradient_clipping=0.0, zero_optimization={"stage": 1})
+    full = run_distributed(
+        run_pretrain, 2, tiny_config(data, world=2, **common, save=str(tmp_path / "z1"), checkpoint_factor=2),
+        timeout=600,
+    )[0]  # fmt: skip
+    one = dict(world=1, **common, gradient_accumulation_steps=2, load=str(tmp_path / "z1"), iteration=2)
+    zero1, zero0, fresh = run_distributed(
+        run_pretrain_each,
+        1,
+        [
+            tiny_config(data, **one),
+            tiny_config(data, **{**one, "zero_optimization": {"stage": 0}}),
+            tiny_config(data, **one, no_load_optim=True),
+        ],
         timeout=600,
     )[0]
-    assert resumed["start_iteration"] == 2 and resumed["dp"] == 2 and resumed["zero_stage"] == 0
-    assert resumed["train_losses"] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6)
+    assert zero1[0] == pytest.approx(full["train_losses"][2:], rel=1e-6, abs=1e-6), zero1
+    assert zero0[0] == pytest.approx(full["train_losses"][2:], rel=1e-6, abs=1e-6), zero0
+    assert abs(fresh[0][1] - full["train_losses"][3]) > 100 * abs(zero1[0][1] - full["train_losses"][3]) + 1e-4
