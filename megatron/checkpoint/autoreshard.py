@@ -17,7 +17,7 @@ from typing import Any
 from megatron.checkpoint.layout import CheckpointError, detect_layout
 from megatron.checkpoint.manifest import MANIFEST
 from megatron.checkpoint.reader import engine_state, is_neox_forge, load_torch
-from megatron.checkpoint.reshard import WEIGHTS_ONLY_KEY, reshard_checkpoint
+from megatron.checkpoint.reshard import DROPPED_KEY, WEIGHTS_ONLY_KEY, reshard_checkpoint
 from megatron.checkpoint.writer import TargetLayout
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class LoadPlan:
     tag: str
     resharded: bool = False
     weights_only: bool = False
+    optimizer_dropped: bool = False  # the source had optimizer state the (weights-only) copy lacks
 
 
 def _fresh_copy(manifest: Path, source: Path) -> bool:
@@ -43,9 +44,9 @@ def _fresh_copy(manifest: Path, source: Path) -> bool:
     return manifest.stat().st_mtime >= newest
 
 
-def _weights_only(directory: Path) -> bool:
+def _weights_only(directory: Path) -> tuple[bool, bool]:
     state = load_torch(directory / "mp_rank_00_model_states.pt")
-    return bool(state.get(WEIGHTS_ONLY_KEY, False))
+    return bool(state.get(WEIGHTS_ONLY_KEY, False)), bool(state.get(DROPPED_KEY, False))
 
 
 def plan_load(
@@ -116,8 +117,8 @@ def plan_load(
         raise CheckpointError(f"automatic resharding of {directory} failed: {error}") from error
     if not (out_root / tag / MANIFEST).is_file():
         raise CheckpointError(f"automatic resharding of {directory} produced no checkpoint at {out_root / tag}")
-    weights_only = _weights_only(out_root / tag)  # the caller refuses it unless the run loads no optimizer state
-    return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only)
+    weights_only, dropped = _weights_only(out_root / tag)  # dropped: refused unless the run loads no optimizer state
+    return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only, optimizer_dropped=dropped)
 
 
 def plan_load_for_engine(

@@ -83,6 +83,13 @@ def carry_optimizer_state(
         raise CheckpointError(f"optimizer state cannot be carried into {type(opt).__name__} yet")
 
 
+def _has_torch_optimizer_state(directory: Path) -> bool:
+    from megatron.checkpoint.reader import load_torch
+
+    files = sorted(directory.glob("mp_rank_*_model_states.pt"))
+    return bool(files) and load_torch(files[0]).get("optimizer") is not None
+
+
 NO_LOAD_OPTIM_HINT = (
     "set no_load_optim: true to resume with fresh optimizer state (weights, LR schedule and iteration are kept), "
     "or resume at the layout that wrote it"
@@ -125,5 +132,7 @@ def load_mode(engine: Any, directory: Path, *, weights_only_copy: bool) -> str:
             f"into ZeRO-3 is not supported yet; {NO_LOAD_OPTIM_HINT}"
         )
     if stage in (1, 2):
+        if src_dp is None and not _has_torch_optimizer_state(directory):
+            return "native"  # no optimizer state to carry (e.g. a converted HF model): DeepSpeed starts fresh
         return "native" if src_dp == dp else "carry"
     return "native" if src_dp is None else "carry"

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 RNG_KEYS = ("random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state", "rng_tracker_states")
 WEIGHTS_ONLY_KEY = "weights_only"
+DROPPED_KEY = "optimizer_state_not_carried"
 
 
 @dataclass
@@ -72,6 +73,16 @@ def gather_full_optimizer_state(ckpt: NeoXCheckpoint) -> tuple[FullOptimizerStat
         return full, True
 
 
+def _has_optimizer_state(ckpt: NeoXCheckpoint) -> bool:
+    """True when the checkpoint holds optimizer state of any kind (a converted HF model holds none)."""
+    from megatron.checkpoint.zero_state import ZERO_OPTIM_RE
+
+    layout = ckpt.layout
+    if layout.zero3_files or any(ZERO_OPTIM_RE.match(p.name) for p in layout.directory.iterdir()):
+        return True
+    return any(load_torch(p).get("optimizer") for p in layout.mp_files)
+
+
 def _optimizer_fn(
     ckpt: NeoXCheckpoint, target: TargetLayout, rows: int
 ) -> tuple[Callable[[int, int], dict[str, Any]] | None, str]:
@@ -112,7 +123,8 @@ def reshard_checkpoint(
     cfg = ckpt.cfg.replace(padded_vocab_size=rows)
     state = {k: resize_vocab(k, v, rows) for k, v in ckpt.state_dict.items()}
     optimizer_fn, note = (None, "weights-only as requested") if weights_only else _optimizer_fn(ckpt, target, rows)
-    if optimizer_fn is None and not (weights_only or weights_only_fallback):
+    dropped = optimizer_fn is None and not weights_only and _has_optimizer_state(ckpt)
+    if dropped and not weights_only_fallback:
         raise CheckpointError(
             f"{ckpt.layout.directory}: {note.removesuffix('; the output is weights-only')}; the optimizer state of "
             "ZeRO-3 and bf16-optimizer checkpoints is not resharded yet: pass --weights_only to reshard the weights "
@@ -122,6 +134,7 @@ def reshard_checkpoint(
         logger.warning("%s", note)
     client = dict(ckpt.client_state)
     client[WEIGHTS_ONLY_KEY] = optimizer_fn is None
+    client[DROPPED_KEY] = dropped  # the source had optimizer state this copy lacks
     client["resharded_from"] = {"tp": ckpt.layout.tp, "pp": ckpt.layout.pp if ckpt.layout.is_pipe else 0}
     per_tp_rng = []
     for tp_rank in range(ckpt.layout.tp):

@@ -364,7 +364,7 @@ def load_checkpoint(
     if tag is None:
         logger.info("no checkpoint in %s yet: starting from iteration 0", cfg.load)
         return LoadResult(0, None)
-    root, resharded, optimizer_missing = cfg.load, False, False
+    root, resharded, optimizer_missing, dropped = cfg.load, False, False, False
     if args is not None:
         from megatron.checkpoint.autoreshard import plan_load_for_engine
 
@@ -372,13 +372,14 @@ def load_checkpoint(
             engine, cfg.load, tag, args=args, padded_vocab_size=checkpoint_args.get("padded_vocab_size")
         )
         root, tag, resharded, optimizer_missing = plan.root, plan.tag, plan.resharded, plan.weights_only
+        dropped = plan.optimizer_dropped
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
     carry = False
-    if not weights_only:
+    if not weights_only and not (optimizer_missing and not dropped):  # (a copy of a source without any state)
         from megatron.checkpoint.optimizer_carry import load_mode
 
-        carry = load_mode(engine, Path(root) / tag, weights_only_copy=optimizer_missing) == "carry"
+        carry = load_mode(engine, Path(root) / tag, weights_only_copy=dropped) == "carry"
     try:
         with safe_loading():
             path, client = engine.load_checkpoint(
