@@ -1,0 +1,40 @@
+"""Checks of the mixture-of-experts keys (run by ``GPTModelConfig``; each problem names the key and valid values)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron.model.config import GPTModelConfig
+
+ROUTER_TYPES = ("sinkhorn", "topk")
+
+
+def moe_problems(cfg: GPTModelConfig) -> list[str]:
+    """Every problem of ``cfg``'s ``moe_*`` keys (empty when valid or when the model is dense)."""
+    problems: list[str] = []
+    if not isinstance(cfg.moe_num_experts, int) or cfg.moe_num_experts < 1:
+        return [f"moe_num_experts={cfg.moe_num_experts!r} must be an int >= 1 (1 = dense MLPs)"]
+    if not cfg.is_moe:
+        return problems
+    if not isinstance(cfg.moe_expert_interval, int) or cfg.moe_expert_interval < 1:
+        problems.append(f"moe_expert_interval={cfg.moe_expert_interval!r} must be an int >= 1")
+    if not isinstance(cfg.moe_top_k, int) or not 1 <= cfg.moe_top_k <= cfg.moe_num_experts:
+        problems.append(f"moe_top_k={cfg.moe_top_k!r} must be an int in [1, moe_num_experts={cfg.moe_num_experts}]")
+    if str(cfg.moe_router_type).lower() not in ROUTER_TYPES:
+        problems.append(f"moe_router_type={cfg.moe_router_type!r} is not one of {', '.join(ROUTER_TYPES)}")
+    eps = cfg.moe_jitter_eps
+    if eps is not None and not 0.0 <= eps < 1.0:
+        problems.append(f"moe_jitter_eps={eps!r} must be in [0, 1) (or null for no jitter)")
+    if eps and str(cfg.moe_router_type).lower() == "sinkhorn":
+        problems.append(
+            "moe_jitter_eps applies to moe_router_type: topk only (GPT-NeoX's sinkhorn router has no jitter)"
+        )
+    if not cfg.moe_loss_weight >= 0.0:
+        problems.append(f"moe_loss_weight={cfg.moe_loss_weight!r} must be >= 0")
+    if cfg.sequence_parallel:
+        problems.append(
+            "moe_num_experts > 1 cannot be combined with sequence_parallel: true (the experts need every token of "
+            "the tensor-parallel group); set sequence_parallel: false"
+        )
+    return problems
