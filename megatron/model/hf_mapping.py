@@ -81,6 +81,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         problems.append("gpt_j_tied (HF has no tied-norm parallel residual)")
     if cfg.apply_query_key_layer_scaling and cfg.params_dtype != torch.float32:
         problems.append("apply_query_key_layer_scaling in half precision")
+    if cfg.is_moe:
+        problems.append(f"mixture-of-experts layers (moe_num_experts={cfg.moe_num_experts}; {architecture} is dense)")
     rope = {"rope_theta": float(cfg.rotary_emb_base), "rope_type": "default"}
     common = {
         "vocab_size": cfg.padded_vocab_size,
