@@ -220,6 +220,13 @@ MODEL_KEYS = (
     "hidden_dropout",
     "attention_dropout",
     "init_method_std",
+    "moe_num_experts",
+    "moe_expert_interval",
+    "moe_top_k",
+    "moe_router_type",
+    "moe_normalize_expert_weights",
+    "moe_jitter_eps",
+    "moe_loss_weight",
 )
 
 
@@ -230,7 +237,7 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
     checkpoint's vocabulary rows for any tokenizer no larger than it.
     """
     values: dict[str, Any] = {key: getattr(cfg, key) for key in MODEL_KEYS}
-    values = {k: v for k, v in values.items() if v is not None}
+    values = {k: v for k, v in values.items() if v is not None and (cfg.is_moe or not k.startswith("moe_"))}
     values.update(
         model_parallel_size=tp,
         pipe_parallel_size=pp,

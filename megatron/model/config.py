@@ -221,6 +221,8 @@ class GPTModelConfig:
     """sinkhorn | topk."""
     moe_jitter_eps: float | None = None
     """Multiplicative uniform jitter ``[1-eps, 1+eps]`` on the top-k router's input in training."""
+    moe_normalize_expert_weights: bool = False
+    """topk router: divide each token's top-k weights by their sum (Mixtral)."""
     moe_loss_weight: float = 0.0
     """Weight of the load-balancing auxiliary loss (mean over MoE layers) added to the LM loss."""
     moe_lbl_in_fp32: bool = False

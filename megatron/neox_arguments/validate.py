@@ -180,7 +180,8 @@ def _moe(c: Ctx) -> list[str]:
     from megatron.model.moe.validate import moe_layout_problems, moe_problems
 
     keys = ("moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type", "moe_jitter_eps")
-    cfg = SimpleNamespace(**{k: c.v[k] for k in keys}, moe_loss_weight=c.v["moe_loss_weight"])
+    keys += ("moe_loss_weight", "moe_normalize_expert_weights")
+    cfg = SimpleNamespace(**{k: c.v[k] for k in keys})
     cfg.sequence_parallel = c.v["sequence_parallel"]
     return moe_problems(cfg) + moe_layout_problems(c.v)
 

@@ -1,6 +1,7 @@
 """MoE routers (GPT-NeoX semantics): a replicated ``layer`` (``Linear(h → E)``, no bias, ``init_method``).
 
-* ``topk``: ``scores = softmax(layer(x · jitter))``; the top-k scores are the expert weights (not renormalised).
+* ``topk``: ``scores = softmax(layer(x · jitter))``; the top-k scores are the expert weights (renormalised to sum
+  1 only with ``moe_normalize_expert_weights``, Mixtral's routing).
 * ``sinkhorn``: in training the experts are the top-k of the Sinkhorn-balanced ``exp(logits)`` (fp32, 3 iterations,
   no gradient); the weights are the activation (sigmoid for k=1, softmax for k>1) of the logits at those experts.
   In evaluation the top-k of the activation is taken directly.
@@ -45,6 +46,7 @@ class Router(nn.Module):
         self.top_k = cfg.moe_top_k
         self.jitter_eps = cfg.moe_jitter_eps
         self.lbl_in_fp32 = cfg.moe_lbl_in_fp32
+        self.normalize = cfg.moe_normalize_expert_weights
         weight = torch.empty(cfg.moe_num_experts, cfg.hidden_size, dtype=torch.float32)
         init_method(weight)
         self.layer = nn.Linear(cfg.hidden_size, cfg.moe_num_experts, bias=False, dtype=cfg.params_dtype)
@@ -61,6 +63,8 @@ class Router(nn.Module):
         if self.kind == "topk":
             scores = probs.to(logits.dtype)
             weights, indices = torch.topk(scores, self.top_k, dim=-1)
+            if self.normalize:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
             return weights, indices, probs
         if self.top_k == 1:
             activated = torch.sigmoid(logits)

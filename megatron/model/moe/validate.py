@@ -28,6 +28,8 @@ def moe_problems(cfg: Any) -> list[str]:
         problems.append(
             "moe_jitter_eps applies to moe_router_type: topk only (GPT-NeoX's sinkhorn router has no jitter)"
         )
+    if getattr(cfg, "moe_normalize_expert_weights", False) and str(cfg.moe_router_type).lower() != "topk":
+        problems.append("moe_normalize_expert_weights applies to moe_router_type: topk only")
     if cfg.moe_loss_weight is None or not cfg.moe_loss_weight >= 0.0:
         problems.append(f"moe_loss_weight={cfg.moe_loss_weight!r} must be >= 0")
     if cfg.sequence_parallel:

@@ -82,6 +82,11 @@ class MoEArgs:
     moe_jitter_eps: float | None = arg(
         None, "topk router only: multiply router inputs by uniform noise in [1-eps, 1+eps] during training."
     )
+    moe_normalize_expert_weights: bool = arg(
+        False,
+        "neox-forge key, topk router only: divide each token's top-k weights by their sum (Mixtral's routing; "
+        "needed for export to MixtralForCausalLM). False: GPT-NeoX's unnormalised top-k probabilities.",
+    )
     moe_loss_weight: float = arg(
         0.0,
         "neox-forge key: weight of the load-balancing loss E·Σ_e f_e·P_e (mean over MoE layers) added to the "
