@@ -119,6 +119,10 @@ def export_hf(
         hf_config.num_labels = 1
     if cfg.tied_embeddings:
         hf_sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
+    if architecture == "mixtral":
+        from megatron.model.moe.hf_mixtral import mixtral_disk_names
+
+        hf_sd = mixtral_disk_names(hf_sd)  # the per-expert names HF itself writes (and other tools read)
     tensors = {}
     for name, tensor in hf_sd.items():
         tensors[name] = tensor.detach().to(dtype).contiguous().clone()

@@ -203,3 +203,18 @@ def test_checkpointing_and_loss_scale_keep_moe_grads_exact() -> None:
 def test_invalid_moe_config_is_refused_with_the_key(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=".*".join(map(__import__("re").escape, message.split("*")))):
         tiny(**change)
+
+
+def test_tp_sharding_splits_whole_experts_and_merges_back() -> None:
+    from megatron.model.tp_sharding import merge_state_dicts, partition_spec, shard_state_dict
+
+    cfg = tiny(num_layers=2, activation="swiglu")
+    full = build_sequential_model(cfg).state_dict()
+    assert partition_spec("sequential.2.mlp.experts.mlp.w3", cfg) == (0, None)
+    assert partition_spec("sequential.2.mlp.router.layer.weight", cfg) == (None, None)
+    shards = [shard_state_dict(full, cfg, r, 2) for r in range(2)]
+    f = cfg.moe_ffn_size
+    w1 = full["sequential.2.mlp.experts.mlp.w1"]
+    assert torch.equal(shards[1]["sequential.2.mlp.experts.mlp.w1"], w1[2 * f :])  # experts 2 and 3
+    merged = merge_state_dicts(shards, cfg)
+    assert all(torch.equal(merged[k], v) for k, v in full.items())

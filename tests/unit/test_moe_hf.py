@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -112,3 +114,31 @@ def test_exports_that_mixtral_cannot_represent_are_refused() -> None:
     )
     with pytest.raises(ValueError, match="moe_expert_interval=2"):
         neox_to_hf_config(every_other, "mixtral")
+
+
+def test_mixtral_folder_through_the_converters_at_tp2(tmp_path: Path) -> None:
+    """HF Mixtral → NeoX (tp=2, pp=1; experts split over the TP ranks) → HF: same tensors and logits."""
+    from megatron.neox_arguments import NeoXArgs
+    from tests.unit.test_ckpt_hf import TO_HF, TO_NEOX, _disk_tensors, _hf_model, _run, _tokenizer
+
+    original = _hf_model(_mixtral(vocab_size=128), tmp_path / "hf")
+    _tokenizer(tmp_path / "hf")
+    neox, back = tmp_path / "neox", tmp_path / "back"
+    assert (
+        _run(TO_NEOX, ["--input_dir", str(tmp_path / "hf"), "--output_dir", str(neox), "--tp", "2", "--pp", "1"]) == 0
+    )
+    shard = torch.load(neox / "global_step0" / "layer_02-model_01-model_states.pt", weights_only=True)
+    assert shard["mlp.experts.mlp.w1"].shape == (2 * 48, 64)  # experts 2 and 3 on TP rank 1
+    setup = tmp_path / "setup.yml"
+    setup.write_text("seq_length: 16\nglobal_num_gpus: 2\ntrain_micro_batch_size_per_gpu: 2\ntrain_iters: 1\n")
+    args = NeoXArgs.from_ymls([str(neox / "neox_config.yml"), str(neox / "tokenizer.yml"), str(setup)])
+    assert (args.moe_num_experts, args.moe_top_k, args.moe_router_type) == (4, 2, "topk")
+    assert args.moe_normalize_expert_weights is True
+    step = str(neox / "global_step0")
+    assert _run(TO_HF, ["--input_dir", step, "--output_dir", str(back), "--architecture", "mixtral"]) == 0
+    src, dst = _disk_tensors(tmp_path / "hf"), _disk_tensors(back)
+    assert set(dst) == set(src) and all(torch.equal(dst[k], v) for k, v in src.items())
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(back), dtype=torch.float32).eval()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, original(ids).logits)

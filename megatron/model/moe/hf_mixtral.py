@@ -5,9 +5,11 @@ router with ``moe_normalize_expert_weights: true`` (Mixtral divides the top-k pr
 expert (``w1`` = gate, ``w3`` = up, ``w2`` = down), RMSNorm, no biases, full rotary. Tensors per layer:
 
 * router ``mlp.router.layer.weight`` [E, h] ⟷ ``mlp.gate.weight``;
-* ``mlp.experts.gate_up_proj`` [E, 2f, h] = per expert ``[w1_e | w3_e]``; ``mlp.experts.down_proj`` [E, h, f] =
-  ``w2_e^T``. HF's older per-expert names (``block_sparse_moe.experts.{e}.w1/w2/w3.weight``,
-  ``block_sparse_moe.gate.weight``) are accepted on input.
+* in memory (transformers 5.x modules): ``mlp.experts.gate_up_proj`` [E, 2f, h] = per expert ``[w1_e | w3_e]``;
+  ``mlp.experts.down_proj`` [E, h, f] = ``w2_e^T``;
+* on disk (what ``save_pretrained`` writes and other tools read): ``block_sparse_moe.gate.weight`` and
+  ``block_sparse_moe.experts.{e}.w1/w3.weight`` [f, h] (= ``w1_e``/``w3_e``), ``w2.weight`` [h, f] (= ``w2_e^T``).
+  Both forms are read on input; exports write the on-disk form.
 
 ``moe_jitter_eps`` is a training-time setting and exported as ``router_jitter_noise`` (HF also jitters the experts'
 input, so training under HF with it differs); ``moe_loss_weight`` becomes ``router_aux_loss_coef``.
@@ -118,3 +120,23 @@ def mixtral_to_neox_experts(
         f"{dst}mlp.experts.mlp.w3": w3.reshape(num_experts * f, -1).contiguous(),
         f"{dst}mlp.experts.mlp.w2": w2.reshape(num_experts * f, -1).contiguous(),
     }
+
+
+def mixtral_disk_names(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The in-memory (fused) Mixtral names of ``hf_sd`` rewritten as HF's on-disk per-expert names."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in hf_sd.items():
+        if key.endswith("mlp.gate.weight"):
+            out[key.replace("mlp.gate.weight", "block_sparse_moe.gate.weight")] = value
+        elif key.endswith("mlp.experts.gate_up_proj"):
+            pre = key.removesuffix("mlp.experts.gate_up_proj") + "block_sparse_moe.experts."
+            w1, w3 = torch.chunk(value, 2, dim=1)
+            for e in range(value.shape[0]):
+                out[f"{pre}{e}.w1.weight"], out[f"{pre}{e}.w3.weight"] = w1[e], w3[e]
+        elif key.endswith("mlp.experts.down_proj"):
+            pre = key.removesuffix("mlp.experts.down_proj") + "block_sparse_moe.experts."
+            for e in range(value.shape[0]):
+                out[f"{pre}{e}.w2.weight"] = value[e]
+        else:
+            out[key] = value
+    return out
