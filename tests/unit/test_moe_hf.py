@@ -117,9 +117,10 @@ def test_exports_that_mixtral_cannot_represent_are_refused() -> None:
 
 
 def test_mixtral_folder_through_the_converters_at_tp2(tmp_path: Path) -> None:
-    """HF Mixtral → NeoX (tp=2, pp=1; experts split over the TP ranks) → HF: same tensors and logits."""
+    """HF Mixtral → NeoX (tp=2, pp=1; experts split over the TP ranks) → HF: same tensors and logits; resharded
+    to tp=1 the checkpoint exports the same tensors."""
     from megatron.neox_arguments import NeoXArgs
-    from tests.unit.test_ckpt_hf import TO_HF, TO_NEOX, _disk_tensors, _hf_model, _run, _tokenizer
+    from tests.unit.test_ckpt_hf import RESHARD, TO_HF, TO_NEOX, _disk_tensors, _hf_model, _run, _tokenizer
 
     original = _hf_model(_mixtral(vocab_size=128), tmp_path / "hf")
     _tokenizer(tmp_path / "hf")
@@ -142,3 +143,8 @@ def test_mixtral_folder_through_the_converters_at_tp2(tmp_path: Path) -> None:
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, original(ids).logits)
+
+    flat, back2 = tmp_path / "flat", tmp_path / "back2"
+    assert _run(RESHARD, ["--input_dir", str(neox), "--output_dir", str(flat), "--tp", "1", "--pp", "0"]) == 0
+    assert _run(TO_HF, ["--input_dir", str(flat), "--output_dir", str(back2), "--architecture", "mixtral"]) == 0
+    assert all(torch.equal(t, src[k]) for k, t in _disk_tensors(back2).items())
