@@ -10,28 +10,16 @@ from megatron.model import GPTModelConfig, build_sequential_model, cross_entropy
 from megatron.model.moe import ParallelDroplessMoE, moe_layers, moe_metrics, with_aux_loss
 from megatron.model.moe.aux_loss import reset_loss_grad
 from megatron.model.moe.router import sinkhorn
+from tests.unit.test_model import V
+from tests.unit.test_model import tiny as dense_tiny
 
-V, H = 128, 32
+H = 32
 
 
 def tiny(**kw) -> GPTModelConfig:
-    base = dict(
-        num_layers=1,
-        hidden_size=H,
-        num_attention_heads=4,
-        padded_vocab_size=V,
-        max_position_embeddings=64,
-        pos_emb="rotary",
-        init_method_std=0.2,
-        output_layer_init_method="normal",
-        intermediate_size=48,
-        moe_num_experts=4,
-        moe_top_k=2,
-        moe_router_type="topk",
-        moe_loss_weight=0.3,
-    )
-    base.update(kw)
-    return GPTModelConfig(**base)
+    """``tests.unit.test_model.tiny`` (hidden 32, vocab 128) as a one-layer MoE model with 4 top-2 experts."""
+    moe = dict(num_layers=1, intermediate_size=48, moe_num_experts=4, moe_top_k=2, moe_router_type="topk")
+    return dense_tiny(**{**moe, "moe_loss_weight": 0.3, **kw})
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

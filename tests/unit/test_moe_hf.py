@@ -11,27 +11,14 @@ import transformers
 
 from megatron.model import GPTModelConfig, build_sequential_model, cross_entropy
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
-from tests.unit.test_hf_parity import VOCAB, _randomise
+from tests.unit.test_hf_parity import VOCAB, _llama, _randomise
 
 TOL = 1e-5
 
 
 def _mixtral(**kw) -> transformers.MixtralConfig:
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=48,
-        max_position_embeddings=64,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    base.update(kw)
-    return transformers.MixtralConfig(**base)
+    base = dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2)
+    return _llama("mixtral", **{**base, **kw})
 
 
 def _pair(hf_config: transformers.MixtralConfig, seed: int = 0):
