@@ -22,7 +22,13 @@ TOPK = {
     "zero_optimization": {"stage": 1},
     "checkpoint_activations": True,
 }
-SINKHORN = {"moe_num_experts": 4, "moe_expert_interval": 2, "moe_router_type": "sinkhorn", "num_layers": 3}
+SINKHORN = {
+    "moe_num_experts": 4,
+    "moe_expert_interval": 2,
+    "moe_router_type": "sinkhorn",
+    "num_layers": 3,
+    "gpt_j_residual": True,
+}
 COMMON = {"train_iters": 5, "eval_interval": 5, "eval_iters": 1, "log_interval": 1}
 
 
