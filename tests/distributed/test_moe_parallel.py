@@ -1,6 +1,6 @@
 """MoE through the real training path (``pretrain``): expert parallelism over the TP group (TP=2) and data
 parallelism (DP=2, against the pipe engine with one stage) reproduce the one-rank losses; ZeRO 0/1, activation checkpointing, the pipe engine (pp=1),
-router statistics in TensorBoard and expert weights in the checkpoint."""
+router statistics in TensorBoard, expert weights in the checkpoint and an exact resume from it."""
 
 from __future__ import annotations
 
@@ -34,11 +34,16 @@ COMMON = {"train_iters": 5, "eval_interval": 5, "eval_iters": 1, "log_interval":
 
 def test_moe_tp2_and_dp2_equal_one_rank(tmp_path: Path) -> None:
     data = make_tiny_data(tmp_path / "data")
-    save, tb = tmp_path / "ckpt", tmp_path / "tb"
+    save, tb, resume = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "resume"
     one_rank = [
         tiny_config(data, **TOPK, **COMMON, save=str(save), checkpoint_factor=5, tensorboard_dir=str(tb)),
         tiny_config(data, **SINKHORN, **COMMON),
         tiny_config(data, **{**TOPK, "moe_loss_weight": 0.0}, **COMMON, pipe_parallel_size=1),
+        # resume: 2 iterations saved, then loaded and continued to 5 (same schedule: lr_decay_iters 5)
+        tiny_config(
+            data, **TOPK, **{**COMMON, "train_iters": 2}, lr_decay_iters=5, save=str(resume), checkpoint_factor=2
+        ),
+        tiny_config(data, **TOPK, **COMMON, load=str(resume)),
     ]
     ref = run_distributed(run_pretrain_many, 1, one_rank, timeout=300)[0]
     two_ranks = [
@@ -56,6 +61,8 @@ def test_moe_tp2_and_dp2_equal_one_rank(tmp_path: Path) -> None:
         assert runs[1][j]["train_losses"] == runs[0][j]["train_losses"]
     assert ref[0]["train_losses"][-1] < ref[0]["train_losses"][0]
     assert runs[0][2]["dp"] == 2 and runs[0][0]["dp"] == 1
+    assert ref[4]["start_iteration"] == 2
+    assert ref[4]["train_losses"] == pytest.approx(ref[0]["train_losses"][2:], abs=1e-6)  # exact resume
 
     scalars = tensorboard_scalars(tb)
     counts = [scalars[f"moe/layer_00/tokens_expert_{e}"][-1][1] for e in range(4)]
