@@ -86,6 +86,7 @@ RANGES: dict[str, Range] = {
     "te_fp8_margin": NON_NEGATIVE,
     **dict.fromkeys(("moe_num_experts", "moe_expert_interval", "moe_top_k"), AT_LEAST_ONE),
     "moe_jitter_eps": Range(0, 1, hi_open=True),
+    "moe_loss_weight": NON_NEGATIVE,
     **dict.fromkeys(("attention_dropout", "hidden_dropout"), Range(0, 1, hi_open=True)),
     # optimizer, schedule, precision
     "zero_stage": Range(0, 3),
