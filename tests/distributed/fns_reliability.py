@@ -34,7 +34,7 @@ def run_with_nan(
         state["iteration"] += 1
         return original_train(self, data_iter)
 
-    def loss_fn() -> Any:
+    def loss_fn(_model: Any = None) -> Any:  # pretrain passes the model (for the MoE auxiliary loss)
         from megatron.model import cross_entropy
 
         def poisoned(logits: torch.Tensor, targets: Any) -> torch.Tensor:
