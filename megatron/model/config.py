@@ -10,31 +10,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
 logger = logging.getLogger(__name__)
 
-NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm", "te_layernorm", "te_rmsnorm")
-POS_EMBS = ("learned", "sinusoidal", "rotary", "alibi", "rpe", "none")
-PLAIN_ACTIVATIONS = ("gelu", "relu", "silu", "swish", "mish", "softsign")
+# The allowed values are defined once, as the config schema's Literal types.
+NORMS: tuple[str, ...] = typing.get_args(model_keys.NORMS)
+POS_EMBS: tuple[str, ...] = typing.get_args(model_keys.POS_EMBS)
+ACTIVATIONS: tuple[str, ...] = typing.get_args(model_keys.ACTIVATIONS)
 GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
-ACTIVATIONS = PLAIN_ACTIVATIONS + GATED_ACTIVATIONS
-INIT_METHODS = (
-    "normal",
-    "scaled_normal",
-    "orthogonal",
-    "scaled_orthogonal",
-    "xavier_uniform",
-    "xavier_normal",
-    "wang_init",
-    "small_init",
-    "single_residual_scaled_normal",
-)
+PLAIN_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
+INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 PRECISIONS = {
