@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
@@ -82,12 +83,7 @@ def expand_attention_config(attention_config: Any, num_layers: int) -> tuple[str
     return tuple(flat)
 
 
-def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:
-    """GPT-NeoX's vocabulary padding: round up to a multiple of ``make_vocab_size_divisible_by × TP``."""
-    multiple = make_vocab_size_divisible_by * model_parallel_size
-    if multiple <= 0:
-        raise ValueError(f"make_vocab_size_divisible_by × model_parallel_size must be positive, got {multiple}")
-    return int(math.ceil(vocab_size / multiple) * multiple)
+pad_vocab_size = padded_vocab_size  # GPT-NeoX's rule, defined once in megatron.neox_arguments.derive
 
 
 @dataclass
