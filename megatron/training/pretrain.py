@@ -21,8 +21,8 @@ from megatron.checkpoint.layout import CheckpointError
 from megatron.errors import DataError
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
-from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
+from megatron.logging.peak_flops import flops_config_with_peak
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.neox_arguments.errors import ConfigError
@@ -306,7 +306,7 @@ def pretrain(args: Any) -> PretrainResult:
             step=step,
             loop_cfg=loop_cfg,
             log_cfg=log_cfg,
-            flops_cfg=FlopsConfig.from_neox_args(args),
+            flops_cfg=flops_config_with_peak(args, rank),
             metrics=metrics,
             timers=timers,
             save_fn=save if save_cfg.save else None,
