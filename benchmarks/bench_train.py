@@ -25,10 +25,11 @@ import logging
 import os
 import sys
 import tempfile
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import REPO, Report, median, median_ratio, now
+from common import Report, median, median_ratio, now
 
 CORPUS = "/work/shared/data/corpora/tinyshakespeare.txt"
 TOKENIZER = "/work/shared/data/tokenizers/20B_tokenizer.json"
@@ -99,8 +100,8 @@ def neox_config(args: argparse.Namespace, data_path: str, vocab: str) -> dict:
 class Interleaver:
     """Wraps our step: after each of our iterations, one HF step on the same batch; times both."""
 
-    def __init__(self, bf16: bool, log_interval: int) -> None:
-        self.bf16, self.log_interval = bf16, log_interval
+    def __init__(self, bf16: bool, log_interval: int, ddp: bool = False) -> None:
+        self.bf16, self.log_interval, self.ddp = bf16, log_interval, ddp
         self.hf = self.opt = None
         self.batch = None
         self.ours_times: list[float] = []
@@ -128,7 +129,7 @@ class Interleaver:
         if unexpected or [k for k in missing if "rotary" not in k and "masked_bias" not in k]:
             raise RuntimeError(f"weight transfer to HF failed: missing {missing}, unexpected {unexpected}")
         hf.train()
-        self.hf = hf
+        self.hf = torch.nn.parallel.DistributedDataParallel(hf) if self.ddp else hf
         self.opt = torch.optim.AdamW(hf.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
     def hf_step(self, iteration: int) -> float | None:
@@ -144,7 +145,13 @@ class Interleaver:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         # a plain loop reads the loss only when it prints it (as our loop logs every log_interval)
-        return float(loss) if iteration == 1 or iteration % self.log_interval == 0 else None
+        if iteration != 1 and iteration % self.log_interval:
+            return None
+        value = loss.detach().reshape(1)
+        if self.ddp:  # what our loop logs: the mean over the data-parallel ranks
+            torch.distributed.all_reduce(value)
+            value /= torch.distributed.get_world_size()
+        return float(value)
 
     def install(self) -> None:
         import megatron.training.step as step_mod
@@ -178,56 +185,91 @@ class Interleaver:
         step_mod.SequentialStep.train = interleaved_train
 
 
+def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, data_path: str, out: Any) -> None:
+    """One rank: our ``pretrain()`` with an HF step (under DDP when ``world > 1``) after each iteration."""
+    import torch
+
+    threads = args.threads or max(1, len(os.sched_getaffinity(0)) // world)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+    os.environ.update({**env, "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "DS_ACCELERATOR": "cpu"})
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
+    for noisy in ("DeepSpeed", "deepspeed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.training.pretrain import pretrain
+
+    config = neox_config(args, data_path, args.vocab_file)
+    config["global_num_gpus"] = world
+    inter = Interleaver(args.bf16, args.log_interval, ddp=world > 1)
+    inter.install()
+    pretrain(NeoXArgs.from_dict(config))
+    result = {
+        "ours_times": inter.ours_times, "hf_times": inter.hf_times, "ours_losses": inter.ours_losses,
+        "hf_losses": inter.hf_losses, "tokens": inter.tokens_per_step * world, "threads": threads, "config": config,
+    }  # fmt: skip
+    if out is None:
+        return result
+    if rank == 0:
+        out.put(result)
+    from megatron.distributed import shutdown_and_exit
+
+    shutdown_and_exit(0)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="2 layers, d=64, seq 64, micro-batch 4 (quick check)")
     p.add_argument("--bf16", action="store_true", help="bf16 on both sides (slow on CPUs without native bf16)")
-    p.add_argument("--rounds", type=int, default=8, help="timed interleaved iterations")
-    p.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
+    p.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (2: vs HF under DDP)")
+    p.add_argument("--rounds", type=int, default=5, help="timed interleaved iterations")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     p.add_argument("--log-interval", type=int, default=10)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / ranks)")
     p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--vocab-file", default=TOKENIZER)
-    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/train*.json")
+    p.add_argument("--save", action="store_true", help="write benchmarks/results/train*.json (for docs/benchmarks.md)")
     args = p.parse_args()
-    import torch
+    import torch.multiprocessing as mp
 
-    threads = args.threads or len(os.sched_getaffinity(0))
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for noisy in ("DeepSpeed", "deepspeed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    name = "train_bf16" if args.bf16 else "train"
-    if args.small:
-        name += "_small"
-    report = Report(
-        name,
-        "python benchmarks/bench_train.py" + (" --small" if args.small else "") + (" --bf16" if args.bf16 else ""),
-        precision="bf16" if args.bf16 else "fp32",
-        rounds=args.rounds,
-        warmup=args.warmup,
+    name = (
+        ("train_bf16" if args.bf16 else "train") + ("_dp2" if args.ranks > 1 else "") + ("_small" if args.small else "")
     )
-    from megatron.neox_arguments import NeoXArgs
-    from megatron.training.pretrain import pretrain
+    flags = [f for f, on in (("--small", args.small), ("--bf16", args.bf16)) if on]
+    flags += [f"--ranks {args.ranks}"] if args.ranks > 1 else []
+    report = Report(name, " ".join(["python benchmarks/bench_train.py", *flags]), precision="bf16" if args.bf16 else
+                    "fp32", rounds=args.rounds, warmup=args.warmup, ranks=args.ranks)  # fmt: skip
+    import socket
 
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         data_path = prepare_data(tmp, args.corpus, args.vocab_file)
-        config = neox_config(args, data_path, args.vocab_file)
-        inter = Interleaver(args.bf16, args.log_interval)
-        inter.install()
-        pretrain(NeoXArgs.from_dict(config))
-    torch.set_num_threads(threads)
-    ours_loss, hf_loss = inter.ours_losses[0], inter.hf_losses[0]
+        if args.ranks == 1:
+            res = run_rank(0, 1, port, args, data_path, None)
+        else:
+            ctx = mp.get_context("spawn")
+            queue = ctx.Queue()
+            procs = [ctx.Process(target=run_rank, args=(r, args.ranks, port, args, data_path, queue))
+                     for r in range(args.ranks)]  # fmt: skip
+            for proc in procs:
+                proc.start()
+            res = queue.get(timeout=3600)
+            for proc in procs:
+                proc.join()
+            if any(proc.exitcode for proc in procs):
+                print(f"a rank failed: exit codes {[proc.exitcode for proc in procs]}", file=sys.stderr)
+                return 1
+    report.data["threads"] = res["threads"]
+    ours_loss, hf_loss = res["ours_losses"][0], res["hf_losses"][0]
     tol = 2e-2 if args.bf16 else 1e-4
     if abs(ours_loss - hf_loss) > tol * abs(hf_loss):
         print(f"GATE FAILED: first-step losses differ: ours {ours_loss:.6f} vs HF {hf_loss:.6f}", file=sys.stderr)
         return 1
-    ours_t, hf_t = inter.ours_times[args.warmup :], inter.hf_times[args.warmup :]
-    tokens = inter.tokens_per_step
+    ours_t, hf_t = res["ours_times"][args.warmup :], res["hf_times"][args.warmup :]
+    tokens, config = res["tokens"], res["config"]
     ratio = median_ratio(hf_t, ours_t)  # time_hf / time_ours == ours tokens/s / HF tokens/s
     print(
         f"first-step loss ours {ours_loss:.6f} HF {hf_loss:.6f} (equal); {tokens} tokens/iteration; "
@@ -237,8 +279,8 @@ def main() -> int:
     report.finish(
         ratio,
         "ours tokens/s / HF tokens/s (median of per-round ratios)",
-        save=not args.no_save,
-        shape=config["num_layers"],
+        save=args.save,
+        layers=config["num_layers"],
         hidden=config["hidden_size"],
         seq=config["seq_length"],
         micro_batch=config["train_micro_batch_size_per_gpu"],
@@ -249,7 +291,6 @@ def main() -> int:
         hf_tokens_per_s=round(tokens / median(hf_t), 1),
         first_loss_ours=ours_loss,
         first_loss_hf=hf_loss,
-        repo=REPO,
     )
     return 0
 

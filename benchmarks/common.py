@@ -76,7 +76,7 @@ class Report:
             **settings,
         }
 
-    def finish(self, ratio: float, ratio_meaning: str, save: bool = True, **results: Any) -> dict[str, Any]:
+    def finish(self, ratio: float, ratio_meaning: str, save: bool = False, **results: Any) -> dict[str, Any]:
         """Print ``ratio=<x>`` and the JSON line; write ``benchmarks/results/<name>.json`` when ``save``."""
         self.data.update(results)
         self.data["ratio"] = round(float(ratio), 3)
