@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Report, median, median_ratio, now
+from common import Report, free_port, median, median_ratio, now, spawn_ranks
 
 CORPUS = "/work/shared/data/corpora/tinyshakespeare.txt"
 TOKENIZER = "/work/shared/data/tokenizers/20B_tokenizer.json"
@@ -213,6 +213,8 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, data_pa
         return result
     if rank == 0:
         out.put(result)
+        out.close()
+        out.join_thread()  # flush before shutdown_and_exit's os._exit
     from megatron.distributed import shutdown_and_exit
 
     shutdown_and_exit(0)
@@ -231,8 +233,6 @@ def main() -> int:
     p.add_argument("--vocab-file", default=TOKENIZER)
     p.add_argument("--save", action="store_true", help="write benchmarks/results/train*.json (for docs/benchmarks.md)")
     args = p.parse_args()
-    import torch.multiprocessing as mp
-
     name = (
         ("train_bf16" if args.bf16 else "train") + ("_dp2" if args.ranks > 1 else "") + ("_small" if args.small else "")
     )
@@ -240,28 +240,12 @@ def main() -> int:
     flags += [f"--ranks {args.ranks}"] if args.ranks > 1 else []
     report = Report(name, " ".join(["python benchmarks/bench_train.py", *flags]), precision="bf16" if args.bf16 else
                     "fp32", rounds=args.rounds, warmup=args.warmup, ranks=args.ranks)  # fmt: skip
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         data_path = prepare_data(tmp, args.corpus, args.vocab_file)
         if args.ranks == 1:
-            res = run_rank(0, 1, port, args, data_path, None)
+            res = run_rank(0, 1, free_port(), args, data_path, None)
         else:
-            ctx = mp.get_context("spawn")
-            queue = ctx.Queue()
-            procs = [ctx.Process(target=run_rank, args=(r, args.ranks, port, args, data_path, queue))
-                     for r in range(args.ranks)]  # fmt: skip
-            for proc in procs:
-                proc.start()
-            res = queue.get(timeout=3600)
-            for proc in procs:
-                proc.join()
-            if any(proc.exitcode for proc in procs):
-                print(f"a rank failed: exit codes {[proc.exitcode for proc in procs]}", file=sys.stderr)
-                return 1
+            res = spawn_ranks(run_rank, args.ranks, args, data_path)
     report.data["threads"] = res["threads"]
     ours_loss, hf_loss = res["ours_losses"][0], res["hf_losses"][0]
     tol = 2e-2 if args.bf16 else 1e-4

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import sys
 import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_train import CORPUS, TOKENIZER, neox_config, prepare_data
-from common import Report
+from common import Report, spawn_ranks
 
 STAGES = (0, 1, 3)
 
@@ -51,26 +50,13 @@ def run_rank(rank: int, world: int, port: int, config: dict, out: Any) -> None:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if rank == 0:
         out.put({**held, "peak_rss_bytes": peak_rss, "first_loss": result.train_losses[0]})
+        out.close()
+        out.join_thread()  # flush before shutdown_and_exit's os._exit
     shutdown_and_exit(0)
 
 
 def run_stage(config: dict, world: int) -> dict[str, float]:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=run_rank, args=(r, world, port, config, queue)) for r in range(world)]
-    for proc in procs:
-        proc.start()
-    res = queue.get(timeout=1800)
-    for proc in procs:
-        proc.join()
-    if any(proc.exitcode for proc in procs):
-        raise RuntimeError(f"stage {config['zero_optimization']}: exit codes {[p.exitcode for p in procs]}")
-    return res
+    return spawn_ranks(run_rank, world, config)
 
 
 def main() -> int:

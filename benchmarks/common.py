@@ -99,3 +99,43 @@ def median(values: list[float]) -> float:
 def median_ratio(numerators: list[float], denominators: list[float]) -> float:
     """Median of the per-round ratios (each round ran both sides back to back)."""
     return median([n / d for n, d in zip(numerators, denominators, strict=True) if d > 0])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_ranks(target: Any, world: int, *args: Any) -> Any:
+    """Run ``target(rank, world, port, *args, queue)`` on ``world`` spawned processes; returns what rank 0 puts on
+    the queue. Raises when a rank fails or every rank exited without a result."""
+    import queue as queue_mod
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, results)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        while True:
+            try:
+                res = results.get(timeout=5)
+                break
+            except queue_mod.Empty:
+                if not any(proc.is_alive() for proc in procs):
+                    raise RuntimeError(f"ranks exited without a result: {[p.exitcode for p in procs]}") from None
+        for proc in procs:
+            proc.join(timeout=600)
+        if any(proc.exitcode for proc in procs):
+            raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+        return res
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
