@@ -20,11 +20,13 @@ Prints the medians, ``ratio=<ours tokens/s / HF tokens/s>`` and a JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -97,6 +99,20 @@ def neox_config(args: argparse.Namespace, data_path: str, vocab: str) -> dict:
     }
 
 
+@contextlib.contextmanager
+def profiled(active: bool, label: str) -> Iterator[None]:
+    """torch.profiler around one side's step; prints the ops that took the most self CPU time."""
+    if not active:
+        yield
+        return
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield
+    print(f"---- profile: {label} ----")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+
+
 class Interleaver:
     """Wraps our step: after each of our iterations, one HF step on the same batch; times both."""
 
@@ -110,6 +126,7 @@ class Interleaver:
         self.hf_losses: list[float] = []
         self.last_exit: float | None = None
         self.tokens_per_step = 0
+        self.profile_iteration = 0  # > 0: torch.profiler tables of both sides at that iteration
 
     def make_hf(self, engine, lr: float) -> None:
         import torch
@@ -166,12 +183,15 @@ class Interleaver:
         def interleaved_train(step_self, data_iter):
             if me.hf is None:
                 me.make_hf(step_self.engine, float(step_self.engine.optimizer.param_groups[0]["lr"]))
-            start = me.last_exit if me.last_exit is not None else now()
-            result = original_train(step_self, data_iter)
-            mid = now()
             iteration = len(me.ours_losses) + 1
+            profiling = me.profile_iteration == iteration
+            start = me.last_exit if me.last_exit is not None else now()
+            with profiled(profiling, "ours"):
+                result = original_train(step_self, data_iter)
+            mid = now()
             me.ours_losses.append(result.lm_loss)
-            hf_loss = me.hf_step(iteration)
+            with profiled(profiling, "HF"):
+                hf_loss = me.hf_step(iteration)
             end = now()
             if hf_loss is not None:
                 me.hf_losses.append(hf_loss)
@@ -203,6 +223,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, data_pa
     config = neox_config(args, data_path, args.vocab_file)
     config["global_num_gpus"] = world
     inter = Interleaver(args.bf16, args.log_interval, ddp=world > 1)
+    inter.profile_iteration = args.profile if rank == 0 else 0
     inter.install()
     pretrain(NeoXArgs.from_dict(config))
     result = {
@@ -229,6 +250,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / ranks)")
+    p.add_argument("--profile", type=int, default=0, help="print torch.profiler tables of iteration N (both sides)")
     p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--vocab-file", default=TOKENIZER)
     p.add_argument("--save", action="store_true", help="write benchmarks/results/train*.json (for docs/benchmarks.md)")
