@@ -33,6 +33,7 @@ from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.preemption import Preemption, PreemptionConfig
+from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 
 logger = logging.getLogger("megatron.train")
@@ -105,6 +106,7 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
         dist_init_required=False,
     )
     install_fp32_clipping(engine)  # DeepSpeed's fp32 clipping norm is wrong under pipelines (and unrecorded)
+    skip_single_rank_allreduce(engine, mpu.get_data_parallel_world_size())  # 1 DP rank: nothing to reduce
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)

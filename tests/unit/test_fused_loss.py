@@ -85,3 +85,18 @@ def test_step_uses_fused_loss_only_for_the_lm_loss_of_a_capable_model():
     assert fp16_ce.fused_loss_weight() is None
     with pytest.raises(ValueError, match="cannot fuse"):
         fp16_ce(batch()[0], loss_targets=batch()[1])
+
+
+def test_single_rank_allreduce_is_skipped_only_where_it_can_only_copy():
+    from megatron.training.single_rank import skip_single_rank_allreduce
+
+    def engine(stage: int = 0, optimizer: object = None, **kw: object) -> SimpleNamespace:
+        opt = optimizer if optimizer is not None else torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+        return SimpleNamespace(optimizer=opt, zero_optimization_stage=lambda: stage, enable_backward_allreduce=True,
+                               **kw)  # fmt: skip
+
+    e = engine()
+    assert skip_single_rank_allreduce(e, 1) and e.enable_backward_allreduce is False
+    for e, dp in ((engine(), 2), (engine(stage=1), 1), (engine(pipeline_parallelism=True), 1),
+                  (engine(has_moe_layers=True), 1), (engine(optimizer=object()), 1)):  # fmt: skip
+        assert not skip_single_rank_allreduce(e, dp) and e.enable_backward_allreduce is True
