@@ -100,3 +100,14 @@ def test_single_rank_allreduce_is_skipped_only_where_it_can_only_copy():
     for e, dp in ((engine(), 2), (engine(stage=1), 1), (engine(pipeline_parallelism=True), 1),
                   (engine(has_moe_layers=True), 1), (engine(optimizer=object()), 1)):  # fmt: skip
         assert not skip_single_rank_allreduce(e, dp) and e.enable_backward_allreduce is True
+
+
+def test_nonfinite_guard_check_finds_nan_and_inf_in_any_gradient():
+    from megatron.training.nonfinite import _all_finite
+
+    ok = [torch.ones(3), torch.full((2, 2), 3e38), torch.zeros(0)]
+    assert _all_finite(ok) and _all_finite([])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = torch.ones(5)
+        t[3] = bad
+        assert not _all_finite([*ok, t]) and not _all_finite([t.bfloat16()])
