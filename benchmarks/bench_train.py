@@ -297,6 +297,7 @@ def main() -> int:
         hf_tokens_per_s=round(tokens / median(hf_t), 1),
         first_loss_ours=ours_loss,
         first_loss_hf=hf_loss,
+        per_round_ratios=[round(h / o, 3) for h, o in zip(hf_t, ours_t, strict=True)],
     )
     return 0
 
