@@ -44,6 +44,15 @@ def _grads(engine: Any) -> Iterator[torch.Tensor]:
             yield g
 
 
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """One read pass per tensor and one host sync: the max-abs norm is finite iff no element is NaN or ±inf."""
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return True
+    peaks = torch.stack([torch.linalg.vector_norm(t.detach(), float("inf")).float().cpu() for t in tensors])
+    return bool(torch.isfinite(peaks).all())
+
+
 def _drop_gradients(engine: Any) -> None:
     """What DeepSpeed's optimizers do on an fp16 overflow: forget this step's gradients."""
     opt = engine.optimizer
@@ -78,7 +87,7 @@ class NonFiniteGuard:
         # fp16: inf gradients are loss-scale overflows, which DeepSpeed's scaler handles (and learns from)
         fp16 = bool(getattr(self.engine, "fp16_enabled", lambda: False)())
         if not local and not fp16:
-            local = any(not bool(torch.isfinite(g).all()) for g in _grads(self.engine))
+            local = not _all_finite(list(_grads(self.engine)))
         flag = torch.tensor([1.0 if local else 0.0])
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
