@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print(args.format_config())
         for note in plan.notes:
             print(f"note: {note}")
+        if plan.threads:
+            print(plan.threads)
         cluster = cluster_command(args, plan.config_path, plan.run_dir) if is_multinode(args) else None
         for note in cluster.notes if cluster else []:
             print(f"note: {note}")

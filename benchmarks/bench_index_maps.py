@@ -11,7 +11,6 @@ identical arrays. Prints the medians, the ratios and a JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -19,7 +18,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Report
 
 from megatron.data import index_maps
 
@@ -60,7 +60,11 @@ def main() -> int:
     p.add_argument("--mean-doc-tokens", type=int, default=1000)
     p.add_argument("--loop-samples", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--save", action="store_true", help="write benchmarks/results/index_maps.json (for docs/benchmarks.md)"
+    )
     args = p.parse_args()
+    report = Report("index_maps", "python benchmarks/bench_index_maps.py", rounds=args.repeats)
     rng = np.random.RandomState(0)
     sizes = np.maximum(1, rng.exponential(args.mean_doc_tokens, size=args.num_docs)).astype(np.int32)
     documents = np.arange(args.num_docs, dtype=np.int32)
@@ -108,7 +112,9 @@ def main() -> int:
     print(f"  loop sample_idx: {loop_small:.2f} s for {n:,} samples -> {loop_full:.1f} s extrapolated")
     print(f"ratio sample_idx (loop / vectorised): {result['ratio_sample_idx']}x")
     print(f"ratio whole build (loop-based / vectorised): {result['ratio_total']}x")
-    print(json.dumps(result))
+    result.pop("benchmark")
+    report.finish(result["ratio_total"], "whole build: loop-based sample_idx baseline time / ours; arrays identical",
+                  args.save, **result)  # fmt: skip
     return 0
 
 

@@ -12,7 +12,6 @@ tokens/s, the ratio (baseline time / ours) and a JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -22,7 +21,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Report, median_ratio
 
 from megatron.data.document_reader import read_documents
 from megatron.data.indexed_dataset import make_builder
@@ -76,7 +76,11 @@ def main() -> int:
     p.add_argument("--vocab-file", default=None, help="tokenizers JSON (default: train one on the corpus)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--save", action="store_true", help="write benchmarks/results/preprocess.json (for docs/benchmarks.md)"
+    )
     args = p.parse_args()
+    report = Report("preprocess", "python benchmarks/bench_preprocess.py", workers=args.workers, rounds=args.repeats)
     with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
         corpus = args.input
         if corpus is None:
@@ -124,7 +128,11 @@ def main() -> int:
     )
     print(f"  ours (batched):                        {med['ours']:.2f} s ({result['ours_tokens_per_s']:,} tokens/s)")
     print(f"ratio (baseline / ours): {result['ratio']}x; outputs byte-identical")
-    print(json.dumps(result))
+    result.pop("benchmark")
+    result["ratio_of_medians"] = result.pop("ratio")
+    ratio = median_ratio(times["baseline"], times["ours"])
+    report.finish(ratio, "baseline time / ours (median of per-round ratios); .bin/.idx identical", args.save,
+                  **result)  # fmt: skip
     return 0
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from megatron.launcher.multinode import ClusterCommand
 from megatron.launcher.secrets import redact
+from megatron.launcher.threads import threads_per_rank
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 
@@ -39,6 +40,7 @@ class LaunchPlan:
     run_dir: str = ""
     config_path: str = ""
     notes: list[str] = field(default_factory=list)
+    threads: str = ""  # CPU ranks: the threads per rank and why (printed by deepy.py)
 
     def command_line(self) -> str:
         """The exact launch command, as a shell line (environment additions first)."""
@@ -101,11 +103,14 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
         )
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
     argv += [args.user_script, "--neox_config", config_path]
+    threads = ""
     if on_cpu:
         env["DS_ACCELERATOR"] = "cpu"
         # DeepSpeed's launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or "1"
-    return LaunchPlan(argv, env, run_dir, config_path, notes)
+        count, why = threads_per_rank(int(num_gpus or 1), os.environ)
+        env["OMP_NUM_THREADS"] = str(count)
+        threads = f"CPU threads per rank: {count} ({why}; set OMP_NUM_THREADS to choose)"
+    return LaunchPlan(argv, env, run_dir, config_path, notes, threads)
 
 
 def prepare_for_launch(args: NeoXArgs) -> None:

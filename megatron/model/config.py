@@ -10,31 +10,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from megatron.neox_arguments.derive import padded_vocab_size
+from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
 logger = logging.getLogger(__name__)
 
-NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm", "te_layernorm", "te_rmsnorm")
-POS_EMBS = ("learned", "sinusoidal", "rotary", "alibi", "rpe", "none")
-PLAIN_ACTIVATIONS = ("gelu", "relu", "silu", "swish", "mish", "softsign")
+# The allowed values are defined once, as the config schema's Literal types.
+NORMS: tuple[str, ...] = typing.get_args(model_keys.NORMS)
+POS_EMBS: tuple[str, ...] = typing.get_args(model_keys.POS_EMBS)
+ACTIVATIONS: tuple[str, ...] = typing.get_args(model_keys.ACTIVATIONS)
 GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
-ACTIVATIONS = PLAIN_ACTIVATIONS + GATED_ACTIVATIONS
-INIT_METHODS = (
-    "normal",
-    "scaled_normal",
-    "orthogonal",
-    "scaled_orthogonal",
-    "xavier_uniform",
-    "xavier_normal",
-    "wang_init",
-    "small_init",
-    "single_residual_scaled_normal",
-)
+PLAIN_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
+INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 PRECISIONS = {
@@ -89,12 +83,7 @@ def expand_attention_config(attention_config: Any, num_layers: int) -> tuple[str
     return tuple(flat)
 
 
-def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:
-    """GPT-NeoX's vocabulary padding: round up to a multiple of ``make_vocab_size_divisible_by × TP``."""
-    multiple = make_vocab_size_divisible_by * model_parallel_size
-    if multiple <= 0:
-        raise ValueError(f"make_vocab_size_divisible_by × model_parallel_size must be positive, got {multiple}")
-    return int(math.ceil(vocab_size / multiple) * multiple)
+pad_vocab_size = padded_vocab_size  # GPT-NeoX's rule, defined once in megatron.neox_arguments.derive
 
 
 @dataclass

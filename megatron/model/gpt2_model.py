@@ -21,6 +21,7 @@ from torch import nn
 
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
+from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.positional_embeddings import RelativePositionBias
@@ -135,8 +136,11 @@ class GPTSequential(nn.Module):
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        loss_targets: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits for ``input_ids`` [b, s]."""
+        """Logits for ``input_ids`` [b, s]; with ``loss_targets`` ``(labels, loss_mask)`` the LM loss instead, with
+        the output projection fused into the loss (:mod:`megatron.model.fused_loss`; see :meth:`fused_loss_weight`).
+        """
         if isinstance(input_ids, (tuple, list)):
             input_ids, position_ids, attention_mask = input_ids
         b, s = input_ids.shape
@@ -147,6 +151,11 @@ class GPTSequential(nn.Module):
             position_ids = torch.arange(start, start + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         x: Any = (input_ids, position_ids, attention_mask)
         layers = list(self.sequential)
+        weight = self.fused_loss_weight() if loss_targets is not None else None
+        if loss_targets is not None:
+            if weight is None:
+                raise ValueError("loss_targets: this model cannot fuse its output layer into the loss")
+            layers = layers[:-1]
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and kv_cache is None
         i = 0
         while i < len(layers):
@@ -169,7 +178,24 @@ class GPTSequential(nn.Module):
             i += 1
         if kv_cache is not None:
             kv_cache.advance(s)
+        if loss_targets is not None:
+            return fused_lm_cross_entropy(x, weight, loss_targets[0], loss_targets[1])
         return x
+
+    def fused_loss_weight(self) -> torch.Tensor | None:
+        """The output weight ``[V, h]`` when the fused output+loss path applies (tensor parallel size 1, no sequence
+        parallelism, fp32 loss, weight not partitioned by ZeRO-3), else None."""
+        cfg = self.cfg
+        if mpu.get_model_parallel_world_size() != 1 or cfg.sequence_parallel or cfg.fp16_lm_cross_entropy:
+            return None
+        last = self.sequential[-1]
+        if isinstance(last, ParallelLinearPipe):
+            weight = last.final_linear.weight
+        elif isinstance(last, _Lambda) and last.fn is logits_helper:
+            weight = last._owner[0].word_embeddings_weight
+        else:
+            return None
+        return None if hasattr(weight, "ds_tensor") else weight
 
 
 def configure_checkpoint_storage(cfg: GPTModelConfig, pipe_parallel_size: int) -> None:

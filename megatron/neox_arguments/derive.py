@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
 
@@ -59,10 +60,17 @@ class LaunchEnv:
         return cls(world_size=int(ws) if ws and ws.isdigit() else None, on_cpu=cpu, gpu_count=gpus, hosts=hosts)
 
 
-def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int) -> int:
-    """Vocabulary padded up to a multiple of ``make_vocab_size_divisible_by * model_parallel_size``."""
+def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:
+    """GPT-NeoX's vocabulary padding: the smallest size ``>= vocab_size`` divisible by
+    ``make_vocab_size_divisible_by * model_parallel_size`` (the one definition; the tokenizer, the model config and
+    the checkpoint tools use it)."""
     multiple = make_vocab_size_divisible_by * max(model_parallel_size, 1)
-    return ((vocab_size + multiple - 1) // multiple) * multiple
+    if multiple <= 0:
+        raise ConfigError(
+            f"make_vocab_size_divisible_by ({make_vocab_size_divisible_by}) x model_parallel_size "
+            f"({model_parallel_size}) must be positive"
+        )
+    return -(-vocab_size // multiple) * multiple
 
 
 def expand_attention_config(config: list | None, num_layers: int) -> list[str]:

@@ -1,5 +1,6 @@
 """Tokenizers of every GPT-NeoX ``tokenizer_type``, loaded from local files, and ``padded_vocab_size``."""
 
+from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.tokenizer.tokenizer import (
     EOD_TOKEN,
     PAD_TOKEN,
@@ -13,7 +14,6 @@ from megatron.tokenizer.tokenizer import (
     TiktokenTokenizer,
     TokenizerConfig,
     build_tokenizer,
-    padded_vocab_size,
 )
 
 __all__ = [

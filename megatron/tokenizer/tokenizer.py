@@ -47,17 +47,6 @@ class TokenizerConfig:
         return cls(**neox_overrides(cls, args))
 
 
-def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:
-    """Smallest size ``>= vocab_size`` divisible by ``make_vocab_size_divisible_by * model_parallel_size``."""
-    multiple = make_vocab_size_divisible_by * model_parallel_size
-    if multiple <= 0:
-        raise DataError(
-            f"make_vocab_size_divisible_by ({make_vocab_size_divisible_by}) x model_parallel_size "
-            f"({model_parallel_size}) must be positive"
-        )
-    return -(-vocab_size // multiple) * multiple
-
-
 def _require_file(path: str | None, key: str, tokenizer_type: str, what: str) -> str:
     if not path:
         raise DataError(f"tokenizer_type {tokenizer_type} needs {key}: {what}")

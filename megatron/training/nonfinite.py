@@ -46,6 +46,15 @@ def _grads(engine: Any) -> Iterator[torch.Tensor]:
             yield g
 
 
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """One read pass per tensor and one host sync: the max-abs norm is finite iff no element is NaN or ±inf."""
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return True
+    peaks = torch.stack([torch.linalg.vector_norm(t.detach(), float("inf")).float().cpu() for t in tensors])
+    return bool(torch.isfinite(peaks).all())
+
+
 def _drop_gradients(engine: Any) -> None:
     """What DeepSpeed's optimizers do on an fp16 overflow: forget this step's gradients."""
     opt = engine.optimizer
@@ -85,7 +94,7 @@ class NonFiniteGuard:
         # fp16: inf gradients are loss-scale overflows, which DeepSpeed's scaler handles (and learns from)
         fp16 = bool(getattr(self.engine, "fp16_enabled", lambda: False)())
         if not nonfinite and not fp16:
-            nonfinite = any(not bool(torch.isfinite(g).all()) for g in _grads(self.engine))
+            nonfinite = not _all_finite(list(_grads(self.engine)))
         spike = not nonfinite and self.spike is not None and step_loss is not None and self.spike.is_spike(step_loss)
         flags = torch.tensor([float(nonfinite), float(spike)])
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -5,7 +5,7 @@ frozen params are left out. Types (case-insensitive):
 
 | type | implementation |
 |---|---|
-| ``adam`` | ``torch.optim.AdamW`` (decoupled weight decay, what GPT-NeoX's FusedAdam computes); ``params.fused: true`` or ``params.torch_adam: false`` selects DeepSpeed's ``FusedAdam`` (JIT-built C++ op on CPU, ~70 s once) |
+| ``adam`` | ``torch.optim.AdamW`` (decoupled weight decay, what GPT-NeoX's FusedAdam computes; torch's fused one-pass kernel for CPU parameters); ``params.fused: true`` or ``params.torch_adam: false`` selects DeepSpeed's ``FusedAdam`` (JIT-built C++ op on CPU, ~70 s once) |
 | ``cpu_adam`` / ``cpu_torch_adam`` | ``deepspeed.ops.adam.DeepSpeedCPUAdam`` (JIT-built once), for ZeRO-Offload |
 | ``onebitadam`` | created by DeepSpeed from the config (needs a CUDA/NCCL backend) |
 | ``sgd`` | ``torch.optim.SGD`` (GPT-NeoX requires muP's MuSGD; muP is not supported here) |
@@ -159,6 +159,8 @@ def build_optimizer(
 
             return FusedAdam(groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True, **params), groups
         params.pop("adam_w_mode", None)
+        if "foreach" not in params and all(p.device.type == "cpu" for g in groups for p in g["params"]):
+            params.setdefault("fused", True)  # torch's one-pass CPU kernel: same update, about 2x faster than the loop
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **params), groups
     if kind in ("cpu_adam", "cpu_torch_adam"):
         from deepspeed.ops.adam import DeepSpeedCPUAdam

@@ -21,8 +21,8 @@ from megatron.checkpoint.layout import CheckpointError
 from megatron.errors import DataError
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
-from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
+from megatron.logging.peak_flops import flops_config_with_peak
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.training import checkpointing as ckpt
@@ -33,6 +33,7 @@ from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.preemption import Preemption, PreemptionConfig
+from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 
 logger = logging.getLogger("megatron.train")
@@ -105,6 +106,7 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
         dist_init_required=False,
     )
     install_fp32_clipping(engine)  # DeepSpeed's fp32 clipping norm is wrong under pipelines (and unrecorded)
+    skip_single_rank_allreduce(engine, mpu.get_data_parallel_world_size())  # 1 DP rank: nothing to reduce
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
@@ -288,7 +290,7 @@ def pretrain(args: Any) -> PretrainResult:
             step=step,
             loop_cfg=loop_cfg,
             log_cfg=log_cfg,
-            flops_cfg=FlopsConfig.from_neox_args(args),
+            flops_cfg=flops_config_with_peak(args, rank),
             metrics=metrics,
             timers=timers,
             save_fn=save if save_cfg.save else None,

@@ -87,6 +87,14 @@ def needs_manual_loss_scaling(engine: Any) -> bool:
     return bool(fp16) and not isinstance(opt, ZeROOptimizer) and hasattr(opt, "loss_scale_config")
 
 
+def uses_fused_loss(engine: Any, loss_fn: Any) -> bool:
+    """True when the step may ask the model for its loss directly (GPT-NeoX's LM loss, a model that can fuse)."""
+    from megatron.model.gpt2_model import cross_entropy
+
+    weight_of = getattr(engine.module, "fused_loss_weight", None)
+    return loss_fn is cross_entropy and callable(weight_of) and weight_of() is not None
+
+
 @dataclass
 class StepResult:
     """What one training iteration produced."""
@@ -109,6 +117,7 @@ class SequentialStep:
     ) -> None:
         self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
         self.manual_loss_scale = needs_manual_loss_scaling(engine)
+        self.fused_loss = uses_fused_loss(engine, loss_fn)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self.manual_loss_scale:
@@ -122,6 +131,8 @@ class SequentialStep:
         self.timers("batch generator").start()
         inputs, targets = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
         self.timers("batch generator").stop()
+        if self.fused_loss:  # output layer + loss in one chunked pass (same loss, no [b, s, V] logits)
+            return self.engine(inputs, loss_targets=targets)
         logits = self.engine(inputs)
         return self.loss_fn(logits, targets)
 

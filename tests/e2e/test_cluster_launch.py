@@ -121,6 +121,28 @@ def test_deepy_mvapich_launcher_runs_a_real_hydra_mpirun(setup, tmp_path):
     assert (run_dir / "hostfile.mvapich").read_text() == "localhost\n"
 
 
+def test_deepy_pdsh_launcher_runs_through_a_real_ssh_login(setup, tmp_path):
+    """``launcher: pdsh`` (GPT-NeoX's default): real pdsh logs in to this host through a real sshd, sources the
+    0600 env file, and DeepSpeed's per-node launcher starts both ranks; the secret stays out of every log."""
+    from tests.ssh_server import loopback_sshd
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    config = write_config(tmp_path / "pdsh.yml", setup["data"], launcher="pdsh", force_multi=True)
+    secret = "wandb-secret-for-the-pdsh-test-0451"
+    run_dir = tmp_path / "run"
+    cmd = [PYTHON, "deepy.py", "train.py", str(config), "--hostfile", str(hostfile), "--run_dir", str(run_dir)]
+    with loopback_sshd() as ssh_env:
+        res = run_command(cmd, timeout=600, env={**ssh_env, "WANDB_API_KEY": secret}, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert losses(re.sub(r"^localhost: ", "", out, flags=re.MULTILINE)) == setup["reference"], out[-4000:]
+    pdsh = shlex.split(next(ln for ln in res.stdout.splitlines() if ln.startswith("pdsh ")))
+    assert pdsh[:2] == ["pdsh", "-S"] and pdsh[pdsh.index("-w") + 1] == "localhost"
+    assert secret not in out and not any(secret in p.read_text() for p in run_dir.rglob("*") if p.is_file())
+    assert not (run_dir / "launch.env").exists()  # the 0600 env file is removed after the launch
+
+
 def test_sbatch_template_trains_on_a_real_single_host_slurm(setup, tmp_path):
     from tests.slurm_cluster import single_host_slurm
 

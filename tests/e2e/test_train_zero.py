@@ -61,8 +61,10 @@ def test_zero_stages_fp32_agree(data: dict[str, str], world: int, tmp_path: Path
     zero0, _ = load_module_state(str(tmp_path / "zero0"))
     zero3, tag = load_module_state(str(tmp_path / "zero3"))
     assert tag == "global_step6" and set(zero3) >= {k for k in zero0 if not k.endswith("inv_freq")}
+    # ZeRO-3 computes the loss unfused (its output weight is partitioned; megatron/model/fused_loss.py is used at
+    # ZeRO-0/1/2): rounding differs by ~1e-7 per step and Adam carries it into the weights; a wrong merge is >1e-2.
     for key, value in zero3.items():
-        assert torch.allclose(value.float(), zero0[key].float(), atol=1e-5), key
+        assert torch.allclose(value.float(), zero0[key].float(), atol=1e-4), key
 
 
 def test_bf16_zero_0_1_and_fp32_grad_accumulation(data: dict[str, str]) -> None:
