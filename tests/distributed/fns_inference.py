@@ -1,0 +1,28 @@
+"""Generation and evaluation under training layouts on gloo ranks (for tests/distributed/test_inference_layouts.py).
+
+One spawned world runs every layout in turn (the model-parallel groups are rebuilt between layouts); rank 0
+returns what it generated / scored per layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int]]) -> dict:
+    """``{"tp<t>_pp<p>": records}`` of ``run_generation`` under each ``(model_parallel_size, pipe_parallel_size)``."""
+    from megatron import mpu
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    out: dict[str, Any] = {}
+    for tp, pp in layouts:
+        mpu.destroy_model_parallel()
+        values = {**overrides, "model_parallel_size": tp, "pipe_parallel_size": pp}
+        records = run_generation(NeoXArgs.from_ymls(configs, overwrite_values=values))
+        out[f"tp{tp}_pp{pp}"] = {
+            "records": records,
+            "stage": mpu.get_pipe_parallel_rank(),
+            "tp_rank": mpu.get_model_parallel_rank(),
+        }
+    return out
