@@ -90,7 +90,7 @@ class InferenceStage(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(s)
         if not self.is_last:
-            mpu.send_to_next_stage(x[0])
+            mpu.send_to_next_stage(x[0].to(self.cfg.params_dtype))
             return None
         if x.shape[-1] != self.cfg.padded_vocab_size:  # vocab-parallel logits
             x = mpu.gather_from_model_parallel_region(x.contiguous())

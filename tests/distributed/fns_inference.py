@@ -9,20 +9,35 @@ from __future__ import annotations
 from typing import Any
 
 
-def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int]]) -> dict:
-    """``{"tp<t>_pp<p>": records}`` of ``run_generation`` under each ``(model_parallel_size, pipe_parallel_size)``."""
+def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int, str]]) -> dict:
+    """``{"tp<t>_pp<p>_<precision>": {records, stage, tp_rank, dtypes}}`` of ``run_generation`` under each
+    ``(model_parallel_size, pipe_parallel_size, precision)``."""
+    import megatron.generation.parallel as parallel
     from megatron import mpu
     from megatron.generation.text_generation import run_generation
     from megatron.neox_arguments import NeoXArgs
 
     out: dict[str, Any] = {}
-    for tp, pp in layouts:
-        mpu.destroy_model_parallel()
-        values = {**overrides, "model_parallel_size": tp, "pipe_parallel_size": pp}
-        records = run_generation(NeoXArgs.from_ymls(configs, overwrite_values=values))
-        out[f"tp{tp}_pp{pp}"] = {
-            "records": records,
-            "stage": mpu.get_pipe_parallel_rank(),
-            "tp_rank": mpu.get_model_parallel_rank(),
-        }
+    built: list[Any] = []
+    setup = parallel.setup_stage_for_inference
+
+    def recording_setup(args: Any) -> Any:
+        stage, tokenizer = setup(args)
+        built.append(stage)
+        return stage, tokenizer
+
+    parallel.setup_stage_for_inference = recording_setup
+    try:
+        for tp, pp, precision in layouts:
+            mpu.destroy_model_parallel()
+            values = {**overrides, "model_parallel_size": tp, "pipe_parallel_size": pp, "precision": precision}
+            records = run_generation(NeoXArgs.from_ymls(configs, overwrite_values=values))
+            out[f"tp{tp}_pp{pp}_{precision}"] = {
+                "records": records,
+                "stage": mpu.get_pipe_parallel_rank(),
+                "tp_rank": mpu.get_model_parallel_rank(),
+                "dtypes": sorted({str(p.dtype) for p in built[-1].parameters()}),
+            }
+    finally:
+        parallel.setup_stage_for_inference = setup
     return out
