@@ -41,3 +41,34 @@ def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: lis
     finally:
         parallel.setup_stage_for_inference = setup
     return out
+
+
+def evaluate_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int]], cwd: str) -> dict:
+    """``{"tp<t>_pp<p>": metrics}`` of eval.py's ``evaluate_checkpoint`` under each layout (rank 0's result file is
+    written under ``cwd``; the path is returned too)."""
+    import os
+
+    from megatron import mpu
+    from megatron.evaluation.standalone import evaluate_checkpoint
+    from megatron.neox_arguments import NeoXArgs
+
+    os.chdir(cwd)
+    out: dict[str, Any] = {}
+    for tp, pp in layouts:
+        mpu.destroy_model_parallel()
+        values = {**overrides, "model_parallel_size": tp, "pipe_parallel_size": pp}
+        path, metrics = evaluate_checkpoint(NeoXArgs.from_ymls(configs, overwrite_values=values))
+        out[f"tp{tp}_pp{pp}"] = {"path": path, "metrics": metrics, "dp": mpu.get_data_parallel_world_size()}
+    return out
+
+
+def run_all(configs: list[str], gen: dict[str, Any], gen_layouts: list, evl: dict[str, Any], eval_layouts: list,
+            cwd: str) -> dict:  # fmt: skip
+    """Both of the above in one world (one spawn of the ranks); lm-eval's dataset cache under ``cwd``."""
+    import os
+
+    os.environ["HF_HOME"] = os.path.join(cwd, "hf_home")
+    return {
+        "generate": generate_layouts(configs, gen, gen_layouts),
+        "eval": evaluate_layouts(configs, evl, eval_layouts, cwd),
+    }
