@@ -83,12 +83,20 @@ def run_eval_harness(adapter: Any, args: Any, tasks: list[str] | None = None) ->
 @contextlib.contextmanager
 def _every_rank_reports() -> Iterator[None]:
     """lm-eval returns results only where ``LOCAL_RANK`` is 0 (its guard for torchrun TP); every neox-forge rank
-    evaluates the same requests (split inside the adapter), so each gets them."""
-    saved = os.environ.get("LOCAL_RANK")
+    evaluates the same requests (split inside the adapter), so each gets them.
+
+    lm-eval's ``add_env_info`` (torch's ``collect_env``: pip and driver subprocesses, seconds per call and rank) is
+    skipped: its fields are not part of GPT-NeoX's results file.
+    """
+    import lm_eval.evaluator
+
+    saved, env_info = os.environ.get("LOCAL_RANK"), lm_eval.evaluator.add_env_info
     os.environ["LOCAL_RANK"] = "0"
+    lm_eval.evaluator.add_env_info = lambda results: None
     try:
         yield
     finally:
+        lm_eval.evaluator.add_env_info = env_info
         if saved is None:
             os.environ.pop("LOCAL_RANK", None)
         else:
