@@ -165,7 +165,7 @@ def generate_tokens_batch(
     share = forward if hasattr(forward, "share_tokens") else None  # megatron.generation.parallel.StageForward
     new: list[list[int]] = [[] for _ in range(b)]
     finished, done = [False] * b, [False] * b
-    cache = None if cfg.recompute else KVCache()
+    cache = None if cfg.recompute else KVCache(capacity=width)
     pos = min(lengths)
     feed = tokens[:, :pos]
     while pos < width:
