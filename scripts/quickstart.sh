@@ -13,12 +13,19 @@ DATA=data/stdlib
 RUN=runs/quickstart
 
 echo "[quickstart] 1/4 data: corpus, tokenizer, .bin/.idx in $DATA"
-[ -s "$DATA/stdlib.jsonl" ] || $PY tools/datasets/corpora.py --output "$DATA/stdlib.jsonl"
-[ -s "$DATA/tokenizer.json" ] || $PY tools/datasets/train_tokenizer.py --json_input_dir "$DATA" \
-    --tokenizer_output_path "$DATA/tokenizer.json" --vocab_size 4096
-[ -s "$DATA/stdlib_text_document.idx" ] || $PY tools/datasets/preprocess_data.py --input "$DATA/stdlib.jsonl" \
-    --output-prefix "$DATA/stdlib" --tokenizer-type HFTokenizer --vocab-file "$DATA/tokenizer.json" --append-eod \
-    --workers 2
+# The data is reused only if this script built it (the stamp holds the checksums of the corpus and tokenizer it
+# tokenized with); anything else in $DATA (another tool's output, an interrupted run) is rebuilt.
+stamp() { sha256sum "$DATA/stdlib.jsonl" "$DATA/tokenizer.json" "$DATA/stdlib_text_document.bin" 2>/dev/null; }
+if [ ! -s "$DATA/.quickstart-stamp" ] || [ "$(stamp)" != "$(cat "$DATA/.quickstart-stamp")" ]; then
+    rm -rf "$DATA"
+    mkdir -p "$DATA"
+    $PY tools/datasets/corpora.py --output "$DATA/stdlib.jsonl"
+    $PY tools/datasets/train_tokenizer.py --json_input_dir "$DATA" --tokenizer_output_path "$DATA/tokenizer.json" \
+        --vocab_size 4096
+    $PY tools/datasets/preprocess_data.py --input "$DATA/stdlib.jsonl" --output-prefix "$DATA/stdlib" \
+        --tokenizer-type HFTokenizer --vocab-file "$DATA/tokenizer.json" --append-eod --workers 2
+    stamp > "$DATA/.quickstart-stamp"
+fi
 entropy=$($PY - <<'EOF'
 import numpy as np
 from megatron.data.indexed_dataset import make_dataset

@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def _find() -> Path:
     candidates = [os.environ.get("NEOX_FORGE_SHARED"), REPO_ROOT.parent / "shared", "/work/shared"]
     for candidate in candidates:
-        if candidate and (Path(candidate) / "data").is_dir():
+        if candidate and all((Path(candidate) / sub).is_dir() for sub in ("data", "reference")):
             return Path(candidate)
     if os.environ.get("CI") == "true":
         raise RuntimeError(f"shared/ reference files not found (looked in {candidates}); set NEOX_FORGE_SHARED")

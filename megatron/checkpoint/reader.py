@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from megatron.checkpoint import config_io
+from megatron.checkpoint.bias_layout import SPLIT, stored_layout
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
@@ -227,8 +228,8 @@ def read_checkpoint(
     """Read the checkpoint at ``path`` (root with ``latest`` or a ``global_stepN`` dir) into a full state dict.
 
     The model config comes from ``args`` (GPT-NeoX attribute names), else ``config_files``, else the checkpoint's
-    own ``configs/``. ``row_bias``: ``auto`` (neox-forge checkpoints store effective row-parallel biases, GPT-NeoX
-    ones are summed over TP when ``gpt_j_residual``), ``effective`` or ``sum``.
+    own ``configs/``. ``row_bias``: ``auto`` (the checkpoint's recorded layout, else GPT-NeoX's rule: summed over TP
+    when ``gpt_j_residual``; see ``megatron.checkpoint.bias_layout``), ``effective`` or ``sum``.
     """
     if row_bias not in ("auto", "effective", "sum"):
         raise ValueError(f"row_bias={row_bias!r} must be auto, effective or sum")
@@ -269,10 +270,10 @@ def read_checkpoint(
             raise CheckpointError(
                 f"{directory} was saved with {key}={ckpt_args[key]} but the config says {getattr(cfg, key)}"
             )
-    ours = is_neox_forge(layout, client)
-    sum_biases = row_bias == "sum" or (row_bias == "auto" and not ours and cfg.gpt_j_residual and layout.tp > 1)
+    stored = stored_layout(directory, gpt_j_residual=cfg.gpt_j_residual, tp=layout.tp, client_state=client)
+    sum_biases = row_bias == "sum" or (row_bias == "auto" and stored == SPLIT and layout.tp > 1)
     if sum_biases:
-        logger.info("row-parallel biases summed over %d TP ranks (GPT-NeoX parallel-residual checkpoint)", layout.tp)
+        logger.info("row-parallel biases summed over %d TP ranks (GPT-NeoX's parallel-residual layout)", layout.tp)
     full = merge_shards(shards, cfg, sum_row_biases=sum_biases, where=str(directory))
     full = check_against_config(full, cfg, str(directory))
     return NeoXCheckpoint(

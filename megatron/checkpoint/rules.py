@@ -8,12 +8,11 @@
 | ``mlp.linear1`` (gated)                                  | per rank ``[up_r|gate_r]``: each half cat dim 0  |
 | ``mlp.linear1`` (plain)                                  | cat dim 0                                        |
 | ``attention.dense.weight``, ``mlp.linear2.weight``       | cat dim 1                                        |
-| norms, row-parallel biases, position embeddings          | replicated (rank 0; mean if ranks disagree)      |
-| row-parallel biases of an original GPT-NeoX checkpoint    | **sum** over TP when ``gpt_j_residual``          |
+| norms, position embeddings                               | replicated (rank 0; mean if ranks disagree)      |
+| row-parallel biases                                      | replicated, or ``split``: **sum** over TP        |
 
-neox-forge stores row-parallel biases as their effective value (added once after the reduction). GPT-NeoX adds
-the stored bias on every TP rank before its single reduction in parallel-residual layers, so the effective bias
-of such a checkpoint is the sum over ranks (§8 of the reference); reading one sums them.
+Row-parallel biases are stored as GPT-NeoX's training stores them: equal shares that sum to the effective bias in
+parallel-residual layers at TP > 1 (``split``), the effective bias otherwise (``megatron.checkpoint.bias_layout``).
 
 Older GPT-NeoX names are accepted on input: ``mlp.dense_h_to_4h``/``mlp.dense_4h_to_h`` and the Llama-style
 ``mlp.w1`` (gate), ``mlp.w3`` (up), ``mlp.w2`` (down).
@@ -27,12 +26,12 @@ from collections.abc import Sequence
 
 import torch
 
+from megatron.checkpoint.bias_layout import is_row_bias
 from megatron.model.config import GPTModelConfig
 from megatron.model.tp_sharding import merge, partition_spec, shard
 
 logger = logging.getLogger(__name__)
 
-ROW_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
 VOCAB_ROWS = ("word_embeddings.weight", "final_linear.weight")
 _TE_MARKERS = ("layernorm_qkv", "layernorm_mlp", "._extra_state")
 
@@ -58,10 +57,6 @@ def rename_legacy(shard_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _is_row_bias(name: str) -> bool:
-    return name.endswith(ROW_BIASES)
-
-
 def merge_tensor(
     name: str, shards: Sequence[torch.Tensor], cfg: GPTModelConfig, *, sum_row_biases: bool = False
 ) -> torch.Tensor:
@@ -71,8 +66,8 @@ def merge_tensor(
         return shards[0]
     if dim is not None:
         return merge(list(shards), dim, subs)
-    if sum_row_biases and _is_row_bias(name):
-        return torch.stack([s.float() for s in shards]).sum(0).to(shards[0].dtype)
+    if sum_row_biases and is_row_bias(name):
+        return torch.stack([s.double() for s in shards]).sum(0).to(shards[0].dtype)  # exact for equal shares
     first = shards[0]
     if first.is_floating_point() and any(not torch.equal(first, s) for s in shards[1:]):
         logger.warning("replicated tensor %s differs across TP ranks: using the mean", name)

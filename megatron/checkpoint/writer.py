@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, is_row_bias, to_disk, written_layout
 from megatron.checkpoint.layout import CheckpointError, layer_file, mp_rank_file
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.reader import FORMAT, FORMAT_KEY
@@ -138,11 +139,16 @@ def write_checkpoint(
     base["args"] = args
     base["iteration"] = iteration
     base[FORMAT_KEY] = FORMAT
+    bias_layout = written_layout(cfg.gpt_j_residual, target.tp)
+    base[ROW_BIAS_KEY] = bias_layout
     tag = f"global_step{iteration}"
-    # every tensor split once: shards[key][tp_rank]
+    # every tensor split once: shards[key][tp_rank]; row-parallel biases as GPT-NeoX stores them at this TP
     shards = {}
     for key, full in state_dict.items():
-        shards[key] = [t.contiguous().clone() for t in split_tensor(key, full, cfg, target.tp)]
+        parts = split_tensor(key, full, cfg, target.tp)
+        if is_row_bias(key):
+            parts = [to_disk(t, bias_layout, target.tp) for t in parts]
+        shards[key] = [t.contiguous().clone() for t in parts]
     with staged_output(root, overwrite) as staging:
         directory = staging / tag
         directory.mkdir()
@@ -185,7 +191,8 @@ def write_checkpoint(
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_text(text)
         (staging / "latest").write_text(tag)
-        write_manifest(directory, tag=tag, iteration=iteration, layout={"tp": target.tp, "pp": target.pp})
+        layout = {"tp": target.tp, "pp": target.pp}
+        write_manifest(directory, tag=tag, iteration=iteration, layout=layout, **{ROW_BIAS_KEY: bias_layout})
     logger.info("wrote %s checkpoint tp=%d pp=%d to %s", tag, target.tp, target.pp, root)
     return Path(root) / tag
 

@@ -1,4 +1,5 @@
-"""Named wall-clock timers (``wall_clock_breakdown``), as GPT-NeoX's ``Timers``."""
+"""Named wall-clock timers, as GPT-NeoX's ``Timers``: ``timers/<name>`` in seconds per iteration to TensorBoard/W&B
+every iteration; the console's ``time (ms)`` line with ``wall_clock_breakdown``."""
 
 from __future__ import annotations
 
@@ -60,12 +61,16 @@ class Timers:
     def breakdown(
         self, names: list[str] | None = None, normalizer: float = 1.0, reset: bool = True
     ) -> dict[str, float]:
-        """``{"timers/<name>": milliseconds / normalizer}`` for the given (default: all) timers."""
+        """``{"timers/<name>": seconds / normalizer}`` for the given (default: all) timers (GPT-NeoX's units)."""
         chosen = names if names is not None else list(self.timers)
-        return {
-            f"timers/{n}": self.timers[n].elapsed(reset=reset) * 1000.0 / normalizer for n in chosen if n in self.timers
-        }
+        return {f"timers/{n}": self.timers[n].elapsed(reset=reset) / normalizer for n in chosen if n in self.timers}
+
+    def reset(self, names: list[str] | None = None) -> None:
+        """Forget the accumulated time of the given (default: all) timers."""
+        for name in names if names is not None else list(self.timers):
+            if name in self.timers:
+                self.timers[name].reset()
 
     def format(self, values: dict[str, float]) -> str:
-        """``time (ms) | forward: 1.23 | backward: 4.56``."""
-        return "time (ms) | " + " | ".join(f"{k.removeprefix('timers/')}: {v:.2f}" for k, v in values.items())
+        """``time (ms) | forward: 1.23 | backward: 4.56`` from :meth:`breakdown`'s seconds."""
+        return "time (ms) | " + " | ".join(f"{k.removeprefix('timers/')}: {v * 1000.0:.2f}" for k, v in values.items())

@@ -86,22 +86,3 @@ def merge_state_dicts(shards: Sequence[dict[str, torch.Tensor]], cfg: GPTModelCo
 def rank_blocked_order(full: torch.Tensor, dim: int, world: int, sub_sizes: Sequence[int]) -> torch.Tensor:
     """Reorder ``full`` so that a plain contiguous split yields the sub-matrix-aware shards."""
     return torch.cat([shard(full, dim, r, world, sub_sizes) for r in range(world)], dim=dim)
-
-
-ROW_PARALLEL_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
-
-
-def convert_gpt_neox_row_biases(
-    state_dict: dict[str, torch.Tensor], cfg: GPTModelConfig, tp: int, *, to_neox: bool = False
-) -> dict[str, torch.Tensor]:
-    """Translate row-parallel biases between GPT-NeoX's convention and ours (for ``gpt_j_residual`` models).
-
-    GPT-NeoX adds the replicated ``attention.dense.bias`` / ``mlp.linear2.bias`` on every TP rank before the
-    single reduction of the parallel residual, so its effective bias is ``tp × stored``; neox-forge stores the
-    effective bias. ``to_neox=False``: GPT-NeoX checkpoint (trained at ``tp``) → ours (multiply by ``tp``);
-    ``to_neox=True``: ours → GPT-NeoX at ``tp`` (divide). Sequential-residual models are returned unchanged.
-    """
-    if not cfg.gpt_j_residual or tp == 1:
-        return dict(state_dict)
-    factor = 1.0 / tp if to_neox else float(tp)
-    return {k: (v * factor if k.endswith(ROW_PARALLEL_BIASES) else v) for k, v in state_dict.items()}

@@ -191,6 +191,12 @@ PIPE_FP16_ZERO_NOTE = (
     "over the data-parallel ranks)"
 )
 
+ONEBITADAM_SCHEDULE_NOTE = (
+    "optimizer.type onebitadam: GPT-NeoX replaces the learning-rate schedule by DeepSpeed's WarmupDecayLR "
+    "(log warmup to lr over train_iters*warmup steps, then linear decay to 0 at lr_decay_iters); neox-forge keeps "
+    "its own schedule for every optimizer (lr_decay_style, warmup, min_lr), so the learning rates differ"
+)
+
 
 def _zero(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> None:
     zero = copy.deepcopy(v["zero_optimization"]) if v["zero_optimization"] is not None else copy.deepcopy(ZERO_DEFAULTS)

@@ -13,7 +13,7 @@ import re
 import typing
 from typing import Any
 
-from megatron.neox_arguments.derive import PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
+from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files, unknown_key_message
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
@@ -132,6 +132,8 @@ class NeoXArgs:
             raise ConfigError(problems)
         if resolved["zero_stage"] != ((checked.get("zero_optimization") or {}).get("stage") or 0):
             logger.warning(PIPE_FP16_ZERO_NOTE)
+        if resolved["optimizer_type"] == "onebitadam":
+            logger.warning(ONEBITADAM_SCHEDULE_NOTE)
         for note in ignored_warnings(resolved, defaults, origins):
             logger.warning(note)
         if env.on_cpu and resolved["precision"] == "fp16":

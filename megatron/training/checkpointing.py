@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, stored_layout, written_layout
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
@@ -70,6 +71,7 @@ class CheckpointConfig:
     finetune: bool = False
     iteration: int | None = None
     zero_stage: int = 0
+    gpt_j_residual: bool = False  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
 
     @classmethod
     def from_neox_args(cls, args: Any) -> CheckpointConfig:
@@ -219,13 +221,17 @@ def save_checkpoint(
     if not cfg.no_save_rng:
         client_state.update(rng_state())
     client_state.update(extra_state or {})
+    tp = int(checkpoint_args.get("model_parallel_size") or 1)
+    bias_layout = written_layout(cfg.gpt_j_residual, tp, cfg.zero_stage)
+    client_state[ROW_BIAS_KEY] = bias_layout
     rank = dist.get_rank() if dist.is_initialized() else 0
     directory = Path(cfg.save) / commit_lib.partial_tag(tag)
     if rank == 0:
         commit_lib.clean_partials(cfg.save)
     if dist.is_initialized():
         dist.barrier()
-    engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
+    with row_biases_on_disk(engine.module, bias_layout, tp):
+        engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
     if cfg.no_save_optim:
         if dist.is_initialized():
             dist.barrier()
@@ -238,6 +244,7 @@ def save_checkpoint(
         world = dist.get_world_size() if dist.is_initialized() else 1
         meta = {"tag": tag, "iteration": iteration, "consumed_train_samples": consumed_train_samples}
         meta.update(consumed_valid_samples=consumed_valid_samples, layout=_layout(engine, world))
+        meta[ROW_BIAS_KEY] = bias_layout
         write_manifest(directory, **meta, config=resolved_config)
         directory = commit_lib.commit(cfg.save, tag)
         if cfg.keep_last_n_checkpoints is not None:
@@ -354,8 +361,10 @@ def load_checkpoint(
         root, tag, resharded, optimizer_missing = plan.root, plan.tag, plan.resharded, plan.weights_only
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
+    tp = int(checkpoint_args.get("model_parallel_size") or 1)
+    bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
     try:
-        with safe_loading():
+        with safe_loading(), row_biases_on_disk(engine.module, bias_layout, tp):
             path, client = engine.load_checkpoint(
                 root,
                 tag=tag,
@@ -381,7 +390,12 @@ def load_checkpoint(
     if cfg.finetune:
         logger.info("finetune: loaded weights from %s, starting at iteration 0", path)
         return LoadResult(0, path, 0, 0, client)
-    iteration = int(client.get("iteration", client.get("total_iters", 0)))
+    if "iteration" not in client and "total_iters" not in client:
+        raise CheckpointError(
+            f"checkpoint {path} has no iteration (client state 'iteration' or 'total_iters'); "
+            "to start from its weights at iteration 0, set finetune: true"
+        )
+    iteration = int(client["iteration"] if "iteration" in client else client["total_iters"])
     if not cfg.no_load_rng:
         set_rng_state(client, path)
     logger.info("loaded checkpoint %s at iteration %d", path, iteration)

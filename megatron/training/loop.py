@@ -198,13 +198,15 @@ class Trainer:
                     scalars["train/grad_norm"] = float(grad_norm)
             if self.log_cfg.log_param_norm:
                 scalars["train/param_norm"] = param_norm(self.engine)
+            # GPT-NeoX writes timers/<name> every iteration: seconds per iteration since the last log line
+            scalars.update(self.timers.breakdown(TIMER_NAMES, normalizer=interval_iters, reset=False))
             if len(state.history) == 1:  # once, after this run's first step (optimizer state exists by then)
                 scalars.update(log_param_optimizer_bytes(self.engine))
             if state.iteration % self.log_cfg.log_interval == 0:
                 scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world))
                 scalars.update(self.observer.interval(state.iteration, interval_time, interval_iters))  # ETA, memory
                 self.observer.observe(scalars)
-                self._console(state, scalars, interval_iters)
+                self._console(state, scalars)
                 interval_time, interval_iters = 0.0, 0
             self.metrics.log(scalars, state.iteration)
             if cfg.eval_interval and cfg.eval_iters > 0 and state.iteration % cfg.eval_interval == 0 and valid_iter:
@@ -243,16 +245,15 @@ class Trainer:
                 "scale cannot recover; lower the learning rate, check the data, or use bf16"
             )
 
-    def _console(self, state: LoopState, scalars: dict[str, float], interval_iters: int) -> None:
+    def _console(self, state: LoopState, scalars: dict[str, float]) -> None:
         mean = state.loss_sum / state.loss_count if state.loss_count else float("nan")
         counts = {"number of skipped iterations": state.skipped_iters, "number of nan iterations": state.nan_iters}
         line = format_console_line(state.iteration, self.loop_cfg.train_iters, scalars, {"lm_loss": mean}, counts)
         state.loss_sum, state.loss_count = 0.0, 0
         state.skipped_iters = state.nan_iters = 0
         if self.log_cfg.wall_clock_breakdown:
-            breakdown = self.timers.breakdown(TIMER_NAMES, normalizer=interval_iters)
-            scalars.update(breakdown)
-            line += "\n" + self.timers.format(breakdown)
+            line += "\n" + self.timers.format({k: v for k, v in scalars.items() if k.startswith("timers/")})
+        self.timers.reset(TIMER_NAMES)
         if self.rank == 0:
             logger.info(line)
             if self.flops_cfg and state.iteration == self.log_cfg.log_interval:

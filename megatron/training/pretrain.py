@@ -25,8 +25,8 @@ from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
-from megatron.neox_arguments.errors import ConfigError
 from megatron.training import checkpointing as ckpt
+from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.grad_clipping import install_fp32_clipping
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
@@ -36,8 +36,6 @@ from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 
 logger = logging.getLogger("megatron.train")
-
-ALLOW_CPU_FP16_ENV = "NEOX_FORGE_ALLOW_CPU_FP16"
 
 
 @dataclass
@@ -60,23 +58,6 @@ class PretrainResult:
 def checkpoint_args(args: Any) -> dict[str, Any]:
     """The model-shape values GPT-NeoX stores in every checkpoint and checks on load."""
     return {k: getattr(args, k, None) for k in ckpt.CHECKPOINT_ARG_KEYS}
-
-
-def _allow_fp16_on_cpu(ds_config: dict[str, Any]) -> None:
-    """DeepSpeed refuses fp16 on CPUs without native fp16 kernels; allow it explicitly (slow) for tests."""
-    from megatron.distributed import on_cpu
-
-    if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu():
-        return
-    if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
-        raise ConfigError(
-            "fp16.enabled: DeepSpeed has no fp16 support on this CPU; use bf16 (or fp32), or set "
-            f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
-        )
-    from deepspeed.accelerator import get_accelerator
-
-    logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
-    type(get_accelerator()).is_fp16_supported = lambda self: True
 
 
 def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
@@ -108,7 +89,7 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     opt_cfg = OptimizerConfig.from_neox_args(args)
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
-    _allow_fp16_on_cpu(ds_config)
+    apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
     model, _ = build_model(args)  # the builders also register the sequence-parallel norm-gradient sync
     optimizer, groups = build_optimizer(model, opt_cfg)

@@ -13,6 +13,8 @@ import transformers
 import yaml
 
 from megatron.checkpoint import cli, read_checkpoint
+from megatron.checkpoint.bias_layout import ROW_BIAS_MODULES
+from megatron.checkpoint.safe_load import safe_torch_load
 from megatron.model import build_sequential_model
 from tests.distributed.fns_ckpt import train_then_logits
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
@@ -21,6 +23,7 @@ from tests.harness import load_tool, run_distributed
 pytestmark = pytest.mark.distributed
 
 TOL = 1e-5
+ROW_BIASES = tuple(f"{m}.bias" for m in ROW_BIAS_MODULES)
 
 NEOX_STYLE = {  # GPT-NeoX / Pythia: parallel residual, partial rotary, untied head, tanh GELU (bias_gelu_fusion)
     "gpt_j_residual": True,
@@ -50,6 +53,42 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return make_tiny_data(tmp_path_factory.mktemp("data"))
 
 
+def _row_biases_per_rank(directory: Path) -> dict[str, list[torch.Tensor]]:
+    """Every row-parallel bias as each TP rank's file stores it, keyed ``<layer idx>.<name>`` (what GPT-NeoX's
+    ``convert_neox_to_hf.py`` reads: ``layer_LL-model_TT`` files of pipe checkpoints, ``mp_rank_TT`` otherwise)."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for path in sorted(directory.glob("layer_*-model_*-model_states.pt")):
+        for key, value in torch.load(path, weights_only=True).items():
+            if key.endswith(ROW_BIASES):
+                out.setdefault(f"{int(path.name[6:8])}.{key}", []).append(value)
+    for path in sorted(directory.glob("mp_rank_*_model_states.pt")):
+        for key, value in (safe_torch_load(path).get("module") or {}).items():
+            if key.endswith(ROW_BIASES):
+                out.setdefault(key.removeprefix("sequential."), []).append(value)
+    return out
+
+
+def _check_row_biases_as_gpt_neox_stores_them(directory: Path, hf: torch.nn.Module, tp: int) -> None:
+    """GPT-NeoX's rule for row-parallel biases at tp > 1, checked on a checkpoint our training wrote.
+
+    Parallel residual: every rank adds its stored bias before the single reduction, so the ranks store equal
+    shares whose sum (what GPT-NeoX's converter computes) is the exported HF bias. Sequential residual: the bias
+    is added once after the reduction, so every rank stores the full bias (GPT-NeoX's converter sums these too,
+    over-counting them ``tp`` times; we follow its training code, see docs/checkpoints.md)."""
+    hf_sd = hf.state_dict()
+    stored = _row_biases_per_rank(directory)
+    assert stored and all(len(ranks) == tp for ranks in stored.values())
+    for key, ranks in stored.items():
+        idx, name = key.split(".", 1)
+        name = name.replace("mlp.linear2.", "mlp.dense_4h_to_h.")
+        expected = hf_sd[f"gpt_neox.layers.{int(idx) - 2}.{name}"]
+        assert expected.abs().max() > 0, key  # trained: a wrong factor would show
+        if hf.config.use_parallel_residual:
+            assert (torch.stack(ranks).sum(0) - expected).abs().max() <= 1e-6, key
+        else:
+            assert all(torch.equal(r, expected) for r in ranks), key
+
+
 def test_trained_checkpoints_export_to_hf_with_equal_logits(data: dict[str, str], tmp_path: Path) -> None:
     text = torch.randint(0, 500, (2, 17), generator=torch.Generator().manual_seed(0))
     cases = []
@@ -61,9 +100,16 @@ def test_trained_checkpoints_export_to_hf_with_equal_logits(data: dict[str, str]
                 eval_iters=1, save=str(tmp_path / name), **style,
             )  # fmt: skip
             cases.append((name, style_name, config))
+    # sequential residual at tp=2 (pp=0 files): GPT-NeoX's training keeps the full row bias on every rank
+    seq = tiny_config(
+        data, world=2, model_parallel_size=2, pipe_parallel_size=0, train_iters=2, checkpoint_factor=2,
+        eval_iters=1, save=str(tmp_path / "neox-seq-tp2-pp0"), **{**NEOX_STYLE, "gpt_j_residual": False},
+    )  # fmt: skip
+    cases.append(("neox-seq-tp2-pp0", "neox", seq))
     results = run_distributed(train_then_logits, 2, [(c, text) for _, _, c in cases], timeout=600)
     to_hf = _tool("convert_neox_to_hf")
-    for i, (name, arch, _) in enumerate(cases):
+    for i, (name, arch, config) in enumerate(cases):
+        tp = config["model_parallel_size"]
         ours = [r[i]["logits"] for r in results if r[i]["logits"] is not None]
         assert len(ours) == 1 and ours[0].shape == (2, 16, 512), name
         out = tmp_path / f"{name}-hf"
@@ -81,8 +127,9 @@ def test_trained_checkpoints_export_to_hf_with_equal_logits(data: dict[str, str]
         with torch.no_grad():
             assert (model(text[:, :-1]) - expected).abs().max().item() <= TOL, name
         if arch == "neox":
-            assert hf.config.hidden_act == "gelu_pytorch_tanh" and hf.config.use_parallel_residual
-            assert hf.config.rope_parameters["partial_rotary_factor"] == 0.25
+            _check_row_biases_as_gpt_neox_stores_them(tmp_path / name / "global_step2", hf, tp)
+            assert hf.config.hidden_act == "gelu_pytorch_tanh" and hf.config.rope_parameters["partial_rotary_factor"]
+            assert hf.config.use_parallel_residual == ("seq" not in name)
         else:
             assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_key_value_heads == 2
 

@@ -5,11 +5,13 @@ first losses exactly."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +132,52 @@ def test_sbatch_template_trains_on_a_real_single_host_slurm(setup, tmp_path):
     assert (run / "ckpt" / "latest").read_text().strip() == f"global_step{ITERS}"
     rank_logs = sorted((run / "logs").glob("*_stdout.txt"))
     assert len(rank_logs) == 2, rank_logs
+
+
+def _wait_for(path: Path, pattern: str, timeout: float, logs: Any) -> re.Match[str]:
+    """The first match of ``pattern`` in the growing file ``path``; fails with the file and ``logs()`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        match = re.search(pattern, text, flags=re.MULTILINE)
+        if match:
+            return match
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout} s:\n{text[-4000:]}{logs()}")
+
+
+def test_scancel_signal_term_saves_requeues_and_resumes(setup, tmp_path):
+    """``scancel --signal=TERM`` (what SLURM's preemption sends): every rank agrees, saves the same step and exits
+    with the requeue code; the batch script requeues the job, which resumes from that checkpoint."""
+    from tests.slurm_cluster import single_host_slurm
+
+    run = tmp_path / "run"
+    config = write_config(
+        tmp_path / "preempt.yml",
+        setup["data"],
+        launcher="slurm",
+        deepspeed_slurm=True,
+        train_iters=1_000_000,  # runs until preempted
+        save=str(run / "ckpt"),
+        load=str(run / "ckpt"),
+        checkpoint_factor=1_000_000,
+        log_dir=str(run / "logs"),
+    )
+    job_out = tmp_path / "job.out"
+    with single_host_slurm() as cluster:
+        env = {**cluster.env, "PYTHON": PYTHON, "NEOX_DIR": str(REPO_ROOT), "NEOX_HOSTFILE_DIR": str(tmp_path / "h")}
+        sbatch = [program("sbatch"), "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--output={job_out}"]
+        sbatch += [f"--chdir={REPO_ROOT}", str(REPO_ROOT / "tools" / "slurm" / "train.sbatch"), str(config)]
+        job = run_command(sbatch, timeout=60, env=env).stdout.strip().split(";")[0]
+        _wait_for(job_out, r"^iteration\s+3/", 300, cluster.logs)
+        cluster.run("scancel", "--signal=TERM", job)
+        _wait_for(job_out, r"exit code 42: requeueing job", 300, cluster.logs)
+        loaded = _wait_for(job_out, r"loaded checkpoint \S+ at iteration (\d+)", 300, cluster.logs)
+        cluster.run("scancel", job)
+    out = job_out.read_text()
+    saved = set(re.findall(r"saving at iteration (\d+) and exiting with requeue exit code 42", out))
+    assert len(saved) == 1, out[-4000:]
+    step = int(saved.pop())
+    assert step >= 3 and int(loaded.group(1)) == step
+    assert (run / "ckpt" / "latest").read_text().strip() == f"global_step{step}"
+    assert json.loads((run / "ckpt" / f"global_step{step}" / "manifest.json").read_text())["iteration"] == step

@@ -71,6 +71,9 @@ def test_deepy_train_two_ranks_then_generate(tmp_path: Path) -> None:
     assert tb["train/lm_loss"][-1][1] < tb["train/lm_loss"][0][1]
     assert {"train/learning_rate", "train/grad_norm", "train/param_norm", "validation/lm_loss"} <= set(tb)
     assert {"runtime/samples_per_sec", "runtime/model_flops_utilization", "timers/forward"} <= set(tb)
+    # GPT-NeoX's timers: seconds per iteration, written every iteration
+    assert [s for s, _ in tb["timers/forward"]] == list(range(1, 31))
+    assert all(0 < v < 30 for _, v in tb["timers/forward"])
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(run / "tb"))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from megatron.checkpoint import CheckpointError, TargetLayout, detect_layout, read_checkpoint, write_checkpoint
+from megatron.checkpoint.bias_layout import ROW_BIAS_KEY
 from megatron.checkpoint.optimizer_state import (
     FullOptimizerState,
     gather_optimizer_state,
@@ -98,19 +99,33 @@ def test_legacy_names_and_gpt_neox_row_biases(tmp_path: Path) -> None:
     # row-parallel bias is the sum of what the ranks store.
     cfg = CONFIGS["neox"]
     full = random_state(cfg, seed=1)
-    stored = {k: (v / 2 if k.endswith(("attention.dense.bias", "mlp.linear2.bias")) else v) for k, v in full.items()}
-    directory = write_checkpoint(stored, cfg, tmp_path / "neox", TargetLayout(2, 0), iteration=1)
+    gpt_neox_checkpoint(full, cfg, tmp_path / "neox")
+    key = "sequential.2.attention.dense.bias"
+    for path in sorted((tmp_path / "neox" / "global_step1").glob("mp_rank_*")):  # each rank holds half
+        assert torch.allclose(torch.load(path, weights_only=False)["module"][key], full[key] / 2)
+    back = read_checkpoint(tmp_path / "neox", args=args_of(cfg))
+    for name, value in full.items():
+        assert torch.allclose(back.state_dict[name], value, atol=1e-6), name
+    ours = read_checkpoint(tmp_path / "neox", args=args_of(cfg), row_bias="effective")
+    assert torch.allclose(ours.state_dict[key], full[key] / 2)
+
+
+def gpt_neox_checkpoint(
+    full: dict[str, torch.Tensor],
+    cfg: GPTModelConfig,
+    root: Path,
+    target: TargetLayout | None = None,
+    iteration: int = 1,
+) -> Path:
+    """``full`` as GPT-NeoX would have saved it at tp=2: our writer's files without our markers."""
+    directory = write_checkpoint(full, cfg, root, target or TargetLayout(2, 0), iteration=iteration)
     (directory / "manifest.json").unlink()
     for path in directory.glob("mp_rank_*"):
         state = torch.load(path, weights_only=False)
+        assert state.pop(ROW_BIAS_KEY) == "split"
         del state[FORMAT_KEY]
         torch.save(state, path)
-    back = read_checkpoint(tmp_path / "neox", args=args_of(cfg))
-    for key, value in full.items():
-        assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
-    ours = read_checkpoint(tmp_path / "neox", args=args_of(cfg), row_bias="effective")
-    key = "sequential.2.attention.dense.bias"
-    assert torch.equal(ours.state_dict[key], stored[key])
+    return directory
 
 
 @pytest.mark.parametrize("name", ["neox", "tied-learned"])
@@ -191,14 +206,7 @@ def test_reads_a_gpt_neox_written_pipe_checkpoint(tmp_path: Path) -> None:
     """GPT-NeoX's own files: legacy MLP names, persisted rotary ``inv_freq``, per-rank row biases, no marker."""
     cfg = CONFIGS["neox"]
     full = random_state(cfg, seed=5)
-    row = ("attention.dense.bias", "mlp.linear2.bias")
-    stored = {k: (v / 2 if k.endswith(row) else v) for k, v in full.items()}
-    directory = write_checkpoint(stored, cfg, tmp_path / "neox", TargetLayout(2, 2), iteration=9)
-    (directory / "manifest.json").unlink()
-    for path in directory.glob("mp_rank_*"):
-        state = torch.load(path, weights_only=False)
-        del state[FORMAT_KEY]
-        torch.save(state, path)
+    directory = gpt_neox_checkpoint(full, cfg, tmp_path / "neox", TargetLayout(2, 2), iteration=9)
     for path in directory.glob("layer_0[23]-*"):
         sd = torch.load(path, weights_only=True)
         legacy = {k.replace("mlp.linear1.", "mlp.dense_h_to_4h.").replace("mlp.linear2.", "mlp.dense_4h_to_h."): v
@@ -216,14 +224,7 @@ def test_plan_load_converts_gpt_neox_row_biases(tmp_path: Path) -> None:
 
     cfg = CONFIGS["neox"]
     full = random_state(cfg, seed=6)
-    row = ("attention.dense.bias", "mlp.linear2.bias")
-    stored = {k: (v / 2 if k.endswith(row) else v) for k, v in full.items()}
-    directory = write_checkpoint(stored, cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=1)
-    (directory / "manifest.json").unlink()
-    for path in directory.glob("mp_rank_*"):
-        state = torch.load(path, weights_only=False)
-        del state[FORMAT_KEY]
-        torch.save(state, path)
+    gpt_neox_checkpoint(full, cfg, tmp_path / "ck")
     plan = plan_load(tmp_path / "ck", "global_step1", tp=2, pp=0, args=args_of(cfg), padded_vocab_size=64,
                      is_writer=True, barrier=lambda: None)  # fmt: skip
     assert plan.resharded

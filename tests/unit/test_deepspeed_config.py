@@ -68,3 +68,14 @@ def test_keys_deepspeed_removed_are_refused_before_launch(key, value):
 
     with pytest.raises(ConfigError, match=f"not supported yet: {key}="):
         build(**{key: value})
+
+
+def test_onebitadam_says_that_its_schedule_is_not_gpt_neoxs(caplog: pytest.LogCaptureFixture) -> None:
+    """GPT-NeoX swaps in DeepSpeed's WarmupDecayLR for onebitadam; we keep our schedule and say so."""
+    with caplog.at_level("WARNING", logger="megatron.neox_arguments.neox_args"):
+        build(optimizer={"type": "OneBitAdam", "params": {"lr": 1e-3}})
+    assert any("onebitadam" in r.message and "WarmupDecayLR" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="megatron.neox_arguments.neox_args"):
+        build(optimizer={"type": "Adam", "params": {"lr": 1e-3}})
+    assert not any("WarmupDecayLR" in r.message for r in caplog.records)

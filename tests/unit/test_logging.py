@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -74,6 +75,14 @@ def test_timers_and_console_line() -> None:
     out = timers.breakdown(["forward", "missing"])
     assert list(out) == ["timers/forward"] and out["timers/forward"] >= 0
     assert timers.breakdown(["forward"])["timers/forward"] == 0.0  # reset after reading
+    timers("backward").start()
+    time.sleep(0.02)
+    timers("backward").stop()
+    seconds = timers.breakdown(["backward"], normalizer=2, reset=False)  # GPT-NeoX's unit: seconds per iteration
+    assert 0.01 <= seconds["timers/backward"] < 5.0
+    assert timers.format(seconds) == f"time (ms) | backward: {seconds['timers/backward'] * 1000:.2f}"
+    timers.reset(["backward"])
+    assert timers.breakdown(["backward"])["timers/backward"] == 0.0
     line = format_console_line(
         10,
         100,

@@ -385,18 +385,27 @@ def test_learned_positions_beyond_the_table_raise() -> None:
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
-def test_gpt_neox_row_bias_convention() -> None:
-    from megatron.model.tp_sharding import convert_gpt_neox_row_biases
+def test_row_biases_on_disk_are_gpt_neoxs_shares_and_load_back() -> None:
+    """At tp=2 with parallel residual a checkpoint stores half of each row-parallel bias per rank (GPT-NeoX adds it on
+    every rank before the reduction); loading such a state dict restores the effective bias. Nothing else changes."""
+    from megatron.checkpoint.bias_layout import SPLIT, row_biases_on_disk
 
-    cfg = tiny(gpt_j_residual=True)
-    sd = build_sequential_model(cfg).state_dict()
-    ours = convert_gpt_neox_row_biases(sd, cfg, 2)
-    assert torch.equal(ours["sequential.2.attention.dense.bias"], 2 * sd["sequential.2.attention.dense.bias"])
-    assert torch.equal(ours["sequential.3.mlp.linear2.bias"], 2 * sd["sequential.3.mlp.linear2.bias"])
-    assert torch.equal(ours["sequential.2.mlp.linear1.bias"], sd["sequential.2.mlp.linear1.bias"])
-    back = convert_gpt_neox_row_biases(ours, cfg, 2, to_neox=True)
-    assert all(torch.allclose(back[k], v) for k, v in sd.items())
-    assert convert_gpt_neox_row_biases(sd, cfg.replace(gpt_j_residual=False), 2) == sd
+    model = build_sequential_model(tiny(gpt_j_residual=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    memory = {k: v.clone() for k, v in model.state_dict().items()}
+    with row_biases_on_disk(model, SPLIT, 2):
+        disk = {k: v.clone() for k, v in model.state_dict().items()}
+    for key, value in memory.items():
+        row = key.endswith(("attention.dense.bias", "mlp.linear2.bias"))
+        assert torch.equal(disk[key], value / 2 if row else value), key
+    key = "sequential.2.attention.dense.bias"
+    assert torch.equal(model.state_dict()[key], memory[key])  # outside the block: the in-memory value
+    fresh = build_sequential_model(tiny(gpt_j_residual=True))
+    with row_biases_on_disk(fresh, SPLIT, 2):
+        fresh.load_state_dict(disk)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in memory.items())
 
 
 @pytest.mark.parametrize(

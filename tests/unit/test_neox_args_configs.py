@@ -169,7 +169,7 @@ def test_cpu_configs():
     two = NeoXArgs.from_ymls([str(REPO / "configs/cpu/tiny.yml"), str(REPO / "configs/cpu/local_setup.yml")])
     assert two.global_num_gpus == 2 and two.data_path == "data/stdlib/stdlib_text_document"
     quick = NeoXArgs.from_ymls([str(REPO / "configs/cpu/quickstart.yml")])
-    assert quick.precision == "bfloat16" and quick.global_num_gpus == 2 and quick.gpt_j_residual
+    assert quick.precision == "fp32" and quick.global_num_gpus == 2 and quick.gpt_j_residual
     assert quick.data_path == "data/stdlib/stdlib_text_document" and quick.vocab_file == "data/stdlib/tokenizer.json"
     assert quick.save == "runs/quickstart/checkpoints" and quick.tensorboard_dir == "runs/quickstart/tensorboard"
 

@@ -1,0 +1,77 @@
+"""Half precision on the CPU: what this CPU runs natively, a warning when it does not, and the fp16 switch.
+
+PyTorch runs bf16/fp16 matrix products on the CPU through oneDNN only where the CPU has the instructions for them
+(AVX-512 BF16 / AMX for bf16, AVX-512 FP16 / AMX-FP16 for fp16). Elsewhere (any AVX2-only CPU) it falls back to a
+scalar loop that is 20-50x slower than fp32, so a bf16 config that is right for a GPU cluster crawls on a laptop.
+Ranks on the CPU say so once, with the fix, instead of silently running 40x slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from megatron.distributed import on_cpu
+from megatron.neox_arguments.errors import ConfigError
+
+logger = logging.getLogger("megatron.train")
+
+ALLOW_CPU_FP16_ENV = "NEOX_FORGE_ALLOW_CPU_FP16"
+_CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_native(dtype: str) -> bool:
+    """Whether this CPU multiplies ``dtype`` ("bf16" or "fp16") matrices natively (oneDNN), not emulated."""
+    probe = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):
+        return bool(_cpuinfo_flags() & set(_CPU_FLAGS[dtype]))
+
+
+def slow_half_precision_warning(ds_config: dict[str, Any]) -> str | None:
+    """The warning for a half-precision run on a CPU without native kernels for it, or None."""
+    dtype = next((d for d in ("bf16", "fp16") if (ds_config.get(d) or {}).get("enabled")), None)
+    if dtype is None or not on_cpu() or cpu_has_native(dtype):
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"{dtype} on this CPU ({capability}, no {' / '.join(_CPU_FLAGS[dtype])}): PyTorch emulates {dtype} matrix "
+        f"products here, about 20-50x slower than fp32. For CPU runs set `{dtype}: {{enabled: false}}` (fp32)."
+    )
+
+
+def apply_cpu_precision(ds_config: dict[str, Any]) -> None:
+    """Warn about emulated half precision on the CPU; refuse fp16 there unless ``NEOX_FORGE_ALLOW_CPU_FP16=1``.
+
+    DeepSpeed's CPU accelerator reports no fp16 support and refuses fp16 configs. The environment variable is the
+    one documented way around it (tests use it): it tells DeepSpeed fp16 is supported, for this process only.
+    """
+    warning = slow_half_precision_warning(ds_config)
+    if warning:
+        logger.warning(warning)
+    if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu():
+        return
+    if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
+        raise ConfigError(
+            "fp16.enabled: DeepSpeed has no fp16 support on this CPU; train in fp32 (or bf16 on a CPU with native bf16), or set "
+            f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
+        )
+    from deepspeed.accelerator import get_accelerator
+
+    logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
+    type(get_accelerator()).is_fp16_supported = lambda self: True

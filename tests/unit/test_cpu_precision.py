@@ -1,0 +1,33 @@
+"""Half precision on a CPU without native kernels for it is flagged once, with the fix; fp32 never is."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron.training import cpu_precision
+from megatron.training.cpu_precision import _cpuinfo_flags, cpu_has_native, slow_half_precision_warning
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_native_probe_agrees_with_the_cpu_flags(dtype: str) -> None:
+    flags = _cpuinfo_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags on this machine")
+    assert cpu_has_native(dtype) == bool(flags & set(cpu_precision._CPU_FLAGS[dtype]))
+
+
+def test_warning_names_the_dtype_the_cpu_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr(cpu_precision, "cpu_has_native", lambda dtype: False)
+    msg = slow_half_precision_warning({"bf16": {"enabled": True}})
+    assert msg is not None
+    assert msg.startswith("bf16 on this CPU") and "avx512_bf16" in msg and "bf16: {enabled: false}" in msg
+    assert slow_half_precision_warning({"fp16": {"enabled": True}, "bf16": {"enabled": False}}).startswith("fp16")
+
+
+def test_no_warning_for_fp32_or_native_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert slow_half_precision_warning({"bf16": {"enabled": False}}) is None
+    assert slow_half_precision_warning({}) is None
+    monkeypatch.setattr(cpu_precision, "cpu_has_native", lambda dtype: True)
+    assert slow_half_precision_warning({"bf16": {"enabled": True}}) is None
