@@ -54,11 +54,23 @@ def inference_dtype(args: Any, cfg: Any) -> torch.dtype:
 
     precision = getattr(args, "inference_precision", None)
     if precision is None:
-        return cfg.params_dtype
-    key = str(precision).lower()
-    if key not in PRECISIONS:
+        dtype = cfg.params_dtype
+    elif str(precision).lower() in PRECISIONS:
+        dtype = PRECISIONS[str(precision).lower()]
+    else:
         raise ConfigError(f"inference_precision={precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
-    return PRECISIONS[key]
+    half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if half is not None and inference_device().type == "cpu":
+        from megatron.training.cpu_precision import cpu_has_native
+
+        if not cpu_has_native(half):
+            logger.warning(
+                "%s inference on a CPU without native %s matrix products (emulated, about 20-50x slower than fp32); "
+                "set inference_precision: fp32 to upcast",
+                half,
+                half,
+            )
+    return dtype
 
 
 def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
