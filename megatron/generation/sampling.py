@@ -130,7 +130,7 @@ def generate_tokens(
     )[0]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_tokens_batch(
     forward: ForwardFn,
     prompts: Sequence[Sequence[int]],

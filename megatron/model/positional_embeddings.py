@@ -32,7 +32,7 @@ class RotaryEmbedding(nn.Module):
         equal ``inv_freq`` values: every layer of one forward asks for the same tables (identical values; only
         the recomputation per layer is saved).
         """
-        key = (positions, positions._version, dtype, self.dim)
+        key = (positions, 0 if positions.is_inference() else positions._version, dtype, self.dim)
         last = _LAST_ROTARY.get("entry")
         if (
             last is not None
