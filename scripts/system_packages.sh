@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages the cluster-launch tests need: a real mpirun (openmpi-bin) and a single-host SLURM (slurm-wlm,
-# munge). Cheap when they are present; installs them with apt-get when run as root (CI), else says what is missing.
+# Debian packages the cluster-launch tests need: a real mpirun (openmpi-bin), MPICH's hydra mpirun (mpich, for
+# launcher: mvapich), pdsh over a loopback sshd (pdsh, openssh-server) and a single-host SLURM (slurm-wlm, munge).
+# Cheap when they are present; installs them with apt-get when run as root (CI), else says what is missing.
 set -euo pipefail
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
+command -v mpirun.mpich >/dev/null || missing+=(mpich)
+command -v pdsh >/dev/null || missing+=(pdsh)
+{ command -v sshd || [ -x /usr/sbin/sshd ]; } >/dev/null || missing+=(openssh-server)
+command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 { command -v slurmctld || [ -x /usr/sbin/slurmctld ]; } >/dev/null || missing+=(slurm-wlm)
 { command -v munged || [ -x /usr/sbin/munged ]; } >/dev/null || missing+=(munge)
 if [ ${#missing[@]} -eq 0 ]; then

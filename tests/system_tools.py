@@ -1,4 +1,5 @@
-"""System programs some tests need (Debian ``openmpi-bin``, ``slurm-wlm``, ``munge``), for tests only.
+"""System programs some tests need (Debian ``openmpi-bin``, ``mpich``, ``slurm-wlm``, ``munge``, ``pdsh``,
+``openssh-server``), for tests only.
 
 Outside CI a missing program skips the test with the package to install; under CI (``CI=true``) it fails, so that
 coverage cannot silently shrink (``.ci/run`` installs them first, see ``scripts/system_packages.sh``).
@@ -18,6 +19,10 @@ PACKAGES = {
     "sbatch": "slurm-wlm",
     "scontrol": "slurm-wlm",
     "munged": "munge",
+    "mpirun.mpich": "mpich",
+    "pdsh": "pdsh",
+    "sshd": "openssh-server",
+    "ssh-keygen": "openssh-client",
 }
 
 

@@ -119,6 +119,10 @@ def export_hf(
         hf_config.num_labels = 1
     if cfg.tied_embeddings:
         hf_sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
+    if architecture == "mixtral":
+        from megatron.model.moe.hf_mixtral import mixtral_disk_names
+
+        hf_sd = mixtral_disk_names(hf_sd)  # the per-expert names HF itself writes (and other tools read)
     tensors = {}
     for name, tensor in hf_sd.items():
         tensors[name] = tensor.detach().to(dtype).contiguous().clone()
@@ -220,6 +224,13 @@ MODEL_KEYS = (
     "hidden_dropout",
     "attention_dropout",
     "init_method_std",
+    "moe_num_experts",
+    "moe_expert_interval",
+    "moe_top_k",
+    "moe_router_type",
+    "moe_normalize_expert_weights",
+    "moe_jitter_eps",
+    "moe_loss_weight",
 )
 
 
@@ -230,7 +241,7 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
     checkpoint's vocabulary rows for any tokenizer no larger than it.
     """
     values: dict[str, Any] = {key: getattr(cfg, key) for key in MODEL_KEYS}
-    values = {k: v for k, v in values.items() if v is not None}
+    values = {k: v for k, v in values.items() if v is not None and (cfg.is_moe or not k.startswith("moe_"))}
     values.update(
         model_parallel_size=tp,
         pipe_parallel_size=pp,

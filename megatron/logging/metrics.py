@@ -159,6 +159,7 @@ def format_console_line(
         ("train/loss_scale", "loss scale", "{:.1f}"),
         ("train/grad_norm", "grad norm", "{:.4f}"),
         ("train/param_norm", "param norm", "{:.4f}"),
+        ("train/moe_aux_loss", "moe aux loss", "{:.4f}"),
     ]
     for key, label, fmt in labels:
         if key not in values:

@@ -10,31 +10,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
 logger = logging.getLogger(__name__)
 
-NORMS = ("layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm", "te_layernorm", "te_rmsnorm")
-POS_EMBS = ("learned", "sinusoidal", "rotary", "alibi", "rpe", "none")
-PLAIN_ACTIVATIONS = ("gelu", "relu", "silu", "swish", "mish", "softsign")
+# The allowed values are defined once, as the config schema's Literal types.
+NORMS: tuple[str, ...] = typing.get_args(model_keys.NORMS)
+POS_EMBS: tuple[str, ...] = typing.get_args(model_keys.POS_EMBS)
+ACTIVATIONS: tuple[str, ...] = typing.get_args(model_keys.ACTIVATIONS)
 GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
-ACTIVATIONS = PLAIN_ACTIVATIONS + GATED_ACTIVATIONS
-INIT_METHODS = (
-    "normal",
-    "scaled_normal",
-    "orthogonal",
-    "scaled_orthogonal",
-    "xavier_uniform",
-    "xavier_normal",
-    "wang_init",
-    "small_init",
-    "single_residual_scaled_normal",
-)
+PLAIN_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
+INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 PRECISIONS = {
@@ -211,6 +204,22 @@ class GPTModelConfig:
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
+    moe_num_experts: int = 1
+    """Experts per MoE layer (1 = dense MLPs everywhere)."""
+    moe_expert_interval: int = 1
+    """Layer ``i`` (0-based) is an MoE layer when ``i % moe_expert_interval == 0`` (GPT-NeoX's placement)."""
+    moe_top_k: int = 1
+    """Experts each token is routed to."""
+    moe_router_type: str = "sinkhorn"
+    """sinkhorn | topk."""
+    moe_jitter_eps: float | None = None
+    """Multiplicative uniform jitter ``[1-eps, 1+eps]`` on the top-k router's input in training."""
+    moe_normalize_expert_weights: bool = False
+    """topk router: divide each token's top-k weights by their sum (Mixtral)."""
+    moe_loss_weight: float = 0.0
+    """Weight of the load-balancing auxiliary loss (mean over MoE layers) added to the LM loss."""
+    moe_lbl_in_fp32: bool = False
+    """Compute the router probabilities of the load-balancing loss in fp32."""
 
     def __post_init__(self) -> None:
         self.attention_config = expand_attention_config(self.attention_config or None, self.num_layers)
@@ -287,6 +296,29 @@ class GPTModelConfig:
             return self.scalenorm_epsilon
         return self.layernorm_epsilon
 
+    @property
+    def is_moe(self) -> bool:
+        """True when some layers are mixture-of-experts layers."""
+        return self.moe_num_experts > 1
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """Whether transformer layer ``layer_index`` (0-based) has an MoE MLP (GPT-NeoX: ``i % interval == 0``)."""
+        return self.is_moe and layer_index % self.moe_expert_interval == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """How many layers are MoE layers."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def moe_ffn_size(self) -> int:
+        """Width of one expert (GPT-NeoX's grouped MLP): intermediate_size, else 4h (gated: int(8h/3)) rounded up
+        to a multiple of 256."""
+        if self.intermediate_size:
+            return self.intermediate_size
+        ffn = int(2 * self.hidden_size * 4 / 3) if self.is_gated else 4 * self.hidden_size
+        return 256 * math.ceil(ffn / 256)
+
     def replace(self, **changes: Any) -> GPTModelConfig:
         """A copy with some fields changed (re-validated)."""
         return dataclasses.replace(self, **changes)
@@ -354,6 +386,10 @@ class GPTModelConfig:
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
         )
+        from megatron.model.moe.validate import moe_problems
+
+        for problem in moe_problems(self):
+            raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------
 

@@ -267,6 +267,12 @@ class GPT2ModelPipe(PipelineModule):
         )
         if cfg.sequence_parallel:  # norms see only this rank's tokens: their gradients are summed over TP
             mpu.mark_norms_for_sequence_parallel_grad_sync(self)
+        if cfg.is_moe:
+            if self.num_stages > 1:
+                raise ValueError("not supported yet: MoE layers with more than one pipeline stage")
+            from megatron.model.moe import with_aux_loss
+
+            self.loss_fn = with_aux_loss(self.loss_fn, self)
         if ckpt:
             storage_cfg = cfg.replace(checkpoint_activations=True, checkpoint_num_layers=every)
             configure_checkpoint_storage(storage_cfg, pipe_parallel_size=self.num_stages)

@@ -1,5 +1,6 @@
 """Full (tp=1) GPT-NeoX state dict ⟷ Hugging Face state dict and config, for ``architecture`` in
-``neox`` (``GPTNeoXForCausalLM``), ``llama`` (``LlamaForCausalLM``) and ``mistral`` (``MistralForCausalLM``).
+``neox`` (``GPTNeoXForCausalLM``), ``llama`` (``LlamaForCausalLM``), ``mistral`` (``MistralForCausalLM``) and
+``mixtral`` (``MixtralForCausalLM``, MoE: :mod:`megatron.model.moe.hf_mixtral`).
 
 NeoX keys are ``sequential.{idx}.<name>`` (``{idx}.<name>`` is accepted on input): embedding ``0``, layer ``i`` at
 ``i + 2``, final norm ``L + 3``, untied output layer ``L + 4``. A TP-sharded checkpoint must first be merged with
@@ -28,7 +29,7 @@ import torch
 
 from megatron.model.config import GPTModelConfig
 
-ARCHITECTURES = ("neox", "llama", "mistral")
+ARCHITECTURES = ("neox", "llama", "mistral", "mixtral")
 _TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 _GATE_ACT = {"swiglu": "silu", "reglu": "relu", "bilinear": None, "glu": "sigmoid"}
 
@@ -81,6 +82,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         problems.append("gpt_j_tied (HF has no tied-norm parallel residual)")
     if cfg.apply_query_key_layer_scaling and cfg.params_dtype != torch.float32:
         problems.append("apply_query_key_layer_scaling in half precision")
+    if cfg.is_moe and architecture != "mixtral":
+        problems.append(f"mixture-of-experts layers (moe_num_experts={cfg.moe_num_experts}; {architecture} is dense)")
     rope = {"rope_theta": float(cfg.rotary_emb_base), "rope_type": "default"}
     common = {
         "vocab_size": cfg.padded_vocab_size,
@@ -146,9 +149,13 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         return hf
     if cfg.use_bias_in_attn_linear or cfg.use_bias_in_mlp:
         problems.append("biases in attention/MLP (Mistral has none; set use_bias_in_attn_linear/use_bias_in_mlp false)")
+    window = None if cfg.sliding_window_width is None else cfg.sliding_window_width + 1
+    if architecture == "mixtral":
+        from megatron.model.moe.hf_mixtral import mixtral_config
+
+        return mixtral_config(cfg, kwargs, window, problems, **extra)
     if problems:
         raise ValueError(f"no exact MistralForCausalLM equivalent: {'; '.join(problems)}")
-    window = None if cfg.sliding_window_width is None else cfg.sliding_window_width + 1
     hf = transformers.MistralConfig(**kwargs, sliding_window=window, **extra)
     hf.architectures = ["MistralForCausalLM"]
     return hf
@@ -157,9 +164,11 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
 def hf_config_to_neox(hf_config: Any, **overrides: Any) -> tuple[GPTModelConfig, str]:
     """``(GPTModelConfig, architecture)`` for a HF GPTNeoX/Llama/Mistral config (5.x or old-style fields)."""
     model_type = getattr(hf_config, "model_type", None)
-    arch = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral"}.get(model_type)
+    arch = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}.get(model_type)
     if arch is None:
-        raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; supported: gpt_neox, llama, mistral")
+        raise ValueError(
+            f"unsupported Hugging Face model_type {model_type!r}; supported: gpt_neox, llama, mistral, mixtral"
+        )
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"rope_type={rope.get('rope_type')!r} (RoPE scaling) is not supported; only 'default'")
@@ -204,7 +213,7 @@ def hf_config_to_neox(hf_config: Any, **overrides: Any) -> tuple[GPTModelConfig,
             kw["activation"] = gated[act]
         else:
             raise ValueError(f"hidden_act={act!r} is not supported for {arch}")
-        window = getattr(hf_config, "sliding_window", None) if arch == "mistral" else None
+        window = getattr(hf_config, "sliding_window", None) if arch in ("mistral", "mixtral") else None
         kw.update(
             intermediate_size=3 * hf_config.intermediate_size,
             mlp_multiple_of=1,
@@ -216,6 +225,10 @@ def hf_config_to_neox(hf_config: Any, **overrides: Any) -> tuple[GPTModelConfig,
             use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)),
             use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
         )
+    if arch == "mixtral":
+        from megatron.model.moe.hf_mixtral import mixtral_moe_keys
+
+        kw.update(mixtral_moe_keys(hf_config))
     kw.update(overrides)
     return GPTModelConfig(**kw), arch
 
@@ -326,6 +339,10 @@ def neox_to_hf_state_dict(
                     up, gate = torch.chunk(sd[key], 2, dim=0)
                     out[f"{dst}mlp.up_proj.{kind}"] = up
                     out[f"{dst}mlp.gate_proj.{kind}"] = gate
+        if architecture == "mixtral":
+            from megatron.model.moe.hf_mixtral import neox_to_mixtral_experts
+
+            out.update(neox_to_mixtral_experts(sd, src, dst, cfg))
     return out
 
 
@@ -374,4 +391,8 @@ def hf_to_neox_state_dict(
                 if f"{src}mlp.up_proj.{kind}" in sd:
                     up, gate = take(f"{src}mlp.up_proj.{kind}"), take(f"{src}mlp.gate_proj.{kind}")
                     out[f"{dst}mlp.linear1.{kind}"] = torch.cat((up, gate), dim=0)
+        if architecture == "mixtral":
+            from megatron.model.moe.hf_mixtral import mixtral_to_neox_experts
+
+            out.update(mixtral_to_neox_experts(sd, src, dst, cfg))
     return out

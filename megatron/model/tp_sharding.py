@@ -35,6 +35,8 @@ def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[in
         return 0, None
     if name.endswith(("attention.dense.weight", "mlp.linear2.weight", "rm_linear.weight")):
         return 1, None
+    if re.search(r"mlp\.experts\.mlp\.w[123]$", name):  # MoE experts: whole experts per TP rank
+        return 0, None
     if "mlp.linear1." in name:
         return 0, ((cfg.mlp_sizes[0] // 2,) * 2 if cfg.is_gated else None)
     if name.endswith("attention.rpe.weight"):

@@ -43,7 +43,13 @@ class ParallelTransformerLayer(nn.Module):
         self.input_layernorm = build_norm(cfg)
         self.attention = ParallelSelfAttention(cfg, layer_index, init_method, output_init, rpe=rpe)
         self.post_attention_layernorm = build_norm(cfg)
-        self.mlp = ParallelMLP(cfg, init_method, output_init)
+        self.is_moe = cfg.is_moe_layer(layer_index)
+        if self.is_moe:
+            from megatron.model.moe.layer import ParallelDroplessMoE
+
+            self.mlp: nn.Module = ParallelDroplessMoE(cfg, layer_index, init_method, output_init)
+        else:
+            self.mlp = ParallelMLP(cfg, init_method, output_init)
 
     def forward(
         self,
@@ -58,6 +64,8 @@ class ParallelTransformerLayer(nn.Module):
             attn, attn_bias = self.attention(self.input_layernorm(hidden), position_ids, attention_mask, kv_cache)
             hidden = bias_dropout_add(attn, attn_bias, hidden, p, training)
             mlp, mlp_bias = self.mlp(self.post_attention_layernorm(hidden))
+            if self.is_moe:  # GPT-NeoX: no dropout on the MoE output
+                return hidden + mlp
             return bias_dropout_add(mlp, mlp_bias, hidden, p, training)
 
         x1 = self.input_layernorm(hidden)

@@ -52,6 +52,7 @@ from megatron.mpu.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
     set_tensor_model_parallel_attributes,
+    sharded_master_weight,
 )
 from megatron.mpu.mappings import (
     copy_to_model_parallel_region,
@@ -124,6 +125,7 @@ __all__ = [
     "set_fp32_allreduce",
     "set_tensor_model_parallel_attributes",
     "shard_tensor",
+    "sharded_master_weight",
     "split_tensor_along_last_dim",
     "vocab_parallel_cross_entropy",
 ]

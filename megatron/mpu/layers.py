@@ -68,6 +68,9 @@ def _sharded_master_weight(
     return nn.Parameter(shard.to(params_dtype))
 
 
+sharded_master_weight = _sharded_master_weight  # public name for layers outside mpu (MoE experts)
+
+
 class _AddBiasOnce(torch.autograd.Function):
     """Add a replicated bias to TP partial sums so that their later sum holds it once.
 

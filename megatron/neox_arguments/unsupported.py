@@ -37,7 +37,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
-    "moe_num_experts": "mixture of experts",
     "sparsity_config": "sparse attention",
     "gmlp_attn_dim": "gMLP",
     **{

@@ -174,6 +174,18 @@ def _post_training(c: Ctx) -> list[str]:
     return out
 
 
+def _moe(c: Ctx) -> list[str]:
+    from types import SimpleNamespace
+
+    from megatron.model.moe.validate import moe_layout_problems, moe_problems
+
+    keys = ("moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type", "moe_jitter_eps")
+    keys += ("moe_loss_weight", "moe_normalize_expert_weights")
+    cfg = SimpleNamespace(**{k: c.v[k] for k in keys})
+    cfg.sequence_parallel = c.v["sequence_parallel"]
+    return moe_problems(cfg) + moe_layout_problems(c.v)
+
+
 def _ranges(c: Ctx) -> list[str]:
     v, out = c.v, []
     positive = (
@@ -239,6 +251,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("checkpoints", _checkpoints),
     ("layers", _layers),
     ("post-training", _post_training),
+    ("mixture of experts", _moe),
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),

@@ -19,6 +19,7 @@ from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.progress import progress
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
+from megatron.model.moe import moe_metrics
 from megatron.neox_arguments.errors import ConfigError
 from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
@@ -189,6 +190,7 @@ class Trainer:
             self._count(state, result)
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
             scalars.update(result.extra)
+            scalars.update(moe_metrics(self.engine.module))  # router statistics (empty for dense models)
             scale = _loss_scale(self.engine)
             if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
                 scalars["train/loss_scale"] = scale

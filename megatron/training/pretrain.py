@@ -167,10 +167,11 @@ def check_validation_logits(engine: Any, args: Any, client_state: dict[str, Any]
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
-def _loss_fn() -> Any:
+def _loss_fn(model: torch.nn.Module) -> Any:
     from megatron.model import cross_entropy
+    from megatron.model.moe import with_aux_loss
 
-    return cross_entropy
+    return with_aux_loss(cross_entropy, model)  # + the MoE load-balancing loss (unchanged for dense models)
 
 
 def build_data_iterators(
@@ -253,7 +254,7 @@ def pretrain(args: Any) -> PretrainResult:
 
             gas = int(args.gradient_accumulation_steps or 1)
             step = build_post_training_step(args, engine, tokenizer.eod, gas, timers) or SequentialStep(
-                engine, _loss_fn(), batch_cfg, gas, timers
+                engine, _loss_fn(engine.module), batch_cfg, gas, timers
             )
         result = PretrainResult(
             iteration=iteration,

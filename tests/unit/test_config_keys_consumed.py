@@ -36,8 +36,6 @@ OWNED_ELSEWHERE: dict[str, str] = {
     "return_logits": "issue 14 (evaluation)",
     "adlr_autoresume": "issue 12 (reliability: auto-resume)",
     "adlr_autoresume_interval": "issue 12 (reliability: auto-resume)",
-    **{k: "issue 18 (mixture of experts)" for k in ("moe_expert_interval", "moe_top_k", "moe_router_type")},
-    **{k: "issue 18 (mixture of experts)" for k in ("moe_lbl_in_fp32", "moe_jitter_eps")},
 }
 
 

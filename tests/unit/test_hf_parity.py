@@ -61,6 +61,8 @@ def _llama(kind: str = "llama", **kw) -> transformers.PretrainedConfig:
     base.update(kw)
     if kind == "mistral":
         return transformers.MistralConfig(**base)
+    if kind == "mixtral":
+        return transformers.MixtralConfig(**base)
     return transformers.LlamaConfig(**base)
 
 

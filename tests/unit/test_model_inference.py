@@ -57,6 +57,8 @@ def test_packed_documents_with_resets_equal_separate_documents(pos_emb: str) -> 
         dict(pos_emb="rpe", rpe_num_buckets=8, rpe_max_distance=16),
         dict(sliding_window_width=3, attention_config=[[["global", "local"], "all"]], sparsity_config={"block": 4}),
         dict(params_dtype=torch.bfloat16, attention_softmax_in_fp32=True),
+        dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", activation="swiglu"),  # MoE: token-wise
+        dict(moe_num_experts=4, moe_expert_interval=2, gpt_j_residual=True),  # Sinkhorn router in eval: top-k
     ],
 )
 def test_cached_greedy_decode_equals_uncached(changes: dict) -> None:

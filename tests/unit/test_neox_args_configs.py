@@ -36,7 +36,7 @@ EXPECTED: dict[str, tuple[list[str], str]] = {
     "post-training/benchmarking/llama-13b-dpo.yml": ([], "ok"),
     "post-training/benchmarking/mistral-dpo.yml": ([], "ok"),
     "1-3B-transformer-engine.yml": ([SETUP], "not supported yet: te_layernorm_mlp=True, te_mha=True"),
-    "125M-dmoe.yml": ([SETUP], "not supported yet: moe_num_experts=8"),
+    "125M-dmoe.yml": ([SETUP], "ok"),
     "bnb_125M.yml": ([SETUP], "not supported yet: use_bnb_optimizer=True"),
     "gmlp_small.yml": ([SETUP], "not supported yet: attention_config=gmlp"),
     "rwkv/170M.yml": ([SETUP], "not supported yet: attention_config=rwkv"),

@@ -60,11 +60,35 @@ class LRSchedulerArgs:
 
 @dataclass
 class MoEArgs:
-    """Dropless mixture-of-experts layers (megablocks style)."""
+    """Dropless mixture-of-experts layers (GPT-NeoX's megablocks keys; neox-forge's own implementation, see
+    docs/moe.md). Experts are sharded over the tensor-parallel group."""
 
-    moe_num_experts: int = arg(1, "Experts per MoE layer; 1 means dense MLPs.")
-    moe_expert_interval: int = arg(1, "Place an MoE layer every this many layers.")
-    moe_top_k: int = arg(1, "Experts each token is routed to.")
-    moe_router_type: Literal["sinkhorn", "topk"] = arg("sinkhorn", "Routing algorithm.")
-    moe_lbl_in_fp32: bool = arg(False, "Compute the load-balancing loss in fp32.")
-    moe_jitter_eps: float | None = arg(None, "Multiplicative jitter applied to router inputs during training.")
+    moe_num_experts: int = arg(
+        1,
+        "Experts per MoE layer; 1 means dense MLPs. Must be divisible by model_parallel_size (expert parallelism "
+        "over the TP group). MoE runs with pipe_parallel_size 0 or 1 and ZeRO stage 0 or 1.",
+    )
+    moe_expert_interval: int = arg(
+        1, "Layer i (0-based) is an MoE layer when i % moe_expert_interval == 0 (GPT-NeoX's placement)."
+    )
+    moe_top_k: int = arg(1, "Experts each token is routed to (1..moe_num_experts); no token is ever dropped.")
+    moe_router_type: Literal["sinkhorn", "topk"] = arg(
+        "sinkhorn",
+        "Routing algorithm. topk: softmax router, the top-k probabilities weight the experts. sinkhorn: in training "
+        "the experts are chosen on Sinkhorn-balanced scores and weighted by sigmoid (k=1) / softmax (k>1) of the "
+        "logits; in evaluation plain top-k of those.",
+    )
+    moe_lbl_in_fp32: bool = arg(False, "Compute the router probabilities of the load-balancing loss in fp32.")
+    moe_jitter_eps: float | None = arg(
+        None, "topk router only: multiply router inputs by uniform noise in [1-eps, 1+eps] during training."
+    )
+    moe_normalize_expert_weights: bool = arg(
+        False,
+        "neox-forge key, topk router only: divide each token's top-k weights by their sum (Mixtral's routing; "
+        "needed for export to MixtralForCausalLM). False: GPT-NeoX's unnormalised top-k probabilities.",
+    )
+    moe_loss_weight: float = arg(
+        0.0,
+        "neox-forge key: weight of the load-balancing loss E·Σ_e f_e·P_e (mean over MoE layers) added to the "
+        "training loss. 0 (default) trains like GPT-NeoX, which adds no auxiliary loss; ~0.01 is usual with topk.",
+    )
