@@ -2,9 +2,11 @@
 
     python deepy.py generate.py configs/cpu/quickstart.yml --text_gen_type input-file --sample_input_file p.txt
 
-Rank 0 generates (greedy, or temperature / top-k / top-p sampling over the KV cache) through
-``megatron.generation.api.generate_samples_from_prompt`` and writes GPT-NeoX's JSONL records
-``{context, text, length, finished, message, duration_seconds}`` to ``sample_output_file``; other ranks exit.
+Generates (greedy, or temperature / top-k / top-p sampling over the KV cache) through
+``megatron.generation.api.generate_samples_from_prompt``; rank 0 writes GPT-NeoX's JSONL records
+``{context, text, length, finished, message, duration_seconds}`` to ``sample_output_file``. With
+``model_parallel_size`` / ``pipe_parallel_size`` and several ranks every rank runs its part of the model (training
+layout); otherwise rank 0 generates alone (a TP/PP checkpoint merged) and the other ranks exit.
 """
 
 from __future__ import annotations
@@ -17,18 +19,19 @@ import megatron.setup_check  # noqa: F401  (first: a one-line hint when the envi
 
 
 def main() -> int:
-    """Parse the worker arguments, generate on rank 0, print the samples; returns the exit code."""
+    """Parse the worker arguments, generate, print the samples on rank 0; returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    from megatron.distributed import shutdown_and_exit
     from megatron.generation.text_generation import run_generation
     from megatron.neox_arguments import NeoXArgs
 
-    if int(os.environ.get("RANK", "0")) != 0:
-        return 0  # generation is not parallelised: one rank does the work
     try:
         args = NeoXArgs.consume_neox_args()
         records = run_generation(args)
     except ValueError as e:  # configuration or checkpoint mistakes
         print(f"error: {e}", file=sys.stderr, flush=True)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            shutdown_and_exit(1)
         return 1
     for record in records:
         if "precomputed" in record:
@@ -36,6 +39,8 @@ def main() -> int:
             continue
         note = f" [{record['message']}]" if record["message"] else ""
         print(f"----- prompt: {record['context']!r}{note}\n{record['context']}{record['text'] or ''}", flush=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        shutdown_and_exit(0)
     return 0
 
 

@@ -26,8 +26,11 @@ from megatron.generation.sampling import kv_cache_forward
 logger = logging.getLogger(__name__)
 
 
-def build_adapter(model: torch.nn.Module, tokenizer: Any, args: Any, dp: DataParallelSplit | None = None) -> Any:
-    """An lm-eval ``LM`` over a sequential neox-forge model (logits of the full vocabulary)."""
+def build_adapter(
+    model: Any, tokenizer: Any, args: Any, dp: DataParallelSplit | None = None, *, forward: Any = None
+) -> Any:
+    """An lm-eval ``LM`` over a sequential neox-forge model, or over a scoring function (``tokens -> logits``) and
+    a generation ``forward`` (logits of the full vocabulary)."""
     from megatron.generation.text_generation import inference_device
 
     device = inference_device()
@@ -39,7 +42,7 @@ def build_adapter(model: torch.nn.Module, tokenizer: Any, args: Any, dp: DataPar
     return NeoXEvalAdapter(
         tokenizer=tokenizer,
         score_fn=score,
-        forward=kv_cache_forward(model),
+        forward=forward if forward is not None else kv_cache_forward(model),
         max_length=int(args.max_position_embeddings or args.seq_length),
         micro_batch_size=int(args.train_micro_batch_size_per_gpu or 1),
         vocab_size=getattr(tokenizer, "vocab_size", None),
@@ -80,12 +83,20 @@ def run_eval_harness(adapter: Any, args: Any, tasks: list[str] | None = None) ->
 @contextlib.contextmanager
 def _every_rank_reports() -> Iterator[None]:
     """lm-eval returns results only where ``LOCAL_RANK`` is 0 (its guard for torchrun TP); every neox-forge rank
-    evaluates the same requests (split inside the adapter), so each gets them."""
-    saved = os.environ.get("LOCAL_RANK")
+    evaluates the same requests (split inside the adapter), so each gets them.
+
+    lm-eval's ``add_env_info`` (torch's ``collect_env``: pip and driver subprocesses, seconds per call and rank) is
+    skipped: its fields are not part of GPT-NeoX's results file.
+    """
+    import lm_eval.evaluator
+
+    saved, env_info = os.environ.get("LOCAL_RANK"), lm_eval.evaluator.add_env_info
     os.environ["LOCAL_RANK"] = "0"
+    lm_eval.evaluator.add_env_info = lambda results: None
     try:
         yield
     finally:
+        lm_eval.evaluator.add_env_info = env_info
         if saved is None:
             os.environ.pop("LOCAL_RANK", None)
         else:

@@ -15,23 +15,34 @@ logger = logging.getLogger(__name__)
 def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
     """Evaluate ``load`` on ``eval_tasks``; returns ``(results file, metrics)`` (``(None, metrics)`` off rank 0).
 
-    With several ranks each loads the whole model (any TP/PP layout is merged on read) and scores its share of
-    every request batch; rank 0 writes the results and the ``eval/<task>_<metric>`` scalars.
+    With ``model_parallel_size`` / ``pipe_parallel_size`` and several ranks each rank runs its part of the model
+    (training layout; the last stage's logits are shared with every stage) and the data-parallel replicas split
+    every request batch; otherwise each rank loads the whole model (any TP/PP layout merged on read) and scores its
+    share. Rank 0 writes the results and the ``eval/<task>_<metric>`` scalars.
     """
+    from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
     from megatron.generation.text_generation import setup_for_inference
     from megatron.logging.metrics import LoggingConfig, Metrics
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        from megatron.distributed import init_distributed
-
-        init_distributed()
     if not args.eval_tasks:  # checked before the checkpoint is read
         from megatron.evaluation.tasks import resolve_tasks
 
         resolve_tasks(args.eval_tasks)
-    model, tokenizer = setup_for_inference(args)
-    adapter = build_adapter(model, tokenizer, args, DataParallelSplit())
+    if runs_model_parallel(args):
+        from megatron import mpu
+
+        stage, tokenizer = setup_stage_for_inference(args)
+        forward = StageForward(stage)
+        dp = DataParallelSplit(mpu.get_data_parallel_group())
+        adapter = build_adapter(forward.score, tokenizer, args, dp, forward=forward)
+    else:
+        if world > 1:
+            from megatron.distributed import init_distributed
+
+            init_distributed()
+        model, tokenizer = setup_for_inference(args)
+        adapter = build_adapter(model, tokenizer, args, DataParallelSplit())
     results = run_eval_harness(adapter, args)
     metrics = flatten_metrics(results)
     rank = int(os.environ.get("RANK", "0"))

@@ -15,8 +15,9 @@ import torch
 
 from megatron.config_utils import neox_overrides
 
-# (tokens [b, s_new], cache) -> logits [b, s_new, V]
-ForwardFn = Callable[[torch.Tensor, Any], torch.Tensor]
+# (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
+# then also has share_tokens / share_logits (megatron.generation.parallel.StageForward)
+ForwardFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
 
 
 @dataclass
@@ -129,7 +130,7 @@ def generate_tokens(
     )[0]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate_tokens_batch(
     forward: ForwardFn,
     prompts: Sequence[Sequence[int]],
@@ -161,16 +162,25 @@ def generate_tokens_batch(
         tokens[i, : len(c)] = torch.tensor(c, dtype=torch.long)
     tokens = tokens.to(device)
     stops = {eod_token, *cfg.stop_tokens}
+    share = forward if hasattr(forward, "share_tokens") else None  # megatron.generation.parallel.StageForward
     new: list[list[int]] = [[] for _ in range(b)]
     finished, done = [False] * b, [False] * b
-    cache = None if cfg.recompute else KVCache()
+    cache = None if cfg.recompute else KVCache(capacity=width)
     pos = min(lengths)
     feed = tokens[:, :pos]
     while pos < width:
-        logits = forward(feed, cache)[:, -1, :]  # [b, V]
-        if vocab_size is not None and vocab_size < logits.shape[-1]:
+        out = forward(feed, cache)  # [b, s, V]; None on pipeline stages other than the last
+        logits = None if out is None else out[:, -1, :]  # [b, V]
+        if logits is not None and vocab_size is not None and vocab_size < logits.shape[-1]:
             logits[:, vocab_size:] = float("-inf")
-        sampled = sample_next(logits, cfg, generator).tolist()
+        picked = None if logits is None else sample_next(logits, cfg, generator)
+        if share is not None:  # under TP/PP: every rank continues with the last stage's tokens (and logits)
+            picked = share.share_tokens(picked, b, tokens.device)
+            if logits_out is not None:
+                logits = share.share_logits(None if logits is None else logits.float(), b, tokens.device)
+        if picked is None:
+            raise ValueError("the forward returned no logits and cannot share tokens (not a StageForward)")
+        sampled = picked.tolist()
         for i in range(b):
             if done[i] or pos < lengths[i]:
                 continue  # finished, or still inside its prompt (the prompt token stays)

@@ -47,8 +47,35 @@ def load_module_state(load_dir: str, iteration: int | None = None) -> tuple[dict
     return ckpt.state_dict, ckpt.layout.tag
 
 
+def inference_dtype(args: Any, cfg: Any) -> torch.dtype:
+    """The dtype generation and evaluation run in: ``inference_precision`` if set (``fp32`` upcasts half-precision
+    weights), else the config's ``precision`` (bf16/fp16 weights are kept, not upcast)."""
+    from megatron.model.config import PRECISIONS
+
+    precision = getattr(args, "inference_precision", None)
+    if precision is None:
+        dtype = cfg.params_dtype
+    elif str(precision).lower() in PRECISIONS:
+        dtype = PRECISIONS[str(precision).lower()]
+    else:
+        raise ConfigError(f"inference_precision={precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
+    half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if half is not None and inference_device().type == "cpu":
+        from megatron.training.cpu_precision import cpu_has_native
+
+        if not cpu_has_native(half):
+            logger.warning(
+                "%s inference on a CPU without native %s matrix products (emulated, about 20-50x slower than fp32); "
+                "set inference_precision: fp32 to upcast",
+                half,
+                half,
+            )
+    return dtype
+
+
 def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
-    """Tokenizer and the fp32 sequential model with the checkpoint's weights (any training layout)."""
+    """Tokenizer and the sequential model with the checkpoint's weights (any training layout merged) in
+    :func:`inference_dtype`."""
     from megatron.initialize import set_random_seed
     from megatron.model import build_sequential_model
     from megatron.tokenizer import TokenizerConfig, build_tokenizer
@@ -57,15 +84,16 @@ def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     sd, ckpt_cfg, tag = load_checkpoint_for_inference(args)
     args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
-    # fp32 on any device (bf16/fp16 checkpoints are upcast), no activation checkpointing at inference
-    cfg = dataclasses.replace(ckpt_cfg, params_dtype=torch.float32, checkpoint_activations=False)
+    dtype = inference_dtype(args, ckpt_cfg)
+    # no activation checkpointing at inference
+    cfg = dataclasses.replace(ckpt_cfg, params_dtype=dtype, checkpoint_activations=False)
     model = build_sequential_model(cfg)
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:
         raise ConfigError(f"checkpoint {tag} does not fit the config: missing {missing}, unexpected {unexpected}")
     model.eval().to(inference_device())
-    logger.info("loaded checkpoint %s for generation", tag)
+    logger.info("loaded checkpoint %s for generation (%s)", tag, dtype)
     return model, tokenizer
 
 
@@ -124,18 +152,31 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
         )
     if mode == "input-file" and not args.sample_input_file:
         raise ConfigError("text_gen_type input-file needs sample_input_file")
-    model, tokenizer = setup_for_inference(args)
+    from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
+    from megatron.mpu import broadcast_object
+
+    parallel = runs_model_parallel(args) and mode != "precompute"
+    rank = int(os.environ.get("RANK", "0"))
+    if not parallel and rank != 0:
+        return []  # one process does the work (a TP/PP checkpoint is merged on read)
     if mode == "precompute":
         from megatron.generation.precompute import precompute_logprobs
 
+        model, tokenizer = setup_for_inference(args)
         outputs = precompute_logprobs(model, args, inference_device())
         return [{"precomputed": out} for out in outputs]
+    if parallel:
+        stage, tokenizer = setup_stage_for_inference(args)
+        forward = StageForward(stage)
+    else:
+        model, tokenizer = setup_for_inference(args)
+        forward = kv_cache_forward(model)
     cfg = SamplingConfig.from_neox_args(args)
     generator = torch.Generator(device="cpu").manual_seed(int(args.seed))
 
     def generate(prompts: list[str]) -> list[dict[str, Any]]:
         return generate_samples_from_prompt(
-            kv_cache_forward(model),
+            forward,
             tokenizer,
             prompts,
             cfg,
@@ -144,21 +185,29 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
             device=inference_device(),
         )
 
-    if mode == "interactive":
+    if mode == "interactive":  # rank 0 reads the prompts; every rank generates
         records = []
-        while (prompt := read_interactive_prompt(sys.stdin, args.prompt_end or "\n")) is not None:
+        while True:
+            prompt = read_interactive_prompt(sys.stdin, args.prompt_end or "\n") if rank == 0 else None
+            prompt = broadcast_object(prompt) if parallel else prompt
+            if prompt is None:
+                break
             if len(tokenizer.tokenize(prompt)) >= cfg.seq_length - 1:
-                print(f"context of {len(tokenizer.tokenize(prompt))} tokens reached seq_length - 1; stopping")
+                if rank == 0:
+                    print(f"context of {len(tokenizer.tokenize(prompt))} tokens reached seq_length - 1; stopping")
                 break
             record = generate([prompt])[0]
-            print(f"Generated Text: {record['text'] or ''}", flush=True)
-            records.append(record)
+            if rank == 0:
+                print(f"Generated Text: {record['text'] or ''}", flush=True)
+                records.append(record)
         return records
     if mode == "unconditional":
         prompts = [""] * int(args.num_samples or 1)
     else:
         prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n")
     records = generate(prompts)
+    if rank != 0:
+        return []
     out = output_path(args, mode)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

@@ -232,6 +232,9 @@ class ParallelSelfAttention(nn.Module):
         if allowed is None and bias is None and past == 0 and sq == sk:
             with model_parallel_rng_fork(dropout):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
+        if allowed is None and bias is None and sq == 1:  # one new token after the cache: it sees every key
+            with model_parallel_rng_fork(dropout):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
         if allowed is None:
             allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
         # Additive mask with finfo.min (as GPT-NeoX's masked_fill): a fully masked row (e.g. a padding query)

@@ -20,11 +20,13 @@ import torch
 class KVCache:
     """Per-layer K/V tensors, keyed by layer index; ``seq_len`` = tokens already processed.
 
-    Storage grows by doubling (amortised O(1) per token instead of re-concatenating the whole past every step);
-    ``update`` returns views of the filled part.
+    ``capacity`` (tokens) preallocates each layer's storage at its first update, so a generation that knows its
+    final length never reallocates; beyond it storage grows by doubling (amortised O(1) per token instead of
+    re-concatenating the whole past every step). ``update`` returns views of the filled part.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = int(capacity)
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
         self._lengths: dict[int, int] = {}
@@ -39,7 +41,7 @@ class KVCache:
         past, new = self._lengths.get(layer, 0), k.shape[2]
         keys, values = self._keys.get(layer), self._values.get(layer)
         if keys is None or past + new > keys.shape[2]:
-            capacity = max(2 * (past + new), 16)
+            capacity = self.capacity if keys is None and past + new <= self.capacity else max(2 * (past + new), 16)
             grown_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
             grown_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
             if keys is not None:

@@ -26,10 +26,31 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=save_inv_freq)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin tables for integer ``positions``."""
+        """cos/sin tables for integer ``positions``.
+
+        Without autograd the last result is reused while the same ``positions`` tensor (unchanged) comes back with
+        equal ``inv_freq`` values: every layer of one forward asks for the same tables (identical values; only
+        the recomputation per layer is saved).
+        """
+        key = (positions, 0 if positions.is_inference() else positions._version, dtype, self.dim)
+        last = _LAST_ROTARY.get("entry")
+        if (
+            last is not None
+            and not torch.is_grad_enabled()
+            and last[0][0] is positions
+            and last[0][1:] == key[1:]
+            and torch.equal(last[1], self.inv_freq)
+        ):
+            return last[2]
         freqs = positions[..., None].float() * self.inv_freq.float().to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        out = emb.cos().to(dtype), emb.sin().to(dtype)
+        if not torch.is_grad_enabled():
+            _LAST_ROTARY["entry"] = (key, self.inv_freq, out)
+        return out
+
+
+_LAST_ROTARY: dict[str, tuple] = {}  # the last no-grad (positions, inv_freq, (cos, sin)) of RotaryEmbedding
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

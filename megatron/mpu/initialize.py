@@ -241,6 +241,13 @@ def get_pipe_parallel_world_size() -> int:
     return _STATE.layout.pipe if _STATE is not None else 1
 
 
+def get_pipe_parallel_group_ranks() -> list[int]:
+    """Global ranks of this rank's pipeline group, stage 0 first."""
+    if _STATE is None:
+        return [0]
+    return next(g for g in _STATE.layout.pipe_groups() if _STATE.rank in g)
+
+
 def get_io_parallel_group() -> Any:
     """Group that builds dataset index files together (None on ranks outside it, or before initialisation)."""
     return _STATE.io_group if _STATE is not None else None

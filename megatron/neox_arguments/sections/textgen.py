@@ -32,6 +32,11 @@ class TextgenArgs:
     )
     num_samples: int = arg(1, "Number of unconditional samples.")
     recompute: bool = arg(False, "Recompute attention over the whole context at each step (no KV cache).")
+    inference_precision: Literal["fp32", "fp16", "bfloat16"] | None = arg(
+        None,
+        "neox-forge: dtype of generate.py / eval.py; unset: the config's `precision` (bf16/fp16 weights kept, not "
+        "upcast); `fp32` upcasts half-precision weights.",
+    )
     eval_results_prefix: str = arg("", "Prefix of the evaluation results file.")
     eval_tasks: list | None = arg(
         None,

@@ -1,0 +1,98 @@
+"""Generation and evaluation under the training layout on N ranks (``model_parallel_size`` / ``pipe_parallel_size``).
+
+Each rank builds its :class:`~megatron.model.inference_stage.InferenceStage` (its pipeline stage's layers, as this TP
+rank's shards) and keeps only its part of the checkpoint's weights. Every rank runs the same decoding loop: the last
+stage computes the logits and samples, TP rank 0's tokens are broadcast over its TP group, then the last stage's
+tokens to every stage (:class:`StageForward`), so all ranks extend the same sequences and stop together. Scoring
+(lm-eval log-likelihoods) broadcasts the last stage's logits to every stage instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from megatron import mpu
+from megatron.model.inference_stage import InferenceStage
+from megatron.neox_arguments.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def model_parallel_sizes(args: Any) -> tuple[int, int]:
+    """``(model_parallel_size, pipe stages)`` of the config (``pipe_parallel_size`` 0 counts as one stage)."""
+    return int(args.model_parallel_size or 1), max(int(args.pipe_parallel_size or 0), 1)
+
+
+def runs_model_parallel(args: Any) -> bool:
+    """True when this launch generates under the training layout: several ranks and TP or PP in the config.
+
+    On one process a TP/PP checkpoint is merged into the sequential model instead.
+    """
+    tp, pp = model_parallel_sizes(args)
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and tp * pp > 1
+
+
+def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
+    """Start the process groups (as training does), build this rank's stage (in ``inference_dtype``) and load its
+    weights."""
+    from megatron.generation.text_generation import inference_device, inference_dtype, load_checkpoint_for_inference
+    from megatron.initialize import initialize_megatron
+    from megatron.model.tp_sharding import shard_state_dict
+    from megatron.tokenizer import TokenizerConfig, build_tokenizer
+
+    initialize_megatron(args)
+    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    sd, ckpt_cfg, tag = load_checkpoint_for_inference(args)
+    args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
+    dtype = inference_dtype(args, ckpt_cfg)
+    cfg = ckpt_cfg.replace(params_dtype=dtype)
+    stage = InferenceStage(cfg)
+    prefixes = tuple(f"sequential.{name}." for name, _ in stage.sequential.named_children())
+    local = {k: v for k, v in sd.items() if k.startswith(prefixes)}
+    del sd
+    shards = shard_state_dict(local, cfg, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())
+    missing, unexpected = stage.load_state_dict({k: v.to(dtype) for k, v in shards.items()}, strict=False)
+    missing = [k for k in missing if not k.endswith("inv_freq")]
+    if missing or unexpected:
+        raise ConfigError(f"checkpoint {tag} does not fit the config: missing {missing}, unexpected {unexpected}")
+    stage.eval().to(inference_device())
+    logger.info(
+        "loaded checkpoint %s for generation: pipeline stage %d/%d (specs %s), TP rank %d/%d, %s",
+        tag, stage.stage, stage.num_stages, stage.indices, mpu.get_model_parallel_rank(),
+        mpu.get_model_parallel_world_size(), dtype,
+    )  # fmt: skip
+    return stage, tokenizer
+
+
+class StageForward:
+    """The generation loop's forward over an :class:`InferenceStage`: logits on the last stage (None elsewhere),
+    and the sharing of what the last stage sampled (see the module docstring)."""
+
+    def __init__(self, stage: InferenceStage) -> None:
+        self.stage = stage
+        self.vocab = stage.cfg.padded_vocab_size
+
+    def __call__(self, tokens: torch.Tensor, cache: Any) -> torch.Tensor | None:
+        return self.stage(tokens, cache)
+
+    def share_tokens(self, sampled: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor:
+        """The last stage's sampled tokens ``[b]`` (TP rank 0's) on every rank."""
+        if sampled is not None:
+            sampled = mpu.broadcast_from_model_parallel_src(sampled.to(torch.long))
+        return mpu.broadcast_from_last_stage(sampled, (batch,), torch.long, device)
+
+    def share_logits(self, logits: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor:
+        """The last stage's last-position logits ``[b, V]`` on every rank (for ``return_logits``)."""
+        return mpu.broadcast_from_last_stage(logits, (batch, self.vocab), torch.float32, device)
+
+    def score(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``[b, s, V]`` of ``tokens`` on every rank (lm-eval scoring), in fp32."""
+        with torch.no_grad():
+            logits = self.stage(tokens, None)
+        b, s = tokens.shape
+        logits = None if logits is None else logits.float()
+        return mpu.broadcast_from_last_stage(logits, (b, s, self.vocab), torch.float32, tokens.device)

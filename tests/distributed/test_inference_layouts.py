@@ -1,0 +1,161 @@
+"""Generation and evaluation under the training layout: TP=2, PP=2 and TP=2 x PP=2 on 4 gloo ranks give the
+1-rank tokens (fp32; and bf16 weights kept bf16 under PP=2) and the 1-rank eval.py metrics.
+
+The tiny checkpoint is saved TP=2 / PP=2 (convert_hf_to_neox.py); each rank builds only its pipeline stage's
+layers as its TP shards (the same layer classes as training) and the last stage's tokens drive every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.distributed import fns_inference
+from tests.e2e.eval_fixture import build_tiny_model
+from tests.harness import REPO_ROOT as REPO
+from tests.harness import free_port, run_command, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+PROMPTS = ["The quick brown", "To be, or not", "Q: What is 2 plus 2?"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), tp=2, pp=2)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[str, list[dict]]]:
+    """(overrides, {precision: records}) of generation on one process (the TP/PP checkpoint merged).
+
+    bf16 weights stay bf16 (not upcast); ``inference_precision: fp32`` upcasts them and gives the fp32 tokens.
+    """
+    import torch
+
+    from megatron.generation.text_generation import run_generation, setup_for_inference
+    from megatron.neox_arguments import NeoXArgs
+
+    root = tmp_path_factory.mktemp("ref")
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    overrides = {"text_gen_type": "input-file", "sample_input_file": str(prompts), "maximum_tokens": 6,
+                 "sample_output_file": str(root / "out.jsonl"), "return_logits": True}  # fmt: skip
+    records = {}
+    for precision in ("fp32", "bfloat16"):
+        values = {**overrides, "precision": precision}
+        records[precision] = run_generation(NeoXArgs.from_ymls(tiny.configs, overwrite_values=values))
+        assert [r["context"] for r in records[precision]] == PROMPTS
+        assert sum(r["length"] for r in records[precision]) >= 6
+    bf16 = {**overrides, "precision": "bfloat16"}
+    model, _ = setup_for_inference(NeoXArgs.from_ymls(tiny.configs, overwrite_values=bf16))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    upcast = {**bf16, "inference_precision": "fp32"}
+    model, _ = setup_for_inference(NeoXArgs.from_ymls(tiny.configs, overwrite_values=upcast))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert _tokens(run_generation(NeoXArgs.from_ymls(tiny.configs, overwrite_values=upcast))) == _tokens(
+        records["fp32"]
+    )
+    return overrides, records
+
+
+def _tokens(records: list[dict]) -> list[tuple]:
+    return [(r["context"], r["text"], r["length"], r["finished"]) for r in records]
+
+
+GEN_LAYOUTS = [(2, 1, "fp32"), (1, 2, "fp32"), (2, 2, "fp32"), (1, 2, "bfloat16")]
+EVAL_LAYOUTS = [(2, 1), (1, 2), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def eval_reference(tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[str, float], Path]:
+    """(overrides, metrics) of eval.py's code path on one process, on the shipped local tasks (eval_limit 3)."""
+    from megatron.evaluation.standalone import evaluate_checkpoint
+    from megatron.neox_arguments import NeoXArgs
+
+    root = tmp_path_factory.mktemp("eval")
+    overrides = {"eval_tasks": [str(REPO / "configs" / "eval")], "eval_limit": 3, "eval_results_prefix": "tiny"}
+    saved, cwd = dict(os.environ), os.getcwd()
+    os.environ.update(HF_HOME=str(root / "hf_home"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    try:
+        os.chdir(root)
+        path, metrics = evaluate_checkpoint(NeoXArgs.from_ymls(tiny.configs, overwrite_values=overrides))
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)
+    assert path is not None and len(metrics) >= 3
+    return overrides, metrics, root
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny, reference, eval_reference, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every rank's results of generation and evaluation under each layout, from one 4-rank world."""
+    out = tmp_path_factory.mktemp("ranks")
+    evl = {**eval_reference[0], "eval_results_prefix": "ranks"}
+    return run_distributed(fns_inference.run_all, 4, tiny.configs, reference[0], GEN_LAYOUTS, evl, EVAL_LAYOUTS,
+                           str(out), timeout=400)  # fmt: skip
+
+
+def test_generation_on_tp_and_pp_ranks_matches_one_rank(reference, layouts) -> None:
+    references = reference[1]
+    results = [r["generate"] for r in layouts]
+    for tp, pp, precision in GEN_LAYOUTS:
+        name, reference = f"tp{tp}_pp{pp}_{precision}", references[precision]
+        assert all(r[name]["dtypes"] == [f"torch.{'float32' if precision == 'fp32' else precision}"] for r in results)
+        assert sorted((r[name]["stage"], r[name]["tp_rank"]) for r in results) == sorted(
+            (rank // tp % pp if pp > 1 else 0, rank % tp) for rank in range(4)
+        ), name
+        got = results[0][name]["records"]
+        assert all(r[name]["records"] == [] for r in results[1:]), name  # only rank 0 returns / writes records
+        for mine, want in zip(got, reference, strict=True):
+            assert (mine["context"], mine["text"], mine["length"], mine["finished"]) == (
+                want["context"], want["text"], want["length"], want["finished"]
+            ), name  # fmt: skip
+            assert len(mine["logits"]) == len(want["logits"])
+            tol = 1e-4 if precision == "fp32" else 1e-6  # bf16: the same kernels on one stage or two
+            for a, b in zip(mine["logits"], want["logits"], strict=True):
+                assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= tol, name
+
+
+def test_eval_on_tp_and_pp_ranks_matches_one_rank(eval_reference, layouts) -> None:
+    """eval.py's path with TP=2 (DP=2), PP=2 (DP=2) and TP=2 x PP=2: the 1-rank metrics; rank 0 writes the file."""
+    _, metrics, _ = eval_reference
+    for tp, pp in EVAL_LAYOUTS:
+        name = f"tp{tp}_pp{pp}"
+        got = [r["eval"][name] for r in layouts]
+        assert got[0]["path"] is not None and Path(got[0]["path"]).name.startswith("ranks_eval_results_")
+        assert all(g["path"] is None for g in got[1:]) and got[0]["dp"] == 4 // (tp * pp)
+        for key, value in metrics.items():
+            same = got[0]["metrics"][key] == value if "acc" in key or "exact_match" in key else math.isclose(
+                got[0]["metrics"][key], value, rel_tol=1e-5, abs_tol=1e-5
+            )  # fmt: skip
+            assert same, (name, key, got[0]["metrics"][key], value)
+        assert set(got[0]["metrics"]) == set(metrics)
+
+
+def test_generate_py_through_deepy_on_two_pipeline_stages(tiny, reference, tmp_path: Path) -> None:
+    """``python deepy.py generate.py cfg.yml`` with pipe_parallel_size 2 on 2 ranks writes the 1-rank samples."""
+    overrides, records = reference[0], reference[1]["fp32"]
+    cfg: dict = {}
+    for name in tiny.configs:
+        cfg.update(yaml.safe_load(Path(name).read_text()))
+    cfg.pop("global_num_gpus")
+    out = tmp_path / "samples.jsonl"
+    cfg.update(overrides, num_gpus=2, model_parallel_size=1, pipe_parallel_size=2, master_port=free_port(),
+               sample_output_file=str(out), return_logits=False)  # fmt: skip
+    config = tmp_path / "gen.yml"
+    config.write_text(yaml.safe_dump(cfg))
+    log = run_command([sys.executable, str(REPO / "deepy.py"), str(REPO / "generate.py"), str(config)],
+                      timeout=300, cwd=tmp_path).stdout  # fmt: skip
+    assert "pipeline stage 1/2" in log and "pipeline stage 0/2" in log  # both ranks built their own stage
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(w["context"], w["text"], w["length"]) for w in written] == [
+        (r["context"], r["text"], r["length"]) for r in records
+    ]
