@@ -382,7 +382,7 @@ class GPTModelConfig:
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
         )
-        from megatron.model.moe.validate import moe_problems
+        from megatron.neox_arguments.moe_checks import moe_problems
 
         for problem in moe_problems(self):
             raise ValueError(problem)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
+from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.post_training.config import post_training_problems
 
 logger = logging.getLogger(__name__)
@@ -161,10 +163,6 @@ def _post_training(c: Ctx) -> list[str]:
 
 
 def _moe(c: Ctx) -> list[str]:
-    from types import SimpleNamespace
-
-    from megatron.model.moe.validate import moe_layout_problems, moe_problems
-
     keys = ("moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type", "moe_jitter_eps")
     keys += ("moe_loss_weight", "moe_normalize_expert_weights")
     cfg = SimpleNamespace(**{k: c.v[k] for k in keys})

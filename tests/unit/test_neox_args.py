@@ -460,3 +460,14 @@ def test_lr_decay_iters_wins_over_fraction_and_inverse_sqrt_is_selectable():
     assert build(train_iters=100, lr_decay_fraction=0.5).lr_decay_iters == 50
     assert build(train_iters=100, lr_decay_iters=80, lr_decay_fraction=0.5).lr_decay_iters == 80
     assert build(lr_decay_style="inverse_sqrt").lr_decay_style == "inverse_sqrt"
+
+
+def test_config_layer_imports_neither_torch_nor_deepspeed() -> None:
+    """deepy validates configs before anything heavy loads (and under any DS_ACCELERATOR value): the config layer
+    must not import torch, DeepSpeed or the model code."""
+    import subprocess
+    import sys
+
+    code = "import sys, megatron.neox_arguments; print(sorted(m for m in ('torch', 'deepspeed', 'megatron.model') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,4 +1,5 @@
-"""Checks of the mixture-of-experts keys (run by ``GPTModelConfig``; each problem names the key and valid values)."""
+"""Checks of the mixture-of-experts keys (run by config validation and ``GPTModelConfig``; each problem names the key
+and valid values). Plain Python: deepy validates configs without importing torch models or DeepSpeed."""
 
 from __future__ import annotations
 
