@@ -51,7 +51,8 @@ def gpu_table_peak(name: str) -> float | None:
 def calibrate_gemm_tflops(dtype: torch.dtype = torch.float32, seconds: float = 0.25, size: int | None = None) -> float:
     """Best measured TFLOP/s of a square ``torch.mm`` on this process's CPU threads (at least 3 repetitions)."""
     n = size or (512 if dtype == torch.float32 else 256)  # half precision may fall back to a slow gemm
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    gen = torch.Generator().manual_seed(0)  # its own generator: the run's RNG streams (dropout, data) stay untouched
+    a, b = torch.randn(n, n, generator=gen).to(dtype), torch.randn(n, n, generator=gen).to(dtype)
     out = torch.empty(n, n, dtype=dtype)
     torch.mm(a, b, out=out)  # warm-up
     best, start, reps = float("inf"), time.perf_counter(), 0

@@ -63,3 +63,15 @@ def test_flops_config_with_peak_logs_once_and_feeds_mfu(caplog):
     assert flops_config_with_peak(args, rank=1).peak_theoretical_tflops == 2.0
     assert not [r for r in caplog.records if r.getMessage().startswith("MFU:")]  # rank 0 only
     assert isinstance(FlopsConfig.from_neox_args(args), FlopsConfig)
+
+
+def test_gemm_calibration_leaves_the_global_rng_alone() -> None:
+    """The MFU peak calibration runs after a checkpoint's RNG state is restored: drawing from the global generator
+    there changed every later dropout mask and broke bit-exact resume."""
+    import torch
+
+    from megatron.logging.peak_flops import calibrate_gemm_tflops
+
+    before = torch.get_rng_state()
+    assert calibrate_gemm_tflops(seconds=0.0, size=64) > 0
+    assert torch.equal(torch.get_rng_state(), before)
