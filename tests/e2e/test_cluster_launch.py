@@ -225,7 +225,11 @@ def test_scancel_signal_term_saves_requeues_and_resumes(setup, tmp_path):
         deadline = time.monotonic() + 60
         while cluster.run("squeue", "-h", "-j", job, "-o", "%T").strip() != "PENDING" and time.monotonic() < deadline:
             time.sleep(0.5)
-        cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # requeued jobs wait ~2 min otherwise
+        # slurmd revokes the killed job's credential with one-second resolution and refuses a relaunch of the same
+        # job id within that second ("already killed, do not launch batch job"); SLURM's own ~2 min requeue hold
+        # hides this, so the test waits a few seconds before lifting the hold
+        time.sleep(3)
+        cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
         loaded = _wait_for(job_out, r"loaded checkpoint \S+ at iteration (\d+)", 300, cluster.logs)
         cluster.run("scancel", "--full", job)  # ends the test's job (its ranks may save once more on the way out)
     first_run = job_out.read_text().split("requeueing job")[0]
