@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,6 @@ NORM_CLASS_NAMES = {
     "MixedFusedRMSNorm",
     "NonParametricLayerNorm",
 }
-OPTIMIZER_TYPES = ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion")
 # Optimizers DeepSpeed itself knows to be safe under ZeRO (deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS).
 _ZERO_TESTED = ("adam", "cpu_adam", "cpu_torch_adam", "onebitadam", "lion")
 
