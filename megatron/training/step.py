@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from megatron import mpu
 from megatron.logging.timers import Timers
 from megatron.training.nonfinite import note_loss
 
@@ -45,7 +45,6 @@ class BatchConfig:
 
 def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
     """``((tokens, position_ids, attention_mask), (labels, loss_mask))`` on every TP rank (TP rank 0 reads)."""
-    from megatron import mpu
     from megatron.model import get_ltor_masks_and_position_ids
 
     keys = ["text", "label"] if cfg.with_labels else ["text"]  # known on every TP rank, as broadcast needs
@@ -72,9 +71,9 @@ def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
 def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
     """Mean of a scalar loss over the whole world (GPT-NeoX's ``reduce_losses``)."""
     reduced = loss.detach().clone().float().reshape(1)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(reduced)
-        reduced /= dist.get_world_size()
+    if mpu.world_size() > 1:
+        mpu.all_reduce_sum(reduced)
+        reduced /= mpu.world_size()
     return reduced[0]
 
 
