@@ -36,6 +36,7 @@ from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, st
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
+from megatron.config_utils import check_neox_field_names
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
 
@@ -77,6 +78,7 @@ class CheckpointConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> CheckpointConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
+        check_neox_field_names(cls)
         defaults = cls()
         values = {}
         for name in cls.__dataclass_fields__:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from deepspeed.accelerator import get_accelerator
@@ -31,6 +31,9 @@ class BatchConfig:
     reset_attention_mask: bool = False
     with_labels: bool = False  # label datasets (SFT): a "label" stream, negative ids excluded from the loss
 
+    # not config keys: the tokenizer's end-of-document id, and whether train_label_data_paths is set
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("eod_token", "with_labels")
+
     @classmethod
     def from_neox_args(cls, args: Any, eod_token: int) -> BatchConfig:
         """Read the flat GPT-NeoX attribute names."""
@@ -39,7 +42,7 @@ class BatchConfig:
             eod_mask_loss=bool(getattr(args, "eod_mask_loss", False)),
             reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
             reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
-            with_labels=bool(getattr(args, "train_label_data_paths", None) or getattr(args, "label_data_paths", None)),
+            with_labels=bool(getattr(args, "train_label_data_paths", None)),
         )
 
 
