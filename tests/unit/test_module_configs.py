@@ -25,16 +25,18 @@ NOT_MIRRORS: dict[str, str] = {
 
 # (class, field) -> why the module's default differs from the schema's. The schema's None means "set by derive()"
 # or "required"; the module's default then only serves code that builds the config directly.
+_REQUIRED = "required key (validate.REQUIRED): a NeoXArgs always sets it"
+_ZERO_STAGE = "derived from zero_optimization.stage, whose default is 0"
 DIVERGENT_DEFAULTS: dict[tuple[str, str], str] = {
-    ("SamplingConfig", "seq_length"): "required key (validate.REQUIRED): a NeoXArgs always sets it",
-    ("GPTModelConfig", "max_position_embeddings"): "required key (validate.REQUIRED): a NeoXArgs always sets it",
-    ("ActivationCheckpointConfig", "num_layers"): "required key (validate.REQUIRED): a NeoXArgs always sets it",
+    ("SamplingConfig", "seq_length"): _REQUIRED,
+    ("GPTModelConfig", "max_position_embeddings"): _REQUIRED,
+    ("ActivationCheckpointConfig", "num_layers"): _REQUIRED,
     ("GPTModelConfig", "attention_config"): "None = all global; from_neox_args stores the per-layer expansion",
     ("GPTModelConfig", "sparsity_config"): "None = {} (GPT-NeoX); from_neox_args always stores a dict",
     ("CheckpointConfig", "extra_save_iters"): "None = no extra saves; the module holds a list",
-    ("CheckpointConfig", "zero_stage"): "derived from zero_optimization.stage, whose default is 0",
-    ("OptimizerConfig", "zero_stage"): "derived from zero_optimization.stage, whose default is 0",
-    ("ParallelConfig", "zero_stage"): "derived from zero_optimization.stage, whose default is 0",
+    ("CheckpointConfig", "zero_stage"): _ZERO_STAGE,
+    ("OptimizerConfig", "zero_stage"): _ZERO_STAGE,
+    ("ParallelConfig", "zero_stage"): _ZERO_STAGE,
     ("LRScheduleConfig", "lr"): "derived: derive() sets DEFAULT_LR (0.001) when neither lr nor optimizer.params.lr is",
     ("OptimizerConfig", "optimizer"): "None = no optimizer section: from_neox_args builds {type: optimizer_type}",
     ("LoggingConfig", "use_wandb"): "None (unset) means off, as False does",
