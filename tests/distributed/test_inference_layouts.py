@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -190,6 +191,27 @@ def test_generate_py_through_deepy_on_two_pipeline_stages(tiny, reference, tmp_p
     assert [(w["context"], w["text"], w["length"]) for w in written] == [
         (r["context"], r["text"], r["length"]) for r in records
     ]
+
+
+def test_interactive_generate_py_through_deepy_on_two_tensor_parallel_ranks(tiny, reference, tmp_path: Path) -> None:
+    """``text_gen_type: interactive`` at TP=2: rank 0 reads the prompts from stdin and shares them, both ranks
+    generate, and each completion is printed once, equal to the 1-rank text; end of input ends the session."""
+    overrides, records = reference[0], reference[1]["fp32"]
+    cfg: dict = {}
+    for name in tiny.configs:
+        cfg.update(yaml.safe_load(Path(name).read_text()))
+    cfg.pop("global_num_gpus")
+    cfg.update({k: v for k, v in overrides.items() if k not in ("sample_input_file", "sample_output_file")})
+    cfg.update(text_gen_type="interactive", num_gpus=2, model_parallel_size=2, pipe_parallel_size=0,
+               master_port=free_port(), return_logits=False)  # fmt: skip
+    config = tmp_path / "interactive.yml"
+    config.write_text(yaml.safe_dump(cfg))
+    stdin = "".join(p + "\n" for p in PROMPTS)
+    log = run_command([sys.executable, str(REPO / "deepy.py"), str(REPO / "generate.py"), str(config)],
+                      timeout=300, cwd=tmp_path, input_text=stdin).stdout  # fmt: skip
+    assert "x model 2" in log  # the model-parallel groups of TP=2 were set up
+    printed = re.findall(r"^Generated Text: (.*)$", log, flags=re.MULTILINE)
+    assert printed == [(r["text"] or "").split("\n")[0] for r in records], log[-3000:]
 
 
 def test_precompute_on_tp_and_pp_ranks_matches_one_rank(precompute_reference, layouts) -> None:
