@@ -77,10 +77,27 @@ def is_neox_forge(layout: CheckpointLayout, client_state: dict[str, Any]) -> boo
     return client_state.get(FORMAT_KEY) == FORMAT or (layout.directory / "manifest.json").is_file()
 
 
+EMBEDDING_KEY = "sequential.0.word_embeddings.weight"
+KeyFilter = Callable[[str], bool]
+
+
 def read_tp_shards(
-    layout: CheckpointLayout, progress: Callable[[str], None] | None = None
+    layout: CheckpointLayout, progress: Callable[[str], None] | None = None, keep: KeyFilter | None = None
 ) -> tuple[list[dict[str, torch.Tensor]], list[list[str]]]:
-    """Per TP rank: the rank's tensors under full keys, and per mp_rank file the buffer names (sequential only)."""
+    """Per TP rank: the rank's tensors under full keys, and per mp_rank file the buffer names (sequential only).
+
+    ``keep(full_key)`` (a test on the ``sequential.<idx>.`` prefix): only those tensors are kept, and pipeline
+    layer files of rejected specs are not read.
+    """
+    if keep is not None:
+        shards, buffers = _read_tp_shards(layout, progress, keep)
+        return [{k: v for k, v in sd.items() if keep(k)} for sd in shards], buffers
+    return _read_tp_shards(layout, progress, None)
+
+
+def _read_tp_shards(
+    layout: CheckpointLayout, progress: Callable[[str], None] | None, keep: KeyFilter | None
+) -> tuple[list[dict[str, torch.Tensor]], list[list[str]]]:
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.tp)]
     buffers: list[list[str]] = []
     if layout.zero3_files:
@@ -91,6 +108,8 @@ def read_tp_shards(
         return shards, buffers
     if layout.is_pipe:
         for idx, files in layout.layer_files.items():
+            if keep is not None and not keep(f"sequential.{idx}."):
+                continue  # keep() decides by spec prefix: this stage's layers are not in this file
             for tp_rank, path in enumerate(files):
                 if progress:
                     progress(path.name)
@@ -117,8 +136,29 @@ def read_tp_shards(
                 if not head.isdigit():
                     raise CheckpointError(f"{path}: unexpected tensor name {key!r} (expected sequential.<idx>.<name>)")
                 key = f"sequential.{head}.{rest}"
-            shards[tp_rank][key] = value
+            if keep is None or keep(key):
+                shards[tp_rank][key] = value
+        del state, module  # only the kept tensors of this file stay referenced
     return shards, buffers
+
+
+def _rows(embedding: torch.Tensor | None) -> int | None:
+    return None if embedding is None else int(embedding.size(0))
+
+
+def _embedding_rows(layout: CheckpointLayout, mp0_state: dict[str, Any]) -> int | None:
+    """Rows of TP rank 0's word-embedding shard, read without loading the rest of the model: from the layer-00
+    file of a pipeline checkpoint, else from ``mp_rank_00``'s module (already loaded)."""
+    if layout.is_pipe:
+        sd = load_torch(layout.layer_files[min(layout.layer_files)][0])
+        return _rows(rename_legacy(sd).get("word_embeddings.weight")) if isinstance(sd, dict) else None
+    module = mp0_state.get("module")
+    if not isinstance(module, dict):
+        return None
+    for key, value in rename_legacy(module).items():
+        if key.removeprefix("module.").removeprefix("sequential.") == "0.word_embeddings.weight":
+            return _rows(value)
+    return None
 
 
 def zero3_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -185,14 +225,15 @@ BENIGN_EXTRAS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias
 
 
 def check_against_config(
-    state_dict: dict[str, torch.Tensor], cfg: GPTModelConfig, where: str
+    state_dict: dict[str, torch.Tensor], cfg: GPTModelConfig, where: str, keep: KeyFilter | None = None
 ) -> dict[str, torch.Tensor]:
     """The merged tensors must be those of the configured model (names and shapes): catches a mismatched config.
+    With ``keep``, only the model's tensors it accepts are expected.
 
     Returns ``state_dict`` without buffers the configured model does not persist (e.g. GPT-NeoX's saved rotary
     ``inv_freq``).
     """
-    expected = full_shapes(cfg)
+    expected = {k: v for k, v in full_shapes(cfg).items() if keep is None or keep(k)}
     rm_key = f"sequential.{cfg.num_layers + 4}.rm_linear.weight"
     if rm_key in state_dict:  # a reward model (train_impl: rm): rm_linear (hidden -> 1) replaces the LM head
         expected = {k: v for k, v in expected.items() if not k.endswith("final_linear.weight")}
@@ -224,12 +265,17 @@ def read_checkpoint(
     iteration: int | None = None,
     row_bias: str = "auto",
     progress: Callable[[str], None] | None = None,
+    keep_for: Callable[[GPTModelConfig], KeyFilter] | None = None,
 ) -> NeoXCheckpoint:
     """Read the checkpoint at ``path`` (root with ``latest`` or a ``global_stepN`` dir) into a full state dict.
 
     The model config comes from ``args`` (GPT-NeoX attribute names), else ``config_files``, else the checkpoint's
     own ``configs/``. ``row_bias``: ``auto`` (the checkpoint's recorded layout, else GPT-NeoX's rule: summed over TP
     when ``gpt_j_residual``; see ``megatron.checkpoint.bias_layout``), ``effective`` or ``sum``.
+
+    ``keep_for(model config)`` returns a key filter (see :func:`read_tp_shards`): only those tensors are read and
+    merged, e.g. one pipeline stage's layers, so a rank never holds the whole model (not for ZeRO-3 shards, which
+    are consolidated whole).
     """
     if row_bias not in ("auto", "effective", "sum"):
         raise ValueError(f"row_bias={row_bias!r} must be auto, effective or sum")
@@ -255,15 +301,18 @@ def read_checkpoint(
         args = config_io.checkpoint_config_args(directory)
     if args is None:
         raise CheckpointError(f"{directory} has no configs/ to read the model from: pass the config file(s)")
-    shards, _ = read_tp_shards(layout, progress)
-    emb = shards[0].get("sequential.0.word_embeddings.weight")
-    if emb is None:
-        raise CheckpointError(f"{directory}: no word embedding (sequential.0.word_embeddings.weight) found")
-    padded = emb.size(0) * layout.tp
+    selective = keep_for is not None and not layout.zero3_files
+    shards = [] if selective else read_tp_shards(layout, progress)[0]
+    rows = _embedding_rows(layout, state) if selective else _rows(shards[0].get(EMBEDDING_KEY))
+    if rows is None:
+        raise CheckpointError(f"{directory}: no word embedding ({EMBEDDING_KEY}) found")
     try:
-        cfg = config_io.model_config(args, padded_vocab_size=padded)
+        cfg = config_io.model_config(args, padded_vocab_size=rows * layout.tp)
     except ValueError as e:
         raise CheckpointError(f"model config for {directory}: {e}") from None
+    keep = keep_for(cfg) if keep_for is not None else None
+    if selective:
+        shards = read_tp_shards(layout, progress, keep)[0]
     ckpt_args = client.get("args") or {}
     for key in ("num_layers", "hidden_size", "num_attention_heads"):
         if key in ckpt_args and ckpt_args[key] != getattr(cfg, key):
@@ -275,7 +324,9 @@ def read_checkpoint(
     if sum_biases:
         logger.info("row-parallel biases summed over %d TP ranks (GPT-NeoX's parallel-residual layout)", layout.tp)
     full = merge_shards(shards, cfg, sum_row_biases=sum_biases, where=str(directory))
-    full = check_against_config(full, cfg, str(directory))
+    if keep is not None:
+        full = {k: v for k, v in full.items() if keep(k)}
+    full = check_against_config(full, cfg, str(directory), keep)
     return NeoXCheckpoint(
         state_dict=full,
         cfg=cfg,

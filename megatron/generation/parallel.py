@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,6 +37,14 @@ def runs_model_parallel(args: Any) -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and tp * pp > 1
 
 
+def stage_key_filter(cfg: Any) -> Callable[[str], bool]:
+    """Whether a full-layout key (``sequential.<idx>.…``) belongs to this rank's pipeline stage (its specs, and the
+    tied embedding its output layer reuses off the first stage)."""
+    with torch.device("meta"):
+        prefixes = tuple(f"sequential.{name}." for name, _ in InferenceStage(cfg).sequential.named_children())
+    return lambda key: key.startswith(prefixes)
+
+
 def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
     """Start the process groups (as training does), build this rank's stage (in ``inference_dtype``) and load its
     weights."""
@@ -46,15 +55,13 @@ def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
 
     initialize_megatron(args)
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    sd, ckpt_cfg, tag = load_checkpoint_for_inference(args)
+    # this rank reads and merges only its stage's tensors, never the whole model
+    sd, ckpt_cfg, tag = load_checkpoint_for_inference(args, keep_for=stage_key_filter)
     args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
     dtype = inference_dtype(args, ckpt_cfg)
     cfg = ckpt_cfg.replace(params_dtype=dtype)
     stage = InferenceStage(cfg)
-    prefixes = tuple(f"sequential.{name}." for name, _ in stage.sequential.named_children())
-    local = {k: v for k, v in sd.items() if k.startswith(prefixes)}
-    del sd
-    shards = shard_state_dict(local, cfg, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())
+    shards = shard_state_dict(sd, cfg, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())
     missing, unexpected = stage.load_state_dict({k: v.to(dtype) for k, v in shards.items()}, strict=False)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:

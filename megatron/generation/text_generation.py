@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,11 +24,14 @@ from megatron.neox_arguments.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
-def load_checkpoint_for_inference(args: Any) -> tuple[dict[str, torch.Tensor], Any, str]:
+def load_checkpoint_for_inference(
+    args: Any, keep_for: Callable[[Any], Callable[[str], bool]] | None = None
+) -> tuple[dict[str, torch.Tensor], Any, str]:
     """``(full state dict, GPTModelConfig, tag)`` of the checkpoint in ``load``, whatever its TP/PP/ZeRO layout.
 
     Uses ``megatron.checkpoint.reader`` (TP shards merged, pipeline layer files renamed to the sequential model's
-    names, ZeRO-3 fp32 shards gathered); the vocabulary padding comes from the checkpoint.
+    names, ZeRO-3 fp32 shards gathered); the vocabulary padding comes from the checkpoint. ``keep_for``: see
+    :func:`megatron.checkpoint.reader.read_checkpoint` (read only part of the model).
     """
     from megatron.checkpoint.reader import read_checkpoint
 
@@ -35,7 +39,7 @@ def load_checkpoint_for_inference(args: Any) -> tuple[dict[str, torch.Tensor], A
     load = values.get("save") if values.get("load") == "auto" else values.get("load")
     if not load:
         raise ConfigError("load: generation needs the checkpoint directory to load")
-    ckpt = read_checkpoint(load, args=args, iteration=getattr(args, "iteration", None))
+    ckpt = read_checkpoint(load, args=args, iteration=getattr(args, "iteration", None), keep_for=keep_for)
     return ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
 
 
