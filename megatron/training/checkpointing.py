@@ -327,13 +327,17 @@ def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
 def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
     """Load the checkpoint's optimizer state into a run of another DP size or ZeRO stage (optimizer_carry)."""
     from megatron import mpu
+    from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT as HINT
     from megatron.checkpoint.optimizer_carry import carry_optimizer_state
     from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.reshard import gather_full_optimizer_state
 
     with safe_loading():
         ckpt = read_checkpoint(directory, args=args)
-        full, _ = gather_full_optimizer_state(ckpt)
+        try:
+            full, _ = gather_full_optimizer_state(ckpt)
+        except CheckpointError as e:
+            raise CheckpointError(f"the optimizer state of {directory} cannot be carried over ({e}); {HINT}") from None
     tp = mpu.get_model_parallel_world_size()
     carry_optimizer_state(engine, full, ckpt.cfg, tp, mpu.get_model_parallel_rank(), 0, 0)
     if _rank() == 0:
