@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.layout import CheckpointError, detect_layout
 from megatron.checkpoint.optimizer_state import FullOptimizerState, scatter_optimizer_state
 from megatron.checkpoint.rules import split_tensor
 from megatron.checkpoint.zero_state import ZERO_OPTIM_RE, full_param_name
@@ -148,8 +148,6 @@ NO_LOAD_OPTIM_HINT = (
 def _source_kind(directory: Path) -> tuple[str, int | None]:
     """(``"zero3"``, ``"bf16"``, ``"zero12"``, ``"torch"`` or ``"wrapped"``, the DP size of its shards) of a
     checkpoint's optimizer state; ``("none", None)`` when it holds none (a converted HF model, a weights-only copy)."""
-    from megatron.checkpoint.layout import detect_layout
-
     zero3 = detect_layout(directory).zero3_files
     if zero3:
         return "zero3", sum(p.name.endswith("_optim_states.pt") for p in next(iter(zero3.values())))
@@ -183,6 +181,18 @@ def load_mode(engine: Any, directory: Path, *, weights_only_copy: bool) -> str:
     source, src_dp = _source_kind(directory)
     target = _target_kind(engine)
     carriable = ("zero3", "bf16", "zero12", "torch")
+    if target == "zero3" and source != "zero3":
+        raise CheckpointError(
+            f"{shown} is not in ZeRO-3 form at this layout (a ZeRO-3 engine reads its weights only from ZeRO-3 "
+            "shards of its own tensor-parallel size): resume with ZeRO stage 0-2 at this layout (the optimizer state "
+            "is carried over), or with ZeRO-3 at the layout that wrote it"
+        )
+    if target == "zero3" and source == "zero3" and src_dp != dp and detect_layout(directory).tp > 1:
+        raise CheckpointError(
+            f"{shown}: a ZeRO-3 run of another data-parallel size reads the weights through DeepSpeed's zero_to_fp32, "
+            "which consolidates one model-parallel rank only: resume this tp > 1 checkpoint with ZeRO stage 0-2 "
+            "(the optimizer state is carried over), or with the data-parallel size that wrote it"
+        )
     if source == "none" or (source == target and src_dp in (None, dp)):
         return "native"  # no state (DeepSpeed starts fresh), or the form and DP size DeepSpeed itself reads
     if source == "wrapped" and target not in carriable:

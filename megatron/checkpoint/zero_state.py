@@ -97,12 +97,9 @@ def gather_zero_optimizer_state(
         tp_rank = mp % tp  # mp_rank = stage·tp + TP rank
         optim_states = [load_torch(path).get("optimizer_state_dict") or {} for path in paths]
         stages = {int(osd.get("zero_stage", 0)) for osd in optim_states}
-        if stages == {3}:
-            states, hparams = zero3_rank_state(optim_states, paths)
-        elif stages <= {1, 2}:
-            states, hparams = _zero12_rank_state(optim_states, paths)
-        else:
-            raise CheckpointError(f"{paths[0].name}: ZeRO optimizer shards of stage(s) {sorted(stages)}")
+        # the bf16 optimizer records stage 0 or 1; its shards have the ZeRO-1/2 form
+        read = zero3_rank_state if stages == {3} else _zero12_rank_state
+        states, hparams = read(optim_states, paths)
         for group in hparams:
             decay = float(group.get("weight_decay") or 0.0)
             group_decays.append(decay)

@@ -17,6 +17,7 @@ missing folder is an error unless it is ``save`` or ``auto`` (auto-resume).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,6 +25,8 @@ import os
 import pickle
 import random
 import re
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,6 +348,21 @@ def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
                     int(engine.zero_optimization_stage()), mpu.get_data_parallel_world_size())  # fmt: skip
 
 
+@contextlib.contextmanager
+def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: bool) -> Iterator[str]:
+    """The folder to hand DeepSpeed: a ZeRO-3 engine that loads no optimizer state reads the weights with
+    ``zero_to_fp32`` from the tag named by ``<root>/latest``, whatever ``tag`` says; a scratch folder whose
+    ``latest`` names ``tag`` (a link to the real one) makes it read the requested checkpoint."""
+    stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+    if stage < 3 or load_optimizer_states:
+        yield root
+        return
+    with tempfile.TemporaryDirectory(prefix="neox-zero3-load-") as scratch:
+        (Path(scratch) / tag).symlink_to(Path(root, tag).resolve())
+        (Path(scratch) / "latest").write_text(tag)
+        yield scratch
+
+
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
     """The model-shape args stored in the checkpoint must equal the config's."""
     bad = [
@@ -393,12 +411,17 @@ def load_checkpoint(
         carry = load_mode(engine, Path(root) / tag, weights_only_copy=dropped) == "carry"
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
+    load_optim = not (weights_only or optimizer_missing or carry)
     try:
-        with safe_loading(), row_biases_on_disk(engine.module, bias_layout, tp):
+        with (
+            safe_loading(),
+            row_biases_on_disk(engine.module, bias_layout, tp),
+            _zero3_tag_view(engine, root, tag, load_optim) as load_root,
+        ):
             path, client = engine.load_checkpoint(
-                root,
+                load_root,
                 tag=tag,
-                load_optimizer_states=not (weights_only or optimizer_missing or carry),
+                load_optimizer_states=load_optim,
                 load_lr_scheduler_states=not weights_only,
                 load_module_only=weights_only,
                 # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
@@ -412,6 +435,7 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
     if path is None or client is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
+    path = str(Path(root) / tag / Path(path).name) if load_root != root else path
     if carry:
         _carry_optimizer_state(engine, Path(root) / tag, args)
     saved_args = dict(client.get("args", {}))
