@@ -14,7 +14,10 @@ import yaml
 
 from megatron.checkpoint import cli, read_checkpoint
 from megatron.checkpoint.bias_layout import ROW_BIAS_MODULES
+from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.reader import zero3_state_dict
 from megatron.checkpoint.safe_load import safe_torch_load
+from megatron.checkpoint.zero3_state import MASTER_KEY, zero3_rank_state
 from megatron.model import build_sequential_model
 from tests.distributed.fns_ckpt import train_then_logits
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_each, run_pretrain_many, tiny_config
@@ -230,6 +233,15 @@ def test_zero_checkpoints_tp2_dp2_convert_and_reshard(
     model.load_state_dict(ckpt.state_dict, strict=True)
     with torch.no_grad():
         assert (model(text[:, :-1]) - ours[0]).abs().max().item() <= TOL
+    for mp, files in ckpt.layout.zero3_files.items():  # the partition layout: fp32 master == zero_to_fp32's weights
+        optim = [p for p in files if p.name.endswith("_optim_states.pt")]
+        states, _ = zero3_rank_state([safe_torch_load(p)["optimizer_state_dict"] for p in optim], optim)
+        weights = zero3_state_dict(files)
+        assert len(optim) == 2 and set(states) == set(weights), mp
+        assert all(torch.equal(states[k][MASTER_KEY].view(v.shape), v) for k, v in weights.items())
+        assert all(states[k]["exp_avg"].abs().sum() > 0 for k in weights)
+    with pytest.raises(CheckpointError, match="not a ZeRO-3 optimizer shard of 1 data-parallel ranks"):
+        zero3_rank_state([safe_torch_load(optim[0])["optimizer_state_dict"]], optim[:1])
     reshard = _tool("reshard_checkpoint")
     argv = ["--input_dir", str(tmp_path / "z3"), "--output_dir", str(tmp_path / "flat"), "--tp", "1", "--pp", "0"]
     assert cli.run(lambda: reshard.main(argv)) == 0  # the ZeRO-3 optimizer state comes along (ZeRO-0 form)
