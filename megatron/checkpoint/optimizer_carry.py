@@ -1,12 +1,13 @@
-"""Carry optimizer state into a run whose data-parallel size or ZeRO stage differs from the checkpoint's.
+"""Carry optimizer state into a run whose data-parallel size, ZeRO stage or optimizer kind differs from the
+checkpoint's.
 
-DeepSpeed loads ZeRO-1/2 optimizer shards only into the DP size that wrote them, and a ZeRO-1/2 engine cannot
-read the ZeRO-0 form that resharding writes. Here the checkpoint's state is gathered per parameter (ZeRO-0 torch
-state, ZeRO-1/2 fp32 shards,
-ZeRO-3 and bf16-optimizer shards, :func:`megatron.checkpoint.reshard.gather_full_optimizer_state`), split for
-this rank's TP shard, and written into the running optimizer: for ZeRO-1/2, ZeRO-3 and the bf16 optimizer into this
-DP rank's flat fp32 partitions, for ZeRO-0 as a torch state dict. Other optimizer wrappers (e.g. DeepSpeed's fp16
-optimizer) are refused with a pointer to ``no_load_optim``.
+DeepSpeed loads ZeRO optimizer shards only into the DP size and optimizer kind that wrote them, and a ZeRO-1/2/3 or
+bf16 engine cannot read the ZeRO-0 form that resharding writes. Here the checkpoint's state is gathered per
+parameter (ZeRO-0 torch state, ZeRO-1/2/3 or bf16-optimizer shards,
+:func:`megatron.checkpoint.reshard.gather_full_optimizer_state`), split for this rank's TP shard, and written into
+the running optimizer: for ZeRO-1/2, ZeRO-3 and the bf16 optimizer into this DP rank's flat fp32 partitions, for
+ZeRO-0 as a torch state dict. Other optimizer wrappers (DeepSpeed's ZeRO-0 fp16/bf16 optimizer) are refused with a
+pointer to ``no_load_optim``.
 """
 
 from __future__ import annotations
@@ -58,11 +59,6 @@ def _flat_groups(opt: Any) -> tuple[list[torch.Tensor], list[list[torch.nn.Param
     if hasattr(opt, "single_partition_of_fp32_groups") and hasattr(opt, "bit16_groups"):  # ZeRO-1/2
         return opt.single_partition_of_fp32_groups, opt.bit16_groups
     return None
-
-
-def can_carry_into(opt: Any) -> bool:
-    """Whether :func:`carry_optimizer_state` can write into the engine optimizer ``opt``."""
-    return _flat_groups(opt) is not None or isinstance(opt, torch.optim.Optimizer)
 
 
 def _zero3_piece(opt: Any, lp: Any, group: int, value: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -174,8 +170,8 @@ def load_mode(engine: Any, directory: Path, *, weights_only_copy: bool) -> str:
     shown = directory.parent.parent if ".resharded" in str(directory) else directory
     if weights_only_copy:
         raise CheckpointError(
-            f"the optimizer state of {shown} could not be gathered per parameter for this layout (the warning "
-            f"logged when it was resharded says why); {NO_LOAD_OPTIM_HINT}"
+            f"the optimizer state of {shown} could not be gathered per parameter for this layout (e.g. DeepSpeed's "
+            f"ZeRO-0 fp16/bf16 optimizer state; the warning logged when the copy was written says why); {NO_LOAD_OPTIM_HINT}"
         )
     dp = int(getattr(engine, "seq_dp_world_size", None) or getattr(engine, "dp_world_size", 1) or 1)
     source, src_dp = _source_kind(directory)
@@ -199,8 +195,8 @@ def load_mode(engine: Any, directory: Path, *, weights_only_copy: bool) -> str:
         return "native"  # a ZeRO-0 fp16/bf16 wrapper's state (not per-DP-rank): DeepSpeed reads it
     if source == "wrapped":
         raise CheckpointError(
-            f"{shown} holds the optimizer state of a DeepSpeed fp16/bf16 ZeRO-0 optimizer, which cannot be carried "
-            f"into this run's ZeRO stage {getattr(engine, 'zero_optimization_stage', lambda: 0)()}; {NO_LOAD_OPTIM_HINT}"
+            f"{shown} holds the optimizer state of DeepSpeed's ZeRO-0 fp16/bf16 optimizer, which cannot be carried "
+            f"into this run's {target} optimizer; {NO_LOAD_OPTIM_HINT}"
         )
     if target not in carriable:
         raise CheckpointError(

@@ -92,7 +92,7 @@ def _optimizer_fn(
     except CheckpointError as e:
         return None, f"optimizer state not resharded ({e}); the output is weights-only"
     note = (
-        "ZeRO optimizer state written in ZeRO-0 form (a ZeRO-1/2/3 or bf16 run carries it over on load)"
+        "ZeRO optimizer state written in ZeRO-0 form (a ZeRO-1/2 or bf16 run carries it over on load)"
         if from_zero
         else ""
     )
