@@ -75,8 +75,20 @@ def kill_tree(pid: int) -> None:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, results: Any, log_dir: str
+    rank: int,
+    world: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
+    log_dir: str,
+    parent: tuple[dict[str, str], str],
 ) -> None:
+    # A forked rank starts with the fork server's environment and directory: take the caller's, as spawn would.
+    parent_env, parent_cwd = parent
+    os.environ.clear()
+    os.environ.update(parent_env)
+    os.chdir(parent_cwd)
     env = {
         **BASE_ENV,
         "MASTER_ADDR": "127.0.0.1",
@@ -119,6 +131,16 @@ def _rank_main(
         shutdown_and_exit(code)
 
 
+def _rank_context() -> Any:
+    """Ranks fork from a server that has imported torch, DeepSpeed and the project but never ran a torch op
+    (:mod:`tests.rank_preload`); pytest itself is never forked. ``NEOX_TEST_SPAWN=1`` spawns fresh interpreters."""
+    if os.environ.get("NEOX_TEST_SPAWN") == "1":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.rank_preload"])
+    return ctx
+
+
 def _rank_logs(log_dir: str, world: int) -> str:
     parts = []
     for rank in range(world):
@@ -130,13 +152,17 @@ def _rank_logs(log_dir: str, world: int) -> str:
 
 def run_distributed(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 180) -> list[Any]:
     """Run ``fn(*args)`` on ``world`` gloo ranks; return the per-rank results in rank order."""
-    ctx = mp.get_context("spawn")  # never fork a process that imported torch
+    ctx = _rank_context()
     results = ctx.Queue()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="neox-dist-") as log_dir:
         # not daemonic: a rank may start DataLoader workers; the `finally` below kills whatever is left
         procs = [
-            ctx.Process(target=_rank_main, args=(r, world, port, fn, args, results, log_dir), daemon=False)
+            ctx.Process(
+                target=_rank_main,
+                args=(r, world, port, fn, args, results, log_dir, (dict(os.environ), os.getcwd())),
+                daemon=False,
+            )
             for r in range(world)
         ]
         for p in procs:
