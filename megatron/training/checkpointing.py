@@ -350,15 +350,27 @@ def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
 
 @contextlib.contextmanager
 def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: bool) -> Iterator[str]:
-    """The folder to hand DeepSpeed: a ZeRO-3 engine that loads no optimizer state reads the weights with
-    ``zero_to_fp32`` from the tag named by ``<root>/latest``, whatever ``tag`` says; a scratch folder whose
-    ``latest`` names ``tag`` (a link to the real one) makes it read the requested checkpoint."""
+    """The folder to hand DeepSpeed. A ZeRO-3 engine that loads no optimizer state reads the weights with
+    ``zero_to_fp32`` from the tag named by ``<root>/latest`` (whatever ``tag`` says), and the client state from
+    ``zero_pp_rank_<its DP rank>_…_model_states.pt`` (absent when the run has more DP ranks than the checkpoint). A
+    scratch folder whose ``latest`` names ``tag`` and whose tag links every file, plus rank 0's model states for the
+    missing DP ranks, makes it read the requested checkpoint."""
     stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
     if stage < 3 or load_optimizer_states:
         yield root
         return
+    source = Path(root, tag).resolve()
+    dp = int(getattr(engine, "dp_world_size", 1) or 1)
     with tempfile.TemporaryDirectory(prefix="neox-zero3-load-") as scratch:
-        (Path(scratch) / tag).symlink_to(Path(root, tag).resolve())
+        view = Path(scratch) / tag
+        view.mkdir()
+        for item in source.iterdir():
+            (view / item.name).symlink_to(item)
+        for first in source.glob("zero_pp_rank_0_mp_rank_*_model_states.pt"):
+            for rank in range(1, dp):
+                name = first.name.replace("zero_pp_rank_0_", f"zero_pp_rank_{rank}_", 1)
+                if not (view / name).exists():
+                    (view / name).symlink_to(first)
         (Path(scratch) / "latest").write_text(tag)
         yield scratch
 

@@ -280,7 +280,8 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
     """ZeRO-1, ZeRO-3 and bf16-optimizer checkpoints of 2 data-parallel ranks resumed on 1 rank (same global batch
     through gradient accumulation). DeepSpeed alone refuses the other DP size; the state is gathered per parameter
     (ZeRO-1/bf16: the shards' fragment maps; ZeRO-3: each parameter cut in two pieces) and written into the new
-    partition (ZeRO-1 also into a ZeRO-0 run). fp32: the next steps' losses equal the uninterrupted 2-rank run's
+    partition (ZeRO-1 also into a ZeRO-0 run; ZeRO-3 also into 3 ranks, where 3 does not divide the parameter sizes
+    and DeepSpeed pads the last piece: that checkpoint's gathered fp32 master equals zero_to_fp32's weights). fp32: the next steps' losses equal the uninterrupted 2-rank run's
     (rel 1e-6). bf16: the fp32 master weights restart from the saved bf16 weights, so within bf16 precision (rel
     1e-3; bf16's epsilon is 4e-3); bf16 is ~50x slow on this CPU, so a hidden-32 model. Without the optimizer
     state the second step differs."""
@@ -288,7 +289,7 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
     zero1, zero3 = {"zero_optimization": {"stage": 1}}, {"zero_optimization": {"stage": 3}}
     bf16 = dict(zero1, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}, hidden_size=32,
                 seq_length=16, max_position_embeddings=16)  # fmt: skip
-    sources = {"z1": zero1, "z3": zero3, "bf": bf16}
+    sources = {"z1": zero1, "z3": dict(zero3, gradient_accumulation_steps=3), "bf": bf16}
     full = dict(zip(sources, run_distributed(
         run_pretrain_many, 2, [tiny_config(data, world=2, **common, **kw, save=str(tmp_path / name))
                                for name, kw in sources.items()], timeout=600,
@@ -300,12 +301,22 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
         "z1": tiny_config(data, **one, **zero1, load=str(tmp_path / "z1")),
         "z1->z0": tiny_config(data, **one, zero_optimization={"stage": 0}, load=str(tmp_path / "z1")),
         "z1 fresh": tiny_config(data, **one, **zero1, load=str(tmp_path / "z1"), no_load_optim=True),
-        "z3": tiny_config(data, **one, **zero3, load=str(tmp_path / "z3")),
+        "z3": tiny_config(data, **{**one, "gradient_accumulation_steps": 6}, **zero3, load=str(tmp_path / "z3")),
         "bf": tiny_config(data, **one, **bf16, load=str(tmp_path / "bf")),
         "bf fresh": tiny_config(data, **one, **bf16, load=str(tmp_path / "bf"), no_load_optim=True),
     }
     got = dict(zip(targets, run_distributed(run_pretrain_each, 1, list(targets.values()), timeout=600)[0]))
-    for name, source in (("z1", "z1"), ("z1->z0", "z1"), ("z3", "z3")):
+    three = dict(one, world=3, gradient_accumulation_steps=2, save=str(tmp_path / "z3-dp3"))
+    got["z3 on 3"] = run_distributed(
+        run_pretrain_each, 3, [tiny_config(data, **three, **zero3, load=str(tmp_path / "z3"))], timeout=600
+    )[0][0]
+    files = read_checkpoint(tmp_path / "z3-dp3").layout.zero3_files[0]
+    optim = [p for p in files if p.name.endswith("_optim_states.pt")]
+    states, _ = zero3_rank_state([safe_torch_load(p)["optimizer_state_dict"] for p in optim], optim)
+    weights = zero3_state_dict(files)
+    assert len(optim) == 3 and any(v.numel() % 3 for v in weights.values())
+    assert all(torch.equal(states[k][MASTER_KEY].view(v.shape), v) for k, v in weights.items())
+    for name, source in (("z1", "z1"), ("z1->z0", "z1"), ("z3", "z3"), ("z3 on 3", "z3")):
         assert got[name][0] == pytest.approx(full[source]["train_losses"][2:], rel=1e-6, abs=1e-6), (name, got)
     assert got["bf"][0] == pytest.approx(full["bf"]["train_losses"][2:], rel=1e-3), got
     for name, factor, tol in (("z1", 100, 1e-4), ("bf", 10, 1e-3)):
