@@ -280,7 +280,7 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
     """ZeRO-1, ZeRO-3 and bf16-optimizer checkpoints of 2 data-parallel ranks resumed on 1 rank (same global batch
     through gradient accumulation). DeepSpeed alone refuses the other DP size; the state is gathered per parameter
     (ZeRO-1/bf16: the shards' fragment maps; ZeRO-3: each parameter cut in two pieces) and written into the new
-    partition (ZeRO-1 also into a ZeRO-0 run; ZeRO-3 also into 3 ranks, where 3 does not divide the parameter sizes
+    partition (ZeRO-1 also into a ZeRO-0 run; ZeRO-3 also into a ZeRO-1 run and into 3 ranks, where 3 does not divide the parameter sizes
     and DeepSpeed pads the last piece: that checkpoint's gathered fp32 master equals zero_to_fp32's weights). fp32: the next steps' losses equal the uninterrupted 2-rank run's
     (rel 1e-6). bf16: the fp32 master weights restart from the saved bf16 weights, so within bf16 precision (rel
     1e-3; bf16's epsilon is 4e-3); bf16 is ~50x slow on this CPU, so a hidden-32 model. Without the optimizer
@@ -302,6 +302,8 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
         "z1->z0": tiny_config(data, **one, zero_optimization={"stage": 0}, load=str(tmp_path / "z1")),
         "z1 fresh": tiny_config(data, **one, **zero1, load=str(tmp_path / "z1"), no_load_optim=True),
         "z3": tiny_config(data, **{**one, "gradient_accumulation_steps": 6}, **zero3, load=str(tmp_path / "z3")),
+        # ZeRO-3 into ZeRO-1: DeepSpeed reads no weights from ZeRO-3 shards there, so the load rewrites them first
+        "z3->z1": tiny_config(data, **{**one, "gradient_accumulation_steps": 6}, **zero1, load=str(tmp_path / "z3")),
         "bf": tiny_config(data, **one, **bf16, load=str(tmp_path / "bf")),
         "bf fresh": tiny_config(data, **one, **bf16, load=str(tmp_path / "bf"), no_load_optim=True),
     }
@@ -316,7 +318,7 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
     weights = zero3_state_dict(files)
     assert len(optim) == 3 and any(v.numel() % 3 for v in weights.values())
     assert all(torch.equal(states[k][MASTER_KEY].view(v.shape), v) for k, v in weights.items())
-    for name, source in (("z1", "z1"), ("z1->z0", "z1"), ("z3", "z3"), ("z3 on 3", "z3")):
+    for name, source in (("z1", "z1"), ("z1->z0", "z1"), ("z3", "z3"), ("z3->z1", "z3"), ("z3 on 3", "z3")):
         assert got[name][0] == pytest.approx(full[source]["train_losses"][2:], rel=1e-6, abs=1e-6), (name, got)
     assert got["bf"][0] == pytest.approx(full["bf"]["train_losses"][2:], rel=1e-3), got
     for name, factor, tol in (("z1", 100, 1e-4), ("bf", 10, 1e-3)):
