@@ -183,12 +183,6 @@ def load_mode(engine: Any, directory: Path, *, weights_only_copy: bool) -> str:
             "shards of its own tensor-parallel size): resume with ZeRO stage 0-2 at this layout (the optimizer state "
             "is carried over), or with ZeRO-3 at the layout that wrote it"
         )
-    if target == "zero3" and source == "zero3" and src_dp != dp and detect_layout(directory).tp > 1:
-        raise CheckpointError(
-            f"{shown}: a ZeRO-3 run of another data-parallel size reads the weights through DeepSpeed's zero_to_fp32, "
-            "which consolidates one model-parallel rank only: resume this tp > 1 checkpoint with ZeRO stage 0-2 "
-            "(the optimizer state is carried over), or with the data-parallel size that wrote it"
-        )
     if source == "none" or (source == target and src_dp in (None, dp)):
         return "native"  # no state (DeepSpeed starts fresh), or the form and DP size DeepSpeed itself reads
     if source == "wrapped" and target not in carriable:

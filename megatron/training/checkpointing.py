@@ -351,10 +351,11 @@ def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
 @contextlib.contextmanager
 def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: bool) -> Iterator[str]:
     """The folder to hand DeepSpeed. A ZeRO-3 engine that loads no optimizer state reads the weights with
-    ``zero_to_fp32`` from the tag named by ``<root>/latest`` (whatever ``tag`` says), and the client state from
-    ``zero_pp_rank_<its DP rank>_…_model_states.pt`` (absent when the run has more DP ranks than the checkpoint). A
-    scratch folder whose ``latest`` names ``tag`` and whose tag links every file, plus rank 0's model states for the
-    missing DP ranks, makes it read the requested checkpoint."""
+    ``zero_to_fp32`` from the tag named by ``<root>/latest`` (whatever ``tag`` says) and from the shards of every
+    model-parallel rank at once, and the client state from ``zero_pp_rank_<its DP rank>_…_model_states.pt`` (absent
+    when the run has more DP ranks than the checkpoint). A scratch folder whose ``latest`` names ``tag`` and whose
+    tag links this MP rank's optimizer shards and the other files, plus rank 0's model states for the missing DP ranks, makes
+    it read the requested checkpoint."""
     stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
     if stage < 3 or load_optimizer_states:
         yield root
@@ -364,9 +365,15 @@ def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: boo
     with tempfile.TemporaryDirectory(prefix="neox-zero3-load-") as scratch:
         view = Path(scratch) / tag
         view.mkdir()
+        from megatron import mpu
+        from megatron.checkpoint.layout import ZERO3_RE
+
+        mp_rank = mpu.get_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
         for item in source.iterdir():
-            (view / item.name).symlink_to(item)
-        for first in source.glob("zero_pp_rank_0_mp_rank_*_model_states.pt"):
+            m = ZERO3_RE.match(item.name)
+            if m is None or m.group(3) == "model" or int(m.group(2)) == mp_rank:  # DeepSpeed counts model files
+                (view / item.name).symlink_to(item)
+        for first in source.glob(f"zero_pp_rank_0_mp_rank_{mp_rank:02d}_model_states.pt"):
             for rank in range(1, dp):
                 name = first.name.replace("zero_pp_rank_0_", f"zero_pp_rank_{rank}_", 1)
                 if not (view / name).exists():

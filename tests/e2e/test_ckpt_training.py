@@ -214,8 +214,10 @@ def test_reshard_2x2_to_1x1_to_2x1_continues_with_the_same_losses(data: dict[str
 def test_zero_checkpoints_tp2_dp2_convert_and_reshard(
     data: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """ZeRO-3: weights read per TP rank from the partitioned shards. ZeRO-1: the optimizer state is gathered from
-    the DP shards, so a tp=1 ZeRO-0 run resumed from the resharded copy continues with the original losses."""
+    """ZeRO-3: weights read per TP rank from the partitioned shards, the optimizer state resharded along; at the
+    same TP=2 on one DP rank its state is carried into ZeRO-3 and ZeRO-1 alike (losses agree to rel 1e-5). ZeRO-1:
+    the optimizer state is gathered from the DP shards, so a tp=1 ZeRO-0 run resumed from the resharded copy
+    continues with the original losses."""
     text = torch.randint(0, 500, (2, 17), generator=torch.Generator().manual_seed(1))
     common = dict(world=4, model_parallel_size=2, pipe_parallel_size=0, checkpoint_factor=2, gradient_clipping=0.0)
     zero3 = tiny_config(data, **common, train_iters=2, eval_iters=1, zero_optimization={"stage": 3},
@@ -256,7 +258,10 @@ def test_zero_checkpoints_tp2_dp2_convert_and_reshard(
     argv = ["--input_dir", str(tmp_path / "z1"), "--output_dir", str(tmp_path / "z1-tp1"), "--tp", "1", "--pp", "0"]
     assert cli.run(lambda: reshard.main([*argv, "--iteration", "2"])) == 0
     assert not read_checkpoint(tmp_path / "z1-tp1").client_state["weights_only"]
-    resumed, zero3_at_tp1 = run_distributed(
+    z3_tp2 = dict(world=2, model_parallel_size=2, train_iters=4, eval_iters=0, gradient_clipping=0.0,
+                  gradient_accumulation_steps=2, load=str(tmp_path / "z3"), use_checkpoint_lr_scheduler=True,
+                  **NEOX_STYLE)  # fmt: skip
+    resumed, zero3_at_tp1, zero3_dp1, zero1_dp1 = run_distributed(
         run_pretrain_each,
         2,
         [
@@ -266,12 +271,16 @@ def test_zero_checkpoints_tp2_dp2_convert_and_reshard(
             # a ZeRO-3 checkpoint at another TP is resharded into ZeRO-0 form, which a ZeRO-3 engine cannot read
             tiny_config(data, world=2, train_iters=4, load=str(tmp_path / "z3"), zero_optimization={"stage": 3},
                         **NEOX_STYLE),
+            # the same TP on 1 DP rank: ZeRO-3 shards of TP rank 1 carried into ZeRO-3, and (rewritten) into ZeRO-1
+            tiny_config(data, **z3_tp2, zero_optimization={"stage": 3}),
+            tiny_config(data, **z3_tp2, zero_optimization={"stage": 1}),
         ],
         timeout=600,
     )[0]  # fmt: skip
     assert resumed[0] == pytest.approx(full["train_losses"][2:], rel=1e-5, abs=1e-6), resumed
     assert "CheckpointError" in zero3_at_tp1 and "is not in ZeRO-3 form at this layout" in zero3_at_tp1
     assert "resume with ZeRO stage 0-2 at this layout" in zero3_at_tp1
+    assert len(zero3_dp1[0]) == 2 and zero3_dp1[0] == pytest.approx(zero1_dp1[0], rel=1e-5), (zero3_dp1, zero1_dp1)
 
 
 def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_state(
@@ -280,9 +289,9 @@ def test_zero_1_3_and_bf16_two_ranks_resume_on_one_rank_carry_the_optimizer_stat
     """ZeRO-1, ZeRO-3 and bf16-optimizer checkpoints of 2 data-parallel ranks resumed on 1 rank (same global batch
     through gradient accumulation). DeepSpeed alone refuses the other DP size; the state is gathered per parameter
     (ZeRO-1/bf16: the shards' fragment maps; ZeRO-3: each parameter cut in two pieces) and written into the new
-    partition (ZeRO-1 also into a ZeRO-0 run; ZeRO-3 also into a ZeRO-1 run and into 3 ranks, where 3 does not divide the parameter sizes
-    and DeepSpeed pads the last piece: that checkpoint's gathered fp32 master equals zero_to_fp32's weights). fp32: the next steps' losses equal the uninterrupted 2-rank run's
-    (rel 1e-6). bf16: the fp32 master weights restart from the saved bf16 weights, so within bf16 precision (rel
+    partition (ZeRO-1 also into a ZeRO-0 run; ZeRO-3 also into a ZeRO-1 run and into 3 ranks, where 3 does not
+    divide the parameter sizes and DeepSpeed pads the last piece: that checkpoint's gathered fp32 master equals
+    zero_to_fp32's weights). fp32: the next steps' losses equal the uninterrupted 2-rank run's (rel 1e-6). bf16: the fp32 master weights restart from the saved bf16 weights, so within bf16 precision (rel
     1e-3; bf16's epsilon is 4e-3); bf16 is ~50x slow on this CPU, so a hidden-32 model. Without the optimizer
     state the second step differs."""
     common = dict(train_iters=4, eval_iters=0, gradient_clipping=0.0, checkpoint_factor=2)
