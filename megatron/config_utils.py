@@ -3,13 +3,47 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 from typing import Any
+
+
+@functools.cache
+def _schema_keys() -> frozenset[str]:
+    # Imported on first use: the config layer's validate.py imports module configs (post_training), whose module
+    # imports this one, so a top-level import would be a cycle.
+    from megatron.neox_arguments import KNOWN_KEYS
+
+    return frozenset(KNOWN_KEYS)
+
+
+def not_neox_keys(cls: type) -> tuple[str, ...]:
+    """Fields of the module config ``cls`` that are not NeoX config keys (its ``NOT_NEOX_KEYS`` class variable)."""
+    return tuple(getattr(cls, "NOT_NEOX_KEYS", ()))
+
+
+def check_neox_field_names(cls: type) -> None:
+    """Raise ``TypeError`` unless every field of the dataclass ``cls`` is a NeoX config key or in ``NOT_NEOX_KEYS``.
+
+    A module config reads its fields under the schema's names, so a field name that is not a key (a typo, a key
+    renamed in the schema) would otherwise always keep the module's own default without a word.
+    """
+    keys, not_keys = _schema_keys(), not_neox_keys(cls)
+    wrong = [f.name for f in dataclasses.fields(cls) if f.name not in keys and f.name not in not_keys]
+    if wrong:
+        hints = [
+            f"{name} (closest key: {', '.join(difflib.get_close_matches(name, keys, 2)) or 'none'})" for name in wrong
+        ]
+        raise TypeError(f"{cls.__name__}: fields that are not NeoX config keys: {'; '.join(hints)}")
 
 
 def neox_overrides(cls: type, args: Any) -> dict[str, Any]:
     """The fields of the dataclass ``cls`` that ``args`` sets under the same (GPT-NeoX) names.
 
-    ``None`` or a missing attribute counts as unset, so ``cls(**neox_overrides(cls, args))`` keeps the dataclass's
-    own defaults for those fields.
+    Every field must be a NeoX config key (see :func:`check_neox_field_names`) except ``NOT_NEOX_KEYS``, which are
+    not read. ``None`` or a missing attribute counts as unset, so ``cls(**neox_overrides(cls, args))`` keeps the
+    dataclass's own defaults for those fields (which equal the schema's, tests/unit/test_module_configs.py).
     """
-    return {f.name: value for f in dataclasses.fields(cls) if (value := getattr(args, f.name, None)) is not None}
+    check_neox_field_names(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in not_neox_keys(cls)]
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}

@@ -24,7 +24,7 @@ class InitConfig:
     model_parallel_size: int = 1
     pipe_parallel_size: int = 0
     fp32_allreduce: bool = False
-    distributed_backend: str | None = None
+    distributed_backend: str = "nccl"  # GPT-NeoX's default; gloo is used instead on CPU
 
     @classmethod
     def from_neox_args(cls, args: Any) -> InitConfig:
@@ -61,7 +61,7 @@ def initialize_megatron(args: Any) -> InitConfig:
     backend = cfg.distributed_backend
     from megatron.distributed import on_cpu
 
-    if on_cpu() and backend not in (None, "gloo"):
+    if on_cpu() and backend != "gloo":
         logger.info("distributed_backend %s is not available on CPU: using gloo", backend)
         backend = "gloo"
     init_distributed(backend)

@@ -127,14 +127,12 @@ def plan_load_for_engine(
     engine: Any, root: str | Path, tag: str, *, args: Any, padded_vocab_size: int | None
 ) -> LoadPlan:
     """:func:`plan_load` for a DeepSpeed ``engine`` of this run (layout from ``megatron.mpu`` and the module type)."""
-    import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
 
     from megatron import mpu
 
     tp = mpu.get_model_parallel_world_size()
     pp = mpu.get_pipe_parallel_world_size() if isinstance(getattr(engine, "module", None), PipelineModule) else 0
-    initialized = dist.is_available() and dist.is_initialized()
     return plan_load(
         root,
         tag,
@@ -142,7 +140,7 @@ def plan_load_for_engine(
         pp=pp,
         args=args,
         padded_vocab_size=padded_vocab_size,
-        is_writer=(dist.get_rank() if initialized else 0) == 0,
-        barrier=dist.barrier if initialized else (lambda: None),
+        is_writer=mpu.world_rank() == 0,
+        barrier=mpu.barrier,
         reads_zero3=int(engine.zero_optimization_stage()) >= 3 if hasattr(engine, "zero_optimization_stage") else False,
     )

@@ -11,11 +11,12 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from megatron.config_utils import check_neox_field_names
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
 from megatron.data.indexed_dataset import make_dataset
@@ -61,9 +62,14 @@ class DataConfig:
     use_shared_fs: bool = True
     num_workers: int = 2
 
+    # not config keys: micro_batch_size is train_micro_batch_size_per_gpu; label_data_paths (labels for data_path)
+    # and weighted_document_limit are set only by code that builds a DataConfig itself
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("micro_batch_size", "label_data_paths", "weighted_document_limit")
+
     @classmethod
     def from_neox_args(cls, args: Any) -> DataConfig:
         """Read the flat GPT-NeoX attribute names (``batch_size`` = micro batch per GPU) with getattr."""
+        check_neox_field_names(cls)
         micro = getattr(args, "train_micro_batch_size_per_gpu", None) or getattr(args, "batch_size", None)
         kwargs: dict[str, Any] = {
             "seq_length": args.seq_length,
@@ -71,7 +77,7 @@ class DataConfig:
             "micro_batch_size": micro,
         }
         for name, field in cls.__dataclass_fields__.items():
-            if name in kwargs:
+            if name in kwargs or name in cls.NOT_NEOX_KEYS:
                 continue
             value = getattr(args, name, None)
             if value is not None:

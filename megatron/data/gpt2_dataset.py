@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron import mpu
 from megatron.data import index_maps
 from megatron.errors import DataError
 
@@ -46,15 +47,11 @@ def index_map_paths(
     return {key: f"{base}_{key}.npy" for key in MAP_NAMES}
 
 
-def _dist_ready() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 def _should_build(use_shared_fs: bool) -> bool:
-    if not _dist_ready():
+    if not mpu.is_distributed():
         return True
     if use_shared_fs:
-        return torch.distributed.get_rank() == 0
+        return mpu.world_rank() == 0
     return int(os.environ.get("LOCAL_RANK", "0")) == 0
 
 
@@ -101,8 +98,8 @@ def load_or_build_index_maps(
         logger.info("built %s index maps in %.2f s", name, time.perf_counter() - start)
     if barrier is not None:
         barrier()
-    elif _dist_ready():
-        torch.distributed.barrier()
+    else:
+        mpu.barrier()
     for path in paths.values():
         if not os.path.isfile(path):
             raise FileNotFoundError(

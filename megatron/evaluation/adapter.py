@@ -20,6 +20,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
+from megatron import mpu
 from megatron.generation.api import generate_samples_from_prompt
 from megatron.generation.sampling import ForwardFn, SamplingConfig
 
@@ -32,12 +33,10 @@ class DataParallelSplit:
     """Row slices of a batch per data-parallel rank and the all-gather of their results (no-op at dp=1)."""
 
     def __init__(self, group: Any = None) -> None:
-        import torch.distributed as dist
-
         self.group = group
-        self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-        self.rank = dist.get_rank(group) if self.active else 0
-        self.size = dist.get_world_size(group) if self.active else 1
+        self.active = mpu.group_size(group) > 1
+        self.rank = mpu.group_rank(group) if self.active else 0
+        self.size = mpu.group_size(group) if self.active else 1
 
     def my_rows(self, n: int) -> range:
         """The contiguous rows ``[start, stop)`` of an ``n``-row batch this rank computes."""
@@ -48,10 +47,7 @@ class DataParallelSplit:
         """Concatenate every rank's results in rank order."""
         if not self.active:
             return mine
-        import torch.distributed as dist
-
-        parts: list[Any] = [None] * self.size
-        dist.all_gather_object(parts, mine, group=self.group)
+        parts = mpu.all_gather_objects(mine, group=self.group)
         return [x for part in parts for x in part]
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from megatron import mpu
 
 
 def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict[str, float]] | None:
@@ -36,8 +37,6 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
     module = engine.module
 
     def logits(tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
-        from megatron import mpu
-
         if pp == 1:  # a one-stage PipelineModule runs every spec on this rank
             b, s = tokens.shape
             positions = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
@@ -52,7 +51,6 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
         return logits(tokens, cache)
 
     def run() -> dict[str, float]:
-        from megatron import mpu
         from megatron.evaluation.adapter import DataParallelSplit, NeoXEvalAdapter
         from megatron.evaluation.runner import flatten_metrics, run_eval_harness
 
@@ -108,8 +106,7 @@ class CharCounter:
     def tokens_per_char(self) -> float:
         """Tokens / characters over every rank's batches (ranks without data add nothing)."""
         counts = torch.tensor([self.tokens, self.chars], dtype=torch.float64)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(counts)
+        mpu.all_reduce_sum(counts)
         return float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -31,6 +31,8 @@ class SamplingConfig:
     seq_length: int = 2048
     stop_tokens: Sequence[int] = ()
     recompute: bool = False
+
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("stop_tokens",)  # callers' stop sequences, not a config key
 
     @classmethod
     def from_neox_args(cls, args: Any) -> SamplingConfig:

@@ -23,7 +23,8 @@ from collections import deque
 
 import psutil
 import torch
-import torch.distributed as dist
+
+from megatron import mpu
 
 ETA_WINDOW = 5  # log intervals
 PER_RANK_LIMIT = 8  # ranks listed one by one (console and metrics); above it, the maximum only
@@ -61,14 +62,10 @@ def memory_stats() -> dict[str, float]:
 def gather_memory() -> list[dict[str, float]]:
     """Every rank's ``memory_stats()`` (a collective: all ranks call it)."""
     local = memory_stats()
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if mpu.world_size() == 1:
         return [local]
     keys = sorted(local)
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    mine = torch.tensor([local[k] for k in keys], dtype=torch.float64, device=device)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
+    parts = mpu.all_gather_tensors(torch.tensor([local[k] for k in keys], dtype=torch.float64))
     return [dict(zip(keys, p.cpu().tolist())) for p in parts]
 
 

@@ -95,11 +95,10 @@ def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> bool:
     configured and checkpoints are kept unpartitioned in memory.
     """
     import deepspeed
-    import torch.distributed as dist
 
     from megatron import mpu
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not mpu.is_distributed():
         logger.debug("torch.distributed is not initialised: DeepSpeed activation checkpointing left unconfigured")
         return False
 

@@ -12,10 +12,11 @@ import logging
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from megatron.config_utils import check_neox_field_names
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
@@ -199,6 +200,10 @@ class GPTModelConfig:
     pipe_partition_method: str = "type:transformer|mlp"
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
+
+    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, and
+    # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels")
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     moe_num_experts: int = 1
     """Experts per MoE layer (1 = dense MLPs everywhere)."""
@@ -392,6 +397,7 @@ class GPTModelConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> GPTModelConfig:
         """Build from any object with GPT-NeoX's flat attribute names (``padded_vocab_size`` must be set)."""
+        check_neox_field_names(cls)
         padded = getattr(args, "padded_vocab_size", None)
         if not padded:
             raise ValueError("padded_vocab_size is not set: build the tokenizer (or pad the vocab) before the model")
@@ -400,7 +406,7 @@ class GPTModelConfig:
             raise ValueError(f"model config is missing required key(s): {', '.join(missing)}")
         kwargs: dict[str, Any] = {"padded_vocab_size": int(padded)}
         for f in dataclasses.fields(cls):
-            if f.name in ("padded_vocab_size", "params_dtype", "fused_kernels", "attention_config", "sparsity_config"):
+            if f.name in ("padded_vocab_size", "attention_config", "sparsity_config") or f.name in cls.NOT_NEOX_KEYS:
                 continue
             value = getattr(args, f.name, None)
             if value is not None:

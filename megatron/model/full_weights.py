@@ -16,7 +16,6 @@ import re
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from megatron import mpu
@@ -114,7 +113,6 @@ def gather_full_state_dict(
     tied = tied_spec_indices(module)
     named = list(module.named_parameters())
     tp = mpu.get_model_parallel_world_size()
-    tp_group = mpu.get_model_parallel_group()
     local: dict[str, torch.Tensor] = {}
     with _zero3_gathered([p for _, p in named]):
         for name, param in named:
@@ -123,15 +121,12 @@ def gather_full_state_dict(
             spec = _partitioning(key, param, cfg) if tp > 1 else None
             if spec is not None:
                 dim, stride, sizes = spec
-                device = mpu.comm_device()
-                shards = [torch.empty_like(tensor, device=device) for _ in range(tp)]
-                dist.all_gather(shards, tensor.to(device).contiguous(), group=tp_group)
+                shards = mpu.all_gather_tensors(tensor, group="model")
                 tensor = mpu.merge_shards([s.cpu() for s in shards], dim, stride=stride, sub_sizes=sizes)
             local.setdefault(key, tensor)
     full = local
     if mpu.get_pipe_parallel_world_size() > 1:
-        stages: list[Any] = [None] * mpu.get_pipe_parallel_world_size()
-        dist.all_gather_object(stages, local, group=mpu.get_pipe_parallel_group())
+        stages: list[Any] = mpu.all_gather_objects(local, group="pipe")
         tied_names = {neox_parameter_name(n, tied) for n in tied_parameter_names(module)}
         full = {}
         # A tied module lives on several stages: its tied weights are kept identical by DeepSpeed (checked here);
@@ -143,8 +138,7 @@ def gather_full_state_dict(
                     diff = (full[key] - tensor).abs().max().item()
                     raise RuntimeError(f"the pipeline stages' copies of tied weight {key} differ (by up to {diff})")
                 full.setdefault(key, tensor)
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if dst is not None and rank != dst:
+    if dst is not None and mpu.world_rank() != dst:
         return None
     return dict(sorted(full.items(), key=lambda kv: _sort_key(kv[0])))
 

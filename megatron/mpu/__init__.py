@@ -1,15 +1,30 @@
 """Model parallelism: topology and process groups, tensor-parallel layers, mappings, RNG, data broadcast.
 
 ``from megatron import mpu``; the module itself is accepted by ``deepspeed.initialize(mpu=mpu)``.
-Only this package touches process groups.
+Only this package (and ``megatron/distributed.py``, process start-up) touches ``torch.distributed``: other code uses
+the collectives of :mod:`megatron.mpu.collectives` (``world_rank``, ``barrier``, ``all_reduce_sum`` …).
 """
 
+from megatron.mpu.collectives import (
+    all_gather_objects,
+    all_gather_tensors,
+    all_reduce,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    group_rank,
+    group_size,
+    is_distributed,
+    resolve_group,
+    world_rank,
+    world_size,
+)
 from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
 from megatron.mpu.data import broadcast_data
 from megatron.mpu.inference_comm import (
     broadcast_from_last_stage,
     broadcast_from_model_parallel_src,
-    broadcast_object,
     is_pipe_first_stage,
     is_pipe_last_stage,
     recv_from_prev_stage,
@@ -73,6 +88,12 @@ __all__ = [
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "VocabUtility",
+    "all_gather_objects",
+    "all_gather_tensors",
+    "all_reduce",
+    "all_reduce_max",
+    "all_reduce_sum",
+    "barrier",
     "broadcast_data",
     "broadcast_from_last_stage",
     "broadcast_from_model_parallel_src",
@@ -109,7 +130,10 @@ __all__ = [
     "get_tensor_model_parallel_src_rank",
     "get_tensor_model_parallel_world_size",
     "get_topology",
+    "group_rank",
+    "group_size",
     "initialize_model_parallel",
+    "is_distributed",
     "is_pipe_first_stage",
     "is_pipe_last_stage",
     "mark_norms_for_sequence_parallel_grad_sync",
@@ -119,6 +143,7 @@ __all__ = [
     "recv_from_prev_stage",
     "reduce_from_model_parallel_region",
     "reduce_scatter_to_sequence_parallel_region",
+    "resolve_group",
     "scatter_to_model_parallel_region",
     "scatter_to_sequence_parallel_region",
     "send_to_next_stage",
@@ -128,4 +153,6 @@ __all__ = [
     "sharded_master_weight",
     "split_tensor_along_last_dim",
     "vocab_parallel_cross_entropy",
+    "world_rank",
+    "world_size",
 ]

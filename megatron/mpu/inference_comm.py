@@ -1,13 +1,11 @@
 """Communication of inference under the training layout: activations between pipeline stages, sampled tokens from
-the last stage, and small Python objects from rank 0.
+the last stage and the TP source rank (small Python objects from rank 0: :func:`megatron.mpu.broadcast_object`).
 
 Every helper is a no-op (returns its input) where the axis it works on has one rank, so the same inference code
 runs on one process and on N ranks.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,12 +69,3 @@ def broadcast_from_model_parallel_src(tensor: torch.Tensor) -> torch.Tensor:
     buffer = tensor.to(comm_device()).contiguous()
     dist.broadcast(buffer, get_model_parallel_src_rank(), group=get_model_parallel_group())
     return buffer.to(tensor.device)
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """A picklable object of global rank ``src`` on every rank (``obj`` is ignored elsewhere)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return obj
-    box = [obj if dist.get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]

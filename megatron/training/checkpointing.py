@@ -33,12 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from megatron import mpu
 from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, stored_layout, written_layout
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
+from megatron.config_utils import check_neox_field_names
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
 
@@ -80,6 +81,7 @@ class CheckpointConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> CheckpointConfig:
         """Read the flat GPT-NeoX attribute names (None means the default)."""
+        check_neox_field_names(cls)
         defaults = cls()
         values = {}
         for name in cls.__dataclass_fields__:
@@ -146,8 +148,6 @@ def list_checkpoints(save_dir: str | Path) -> list[Path]:
 
 def rng_state() -> dict[str, Any]:
     """The RNG states GPT-NeoX saves (python, numpy, torch, accelerator, model-parallel tracker)."""
-    from megatron import mpu
-
     state = {
         "random_rng_state": random.getstate(),
         "np_rng_state": np.random.get_state(),
@@ -160,8 +160,6 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], path: str) -> None:
     """Restore :func:`rng_state` output; a missing key is a clear error."""
-    from megatron import mpu
-
     try:
         random.setstate(state["random_rng_state"])
         np.random.set_state(state["np_rng_state"])
@@ -186,7 +184,7 @@ def _write_configs(directory: Path, config_files: dict[str, str] | None, resolve
 
 def _strip_optimizer_states(directory: Path, zero_stage: int) -> None:
     """``no_save_optim``: drop optimizer state written by this rank (weights stay loadable)."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = mpu.world_rank()
     if zero_stage >= 3:
         logger.warning("no_save_optim is ignored with ZeRO-3: the fp32 weights live in the optimizer shards")
         return
@@ -228,24 +226,21 @@ def save_checkpoint(
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = written_layout(cfg.gpt_j_residual, tp, cfg.zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = mpu.world_rank()
     directory = Path(cfg.save) / commit_lib.partial_tag(tag)
     if rank == 0:
         commit_lib.clean_partials(cfg.save)
-    if dist.is_initialized():
-        dist.barrier()
+    mpu.barrier()
     with row_biases_on_disk(engine.module, bias_layout, tp):
         engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
     if cfg.no_save_optim:
-        if dist.is_initialized():
-            dist.barrier()
+        mpu.barrier()
         _strip_optimizer_states(directory, cfg.zero_stage)
     if rank == 0:
         _write_configs(directory, config_files, resolved_config)
-    if dist.is_initialized():
-        dist.barrier()
+    mpu.barrier()
     if rank == 0:
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        world = mpu.world_size()
         meta = {"tag": tag, "iteration": iteration, "consumed_train_samples": consumed_train_samples}
         meta.update(consumed_valid_samples=consumed_valid_samples, layout=_layout(engine, world))
         meta[ROW_BIAS_KEY] = bias_layout
@@ -253,8 +248,7 @@ def save_checkpoint(
         directory = commit_lib.commit(cfg.save, tag)
         if cfg.keep_last_n_checkpoints is not None:
             delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
-    if dist.is_initialized():
-        dist.barrier()
+    mpu.barrier()
     directory = Path(cfg.save) / tag
     if rank == 0:
         logger.info("saved checkpoint %s at iteration %d", directory, iteration)
@@ -262,8 +256,6 @@ def save_checkpoint(
 
 
 def _layout(engine: Any, world: int) -> dict[str, int]:
-    from megatron import mpu
-
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
     dp = mpu.get_data_parallel_world_size() if mpu.model_parallel_is_initialized() else world
     zero = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
@@ -303,10 +295,6 @@ def verify_manifest(directory: Path, *, checksums: bool = False) -> None:
         raise CheckpointError(f"checkpoint {directory} is incomplete: {problem}")
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
     """``load: auto`` means ``save``; a missing ``load`` folder is an error unless it is ``save`` (auto-resume)."""
     load = cfg.load
@@ -318,7 +306,7 @@ def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
     if Path(load).is_dir():
         return dataclasses.replace(cfg, load=load)
     if cfg.load == AUTO or (cfg.save and Path(load).resolve() == Path(cfg.save).resolve()):
-        if _rank() == 0:
+        if mpu.world_rank() == 0:
             logger.info("auto-resume: %s holds no checkpoint yet, starting from iteration 0", load)
         return dataclasses.replace(cfg, load=None)
     raise CheckpointError(
@@ -329,7 +317,6 @@ def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
 
 def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
     """Load the checkpoint's optimizer state into a run of another DP size or ZeRO stage (optimizer_carry)."""
-    from megatron import mpu
     from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT as HINT
     from megatron.checkpoint.optimizer_carry import carry_optimizer_state
     from megatron.checkpoint.reader import read_checkpoint
@@ -343,7 +330,7 @@ def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
             raise CheckpointError(f"the optimizer state of {directory} cannot be carried over ({e}); {HINT}") from None
     tp = mpu.get_model_parallel_world_size()
     carry_optimizer_state(engine, full, ckpt.cfg, tp, mpu.get_model_parallel_rank(), 0, 0)
-    if _rank() == 0:
+    if mpu.world_rank() == 0:
         logger.info("optimizer state of %s carried over to ZeRO stage %d x %d data-parallel ranks", directory,
                     int(engine.zero_optimization_stage()), mpu.get_data_parallel_world_size())  # fmt: skip
 
@@ -365,7 +352,6 @@ def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: boo
     with tempfile.TemporaryDirectory(prefix="neox-zero3-load-") as scratch:
         view = Path(scratch) / tag
         view.mkdir()
-        from megatron import mpu
         from megatron.checkpoint.layout import ZERO3_RE
 
         mp_rank = mpu.get_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
@@ -406,7 +392,7 @@ def load_checkpoint(
     cfg = resolve_load_dir(cfg)
     if cfg.load is None:
         return LoadResult(0, None)
-    if cfg.save and Path(cfg.load).resolve() == Path(cfg.save).resolve() and _rank() == 0:
+    if cfg.save and Path(cfg.load).resolve() == Path(cfg.save).resolve() and mpu.world_rank() == 0:
         commit_lib.clean_partials(cfg.load)
     tag = resolve_tag(cfg)
     if tag is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from megatron import mpu
 
@@ -30,9 +29,8 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, group: Any
     tp_rank = mpu.get_model_parallel_rank()
     squares = [p.grad.detach().float().pow(2).sum() for p in params if _counted(p, tp_rank)]
     total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float32)
-    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
-        total = total.to(mpu.comm_device())
-        dist.all_reduce(total, group=group)
+    if group is not None and mpu.group_size(group) > 1:
+        total = mpu.all_reduce_sum(total.to(mpu.comm_device()), group=group)
     norm = float(total.sqrt())
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0:

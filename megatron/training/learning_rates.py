@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from megatron.config_utils import check_neox_field_names
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class LRScheduleConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> LRScheduleConfig:
         """Read the flat GPT-NeoX attribute names."""
+        check_neox_field_names(cls)
         defaults = cls()
         values = {name: getattr(args, name, getattr(defaults, name)) for name in cls.__dataclass_fields__}
         for name in ("lr", "min_lr", "warmup"):

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from megatron import mpu
 from megatron.config_utils import neox_overrides
 from megatron.errors import UserError
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
@@ -94,7 +94,7 @@ class Profiler:
         if self.prof is not None and iteration >= self.cfg.profile_step_stop:
             self.prof.__exit__(None, None, None)
             os.makedirs(self.out_dir, exist_ok=True)
-            rank = dist.get_rank() if dist.is_initialized() else 0
+            rank = mpu.world_rank()
             path = os.path.join(self.out_dir, f"profile_rank{rank}.json")
             self.prof.export_chrome_trace(path)
             logger.info("profiler trace written to %s", path)
@@ -116,8 +116,6 @@ def _loss_scale(engine: Any) -> float | None:
 
 def param_norm(engine: Any) -> float:
     """Global L2 norm of the parameters (TP shards and ZeRO-3 partitions summed once)."""
-    from megatron import mpu
-
     total = torch.zeros(1, dtype=torch.float64)
     tp_total = torch.zeros(1, dtype=torch.float64)
     zero3 = False
@@ -129,12 +127,11 @@ def param_norm(engine: Any) -> float:
             tp_total += p.detach().double().pow(2).sum().cpu()
         elif mpu.get_model_parallel_rank() == 0:
             total += p.detach().double().pow(2).sum().cpu()
-    if dist.is_initialized():
-        if zero3:
-            dist.all_reduce(total, group=mpu.get_data_parallel_group())
-        if mpu.get_model_parallel_world_size() > 1:
-            dist.all_reduce(tp_total, group=mpu.get_model_parallel_group())
-            dist.all_reduce(total, group=mpu.get_model_parallel_group())
+    if zero3:
+        mpu.all_reduce_sum(total, group="data")
+    if mpu.get_model_parallel_world_size() > 1:
+        mpu.all_reduce_sum(tp_total, group="model")
+        mpu.all_reduce_sum(total, group="model")
     return math.sqrt(float(total + tp_total))
 
 
@@ -163,8 +160,8 @@ class Trainer:
         self.save_fn, self.is_save_iter = save_fn, is_save_iter
         self.profiler = Profiler(loop_cfg, profile_dir)
         self.task_eval, self.char_counter = task_eval, char_counter  # eval_tasks / char_level_ppl (evaluation/)
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank = mpu.world_rank()
+        self.world = mpu.world_size()
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
         self.stop_check: Callable[[int], bool] | None = None  # preemption: True on every rank to stop now
         self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
@@ -217,8 +214,7 @@ class Trainer:
             if self.save_fn is not None and self.is_save_iter is not None and self.is_save_iter(state.iteration):
                 self.save_fn(state.iteration)
             if cfg.exit_interval and state.iteration % cfg.exit_interval == 0:
-                if dist.is_initialized():
-                    dist.barrier()
+                mpu.barrier()
                 if self.rank == 0:
                     logger.info("exit_interval: exiting at iteration %d", state.iteration)
                 state.exited_early = True

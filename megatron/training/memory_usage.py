@@ -15,7 +15,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from megatron import mpu
 
 PREFIX = "memory/"
 # fp32 master partitions of DeepSpeed's ZeRO-1/2, ZeRO-3 and BF16 optimizers
@@ -106,6 +107,6 @@ def param_optimizer_bytes(engine: Any) -> dict[str, float]:
 def log_param_optimizer_bytes(engine: Any) -> dict[str, float]:
     """:func:`param_optimizer_bytes`, also written to the console by rank 0 (the loop calls it once)."""
     scalars = param_optimizer_bytes(engine)
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if mpu.world_rank() == 0:
         logger.info("memory held by rank 0: %s", ", ".join(f"{k} {int(v):,}" for k, v in scalars.items()))
     return scalars

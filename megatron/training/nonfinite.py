@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from megatron import mpu
 from megatron.errors import UserError
 from megatron.training.loss_spike import LossSpikeDetector
 
@@ -97,8 +97,8 @@ class NonFiniteGuard:
             nonfinite = not _all_finite(list(_grads(self.engine)))
         spike = not nonfinite and self.spike is not None and step_loss is not None and self.spike.is_spike(step_loss)
         flags = torch.tensor([float(nonfinite), float(spike)])
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if mpu.world_size() > 1:
+            mpu.all_reduce_max(flags)
         return bool(flags[0] > 0), bool(flags[1] > 0)
 
     def take_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -121,7 +121,7 @@ class NonFiniteGuard:
         engine.losses = None
         engine.global_steps += 1
         engine.global_samples += engine.train_batch_size()
-        if (dist.get_rank() if dist.is_initialized() else 0) == 0:
+        if mpu.world_rank() == 0:
             if nonfinite:
                 logger.warning(
                     "iteration %d: non-finite loss or gradient, step skipped (%d in a row)", iteration, self.consecutive

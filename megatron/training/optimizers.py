@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,6 @@ NORM_CLASS_NAMES = {
     "MixedFusedRMSNorm",
     "NonParametricLayerNorm",
 }
-OPTIMIZER_TYPES = ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion")
 # Optimizers DeepSpeed itself knows to be safe under ZeRO (deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS).
 _ZERO_TESTED = ("adam", "cpu_adam", "cpu_torch_adam", "onebitadam", "lion")
 
@@ -54,6 +54,9 @@ class OptimizerConfig:
     use_mup: bool = False
     on_cpu: bool = True
 
+    # not config keys: DeepSpeed's own setting (read from the DeepSpeed config) and the machine
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu")
+
     @classmethod
     def from_neox_args(cls, args: Any) -> OptimizerConfig:
         """Read the flat GPT-NeoX attribute names (and the DeepSpeed config for ZeRO keys)."""
@@ -64,9 +67,7 @@ class OptimizerConfig:
         stage = getattr(args, "zero_stage", None)
         if stage is None:
             stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-        allow = getattr(args, "zero_allow_untested_optimizer", None)
-        if allow is None:
-            allow = ds.get("zero_allow_untested_optimizer", False)
+        allow = ds.get("zero_allow_untested_optimizer", False)  # a DeepSpeed key (deepspeed_extra_args)
         opt = getattr(args, "optimizer", None) or {
             "type": getattr(args, "optimizer_type", None) or "Adam",
             "params": {},

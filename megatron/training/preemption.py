@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from megatron import mpu
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger("megatron.train")
@@ -93,15 +93,15 @@ class Preemption:
         )
         local = 2.0 if self.received else 1.0 if out_of_time else 0.0
         flag = torch.tensor([local], dtype=torch.float32)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if mpu.world_size() > 1:
+            mpu.all_reduce_max(flag)
         value = float(flag[0])
         if value == 0.0:
             return False
         self.reason = (
             "a preemption signal" if value == 2.0 else f"exit_duration_in_mins={self.cfg.exit_duration_in_mins}"
         )
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        rank = mpu.world_rank()
         if rank == 0:
             logger.warning(
                 "%s: saving at iteration %d and exiting with requeue exit code %d",

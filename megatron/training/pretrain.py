@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError
 from megatron.errors import DataError
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
@@ -83,7 +83,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     """
     import deepspeed
 
-    from megatron import mpu
     from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
     from megatron.parallel_config import ParallelConfig
 
@@ -118,7 +117,6 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
 
 def _train_iters_from_epochs(args: Any) -> None:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
-    from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 
     data_cfg = DataConfig.from_neox_args(args)
@@ -180,7 +178,6 @@ def build_data_iterators(
     args: Any, consumed_train: int, consumed_valid: int
 ) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
     """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
-    from megatron import mpu
     from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
     from megatron.data.samplers import iterate_forever
     from megatron.post_training.data import build_post_training_loaders
@@ -227,7 +224,7 @@ def pretrain(args: Any) -> PretrainResult:
     start_time = time.monotonic()
     timers = Timers()
     initialize_megatron(args)
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = mpu.world_rank()
     tokenizer = _setup_tokenizer(args)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)

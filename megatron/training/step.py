@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from megatron import mpu
 from megatron.logging.timers import Timers
 from megatron.training.nonfinite import note_loss
 
@@ -31,6 +31,9 @@ class BatchConfig:
     reset_attention_mask: bool = False
     with_labels: bool = False  # label datasets (SFT): a "label" stream, negative ids excluded from the loss
 
+    # not config keys: the tokenizer's end-of-document id, and whether train_label_data_paths is set
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("eod_token", "with_labels")
+
     @classmethod
     def from_neox_args(cls, args: Any, eod_token: int) -> BatchConfig:
         """Read the flat GPT-NeoX attribute names."""
@@ -39,13 +42,12 @@ class BatchConfig:
             eod_mask_loss=bool(getattr(args, "eod_mask_loss", False)),
             reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
             reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
-            with_labels=bool(getattr(args, "train_label_data_paths", None) or getattr(args, "label_data_paths", None)),
+            with_labels=bool(getattr(args, "train_label_data_paths", None)),
         )
 
 
 def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
     """``((tokens, position_ids, attention_mask), (labels, loss_mask))`` on every TP rank (TP rank 0 reads)."""
-    from megatron import mpu
     from megatron.model import get_ltor_masks_and_position_ids
 
     keys = ["text", "label"] if cfg.with_labels else ["text"]  # known on every TP rank, as broadcast needs
@@ -72,9 +74,9 @@ def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
 def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
     """Mean of a scalar loss over the whole world (GPT-NeoX's ``reduce_losses``)."""
     reduced = loss.detach().clone().float().reshape(1)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(reduced)
-        reduced /= dist.get_world_size()
+    if mpu.world_size() > 1:
+        mpu.all_reduce_sum(reduced)
+        reduced /= mpu.world_size()
     return reduced[0]
 
 

@@ -144,6 +144,22 @@ def _broadcast() -> dict[str, Any]:
     return {key: (tuple(t.shape), t.tolist()) for key, t in out.items()}
 
 
+def _collectives() -> dict[str, Any]:
+    """mpu's collectives at TP 2 x DP 2 (rank = data * 2 + model): world and named groups."""
+    r = mpu.world_rank()
+    mpu.barrier()
+    mpu.barrier("io")
+    return {
+        "ranks": (mpu.is_distributed(), r, mpu.world_size(), mpu.group_rank("model"), mpu.group_size("data")),
+        "sum_model": mpu.all_reduce_sum(torch.tensor([r + 1.0]), group="model").item(),
+        "max_data": mpu.all_reduce_max(torch.tensor([float(r)]), group="data").item(),
+        "min_world": mpu.all_reduce(torch.tensor([float(r)]), "min").item(),
+        "gather_data": [t.tolist() for t in mpu.all_gather_tensors(torch.tensor([r, 10 * r]), group="data")],
+        "gather_objects_model": mpu.all_gather_objects({"rank": r}, group="model"),
+        "broadcast": mpu.broadcast_object(f"from {r}", src=3),
+    }
+
+
 def _sp_norm_grads() -> dict[str, float]:
     """LayerNorm on this rank's sequence chunk: marked grads must equal the full-sequence grads."""
     world = mpu.get_model_parallel_world_size()
@@ -203,6 +219,7 @@ def comm_checks() -> dict[str, Any]:
     mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(2)
     result["broadcast"] = _broadcast()
+    result["collectives"] = _collectives()
     result["rng"] = _rng()
     result["sp_norm"] = _sp_norm_grads()
     result["layer_errors"] = _layer_errors()

@@ -95,3 +95,17 @@ def test_unsplittable_layer_shapes_are_refused(results) -> None:
     assert "output_sizes [3, 3]" in sizes
     assert "output_size 7 must be divisible" in column
     assert "sequence_parallel=True requires input_is_parallel=True" in sp
+
+
+def test_collectives_over_world_and_named_groups(results) -> None:
+    # TP 2 x DP 2: model groups [0, 1], [2, 3]; data groups [0, 2], [1, 3]
+    for rank, result in enumerate(results):
+        got = result["collectives"]
+        model, data = [rank - rank % 2, rank - rank % 2 + 1], [rank % 2, rank % 2 + 2]
+        assert tuple(got["ranks"]) == (True, rank, 4, rank % 2, 2)
+        assert got["sum_model"] == sum(r + 1.0 for r in model)
+        assert got["max_data"] == float(max(data))
+        assert got["min_world"] == 0.0
+        assert got["gather_data"] == [[r, 10 * r] for r in data]
+        assert got["gather_objects_model"] == [{"rank": r} for r in model]
+        assert got["broadcast"] == "from 3"

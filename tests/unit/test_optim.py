@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,3 +166,37 @@ def test_each_optimizer_fits_a_regression(kind: str) -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _cpu_adam_built() -> bool:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return (Path(_get_build_directory("cpu_adam", False)) / "cpu_adam.so").is_file()
+
+
+@pytest.mark.skipif(
+    not _cpu_adam_built() and os.environ.get("NEOX_TEST_BUILD_OPS") != "1",
+    reason="DeepSpeed's cpu_adam op is not built on this machine (its JIT build takes minutes; set NEOX_TEST_BUILD_OPS=1)",
+)
+@pytest.mark.parametrize("kind", ["cpu_adam", "cpu_torch_adam"])
+def test_cpu_adam_follows_adamw(kind: str) -> None:
+    """``cpu_adam`` / ``cpu_torch_adam`` build DeepSpeed's CPU Adam (GPT-NeoX: both do), which takes the same
+    decoupled-weight-decay steps as ``adam`` (torch AdamW) on the same parameter groups."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    trajectories = {}
+    for name in (kind, "adam"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        params = {"lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8}
+        opt, _ = build_optimizer(model, OptimizerConfig(optimizer={"type": name, "params": params}, weight_decay=0.1))
+        assert isinstance(opt, DeepSpeedCPUAdam) == (name != "adam")
+        x, y = torch.randn(32, 4, generator=torch.Generator().manual_seed(1)), torch.ones(32, 1)
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        trajectories[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        assert (trajectories[name] - start).abs().max() > 1e-3  # the steps moved the weights
+    assert torch.allclose(trajectories[kind], trajectories["adam"], atol=1e-6)

@@ -6,19 +6,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from megatron.neox_arguments.fields import arg
 
-OPTIMIZER_TYPES = ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion")
+OptimizerType = Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"]
+OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
 
 
 @dataclass
 class OptimizerArgs:
     """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
 
-    optimizer_type: Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"] = (
-        arg("adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True)
+    optimizer_type: OptimizerType = arg(
+        "adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True
     )
     use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
     zero_stage: int | list | str | None = arg(

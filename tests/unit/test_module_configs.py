@@ -1,0 +1,160 @@
+"""Module configs (``XConfig.from_neox_args``) read NeoX config keys under their schema names, with the schema's
+defaults: a misspelt or renamed key raises instead of silently keeping a module default, and the two defaults of one
+key cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+
+from megatron.config_utils import check_neox_field_names, neox_overrides, not_neox_keys
+from megatron.neox_arguments import KNOWN_KEYS, default_values
+from megatron.neox_arguments.neox_args import RUNTIME_ATTRS, NeoXArgs
+from tests.harness import REPO_ROOT
+
+# Module configs whose fields are not a mirror of the schema, with the reason.
+NOT_MIRRORS: dict[str, str] = {
+    "TrainingSetup": "the planner's derived view with its own short names (tp, dp, gas ...); every field is required",
+}
+
+# (class, field) -> why the module's default differs from the schema's. The schema's None means "set by derive()"
+# or "required"; the module's default then only serves code that builds the config directly.
+_REQUIRED = "required key (validate.REQUIRED): a NeoXArgs always sets it"
+_ZERO_STAGE = "derived from zero_optimization.stage, whose default is 0"
+DIVERGENT_DEFAULTS: dict[tuple[str, str], str] = {
+    ("SamplingConfig", "seq_length"): _REQUIRED,
+    ("GPTModelConfig", "max_position_embeddings"): _REQUIRED,
+    ("ActivationCheckpointConfig", "num_layers"): _REQUIRED,
+    ("GPTModelConfig", "attention_config"): "None = all global; from_neox_args stores the per-layer expansion",
+    ("GPTModelConfig", "sparsity_config"): "None = {} (GPT-NeoX); from_neox_args always stores a dict",
+    ("CheckpointConfig", "extra_save_iters"): "None = no extra saves; the module holds a list",
+    ("CheckpointConfig", "zero_stage"): _ZERO_STAGE,
+    ("OptimizerConfig", "zero_stage"): _ZERO_STAGE,
+    ("ParallelConfig", "zero_stage"): _ZERO_STAGE,
+    ("LRScheduleConfig", "lr"): "derived: derive() sets DEFAULT_LR (0.001) when neither lr nor optimizer.params.lr is",
+    ("OptimizerConfig", "optimizer"): "None = no optimizer section: from_neox_args builds {type: optimizer_type}",
+    ("LoggingConfig", "use_wandb"): "None (unset) means off, as False does",
+    ("DataConfig", "train_iters"): "None until train_epochs is converted; DataConfig counts unset as 0 (epochs)",
+}
+
+
+def module_configs() -> list[type]:
+    """Every class under megatron/ that defines ``from_neox_args``."""
+    found = []
+    for path in sorted((REPO_ROOT / "megatron").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if "def from_neox_args" not in source:
+            continue
+        tree = ast.parse(source)
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(f, ast.FunctionDef) and f.name == "from_neox_args" for f in node.body
+            ):
+                module = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+                found.append(getattr(importlib.import_module(module), node.name))
+    return found
+
+
+CONFIGS = module_configs()
+MIRRORS = [cls for cls in CONFIGS if cls.__name__ not in NOT_MIRRORS]
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def test_every_module_config_is_found() -> None:
+    names = {cls.__name__ for cls in CONFIGS}
+    assert len(CONFIGS) >= 17 and {"GPTModelConfig", "CheckpointConfig", "DataConfig", "LoopConfig"} <= names
+    assert set(NOT_MIRRORS) <= names
+
+
+@pytest.mark.parametrize("cls", MIRRORS, ids=lambda c: c.__name__)
+def test_fields_are_schema_keys_or_declared(cls: type) -> None:
+    check_neox_field_names(cls)  # raises TypeError naming the field and the closest key
+    fields = {f.name for f in dataclasses.fields(cls)}
+    declared = not_neox_keys(cls)
+    assert set(declared) <= fields, f"{cls.__name__}.NOT_NEOX_KEYS names no field: {set(declared) - fields}"
+    assert not set(declared) & KNOWN_KEYS, f"{cls.__name__}.NOT_NEOX_KEYS lists real keys: {set(declared) & KNOWN_KEYS}"
+
+
+def test_defaults_equal_the_schema_defaults() -> None:
+    schema = default_values()
+    differ, listed = [], set()
+    for cls in MIRRORS:
+        for f in dataclasses.fields(cls):
+            if f.name in not_neox_keys(cls) or (default := _default(f)) is dataclasses.MISSING:
+                continue
+            if default != schema[f.name]:
+                key = (cls.__name__, f.name)
+                listed.add(key)
+                if key not in DIVERGENT_DEFAULTS:
+                    differ.append(f"{cls.__name__}.{f.name}: module {default!r}, schema {schema[f.name]!r}")
+    assert not differ, "module-config defaults differ from the schema's (use the schema's):\n" + "\n".join(differ)
+    stale = set(DIVERGENT_DEFAULTS) - listed
+    assert not stale, f"DIVERGENT_DEFAULTS entries that no longer differ (remove them): {sorted(stale)}"
+
+
+def keys_read_in_from_neox_args(source: str) -> list[tuple[int, str]]:
+    """``(line, name)`` of every ``getattr(args, "name", ...)`` / ``args.name`` in ``from_neox_args`` bodies."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1):
+            continue
+        args = node.args.args[1].arg
+        for n in ast.walk(node):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and n.func.id in ("getattr", "hasattr")
+                and len(n.args) >= 2
+                and isinstance(n.args[0], ast.Name)
+                and n.args[0].id == args
+                and isinstance(n.args[1], ast.Constant)
+            ):
+                out.append((n.lineno, str(n.args[1].value)))
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == args:
+                out.append((n.lineno, n.attr))
+    return out
+
+
+def test_from_neox_args_reads_only_schema_keys() -> None:
+    allowed = KNOWN_KEYS | set(RUNTIME_ATTRS) | {n for n in dir(NeoXArgs) if not n.startswith("_")}
+    wrong = []
+    for path in sorted((REPO_ROOT / "megatron").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for line, name in keys_read_in_from_neox_args(source) if "from_neox_args" in source else []:
+            if name not in allowed:
+                wrong.append(f"{path.relative_to(REPO_ROOT)}:{line}: {name}")
+    assert not wrong, "from_neox_args reads names that are not NeoX config keys (always the fallback):\n" + "\n".join(
+        wrong
+    )
+
+
+def test_a_misspelt_key_is_caught() -> None:
+    @dataclasses.dataclass
+    class Misspelt:
+        seq_lenght: int = 2048
+
+    with pytest.raises(TypeError, match=r"Misspelt: fields that are not NeoX config keys: seq_lenght \(closest key: "):
+        neox_overrides(Misspelt, SimpleNamespace(seq_length=64))
+
+    @dataclasses.dataclass
+    class Declared:
+        seq_length: int = 2048
+        extra: int = 3
+        NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("extra",)
+
+    assert neox_overrides(Declared, SimpleNamespace(seq_length=64, extra=9)) == {"seq_length": 64}  # extra: not read
+    source = "class C:\n    @classmethod\n    def from_neox_args(cls, a):\n        return getattr(a, 'sequence_len', 1), a.hiden\n"
+    assert keys_read_in_from_neox_args(source) == [(4, "sequence_len"), (4, "hiden")]
