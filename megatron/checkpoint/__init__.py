@@ -4,7 +4,7 @@ Public API:
 
 * :func:`read_checkpoint` → :class:`NeoXCheckpoint` (full state dict in ``sequential.<idx>.`` names + config)
 * :func:`write_checkpoint` (full state dict → DeepSpeed layout for a :class:`TargetLayout`)
-* :func:`reshard_checkpoint` (any → any; ZeRO-0 and ZeRO-1/2 fp32 optimizer state come along in ZeRO-0 form)
+* :func:`reshard_checkpoint` (any → any; ZeRO-0/1/2/3 and bf16-optimizer state come along in ZeRO-0 form)
 * ``megatron.checkpoint.hf_io``: ``export_hf`` / ``import_hf`` (Hugging Face folders)
 * ``megatron.checkpoint.autoreshard``: ``plan_load`` / ``plan_load_for_engine`` (resharding on load)
 * :func:`detect_layout`, :func:`resolve_checkpoint_dir`, :class:`CheckpointError`

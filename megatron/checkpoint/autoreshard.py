@@ -1,9 +1,9 @@
 """Load-time resharding: when ``load`` meets a checkpoint of another (tp, pp) layout, rewrite it for the current one.
 
 Rank 0 writes the resharded copy next to the checkpoint (``<root>/.resharded/<tag>-tp<T>-pp<P>``, reused when it
-is already there), every rank then loads that copy. The optimizer state comes along when it can be resharded
-(ZeRO-0 torch state or ZeRO-1/2 fp32 shards); otherwise the copy is weights-only, and the caller refuses it unless
-the run loads no optimizer state.
+is already there), every rank then loads that copy. The optimizer state comes along in ZeRO-0 form (from ZeRO-0 torch
+state, ZeRO-1/2/3 or bf16-optimizer shards; ``optimizer_carry`` writes it into a ZeRO-1/2/3 or bf16 run); when it
+cannot be gathered the copy is weights-only, and the caller refuses it unless the run loads no optimizer state.
 """
 
 from __future__ import annotations
@@ -59,11 +59,14 @@ def plan_load(
     padded_vocab_size: int | None,
     is_writer: bool,
     barrier: Callable[[], None],
+    reads_zero3: bool = True,
 ) -> LoadPlan:
     """Decide where to load ``root/tag`` from for the current ``(tp, pp)``; reshard (on the writer rank) if needed.
 
     ``pp`` is ``pipe_parallel_size`` (0 = sequential model). ``args`` carries the model keys (GPT-NeoX names).
-    A resharded copy holds ZeRO-0 optimizer state (ZeRO-1/2 runs carry it over: ``optimizer_carry``).
+    A resharded copy holds ZeRO-0 optimizer state (ZeRO-1/2/3 and bf16 runs carry it over: ``optimizer_carry``).
+    ``reads_zero3`` is False for a run that is not ZeRO-3: DeepSpeed then cannot read a ZeRO-3 checkpoint's weights
+    (they live in the ZeRO-3 shards), so one is rewritten in ZeRO-0 form even at the same layout.
     Every rank must call this (it contains a barrier when resharding).
     """
     directory = Path(root) / tag
@@ -75,16 +78,15 @@ def plan_load(
         and bool(getattr(args, "gpt_j_residual", False))
         and not is_neox_forge(layout, engine_state(layout))
     )
-    if src == (tp, pp) and not gpt_neox_biases:
+    zero3_to_other = bool(layout.zero3_files) and not reads_zero3
+    if src == (tp, pp) and not gpt_neox_biases and not zero3_to_other:
         return LoadPlan(str(root), tag)
-    if layout.zero3_files:
-        raise CheckpointError(
-            f"{directory} is a ZeRO-3 checkpoint of tp={src[0]}; this run uses tp={tp} pp={pp}, and ZeRO-3 optimizer "
-            "state cannot be carried to another layout yet: resume at the same layout, or run tools/ckpts/"
-            "reshard_checkpoint.py --weights_only and resume from its output with no_load_optim: true"
-        )
     out_root = Path(root) / RESHARD_DIR / f"{tag}-tp{tp}-pp{pp}"
-    if src == (tp, pp):
+    if src == (tp, pp) and zero3_to_other:
+        logger.warning(
+            "checkpoint %s is ZeRO-3 and this run is not: rewriting it in ZeRO-0 form into %s", directory, out_root
+        )
+    elif src == (tp, pp):
         logger.warning(
             "checkpoint %s was written by GPT-NeoX: converting its row-parallel biases into %s", directory, out_root
         )
@@ -140,4 +142,5 @@ def plan_load_for_engine(
         padded_vocab_size=padded_vocab_size,
         is_writer=mpu.world_rank() == 0,
         barrier=mpu.barrier,
+        reads_zero3=int(engine.zero_optimization_stage()) >= 3 if hasattr(engine, "zero_optimization_stage") else False,
     )

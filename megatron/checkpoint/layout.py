@@ -52,7 +52,7 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
         if not target.is_dir():
             raise CheckpointError(f"no checkpoint {target} (iteration {iteration})")
         return target
-    if any(MP_RE.match(p.name) or LAYER_RE.match(p.name) for p in path.iterdir()):
+    if any(MP_RE.match(p.name) or LAYER_RE.match(p.name) or ZERO3_RE.match(p.name) for p in path.iterdir()):
         return path
     latest = path / "latest"
     if latest.is_file():
@@ -66,8 +66,8 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
     steps = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
     hint = f"; it has {', '.join(steps)}" if steps else ""
     raise CheckpointError(
-        f"{path} is not a checkpoint: no mp_rank_XX_model_states.pt / layer_XX-model_XX-model_states.pt files "
-        f"and no 'latest' file{hint}"
+        f"{path} is not a checkpoint: no mp_rank_XX_model_states.pt / layer_XX-model_XX-model_states.pt / "
+        f"zero_pp_rank_X_mp_rank_XX_model_states.pt files and no 'latest' file{hint}"
     )
 
 

@@ -1,4 +1,4 @@
-"""Any (tp, pp) → any (tp, pp): weights always, ZeRO-0 optimizer state when the source has it."""
+"""Any (tp, pp) → any (tp, pp): weights always, the optimizer state (in ZeRO-0 form) when the source has it."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def target_vocab(ckpt: NeoXCheckpoint, tp: int, padded_vocab_size: int | None) -
 
 
 def gather_full_optimizer_state(ckpt: NeoXCheckpoint) -> tuple[FullOptimizerState, bool]:
-    """The per-parameter optimizer state of ``ckpt`` (ZeRO-0 torch state, else ZeRO-1/2 fp32 shards) and whether
-    it came from ZeRO shards; a ``CheckpointError`` saying why when it has none that can be carried."""
+    """The per-parameter optimizer state of ``ckpt`` (ZeRO-0 torch state, else ZeRO-1/2/3 or bf16-optimizer shards)
+    and whether it came from ZeRO shards; a ``CheckpointError`` saying why when it has none that can be carried."""
     layout, cfg = ckpt.layout, ckpt.cfg
     optimizers = [load_torch(p).get("optimizer") for p in layout.mp_files]
     src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
@@ -92,7 +92,9 @@ def _optimizer_fn(
     except CheckpointError as e:
         return None, f"optimizer state not resharded ({e}); the output is weights-only"
     note = (
-        "ZeRO-1/2 optimizer state written in ZeRO-0 form (a ZeRO-1/2 run carries it over on load)" if from_zero else ""
+        "ZeRO optimizer state written in ZeRO-0 form (a ZeRO-1/2 or bf16 run carries it over on load)"
+        if from_zero
+        else ""
     )
     resize_optimizer_vocab(full, rows)
     new_cfg = cfg.replace(padded_vocab_size=rows)
@@ -115,7 +117,7 @@ def reshard_checkpoint(
 ) -> ReshardResult:
     """Rewrite the checkpoint ``src`` (root or ``global_stepN``) as ``dst/global_stepN`` in the ``target`` layout.
 
-    When the optimizer state cannot be carried (ZeRO-3, bf16 optimizer) this is an error naming the reason, unless
+    When the optimizer state cannot be carried (e.g. a ZeRO-0 fp16/bf16 wrapper's) this is an error naming why, unless
     ``weights_only`` asks for the weights alone or ``weights_only_fallback`` accepts a weights-only copy (marked
     as such; loading it with optimizer state is refused later)."""
     ckpt = read_checkpoint(src, args=args, config_files=config_files, iteration=iteration, progress=progress)
@@ -127,7 +129,7 @@ def reshard_checkpoint(
     if dropped and not weights_only_fallback:
         raise CheckpointError(
             f"{ckpt.layout.directory}: {note.removesuffix('; the output is weights-only')}; the optimizer state of "
-            "ZeRO-3 and bf16-optimizer checkpoints is not resharded yet: pass --weights_only to reshard the weights "
+            "this checkpoint cannot be resharded: pass --weights_only to reshard the weights "
             "alone (a resumed run then needs no_load_optim: true)"
         )
     if note:

@@ -1,7 +1,8 @@
-"""Optimizer state of ZeRO-1/2 checkpoints (fp32) per parameter, for resharding into the ZeRO-0 form.
+"""Optimizer state of ZeRO-1/2/3 and bf16-optimizer checkpoints per parameter (resharding, carrying on load).
 
-Each ``zero_pp_rank_D_mp_rank_XX_optim_states.pt`` holds DP rank D's slice of flat per-group buffers and
-``param_slice_mappings``: parameter name → ``(start, numel)`` of its fragment in that slice. A parameter's state is
+ZeRO-1/2 (``zero_pp_rank_D_mp_rank_XX_optim_states.pt``) and the bf16 optimizer (``bf16_zero_pp_rank_…``, the
+same content) keep DP rank D's slice of flat per-group fp32 buffers and ``param_slice_mappings``: parameter name →
+``(start, numel)`` of its fragment in that slice. ZeRO-3 shards are read by ``zero3_state``. A parameter's state is
 its fragments concatenated in DP order, reshaped to the parameter's (TP-shard) shape. Names are DeepSpeed module
 names (``sequential.<idx>.…`` for a sequential model; ``<idx>.…`` and ``tied_modules.embed.…`` for a pipe).
 """
@@ -18,6 +19,7 @@ import torch
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.optimizer_state import FullOptimizerState, merge_per_rank
 from megatron.checkpoint.reader import load_torch
+from megatron.checkpoint.zero3_state import MASTER_KEY, zero3_rank_state
 from megatron.model.config import GPTModelConfig
 
 ZERO_OPTIM_RE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -29,8 +31,6 @@ def zero_optimizer_files(directory: Path) -> dict[int, list[Path]]:
     for path in directory.iterdir():
         m = ZERO_OPTIM_RE.match(path.name)
         if m:
-            if m.group(1):
-                raise CheckpointError(f"{path.name}: bf16 ZeRO optimizer state is not resharded")
             found.setdefault(int(m.group(3)), {})[int(m.group(2))] = path
     out = {}
     for mp, by_dp in found.items():
@@ -53,10 +53,40 @@ def full_param_name(name: str) -> str:
     raise CheckpointError(f"unexpected parameter name {name!r} in a ZeRO optimizer shard")
 
 
+def _zero12_rank_state(
+    optim_states: list[dict[str, Any]], paths: list[Path]
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """ZeRO-1/2 and bf16-optimizer shards of one MP rank → ``({name: {key: flat tensor or scalar}}, [group
+    hyper-parameters])``: each parameter's fragments concatenated in DP order."""
+    pieces: dict[str, dict[str, list[torch.Tensor]]] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    hparams: list[dict[str, Any]] = []
+    for path, osd in zip(paths, optim_states):
+        base, mappings = osd.get("base_optimizer_state"), osd.get("param_slice_mappings")
+        if not isinstance(base, dict) or mappings is None:
+            raise CheckpointError(f"{path.name}: not a ZeRO-1/2 optimizer shard with parameter mappings")
+        for g, mapping in enumerate(mappings):
+            group = base["param_groups"][g]
+            hparams.append({k: v for k, v in group.items() if k != "params"})
+            state = base["state"].get(g) or {}
+            for name, frag in mapping.items():
+                slot = pieces.setdefault(name, {})
+                for key, value in state.items():
+                    if torch.is_tensor(value) and value.dim() > 0:
+                        slot.setdefault(key, []).append(value.narrow(0, frag.start, frag.numel))
+                    else:
+                        scalars.setdefault(name, {})[key] = value
+    out = {
+        name: {**scalars.get(name, {}), **{k: torch.cat(v) for k, v in slot.items()}} for name, slot in pieces.items()
+    }
+    return out, hparams
+
+
 def gather_zero_optimizer_state(
     directory: Path, cfg: GPTModelConfig, tp: int, shard_shapes: Callable[[str, int], tuple[int, ...]]
 ) -> FullOptimizerState:
-    """Per-parameter full optimizer state of a ZeRO-1/2 fp32 checkpoint (``CheckpointError`` if not one)."""
+    """Per-parameter full optimizer state of a ZeRO-1/2/3 or bf16-optimizer checkpoint (``CheckpointError`` if
+    not one). The fp32 weights are not part of it: they come from the model files."""
     files = zero_optimizer_files(directory)
     if not files:
         raise CheckpointError(f"{directory} has no ZeRO optimizer shards")
@@ -65,38 +95,30 @@ def gather_zero_optimizer_state(
     group_decays: list[float] = []
     for mp, paths in sorted(files.items()):
         tp_rank = mp % tp  # mp_rank = stage·tp + TP rank
-        pieces: dict[str, dict[str, list[torch.Tensor]]] = {}
-        scalars: dict[str, dict[str, Any]] = {}
-        for path in paths:
-            osd = load_torch(path).get("optimizer_state_dict") or {}
-            base, mappings = osd.get("base_optimizer_state"), osd.get("param_slice_mappings")
-            if not isinstance(base, dict) or mappings is None or int(osd.get("zero_stage", 0)) not in (1, 2):
-                raise CheckpointError(f"{path.name}: not a ZeRO-1/2 optimizer shard with parameter mappings")
-            for g, mapping in enumerate(mappings):
-                group = base["param_groups"][g]
-                decay = float(group.get("weight_decay") or 0.0)
-                group_decays.append(decay)
-                full.group_hparams.setdefault("decay" if decay else "no_decay", {
-                    k: v for k, v in group.items() if k != "params"
-                })  # fmt: skip
-                state = base["state"].get(g) or {}
-                for name, frag in mapping.items():
-                    key_name = full_param_name(name)
-                    slot = pieces.setdefault(key_name, {})
-                    for key, value in state.items():
-                        if torch.is_tensor(value) and value.dim() > 0:
-                            slot.setdefault(key, []).append(value.narrow(0, frag.start, frag.numel))
-                        else:
-                            scalars.setdefault(key_name, {})[key] = value
-        for name, slot in pieces.items():
-            shape = shard_shapes(name, tp)
-            state: dict[str, Any] = dict(scalars.get(name, {}))
-            for key, parts in slot.items():
-                flat = torch.cat(parts)
-                if flat.numel() != torch.Size(shape).numel():
-                    raise CheckpointError(f"ZeRO state {key} of {name}: {flat.numel()} values for shape {shape}")
-                state[key] = flat.view(shape).clone()
-            ranks = per_rank.setdefault(name, [None] * tp)
+        optim_states = [load_torch(path).get("optimizer_state_dict") or {} for path in paths]
+        stages = {int(osd.get("zero_stage", 0)) for osd in optim_states}
+        # the bf16 optimizer records stage 0 or 1; its shards have the ZeRO-1/2 form
+        read = zero3_rank_state if stages == {3} else _zero12_rank_state
+        states, hparams = read(optim_states, paths)
+        for group in hparams:
+            decay = float(group.get("weight_decay") or 0.0)
+            group_decays.append(decay)
+            full.group_hparams.setdefault("decay" if decay else "no_decay", group)
+        for name, flat_state in states.items():
+            key_name = full_param_name(name)
+            shape = shard_shapes(key_name, tp)
+            state: dict[str, Any] = {}
+            for key, value in flat_state.items():
+                if key == MASTER_KEY:
+                    continue
+                if torch.is_tensor(value) and value.dim() > 0:
+                    if value.numel() != torch.Size(shape).numel():
+                        raise CheckpointError(
+                            f"ZeRO state {key} of {key_name}: {value.numel()} values for shape {shape}"
+                        )
+                    value = value.reshape(shape).clone()
+                state[key] = value
+            ranks = per_rank.setdefault(key_name, [None] * tp)
             if ranks[tp_rank] is None:  # a tied copy on a later stage carries the same state
                 ranks[tp_rank] = state
     if not any(group_decays):  # weight_decay 0: one group with every parameter (see _grouped)

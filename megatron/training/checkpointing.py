@@ -17,6 +17,7 @@ missing folder is an error unless it is ``save`` or ``auto`` (auto-resume).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,6 +25,8 @@ import os
 import pickle
 import random
 import re
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,18 +317,55 @@ def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
 
 def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
     """Load the checkpoint's optimizer state into a run of another DP size or ZeRO stage (optimizer_carry)."""
+    from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT as HINT
     from megatron.checkpoint.optimizer_carry import carry_optimizer_state
     from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.reshard import gather_full_optimizer_state
 
     with safe_loading():
         ckpt = read_checkpoint(directory, args=args)
-        full, _ = gather_full_optimizer_state(ckpt)
+        try:
+            full, _ = gather_full_optimizer_state(ckpt)
+        except CheckpointError as e:
+            raise CheckpointError(f"the optimizer state of {directory} cannot be carried over ({e}); {HINT}") from None
     tp = mpu.get_model_parallel_world_size()
     carry_optimizer_state(engine, full, ckpt.cfg, tp, mpu.get_model_parallel_rank(), 0, 0)
     if mpu.world_rank() == 0:
         logger.info("optimizer state of %s carried over to ZeRO stage %d x %d data-parallel ranks", directory,
                     int(engine.zero_optimization_stage()), mpu.get_data_parallel_world_size())  # fmt: skip
+
+
+@contextlib.contextmanager
+def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: bool) -> Iterator[str]:
+    """The folder to hand DeepSpeed. A ZeRO-3 engine that loads no optimizer state reads the weights with
+    ``zero_to_fp32`` from the tag named by ``<root>/latest`` (whatever ``tag`` says) and from the shards of every
+    model-parallel rank at once, and the client state from ``zero_pp_rank_<its DP rank>_…_model_states.pt`` (absent
+    when the run has more DP ranks than the checkpoint). A scratch folder whose ``latest`` names ``tag`` and whose
+    tag links this MP rank's optimizer shards and the other files, plus rank 0's model states for the missing DP ranks, makes
+    it read the requested checkpoint."""
+    stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+    if stage < 3 or load_optimizer_states:
+        yield root
+        return
+    source = Path(root, tag).resolve()
+    dp = int(getattr(engine, "dp_world_size", 1) or 1)
+    with tempfile.TemporaryDirectory(prefix="neox-zero3-load-") as scratch:
+        view = Path(scratch) / tag
+        view.mkdir()
+        from megatron.checkpoint.layout import ZERO3_RE
+
+        mp_rank = mpu.get_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
+        for item in source.iterdir():
+            m = ZERO3_RE.match(item.name)
+            if m is None or m.group(3) == "model" or int(m.group(2)) == mp_rank:  # DeepSpeed counts model files
+                (view / item.name).symlink_to(item)
+        for first in source.glob(f"zero_pp_rank_0_mp_rank_{mp_rank:02d}_model_states.pt"):
+            for rank in range(1, dp):
+                name = first.name.replace("zero_pp_rank_0_", f"zero_pp_rank_{rank}_", 1)
+                if not (view / name).exists():
+                    (view / name).symlink_to(first)
+        (Path(scratch) / "latest").write_text(tag)
+        yield scratch
 
 
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
@@ -376,12 +416,17 @@ def load_checkpoint(
         carry = load_mode(engine, Path(root) / tag, weights_only_copy=dropped) == "carry"
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
+    load_optim = not (weights_only or optimizer_missing or carry)
     try:
-        with safe_loading(), row_biases_on_disk(engine.module, bias_layout, tp):
+        with (
+            safe_loading(),
+            row_biases_on_disk(engine.module, bias_layout, tp),
+            _zero3_tag_view(engine, root, tag, load_optim) as load_root,
+        ):
             path, client = engine.load_checkpoint(
-                root,
+                load_root,
                 tag=tag,
-                load_optimizer_states=not (weights_only or optimizer_missing or carry),
+                load_optimizer_states=load_optim,
                 load_lr_scheduler_states=not weights_only,
                 load_module_only=weights_only,
                 # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
@@ -395,6 +440,7 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {Path(root) / tag} could not be loaded ({type(e).__name__}: {e})") from e
     if path is None or client is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
+    path = str(Path(root) / tag / Path(path).name) if load_root != root else path
     if carry:
         _carry_optimizer_state(engine, Path(root) / tag, args)
     saved_args = dict(client.get("args", {}))
