@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError, detect_layout
 from megatron.checkpoint.optimizer_state import FullOptimizerState, scatter_optimizer_state
 from megatron.checkpoint.rules import split_tensor
@@ -64,11 +65,8 @@ def _flat_groups(opt: Any) -> tuple[list[torch.Tensor], list[list[torch.nn.Param
 def _zero3_piece(opt: Any, lp: Any, group: int, value: torch.Tensor) -> tuple[int, torch.Tensor]:
     """(offset in the flat partition of sub-group ``group``, this DP rank's piece of ``value``) for a ZeRO-3
     parameter: DeepSpeed cuts it into ``dp`` pieces of ``ceil(numel / dp)``, the last one zero-padded."""
-    import torch.distributed as dist
-
     at_group, offset, size = opt.grad_position[opt.get_param_id(lp)]
-    dp = dist.get_world_size(group=opt.dp_process_group)
-    rank = dist.get_rank(group=opt.dp_process_group)
+    dp, rank = mpu.group_size(opt.dp_process_group), mpu.group_rank(opt.dp_process_group)
     if at_group != group or size * dp < value.numel():
         raise CheckpointError(f"unexpected ZeRO-3 partition of a parameter of {value.numel()} values ({size} x {dp})")
     flat = torch.nn.functional.pad(value.reshape(-1), (0, size * dp - value.numel()))
