@@ -42,9 +42,8 @@ class PostTrainStep(SequentialStep):
         return result
 
 
-def build_post_training_step(args: Any, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep | None:
-    """The step for ``train_impl`` dpo/kto/rm (None for ``normal``: language modelling and SFT)."""
-    cfg = PostTrainingConfig.from_neox_args(args)
+def build_post_training_step(cfg: PostTrainingConfig, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep:
+    """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
     if cfg.train_impl == "dpo":
         reference = None if cfg.dpo_reference_free else frozen_copy(engine.module)
         return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers)
@@ -52,4 +51,4 @@ def build_post_training_step(args: Any, engine: Any, eod: int, gas: int, timers:
         return PostTrainStep(engine, KTOObjective(cfg, eod, frozen_copy(engine.module)), gas, timers)
     if cfg.train_impl == "rm":
         return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers)
-    return None
+    raise ValueError(f"train_impl {cfg.train_impl!r} has no post-training step")
