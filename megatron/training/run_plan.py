@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -29,12 +29,15 @@ class RunPlan:
     pipeline: bool  # DeepSpeed PipelineModule + PipelineEngine (``pipe_parallel_size >= 1``: ``is_pipe_parallel``)
     precision: Literal["fp32", "fp16", "bfloat16"]
     zero_stage: int
-    objective: str  # ``train_impl``: normal (language modelling, SFT), dpo, kto or rm
+    train_impl: str  # the objective: normal (language modelling, SFT), dpo, kto or rm
     on_cpu: bool
     gradient_accumulation_steps: int
     train_batch_size: int
     seq_length: int
     validate_with_forward: bool  # ``checkpoint_validation_with_forward_pass`` where it can run (not under pipelines)
+
+    # decisions, not config keys: the pipeline engine (``is_pipe_parallel``), the machine, forward validation
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("pipeline", "on_cpu", "validate_with_forward")
 
     @classmethod
     def from_neox_args(cls, args: NeoXArgs) -> RunPlan:
@@ -47,7 +50,7 @@ class RunPlan:
             pipeline=pipeline,
             precision=args.precision or "fp32",
             zero_stage=int(args.zero_stage or 0),
-            objective=str(args.train_impl),
+            train_impl=str(args.train_impl),
             on_cpu=on_cpu(),
             gradient_accumulation_steps=int(args.gradient_accumulation_steps or 1),
             train_batch_size=int(args.train_batch_size),
@@ -61,7 +64,7 @@ class RunPlan:
         (validation refuses post-training objectives under pipelines)."""
         if self.pipeline:
             return "pipe"
-        return "sequential" if self.objective == "normal" else "post_training"
+        return "sequential" if self.train_impl == "normal" else "post_training"
 
     @property
     def params_dtype(self) -> torch.dtype:
@@ -71,4 +74,4 @@ class RunPlan:
     @property
     def reward_head(self) -> bool:
         """Whether the model ends in a reward head (``train_impl: rm``; validation refuses it under pipelines)."""
-        return self.objective == "rm"
+        return self.train_impl == "rm"

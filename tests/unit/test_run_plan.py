@@ -32,7 +32,7 @@ def _plan(**values: Any) -> RunPlan:
 def test_sequential_fp32_defaults() -> None:
     plan = _plan()
     assert (plan.pipeline, plan.step_variant, plan.precision, plan.zero_stage) == (False, "sequential", "fp32", 0)
-    assert plan.params_dtype == torch.float32 and plan.objective == "normal" and not plan.reward_head
+    assert plan.params_dtype == torch.float32 and plan.train_impl == "normal" and not plan.reward_head
     assert (plan.train_batch_size, plan.gradient_accumulation_steps, plan.seq_length) == (4, 1, 32)
 
 
@@ -53,7 +53,7 @@ def test_post_training_objectives(impl: str) -> None:
         data = {f"{split}_data_paths": ["docs"] for split in ("train", "valid", "test")}
         data["train_reward_data_paths"] = ["rewards"]
     plan = _plan(train_impl=impl, pack_impl="unpacked", **data)
-    assert plan.step_variant == "post_training" and plan.objective == impl
+    assert plan.step_variant == "post_training" and plan.train_impl == impl
     assert plan.reward_head == (impl == "rm")
 
 
