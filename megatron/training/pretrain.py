@@ -26,6 +26,7 @@ from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
+from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
 from megatron.logging.peak_flops import flops_config_with_peak
 from megatron.logging.run_observer import RunObserver
@@ -116,7 +117,9 @@ def setup_model_and_optimizer(
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
-    result = ckpt.load_checkpoint(engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args)
+    result = ckpt.load_checkpoint(
+        engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args, load_module_strict=not plan.reward_head
+    )
     if result.path and plan.validate_with_forward:
         check_validation_logits(engine, plan, int(args.padded_vocab_size), result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
@@ -282,7 +285,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             step=step,
             loop_cfg=loop_cfg,
             log_cfg=log_cfg,
-            flops_cfg=flops_config_with_peak(args, rank),
+            flops_cfg=flops_config_with_peak(FlopsConfig.from_neox_args(args), plan.params_dtype, rank),
             metrics=metrics,
             timers=timers,
             save_fn=save if save_cfg.save else None,
