@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import torch
+from deepspeed.accelerator import get_accelerator
 
 from megatron.cpu_features import CPU_FLAGS, cpu_has_native
 from megatron.distributed import on_cpu
@@ -51,7 +52,5 @@ def apply_cpu_precision(ds_config: dict[str, Any]) -> None:
             "fp16.enabled: DeepSpeed has no fp16 support on this CPU; train in fp32 (or bf16 on a CPU with native bf16), or set "
             f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
         )
-    from deepspeed.accelerator import get_accelerator
-
     logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
     type(get_accelerator()).is_fp16_supported = lambda self: True
