@@ -2,8 +2,8 @@
 
 Two entry points:
 
-* ``run_distributed(fn, world, *args)`` runs ``fn(*args)`` on ``world`` spawned ranks with an initialised
-  process group and returns every rank's result (``fn`` must live in an importable module).
+* ``run_distributed(fn, world, *args)`` runs ``fn(*args)`` on ``world`` ranks (forked from a preloaded server)
+  with an initialised process group and returns every rank's result (``fn`` must live in an importable module).
 * ``run_command(cmd)`` / ``run_ranks(cmd, world)`` run CLI programs (``deepy.py``, ``train.py`` …) as
   subprocesses in their own session, so that the whole process tree is killed at the end.
 
@@ -71,7 +71,7 @@ def kill_tree(pid: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# run_distributed: functions on spawned ranks
+# run_distributed: functions on forked ranks
 
 
 def _rank_main(

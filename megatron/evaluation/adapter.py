@@ -20,35 +20,13 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from megatron import mpu
 from megatron.generation.api import generate_samples_from_prompt
 from megatron.generation.sampling import ForwardFn, SamplingConfig
+from megatron.mpu.dp_split import DataParallelSplit
 
 # tokens [b, s] -> logits [b, s, V] (the full, gathered vocabulary)
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]
 Request = tuple[Any, list[int], list[int]]
-
-
-class DataParallelSplit:
-    """Row slices of a batch per data-parallel rank and the all-gather of their results (no-op at dp=1)."""
-
-    def __init__(self, group: Any = None) -> None:
-        self.group = group
-        self.active = mpu.group_size(group) > 1
-        self.rank = mpu.group_rank(group) if self.active else 0
-        self.size = mpu.group_size(group) if self.active else 1
-
-    def my_rows(self, n: int) -> range:
-        """The contiguous rows ``[start, stop)`` of an ``n``-row batch this rank computes."""
-        per = -(-n // self.size)
-        return range(min(self.rank * per, n), min((self.rank + 1) * per, n))
-
-    def gather(self, mine: list[Any]) -> list[Any]:
-        """Concatenate every rank's results in rank order."""
-        if not self.active:
-            return mine
-        parts = mpu.all_gather_objects(mine, group=self.group)
-        return [x for part in parts for x in part]
 
 
 class NeoXEvalAdapter(TemplateLM):

@@ -1,9 +1,11 @@
 """Evaluation extras of the training loop: ``eval_tasks`` through lm-eval and ``char_level_ppl``.
 
 * :func:`build_task_eval` returns a callable the loop runs at every validation (``eval_interval`` and the end of
-  training): the tasks are scored on the model being trained (``pipe_parallel_size`` 0 or 1; the vocabulary-parallel
-  logits are gathered over TP, requests split over DP) and come back as ``{"<task>_<metric>": value}``, which the loop
-  logs as ``validation/<task>_<metric>`` (GPT-NeoX's names). Python / NumPy / torch RNG states are restored
+  training): the tasks are scored on the model being trained (the vocabulary-parallel logits are gathered over TP,
+  requests split over DP; with ``pipe_parallel_size >= 2`` every stage runs its layers of the ``PipelineModule``
+  outside the engine's train schedule and the last stage's logits are broadcast to every stage, see
+  :mod:`megatron.evaluation.pipe_stage`) and come back, the same on every rank, as ``{"<task>_<metric>": value}``,
+  which the loop logs as ``validation/<task>_<metric>`` (GPT-NeoX's names). Python / NumPy / torch RNG states are restored
   afterwards, so evaluating does not change the training run.
 * :class:`CharCounter` wraps a validation iterator and counts tokens and detokenised characters of the batches it
   yields; ``validation/lm_loss_char_lvl_ppl = exp(lm_loss * tokens / chars)`` (GPT-NeoX's formula).
@@ -28,13 +30,14 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
     from megatron.evaluation.tasks import resolve_tasks
 
     pp = int(getattr(args, "pipe_parallel_size", 0) or 0)
-    if pp > 1:
-        raise ValueError(
-            f"eval_tasks during training with pipe_parallel_size={pp} is not supported yet (0 and 1 are); "
-            "evaluate the saved checkpoints with eval.py instead"
-        )
     resolve_tasks(args.eval_tasks)  # a bad task name fails before training starts
     module = engine.module
+    stages = None
+    if pp > 1:
+        from megatron.evaluation.pipe_stage import TrainingPipeStage
+        from megatron.generation.parallel import StageForward
+
+        stages = StageForward(TrainingPipeStage(module))
 
     def logits(tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
         if pp == 1:  # a one-stage PipelineModule runs every spec on this rank
@@ -57,15 +60,15 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
         group = mpu.get_data_parallel_group() if mpu.model_parallel_is_initialized() else None
         adapter = NeoXEvalAdapter(
             tokenizer=tokenizer,
-            score_fn=lambda t: logits(t),
-            forward=forward,
+            score_fn=stages.score if stages is not None else logits,
+            forward=stages if stages is not None else forward,
             max_length=int(args.max_position_embeddings or args.seq_length),
             micro_batch_size=int(args.train_micro_batch_size_per_gpu or 1),
             vocab_size=tokenizer.vocab_size,
             device=next(module.parameters()).device,
             dp=DataParallelSplit(group),
             seed=int(args.seed),
-            recompute=pp == 1,
+            recompute=pp >= 1,
         )
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         was_training = module.training

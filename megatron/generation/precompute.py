@@ -9,17 +9,28 @@ existing output is kept (GPT-NeoX skips it too). Without ``precompute_model_name
 Python's ``hash(load)``, which changes with every process; here it is a stable hash of the ``load`` path. GPT-NeoX
 also pads the document count up to a multiple of 8 with repeated documents; here there is one output document per
 input document.
+
+Under the training layout on N ranks (``model_parallel_size`` / ``pipe_parallel_size`` > 1) every rank scores with
+its part of the model (:meth:`~megatron.generation.parallel.StageForward.score`: the last stage's logits on every
+rank), each data-parallel replica takes its rows of a batch of ``train_micro_batch_size_per_gpu x DP`` documents,
+and global rank 0 alone writes (and decides whether an output already exists). The output appears atomically: it
+is written under a temporary name and renamed (``.bin`` first, ``.idx`` last), and removed on an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+
+from megatron import mpu
+from megatron.mpu.dp_split import DataParallelSplit
 
 logger = logging.getLogger(__name__)
 
@@ -50,33 +61,65 @@ def precompute_paths(args: Any) -> list[str]:
 
 
 @torch.no_grad()
-def precompute_logprobs(model: torch.nn.Module, args: Any, device: torch.device | str = "cpu") -> list[str]:
-    """Write the log-prob datasets; returns the output prefixes."""
+def precompute_logprobs(
+    score: Callable[[torch.Tensor], torch.Tensor],
+    args: Any,
+    device: torch.device | str = "cpu",
+    *,
+    dp: DataParallelSplit | None = None,
+) -> list[str]:
+    """Write the log-prob datasets; returns the output prefixes.
+
+    ``score`` maps tokens ``[b, s]`` to logits ``[b, s, V]`` (the sequential model, or ``StageForward.score``);
+    ``dp`` is given on the ranks of the training layout (see the module docstring), None on one process.
+    """
     from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
 
-    seq, batch = int(args.seq_length), max(1, int(args.train_micro_batch_size_per_gpu or 1))
+    parallel = dp is not None
+    dp = dp or DataParallelSplit()
+    writes = not parallel or mpu.world_rank() == 0
+    seq, micro = int(args.seq_length), max(1, int(args.train_micro_batch_size_per_gpu or 1))
     name, outputs = model_name(args), []
     for path in precompute_paths(args):
         out = f"{path}_{name}"
         outputs.append(out)
-        if os.path.exists(out + ".idx"):
+        exists = os.path.exists(out + ".idx") if writes else None
+        if mpu.broadcast_object(exists) if parallel else exists:
             logger.info("precompute: %s.idx exists, kept", out)
             continue
         dataset = make_dataset(path, args.data_impl or "infer")
         if dataset is None:
             raise ValueError(f"precompute: dataset {path} (.bin/.idx) not found")
-        builder = MMapIndexedDatasetBuilder(out + ".bin", dtype=np.float32)
-        for first in range(0, len(dataset), batch):
-            rows = []
-            for j in range(first, min(first + batch, len(dataset))):
-                doc = [int(x) for x in dataset.get(j)][: seq + 1]
-                rows.append(doc + [0] * (seq + 1 - len(doc)))
-            tokens = torch.tensor(rows, dtype=torch.long, device=device)
-            logp = torch.log_softmax(model(tokens[:, :-1]).float(), dim=-1)
-            picked = logp.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1).cpu().numpy().astype(np.float32)
-            for row in picked:
-                builder.add_item(row)
-                builder.end_document()
-        builder.finalize(out + ".idx")
-        logger.info("precompute: wrote %d documents of %d log-probs to %s.bin/.idx", len(dataset), seq, out)
+        tmp = f"{out}.tmp{os.getpid()}"
+        builder = MMapIndexedDatasetBuilder(tmp + ".bin", dtype=np.float32) if writes else None
+        try:
+            for first in range(0, len(dataset), micro * dp.size):
+                batch = range(first, min(first + micro * dp.size, len(dataset)))
+                mine = [batch[i] for i in dp.my_rows(len(batch))]
+                for row in dp.gather(_logprobs(score, dataset, mine, seq, device) if mine else []):
+                    if builder is not None:
+                        builder.add_item(row)
+                        builder.end_document()
+            if builder is not None:
+                builder.finalize(tmp + ".idx")
+                os.replace(tmp + ".bin", out + ".bin")  # the .idx last: its existence means complete
+                os.replace(tmp + ".idx", out + ".idx")
+                logger.info("precompute: wrote %d documents of %d log-probs to %s.bin/.idx", len(dataset), seq, out)
+        finally:
+            for suffix in (".bin", ".idx") if builder is not None else ():
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp + suffix)
     return outputs
+
+
+def _logprobs(score: Callable[[torch.Tensor], torch.Tensor], dataset: Any, docs: list[int], seq: int,
+              device: torch.device | str) -> list[np.ndarray]:  # fmt: skip
+    """Float32 log-probs of tokens 1..seq of each document (cut, or padded with id 0, to ``seq + 1`` tokens)."""
+    rows = []
+    for j in docs:
+        doc = [int(x) for x in dataset.get(j)][: seq + 1]
+        rows.append(doc + [0] * (seq + 1 - len(doc)))
+    tokens = torch.tensor(rows, dtype=torch.long, device=device)
+    logp = torch.log_softmax(score(tokens[:, :-1]).float(), dim=-1)
+    picked = logp.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1).cpu().numpy().astype(np.float32)
+    return list(picked)

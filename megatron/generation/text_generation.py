@@ -155,22 +155,25 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
     from megatron.mpu import broadcast_object
 
-    parallel = runs_model_parallel(args) and mode != "precompute"
+    parallel = runs_model_parallel(args)
     rank = int(os.environ.get("RANK", "0"))
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
-    if mode == "precompute":
-        from megatron.generation.precompute import precompute_logprobs
-
-        model, tokenizer = setup_for_inference(args)
-        outputs = precompute_logprobs(model, args, inference_device())
-        return [{"precomputed": out} for out in outputs]
     if parallel:
         stage, tokenizer = setup_stage_for_inference(args)
         forward = StageForward(stage)
+        score: Any = forward.score
     else:
         model, tokenizer = setup_for_inference(args)
-        forward = kv_cache_forward(model)
+        forward, score = kv_cache_forward(model), model
+    if mode == "precompute":  # every rank scores, rank 0 writes
+        from megatron import mpu
+        from megatron.generation.precompute import precompute_logprobs
+        from megatron.mpu.dp_split import DataParallelSplit
+
+        dp = DataParallelSplit(mpu.get_data_parallel_group()) if parallel else None
+        outputs = precompute_logprobs(score, args, inference_device(), dp=dp)
+        return [{"precomputed": out} for out in outputs] if rank == 0 else []
     cfg = SamplingConfig.from_neox_args(args)
     generator = torch.Generator(device="cpu").manual_seed(int(args.seed))
 

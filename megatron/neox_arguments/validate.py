@@ -152,11 +152,8 @@ def _post_training(c: Ctx) -> list[str]:
     if impl in ("dpo", "rm", "kto") and v["pipe_parallel_size"] >= 1:
         out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
     out += post_training_problems(v)
-    if impl in ("dpo", "kto") and v["precompute_model_name"] and v["text_gen_type"] != "precompute":
-        out.append(
-            f"not supported yet: {c.at('precompute_model_name')} for train_impl {impl} (reading precomputed reference "
-            "log-probs; text_gen_type: precompute writes them): unset it to use a frozen copy of the loaded model"
-        )
+    if impl == "dpo" and v["dpo_reference_free"] and v["precompute_model_name"] and v["text_gen_type"] != "precompute":
+        logger.warning("precompute_model_name is ignored: train_impl dpo with dpo_reference_free uses no reference")
     if impl == "kto" and v["train_micro_batch_size_per_gpu"] is not None and v["train_micro_batch_size_per_gpu"] < 2:
         out.append("train_impl kto needs train_micro_batch_size_per_gpu >= 2 (half of each batch estimates the KL)")
     return out

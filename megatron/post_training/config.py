@@ -25,6 +25,7 @@ class PostTrainingConfig:
     kto_desirable_weight: float = 1.0
     kto_undesirable_weight: float = 1.0
     z_loss: float = 0.0
+    precompute_model_name: str | None = None
     pos_train_data_paths: list[str] | None = None
     neg_train_data_paths: list[str] | None = None
     pos_train_label_data_paths: list[str] | None = None
@@ -50,6 +51,13 @@ class PostTrainingConfig:
     def pairwise(self) -> bool:
         """Chosen/rejected pair data (``dataset_impl: pairwise``)."""
         return self.dataset_impl == "pairwise"
+
+    @property
+    def reads_precomputed_reference(self) -> bool:
+        """DPO/KTO with ``precompute_model_name``: reference log-probs come from the files ``text_gen_type:
+        precompute`` wrote (``<prefix>_<precompute_model_name>``), not from a frozen copy of the model."""
+        reference_free = self.train_impl == "dpo" and self.dpo_reference_free
+        return bool(self.precompute_model_name) and self.train_impl in ("dpo", "kto") and not reference_free
 
     def paths(self, split: str, stream: str) -> list[str] | None:
         """Prefixes of one stream (``pos``, ``neg``, ``pos_label``, ``neg_label``, ``reward``) of a split."""

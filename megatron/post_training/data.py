@@ -6,12 +6,16 @@ seeded permutation per epoch. With ``allow_chopped: false`` documents longer tha
 stream are dropped. Streams:
 
 * pairwise (DPO/RM): ``pos``, ``neg``, ``pos_label``, ``neg_label`` (a missing label stream trains every token);
-* KTO: ``text``, ``label``, ``reward`` (a float per token; the document's reward is its first value).
+* KTO: ``text``, ``label``, ``reward`` (a float per token; the document's reward is its first value);
+* with ``precompute_model_name`` (DPO/KTO): ``pos_ref``/``neg_ref`` or ``ref``, the reference model's per-token
+  log-probs that ``text_gen_type: precompute`` wrote to ``<prefix>_<precompute_model_name>`` (float32, value ``t``
+  = log p(token ``t+1``); padded with 0).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -20,11 +24,16 @@ import torch
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, weighted_num_samples
 from megatron.data.indexed_dataset import make_dataset
+from megatron.errors import DataError
 from megatron.post_training.config import PostTrainingConfig
 
 logger = logging.getLogger(__name__)
 
 PADS = {"pos": 0, "neg": 0, "text": 0, "pos_label": -100, "neg_label": -100, "label": -100, "reward": 0.0}
+PADS.update(dict.fromkeys(("pos_ref", "neg_ref", "ref"), 0.0))
+FLOAT_STREAMS = ("reward", "pos_ref", "neg_ref", "ref")
+# the stream whose documents a precomputed reference stream scores
+REFERENCE_OF = {"pos_ref": "pos", "neg_ref": "neg", "ref": "text"}
 
 
 class AlignedDocumentsDataset(torch.utils.data.Dataset):
@@ -49,6 +58,16 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
                     f"{prefixes.get(name, prefixes[base])} does not match {prefixes[base]} token for token (document "
                     "lengths differ): label and reward streams must come from the same preprocessing run"
                 )
+        for ref, base in REFERENCE_OF.items():
+            if ref in streams and base in streams:
+                needed = np.minimum(np.asarray(streams[base].sizes) - 1, seq_length)
+                short = np.flatnonzero(np.asarray(streams[ref].sizes) < needed)
+                if len(short):
+                    raise DataError(
+                        f"{prefixes[ref]}: document {int(short[0])} has {int(streams[ref].sizes[short[0]])} reference "
+                        f"log-probs but {prefixes[base]} scores {int(needed[short[0]])} tokens there (written with "
+                        f"another seq_length than this run's {seq_length}?); precompute them again with this config"
+                    )
         keep = np.arange(n)
         if not allow_chopped:
             longest = np.max(np.stack([np.asarray(ds.sizes) for ds in streams.values()]), axis=0)
@@ -73,7 +92,7 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
         out = {}
         for name, ds in self.streams.items():
             pad = PADS[name]
-            arr = np.full(self.seq_length + 1, pad, dtype=np.float32 if name == "reward" else np.int64)
+            arr = np.full(self.seq_length + 1, pad, dtype=np.float32 if name in FLOAT_STREAMS else np.int64)
             values = ds.get(doc)[: self.seq_length + 1]
             arr[: len(values)] = values
             out[name] = arr
@@ -106,6 +125,24 @@ def _stream_prefixes(pt: PostTrainingConfig, data: DataConfig, split: str) -> li
     ]
 
 
+def _with_reference_streams(pt: PostTrainingConfig, groups: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Add the precomputed reference log-prob stream of each token stream (``<prefix>_<precompute_model_name>``)."""
+    if not pt.reads_precomputed_reference:
+        return groups
+    for prefixes in groups:
+        for ref, base in REFERENCE_OF.items():
+            if base in prefixes:
+                prefixes[ref] = f"{prefixes[base]}_{pt.precompute_model_name}"
+                if not all(os.path.isfile(prefixes[ref] + ext) for ext in (".bin", ".idx")):
+                    raise DataError(
+                        f"precompute_model_name {pt.precompute_model_name!r}: {prefixes[ref]}.bin/.idx not found (the "
+                        f"reference log-probs of {prefixes[base]}); write them first with the same config: python "
+                        "deepy.py generate.py <configs> --text_gen_type precompute (or unset precompute_model_name to "
+                        "use a frozen copy of the loaded model as the reference)"
+                    )
+    return groups
+
+
 def _with_default_labels(streams: dict[str, Any]) -> dict[str, Any]:
     """Pairwise data without label streams trains every token: the text stream doubles as its label stream."""
     for side in ("pos", "neg"):
@@ -118,7 +155,7 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
     counts = data.num_samples()
     result: list[Any] = []
     for k, split in enumerate(SPLIT_NAMES):
-        groups = _stream_prefixes(pt, data, split)
+        groups = _with_reference_streams(pt, _stream_prefixes(pt, data, split))
         if not groups or not counts[k]:
             result.append(None)
             continue

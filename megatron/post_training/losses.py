@@ -33,8 +33,9 @@ def dpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``-mean log σ(β[(S⁺-S⁻)-(R⁺-R⁻)])``; reference log-probs ``None`` = reference-free (R = 0).
 
-    Returns the loss and the detached metrics ``chosen_rewards``, ``rejected_rewards``, ``reward_acc``, ``margins``
-    (rewards are ``β (S - R)``, GPT-NeoX's definitions).
+    Returns the loss and the detached metrics ``chosen_pos``/``chosen_neg`` (S⁺/S⁻), ``ref_pos``/``ref_neg`` (R⁺/R⁻,
+    with a reference), ``chosen_rewards``, ``rejected_rewards``, ``reward_acc``, ``margins`` (rewards are ``β (S - R)``,
+    GPT-NeoX's names and definitions).
     """
     ref_c = torch.zeros_like(chosen) if ref_chosen is None else ref_chosen.to(chosen.dtype)
     ref_r = torch.zeros_like(rejected) if ref_rejected is None else ref_rejected.to(rejected.dtype)
@@ -43,11 +44,15 @@ def dpo_loss(
     chosen_rewards = beta * (chosen - ref_c).detach()
     rejected_rewards = beta * (rejected - ref_r).detach()
     metrics = {
+        "chosen_pos": chosen.detach().mean(),
+        "chosen_neg": rejected.detach().mean(),
         "chosen_rewards": chosen_rewards.mean(),
         "rejected_rewards": rejected_rewards.mean(),
         "reward_acc": (chosen_rewards > rejected_rewards).float().mean(),
         "margins": (chosen_rewards - rejected_rewards).mean(),
     }
+    if ref_chosen is not None and ref_rejected is not None:
+        metrics.update(ref_pos=ref_c.detach().mean(), ref_neg=ref_r.detach().mean())
     return loss, metrics
 
 

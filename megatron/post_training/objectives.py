@@ -1,11 +1,13 @@
 """The post-training objectives: each turns a loader batch into model inputs and a loss, chosen once at setup.
 
 * :class:`DPOObjective` — pairwise; chosen and rejected sequences go through the model as one ``[2b, s]`` batch;
-  reference log-probs from a frozen copy of the loaded weights, or 0 (``dpo_reference_free``).
+  reference log-probs from a frozen copy of the loaded weights, from the precomputed ``pos_ref``/``neg_ref``
+  streams (``precompute_model_name``), or 0 (``dpo_reference_free``).
 * :class:`RewardModelObjective` — pairwise; the model's ``rm_linear`` head scores each sequence at its last trained
   position (the final EOS written by ``--for-rm``).
 * :class:`KTOObjective` — single sequences with a reward each; the KL reference point of each half of the
-  micro-batch is estimated on the other half.
+  micro-batch is estimated on the other half; reference log-probs from a frozen copy or the precomputed ``ref``
+  stream.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class SequenceBatch:
     targets: torch.Tensor  # [n, s]
     mask: torch.Tensor  # [n, s], 1 where trained
     reward: torch.Tensor | None = None  # [n] (KTO)
+    reference: torch.Tensor | None = None  # [n, s] precomputed reference log-prob of each target
 
 
 def _broadcast(data: dict[str, torch.Tensor] | None, keys: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -50,6 +53,13 @@ def sequence_batch(text: torch.Tensor, label: torch.Tensor, eod: int) -> Sequenc
     return SequenceBatch((tokens, position_ids, attention_mask), shifted.clamp(min=0), (shifted >= 0).float())
 
 
+def precomputed_reference(data: dict[str, torch.Tensor] | None, keys: list[str]) -> torch.Tensor:
+    """The precomputed per-token reference log-probs of ``keys`` stacked as rows, aligned with the targets
+    (value ``t`` scores token ``t+1``, so the last of the ``seq_length + 1`` values is dropped)."""
+    d = _broadcast(data, keys, torch.float32)
+    return torch.cat([d[k] for k in keys])[:, :-1].contiguous()
+
+
 def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     """The reference model: a copy of the (loaded) weights in eval mode, without gradients."""
     ref = copy.deepcopy(module)
@@ -67,9 +77,12 @@ class PairwiseObjective:
         self.cfg, self.eod = cfg, eod
 
     def batch(self, data: dict[str, torch.Tensor] | None) -> SequenceBatch:
-        """Chosen rows first, then rejected rows."""
+        """Chosen rows first, then rejected rows (and their precomputed reference log-probs, when read)."""
         d = _broadcast(data, list(self.keys), torch.int64)
-        return sequence_batch(torch.cat([d["pos"], d["neg"]]), torch.cat([d["pos_label"], d["neg_label"]]), self.eod)
+        b = sequence_batch(torch.cat([d["pos"], d["neg"]]), torch.cat([d["pos_label"], d["neg_label"]]), self.eod)
+        if self.cfg.reads_precomputed_reference:
+            b.reference = precomputed_reference(data, ["pos_ref", "neg_ref"])
+        return b
 
 
 class DPOObjective(PairwiseObjective):
@@ -86,7 +99,9 @@ class DPOObjective(PairwiseObjective):
         """The DPO loss and its reward metrics."""
         chosen, rejected = self._logprobs(engine, b).chunk(2)
         ref_c = ref_r = None
-        if self.reference is not None:
+        if b.reference is not None:
+            ref_c, ref_r = sequence_logprobs(b.reference, b.mask).chunk(2)
+        elif self.reference is not None:
             with torch.no_grad():
                 ref_c, ref_r = self._logprobs(self.reference, b).chunk(2)
         return dpo_loss(chosen, rejected, ref_c, ref_r, self.cfg.dpo_beta)
@@ -112,7 +127,7 @@ class RewardModelObjective(PairwiseObjective):
 class KTOObjective:
     """KTO on ``text``/``label`` streams with a ``reward`` stream (reward > 0: desirable)."""
 
-    def __init__(self, cfg: PostTrainingConfig, eod: int, reference: torch.nn.Module) -> None:
+    def __init__(self, cfg: PostTrainingConfig, eod: int, reference: torch.nn.Module | None) -> None:
         self.cfg, self.eod, self.reference = cfg, eod, reference
 
     def batch(self, data: dict[str, torch.Tensor] | None) -> SequenceBatch:
@@ -121,6 +136,8 @@ class KTOObjective:
         reward = _broadcast(data, ["reward"], torch.float32)["reward"][:, 0]
         b = sequence_batch(d["text"], d["label"], self.eod)
         b.reward = reward
+        if self.cfg.reads_precomputed_reference:
+            b.reference = precomputed_reference(data, ["ref"])
         return b
 
     def _logprobs(self, model: Any, b: SequenceBatch) -> torch.Tensor:
@@ -129,8 +146,12 @@ class KTOObjective:
     def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
         """The KTO loss; each half's KL reference point comes from the other half of the micro-batch."""
         policy = self._logprobs(engine, b)
-        with torch.no_grad():
-            ref = self._logprobs(self.reference, b)
+        if b.reference is not None:
+            ref = sequence_logprobs(b.reference, b.mask)
+        else:
+            assert self.reference is not None, "KTO needs a reference model or precomputed reference log-probs"
+            with torch.no_grad():
+                ref = self._logprobs(self.reference, b)
         n = policy.shape[0]
         half = n // 2
         kl = torch.cat(

@@ -44,11 +44,13 @@ class PostTrainStep(SequentialStep):
 
 def build_post_training_step(cfg: PostTrainingConfig, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep:
     """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
+    # no frozen copy (a second model in memory) when there is no reference or it was precomputed
+    needs_copy = not (cfg.reads_precomputed_reference or (cfg.train_impl == "dpo" and cfg.dpo_reference_free))
+    reference = frozen_copy(engine.module) if needs_copy and cfg.train_impl in ("dpo", "kto") else None
     if cfg.train_impl == "dpo":
-        reference = None if cfg.dpo_reference_free else frozen_copy(engine.module)
         return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers)
     if cfg.train_impl == "kto":
-        return PostTrainStep(engine, KTOObjective(cfg, eod, frozen_copy(engine.module)), gas, timers)
+        return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers)
     if cfg.train_impl == "rm":
         return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers)
     raise ValueError(f"train_impl {cfg.train_impl!r} has no post-training step")

@@ -6,18 +6,16 @@ returns what it generated / scored per layout.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
-def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int, str]]) -> dict:
-    """``{"tp<t>_pp<p>_<precision>": {records, stage, tp_rank, dtypes}}`` of ``run_generation`` under each
-    ``(model_parallel_size, pipe_parallel_size, precision)``."""
+@contextlib.contextmanager
+def recording_stages() -> Iterator[list[Any]]:
+    """The ``InferenceStage`` each ``setup_stage_for_inference`` call builds (proof of the training-layout path)."""
     import megatron.generation.parallel as parallel
-    from megatron import mpu
-    from megatron.generation.text_generation import run_generation
-    from megatron.neox_arguments import NeoXArgs
 
-    out: dict[str, Any] = {}
     built: list[Any] = []
     setup = parallel.setup_stage_for_inference
 
@@ -28,6 +26,20 @@ def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: lis
 
     parallel.setup_stage_for_inference = recording_setup
     try:
+        yield built
+    finally:
+        parallel.setup_stage_for_inference = setup
+
+
+def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int, str]]) -> dict:
+    """``{"tp<t>_pp<p>_<precision>": {records, stage, tp_rank, dtypes}}`` of ``run_generation`` under each
+    ``(model_parallel_size, pipe_parallel_size, precision)``."""
+    from megatron import mpu
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    out: dict[str, Any] = {}
+    with recording_stages() as built:
         for tp, pp, precision in layouts:
             mpu.destroy_model_parallel()
             values = {**overrides, "model_parallel_size": tp, "pipe_parallel_size": pp, "precision": precision}
@@ -38,8 +50,6 @@ def generate_layouts(configs: list[str], overrides: dict[str, Any], layouts: lis
                 "tp_rank": mpu.get_model_parallel_rank(),
                 "dtypes": sorted({str(p.dtype) for p in built[-1].parameters()}),
             }
-    finally:
-        parallel.setup_stage_for_inference = setup
     return out
 
 
@@ -62,13 +72,37 @@ def evaluate_layouts(configs: list[str], overrides: dict[str, Any], layouts: lis
     return out
 
 
+def precompute_layouts(configs: list[str], overrides: dict[str, Any], layouts: list[tuple[int, int]]) -> dict:
+    """``{"tp<t>_pp<p>": {records, stage, tp_rank}}`` of ``text_gen_type: precompute`` under each layout (the
+    output named after it)."""
+    from megatron import mpu
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    out: dict[str, Any] = {}
+    with recording_stages() as built:
+        for tp, pp in layouts:
+            mpu.destroy_model_parallel()
+            name, count = f"tp{tp}_pp{pp}", len(built)
+            values = {**overrides, "model_parallel_size": tp, "pipe_parallel_size": pp, "precompute_model_name": name}
+            records = run_generation(NeoXArgs.from_ymls(configs, overwrite_values=values))
+            parallel = len(built) > count  # False: not run under the training layout
+            out[name] = {
+                "records": records,
+                "stage": built[-1].stage if parallel else None,
+                "tp_rank": mpu.get_model_parallel_rank() if parallel else None,
+            }
+    return out
+
+
 def run_all(configs: list[str], gen: dict[str, Any], gen_layouts: list, evl: dict[str, Any], eval_layouts: list,
-            cwd: str) -> dict:  # fmt: skip
-    """Both of the above in one world (one spawn of the ranks); lm-eval's dataset cache under ``cwd``."""
+            cwd: str, pre: dict[str, Any] | None = None, pre_layouts: list = ()) -> dict:  # fmt: skip
+    """The above in one world (one spawn of the ranks); lm-eval's dataset cache under ``cwd``."""
     import os
 
     os.environ["HF_HOME"] = os.path.join(cwd, "hf_home")
     return {
         "generate": generate_layouts(configs, gen, gen_layouts),
         "eval": evaluate_layouts(configs, evl, eval_layouts, cwd),
+        "precompute": precompute_layouts(configs, pre or {}, pre_layouts),
     }

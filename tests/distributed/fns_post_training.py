@@ -41,3 +41,16 @@ def run_recorded(config: dict[str, Any]) -> dict[str, Any]:
 def run_recorded_many(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Several recorded runs one after the other on the same ranks."""
     return [run_recorded(c) for c in configs]
+
+
+def run_precompute_then_train(
+    sft: dict[str, Any], precompute: list[dict[str, Any]], runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Train and save ``sft``; write reference log-probs with each ``precompute`` config (``text_gen_type:
+    precompute``, the real ``generate.py`` path); then the recorded ``runs``. Returns the outputs and the runs."""
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    run_recorded(sft)
+    written = [run_generation(NeoXArgs.from_dict(c)) for c in precompute]
+    return {"precomputed": written, "runs": [run_recorded(c) for c in runs]}

@@ -1,5 +1,6 @@
 """Generation and evaluation under the training layout: TP=2, PP=2 and TP=2 x PP=2 on 4 gloo ranks give the
-1-rank tokens (fp32; and bf16 weights kept bf16 under PP=2) and the 1-rank eval.py metrics.
+1-rank tokens (fp32; and bf16 weights kept bf16 under PP=2), the 1-rank eval.py metrics and the 1-rank
+``text_gen_type: precompute`` log-probs.
 
 The tiny checkpoint is saved TP=2 / PP=2 (convert_hf_to_neox.py); each rank builds only its pipeline stage's
 layers as its TP shards (the same layer classes as training) and the last stage's tokens drive every rank.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -94,13 +96,43 @@ def eval_reference(tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict
     return overrides, metrics, root
 
 
+PRE_LAYOUTS = [(2, 1), (1, 2), (2, 2)]
+DOCS = [[5, 9, 30, 7, 2], list(range(1, 80)), [11], list(range(200, 240)), [3, 4]]  # cut and padded to 33 tokens
+
+
 @pytest.fixture(scope="module")
-def layouts(tiny, reference, eval_reference, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """Every rank's results of generation and evaluation under each layout, from one 4-rank world."""
+def precompute_reference(tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """(overrides, output prefix) of ``text_gen_type: precompute`` on one process (the TP/PP checkpoint merged)."""
+    import numpy as np
+
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    prefix = str(tmp_path_factory.mktemp("pre") / "d_text_document")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    for doc in DOCS:
+        builder.add_item(doc)
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    overrides = {"text_gen_type": "precompute", "train_data_paths": [prefix], "valid_data_paths": [prefix],
+                 "test_data_paths": [prefix], "seq_length": 32}  # fmt: skip
+    records = run_generation(
+        NeoXArgs.from_ymls(tiny.configs, overwrite_values={**overrides, "precompute_model_name": "one"})
+    )
+    assert records == [{"precomputed": f"{prefix}_one"}] * 3
+    return overrides, f"{prefix}_one"
+
+
+@pytest.fixture(scope="module")
+def layouts(
+    tiny, reference, eval_reference, precompute_reference, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict]:
+    """Every rank's results of generation, evaluation and precompute under each layout, from one 4-rank world."""
     out = tmp_path_factory.mktemp("ranks")
     evl = {**eval_reference[0], "eval_results_prefix": "ranks"}
     return run_distributed(fns_inference.run_all, 4, tiny.configs, reference[0], GEN_LAYOUTS, evl, EVAL_LAYOUTS,
-                           str(out), timeout=400)  # fmt: skip
+                           str(out), precompute_reference[0], PRE_LAYOUTS, timeout=400)  # fmt: skip
 
 
 def test_generation_on_tp_and_pp_ranks_matches_one_rank(reference, layouts) -> None:
@@ -159,3 +191,49 @@ def test_generate_py_through_deepy_on_two_pipeline_stages(tiny, reference, tmp_p
     assert [(w["context"], w["text"], w["length"]) for w in written] == [
         (r["context"], r["text"], r["length"]) for r in records
     ]
+
+
+def test_interactive_generate_py_through_deepy_on_two_tensor_parallel_ranks(tiny, reference, tmp_path: Path) -> None:
+    """``text_gen_type: interactive`` at TP=2: rank 0 reads the prompts from stdin and shares them, both ranks
+    generate, and each completion is printed once, equal to the 1-rank text; end of input ends the session."""
+    overrides, records = reference[0], reference[1]["fp32"]
+    cfg: dict = {}
+    for name in tiny.configs:
+        cfg.update(yaml.safe_load(Path(name).read_text()))
+    cfg.pop("global_num_gpus")
+    cfg.update({k: v for k, v in overrides.items() if k not in ("sample_input_file", "sample_output_file")})
+    cfg.update(text_gen_type="interactive", num_gpus=2, model_parallel_size=2, pipe_parallel_size=0,
+               master_port=free_port(), return_logits=False)  # fmt: skip
+    config = tmp_path / "interactive.yml"
+    config.write_text(yaml.safe_dump(cfg))
+    stdin = "".join(p + "\n" for p in PROMPTS)
+    log = run_command([sys.executable, str(REPO / "deepy.py"), str(REPO / "generate.py"), str(config)],
+                      timeout=300, cwd=tmp_path, input_text=stdin).stdout  # fmt: skip
+    assert "x model 2" in log  # the model-parallel groups of TP=2 were set up
+    printed = re.findall(r"^Generated Text: (.*)$", log, flags=re.MULTILINE)
+    assert printed == [(r["text"] or "").split("\n")[0] for r in records], log[-3000:]
+
+
+def test_precompute_on_tp_and_pp_ranks_matches_one_rank(precompute_reference, layouts) -> None:
+    """text_gen_type precompute with TP=2 (DP=2), PP=2 (DP=2) and TP=2 x PP=2: rank 0 alone writes
+    ``<prefix>_<name>.bin/.idx`` (no temporary file left), float32 log-probs equal to one process's within 1e-5."""
+    import numpy as np
+
+    from megatron.data.indexed_dataset import make_dataset
+
+    one = make_dataset(precompute_reference[1])
+    assert len(one) == len(DOCS) and one.dtype == np.float32
+    prefix = precompute_reference[1].removesuffix("_one")
+    for tp, pp in PRE_LAYOUTS:
+        name = f"tp{tp}_pp{pp}"
+        results = [r["precompute"][name] for r in layouts]
+        assert sorted((r["stage"], r["tp_rank"]) for r in results) == sorted(
+            (rank // tp % pp if pp > 1 else 0, rank % tp) for rank in range(4)
+        ), name  # every rank scored with its own stage's TP shard
+        assert results[0]["records"] == [{"precomputed": f"{prefix}_{name}"}] * 3
+        assert all(r["records"] == [] for r in results[1:]), name
+        got = make_dataset(f"{prefix}_{name}")
+        assert len(got) == len(DOCS) and got.dtype == np.float32, name
+        for i in range(len(DOCS)):
+            assert got[i].shape == (32,) and np.abs(got[i] - one[i]).max() <= 1e-5, (name, i)
+    assert not list(Path(prefix).parent.glob("*tmp*")), "temporary precompute files left behind"

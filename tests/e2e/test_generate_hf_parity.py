@@ -111,3 +111,40 @@ def test_precompute_writes_float32_logprobs(tmp_path: Path) -> None:
         with torch.no_grad():
             logp = torch.log_softmax(hf(ids[:, :-1]).logits, -1).gather(-1, ids[:, 1:, None])[0, :, 0]
         assert np.allclose(out[i], logp.numpy(), atol=1e-4), i
+
+
+def test_precompute_output_is_atomic(tmp_path: Path) -> None:
+    """An error while scoring leaves neither the output nor temporary files; a complete run writes both files and
+    the next run keeps them (an existing .idx means a complete output)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
+    from megatron.generation.precompute import precompute_logprobs
+
+    prefix = str(tmp_path / "d_text_document")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    for doc in ([1, 2, 3], [4, 5], [6]):
+        builder.add_item(doc)
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    args = SimpleNamespace(seq_length=4, train_micro_batch_size_per_gpu=1, precompute_model_name="m", load=None,
+                           train_data_paths=[prefix], test_data_paths=None, valid_data_paths=None, data_impl="mmap")  # fmt: skip
+    calls: list[int] = []
+
+    def failing(tokens: torch.Tensor) -> torch.Tensor:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise RuntimeError("scoring failed")
+        return torch.zeros(*tokens.shape, 8)
+
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        precompute_logprobs(failing, args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d_text_document.bin", "d_text_document.idx"]
+    assert precompute_logprobs(lambda t: torch.zeros(*t.shape, 8), args) == [f"{prefix}_m"]
+    out = make_dataset(f"{prefix}_m")
+    assert len(out) == 3 and np.allclose(out[0], -np.log(8.0))  # uniform logits over 8 tokens
+    assert not list(tmp_path.glob("*tmp*"))
+    assert precompute_logprobs(failing, args) == [f"{prefix}_m"] and len(calls) == 2  # kept: not scored again

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from megatron.data.chat_template import ChatPreprocessConfig, preprocess_chat
-from tests.distributed.fns_post_training import run_recorded_many
+from tests.distributed.fns_post_training import run_precompute_then_train, run_recorded_many
 from tests.distributed.fns_train import tiny_config
 from tests.harness import run_distributed
 from tests.post_training_data import kto_rows, make_chat_tokenizer, pair_rows, sft_rows, write_jsonl
@@ -167,6 +167,49 @@ def test_tp2_and_dp2_match_one_rank(data: dict[str, Any]) -> None:
     for i, name in enumerate(one):
         for run, how, expected in ((par[i], "TP=2", ref[i]), (par[i + 3], "DP=2", ref[3] if name == "kto" else ref[i])):
             assert run["train_losses"] == pytest.approx(expected["train_losses"], abs=1e-5), f"{name} {how}"
+
+
+def test_dpo_and_kto_read_precomputed_reference_logprobs(data: dict[str, Any], tmp_path: Path) -> None:
+    """``text_gen_type: precompute`` from an SFT checkpoint, then DPO and KTO from that checkpoint with
+    ``precompute_model_name``: the same losses and metrics as with the frozen in-memory reference (fp32), and no
+    second model is built. A missing reference file is a one-line error naming it."""
+    from megatron.errors import DataError
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.post_training.config import PostTrainingConfig
+    from megatron.post_training.data import build_datasets
+
+    ckpt = str(tmp_path / "sft_ckpt")
+    cfgs = configs(data, iters=3, eval_iters=0)
+    sft = {**configs(data, iters=2, eval_iters=0)["sft"], "save": ckpt, "checkpoint_factor": 1000}
+    start = {"load": ckpt, "finetune": True}
+    frozen = [{**cfgs[k], **start} for k in ("dpo", "kto")]
+    read = [{**c, "precompute_model_name": "sft"} for c in frozen]
+    writers = [{**c, "text_gen_type": "precompute"} for c in read]
+    out = run_distributed(run_precompute_then_train, 1, sft, writers, frozen + read, timeout=600)[0]
+    chosen = [f"{data['dpo']}_{k}_document_sft" for k in ("chosen", "rejected")]
+    assert out["precomputed"][0][:2] == [{"precomputed": p} for p in chosen]
+    assert out["precomputed"][1][0] == {"precomputed": f"{data['kto']}_messages_document_sft"}
+    for name, a, b in (("dpo", out["runs"][0], out["runs"][2]), ("kto", out["runs"][1], out["runs"][3])):
+        assert b["train_losses"] == pytest.approx(a["train_losses"], abs=1e-5), name
+        for ma, mb in zip(a["metrics"], b["metrics"], strict=True):
+            assert set(ma) == set(mb), name
+            # accuracies compare rewards that are exactly 0 at the first step (policy = reference): skip them
+            assert {k: v for k, v in mb.items() if "acc" not in k} == pytest.approx(
+                {k: v for k, v in ma.items() if "acc" not in k}, abs=1e-4
+            ), name
+    # DPO from the reference itself starts at log 2; the references are real (nonzero) log-probs
+    assert out["runs"][2]["train_losses"][0] == pytest.approx(math.log(2.0), abs=1e-5)
+    assert out["runs"][2]["metrics"][0]["train/ref_pos"] < -1.0
+    # a run whose reference files were not written
+    args = NeoXArgs.from_dict({**read[0], "precompute_model_name": "other"})
+    with pytest.raises(DataError, match=r"_chosen_document_other\.bin/\.idx not found.*--text_gen_type precompute"):
+        build_datasets(PostTrainingConfig.from_neox_args(args), _data_config(args))
+
+
+def _data_config(args: Any) -> Any:
+    from megatron.data.data_utils import DataConfig
+
+    return DataConfig.from_neox_args(args)
 
 
 @pytest.mark.parametrize("name", ["dpo", "kto", "rm", "sft"])

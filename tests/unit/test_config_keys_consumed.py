@@ -115,7 +115,20 @@ def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> 
     assert e.value.problems[0].startswith(f"not supported yet: {key}=") and feature in e.value.problems[0]
 
 
-def test_dpo_refuses_reading_precomputed_reference_log_probs() -> None:
-    # text_gen_type: precompute writes them (megatron/generation/precompute.py); DPO does not read them yet
-    with pytest.raises(ConfigError, match="not supported yet: precompute_model_name"):
-        NeoXArgs({**TINY, "train_impl": "dpo", "precompute_model_name": "ref"}, env=CPU1)
+def test_precompute_model_name_is_read_by_dpo_and_kto() -> None:
+    """DPO/KTO read the reference log-probs ``text_gen_type: precompute`` wrote (tests/e2e/test_post_training.py);
+    with ``dpo_reference_free`` there is no reference to read."""
+    from megatron.post_training.config import PostTrainingConfig
+
+    pairs = {
+        "dataset_impl": "pairwise",
+        "pos_train_data_paths": ["p"],
+        "neg_train_data_paths": ["n"],
+        "data_path": None,
+    }
+    for impl, extra, reads in (("dpo", {}, True), ("dpo", {"dpo_reference_free": True}, False), ("rm", {}, False)):
+        args = NeoXArgs(
+            {**TINY, **pairs, "pack_impl": "unpacked", "train_impl": impl, "precompute_model_name": "ref", **extra},
+            env=CPU1,
+        )
+        assert PostTrainingConfig.from_neox_args(args).reads_precomputed_reference is reads, (impl, extra)

@@ -18,7 +18,11 @@ class TextgenArgs:
     text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"] | None = arg(
         None, "Generation mode; unset: `input-file` if sample_input_file is set, else `unconditional`.", derived=True
     )
-    precompute_model_name: str | None = arg(None, "Name under which precomputed reference log-probs are saved.")
+    precompute_model_name: str | None = arg(
+        None,
+        "Name of the precomputed reference log-probs (`<prefix>_<name>.bin/.idx`): written by `text_gen_type: "
+        "precompute`, read by DPO/KTO training instead of a frozen reference model.",
+    )
     temperature: float = arg(0.0, "Sampling temperature; 0 with top_p 0 and top_k 0 means greedy decoding.")
     top_p: float = arg(0.0, "Nucleus sampling: smallest token set whose probability mass exceeds top_p.")
     top_k: int = arg(0, "Sample only among the k most likely tokens (0: off).")
