@@ -15,7 +15,6 @@ import shlex
 import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
-from megatron.launcher.cli import parse_deepy_args
 from megatron.launcher.launch import (
     default_run_dir,
     launch,
@@ -27,6 +26,7 @@ from megatron.launcher.launch import (
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
 from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.deepy_cli import parse_deepy_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ def init_distributed(backend: str | None = None) -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    from megatron.launcher.worker_env import discover_rank_env
+    from megatron.cluster.worker_env import discover_rank_env
 
     discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
     if on_cpu():

@@ -22,6 +22,7 @@ from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.samplers import DistributedBatchSampler
 from megatron.errors import DataError
+from megatron.neox_arguments.value_checks import parse_split
 
 logger = logging.getLogger(__name__)
 
@@ -116,20 +117,6 @@ class DataConfig:
         valid = (self.train_iters // self.eval_interval + 1) * self.eval_iters * self.train_batch_size
         test = self.eval_iters * self.train_batch_size
         return train, valid, test
-
-
-def parse_split(split: str) -> list[float]:
-    """``"969, 30, 1"`` or ``"98/2/0"`` -> three normalised fractions (missing ones are 0)."""
-    sep = "," if "," in split else "/"
-    try:
-        parts = [float(s) for s in split.split(sep)] if sep in split else [float(split)]
-    except ValueError:
-        raise DataError(f"split {split!r} must be numbers separated by ',' or '/', e.g. '949,50,1'") from None
-    parts = [*parts, 0.0, 0.0, 0.0][:3]
-    if any(p < 0 for p in parts) or sum(parts) <= 0:
-        raise DataError(f"split {split!r} needs non-negative parts with a positive sum")
-    total = sum(parts)
-    return [p / total for p in parts]
 
 
 def split_boundaries(split: str, size: int) -> list[int]:

@@ -27,78 +27,50 @@ from typing import Any
 
 import numpy as np
 
+from megatron.data.index_format import (
+    DTYPES,
+    IMPLS,
+    LEGACY_MAGIC,
+    MMAP_HEADER_BYTES,
+    MMAP_MAGIC,
+    IndexedDatasetError,
+    best_fitting_dtype,
+    data_file_path,
+    dtype_code,
+    index_file_path,
+    infer_dataset_impl,
+    read_magic,
+)
+from megatron.data.legacy_indexed_dataset import IndexedCachedDataset, IndexedDataset, IndexedDatasetBuilder
 from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-MMAP_MAGIC = b"MMIDIDX\x00\x00"
-LEGACY_MAGIC = b"TNTIDX\x00\x00"
-MMAP_HEADER_BYTES = 34
-
-DTYPES: dict[int, type[np.generic]] = {
-    1: np.uint8,
-    2: np.int8,
-    3: np.int16,
-    4: np.int32,
-    5: np.int64,
-    6: np.float32,
-    7: np.float64,
-    8: np.uint16,
-}
-IMPLS = ("mmap", "cached", "lazy", "infer")
-
-
-class IndexedDatasetError(DataError):
-    """A ``.bin``/``.idx`` pair is missing, truncated, or inconsistent; the message names the file."""
-
-
-def dtype_code(dtype: Any) -> int:
-    """The on-disk code of a numpy dtype (raises ValueError for dtypes the format cannot store)."""
-    dt = np.dtype(dtype)
-    for code, candidate in DTYPES.items():
-        if np.dtype(candidate) == dt:
-            return code
-    raise DataError(
-        f"dtype {dt} cannot be stored in an indexed dataset; valid: {[np.dtype(d).name for d in DTYPES.values()]}"
-    )
-
-
-def best_fitting_dtype(vocab_size: int | None = None) -> type[np.generic]:
-    """GPT-NeoX's rule: ``uint16`` when the vocabulary fits (``< 65500``), else ``int32``."""
-    if vocab_size is not None and vocab_size < 65500:
-        return np.uint16
-    return np.int32
-
-
-def index_file_path(prefix: str) -> str:
-    """``P.idx`` for prefix ``P``."""
-    return prefix + ".idx"
-
-
-def data_file_path(prefix: str) -> str:
-    """``P.bin`` for prefix ``P``."""
-    return prefix + ".bin"
-
-
-def read_magic(prefix: str) -> bytes:
-    """First 9 bytes of ``P.idx`` (raises IndexedDatasetError when the file is missing)."""
-    path = index_file_path(prefix)
-    if not os.path.isfile(path):
-        raise IndexedDatasetError(f"index file not found: {path} (expected {prefix}.bin and {prefix}.idx)")
-    with open(path, "rb") as f:
-        return f.read(9)
-
-
-def infer_dataset_impl(prefix: str) -> str:
-    """``"mmap"`` or ``"cached"`` from the magic bytes of ``P.idx``."""
-    magic = read_magic(prefix)
-    if magic == MMAP_MAGIC:
-        return "mmap"
-    if magic[:8] == LEGACY_MAGIC:
-        return "cached"
-    raise IndexedDatasetError(
-        f"{index_file_path(prefix)}: unknown magic {magic!r}; expected {MMAP_MAGIC!r} (mmap) or {LEGACY_MAGIC!r} (cached/lazy)"
-    )
+# GPT-NeoX's module offers the format helpers too (they live in index_format, below both readers).
+__all__ = [
+    "DTYPES",
+    "IMPLS",
+    "LEGACY_MAGIC",
+    "MMAP_HEADER_BYTES",
+    "MMAP_MAGIC",
+    "IndexedCachedDataset",
+    "IndexedDataset",
+    "IndexedDatasetBuilder",
+    "IndexedDatasetError",
+    "MMapIndex",
+    "MMapIndexedDataset",
+    "MMapIndexedDatasetBuilder",
+    "best_fitting_dtype",
+    "data_file_path",
+    "dataset_exists",
+    "dtype_code",
+    "index_file_path",
+    "infer_dataset_impl",
+    "make_builder",
+    "make_dataset",
+    "read_magic",
+    "write_mmap_index",
+]
 
 
 def _pointers(sizes: np.ndarray, itemsize: int) -> np.ndarray:
@@ -343,8 +315,6 @@ def make_builder(out_file: str, impl: str = "mmap", vocab_size: int | None = Non
     if impl == "mmap":
         return MMapIndexedDatasetBuilder(out_file, dtype=best_fitting_dtype(vocab_size))
     if impl in ("cached", "lazy"):
-        from megatron.data.legacy_indexed_dataset import IndexedDatasetBuilder
-
         return IndexedDatasetBuilder(out_file)
     raise DataError(f"unknown dataset impl {impl!r} for a builder; valid: mmap, cached, lazy")
 
@@ -362,8 +332,6 @@ def make_dataset(path: str, impl: str = "infer", skip_warmup: bool = True) -> An
         impl = infer_dataset_impl(path)
     if impl == "mmap":
         return MMapIndexedDataset(path, skip_warmup=skip_warmup)
-    from megatron.data.legacy_indexed_dataset import IndexedCachedDataset, IndexedDataset
-
     return IndexedCachedDataset(path) if impl == "cached" else IndexedDataset(path)
 
 

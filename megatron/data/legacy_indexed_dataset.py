@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from megatron.data.indexed_dataset import (
+from megatron.data.index_format import (
     DTYPES,
     LEGACY_MAGIC,
     IndexedDatasetError,

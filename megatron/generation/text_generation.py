@@ -65,7 +65,7 @@ def inference_dtype(args: Any, cfg: Any) -> torch.dtype:
         raise ConfigError(f"inference_precision={precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
     half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
     if half is not None and inference_device().type == "cpu":
-        from megatron.training.cpu_precision import cpu_has_native
+        from megatron.cpu_features import cpu_has_native
 
         if not cpu_has_native(half):
             logger.warning(

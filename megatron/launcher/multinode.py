@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from megatron.launcher.hostfile import active_resources, read_hostfile
+from megatron.cluster.hostfile import active_resources, read_hostfile
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -80,14 +79,12 @@ def resolve_peak(configured: float | None, dtype: torch.dtype, on_cpu: bool) -> 
     return peak, f"table of known GPUs ({name}: dense bf16/fp16 datasheet peak)"
 
 
-def flops_config_with_peak(args: Any, rank: int = 0) -> FlopsConfig:
-    """``FlopsConfig.from_neox_args(args)`` with the peak resolved; logs formula, peak and source once (rank 0)."""
+def flops_config_with_peak(cfg: FlopsConfig, params_dtype: torch.dtype, rank: int = 0) -> FlopsConfig:
+    """``cfg`` with the peak resolved (calibrated in ``params_dtype`` on the CPU); logs formula, peak and source
+    once (rank 0)."""
     from megatron.distributed import on_cpu
 
-    cfg = FlopsConfig.from_neox_args(args)
-    dtype = getattr(args, "params_dtype", None)
-    peak, source = resolve_peak(cfg.peak_theoretical_tflops, dtype if isinstance(dtype, torch.dtype) else torch.float32,
-                                on_cpu())  # fmt: skip
+    peak, source = resolve_peak(cfg.peak_theoretical_tflops, params_dtype, on_cpu())
     if rank == 0:
         shown = f"{peak:.4g} TFLOP/s per rank" if peak else "unknown (MFU not logged)"
         logger.info("MFU: FLOPs per iteration = %s; peak %s from %s; CPU threads per rank: %d", FLOPS_FORMULA, shown,

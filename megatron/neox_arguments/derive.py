@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from megatron.cluster.hostfile import count_ranks, read_hostfile
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
@@ -41,7 +42,6 @@ class LaunchEnv:
     def capture(cls, hostfile: str | None) -> LaunchEnv:
         """Read WORLD_SIZE, the accelerator and the hostfile (``hostfile`` or $DLTS_HOSTFILE if it exists)."""
         from megatron.distributed import on_cpu
-        from megatron.launcher.hostfile import read_hostfile
 
         ws = os.environ.get("WORLD_SIZE")
         cpu = on_cpu()
@@ -110,8 +110,6 @@ def _world_size(v: dict[str, Any], env: LaunchEnv) -> int:
     if env.world_size is not None:
         return env.world_size
     if env.hosts:
-        from megatron.launcher.hostfile import count_ranks
-
         return count_ranks(env.hosts, v["include"], v["exclude"], v["num_nodes"], v["num_gpus"])  # ValueError
     nodes = v["num_nodes"] if v["num_nodes"] and v["num_nodes"] > 0 else 1
     if not env.on_cpu:

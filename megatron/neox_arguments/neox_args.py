@@ -10,11 +10,14 @@ import json
 import logging
 import os
 import re
-import typing
+import sys
 from typing import Any
 
+from megatron.cluster.worker_env import describe_ranks, discover_rank_env
+from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.keys import HINTS, KEY_SECTION, KNOWN_KEYS
 from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files, unknown_key_message
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.types import coerce_value, describe
@@ -24,17 +27,6 @@ from megatron.neox_arguments.value_checks import value_problems
 
 logger = logging.getLogger(__name__)
 
-# key -> section name / dataclass field / resolved annotation / default, for every GPT-NeoX key.
-KEY_SECTION: dict[str, str] = {}
-FIELDS: dict[str, dataclasses.Field] = {}
-HINTS: dict[str, Any] = {}
-for _section, _cls in SECTIONS.items():
-    _hints = typing.get_type_hints(_cls)
-    for _f in dataclasses.fields(_cls):
-        if _f.name in KEY_SECTION:
-            raise RuntimeError(f"key {_f.name} declared in sections {KEY_SECTION[_f.name]} and {_section}")
-        KEY_SECTION[_f.name], FIELDS[_f.name], HINTS[_f.name] = _section, _f, _hints[_f.name]
-KNOWN_KEYS: set[str] = set(KEY_SECTION)
 
 # Objects attached while running; never serialised.
 RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "comet_experiment", "adlr_autoresume_object")
@@ -177,10 +169,6 @@ class NeoXArgs:
     def consume_deepy_args(cls, input_args: list[str] | None = None) -> NeoXArgs:
         """deepy.py's side: ``SCRIPT [-d DIR] a.yml [b.yml ...] [--key value ...]`` (``sys.argv[1:]`` by default)
         merged and validated, as GPT-NeoX's ``NeoXArgs.consume_deepy_args``."""
-        import sys
-
-        from megatron.launcher.cli import parse_deepy_args  # the launcher builds on this module
-
         cli = parse_deepy_args(sys.argv[1:] if input_args is None else list(input_args))
         return cls.from_ymls(cli.config_files, cli.overrides)
 
@@ -189,13 +177,9 @@ class NeoXArgs:
         """Worker side: read ``--neox_config PATH`` (JSON), ``--megatron_config`` (a JSON file, as current GPT-NeoX
         passes it, or base64 JSON, as older GPT-NeoX did) or config files (``torchrun ... train.py a.yml b.yml``,
         ``mpirun ... train.py a.yml``); other args are ignored. ``input_args`` defaults to ``sys.argv[1:]``.
-        The launcher's rank variables (torchrun, DeepSpeed, srun, mpirun: ``megatron.launcher.worker_env``) are read
+        The launcher's rank variables (torchrun, DeepSpeed, srun, mpirun: ``megatron.cluster.worker_env``) are read
         before the config is resolved, then ``configure_distributed_args()``.
         """
-        import sys
-
-        from megatron.launcher.worker_env import describe_ranks, discover_rank_env
-
         parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
         parser.add_argument("--neox_config", default=None)
         parser.add_argument("--megatron_config", default=None)
@@ -249,8 +233,6 @@ class NeoXArgs:
     def configure_distributed_args(self, local_rank: int | None = None) -> None:
         """Set ``rank``, ``local_rank`` and ``world_size`` from the launcher's environment (torchrun/DeepSpeed
         variables, else SLURM's or MPI's) and check the world size is the one the config was resolved for."""
-        from megatron.launcher.worker_env import discover_rank_env
-
         discover_rank_env(
             os.environ, prefer_slurm=bool(self.deepspeed_slurm), master_port=self.master_port, fill_defaults=False
         )

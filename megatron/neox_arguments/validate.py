@@ -11,12 +11,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
-from megatron.post_training.config import post_training_problems
+from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
+from megatron.neox_arguments.value_checks import check_preemption_keys
 
 logger = logging.getLogger(__name__)
 
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings")
-SPLITS = ("train", "valid", "test")
 
 
 @dataclass
@@ -190,8 +190,6 @@ def _generation(c: Ctx) -> list[str]:
 
 
 def _reliability(c: Ctx) -> list[str]:
-    from megatron.training.preemption import check_preemption_keys
-
     v = c.v
     out = check_preemption_keys(v["preemption_signals"], v["exit_duration_in_mins"])
     if v["load"] == "auto" and not v["save"]:

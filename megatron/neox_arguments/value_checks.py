@@ -8,12 +8,42 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 from collections.abc import Callable
 from typing import Any
 
+from megatron.cluster.hostfile import parse_filter
+from megatron.errors import DataError
 from megatron.neox_arguments.ranges import range_problems
 
 Check = Callable[[Any], "str | None"]
+
+
+def parse_split(split: str) -> list[float]:
+    """``"969, 30, 1"`` or ``"98/2/0"`` -> three normalised fractions (missing ones are 0)."""
+    sep = "," if "," in split else "/"
+    try:
+        parts = [float(s) for s in split.split(sep)] if sep in split else [float(split)]
+    except ValueError:
+        raise DataError(f"split {split!r} must be numbers separated by ',' or '/', e.g. '949,50,1'") from None
+    parts = [*parts, 0.0, 0.0, 0.0][:3]
+    if any(p < 0 for p in parts) or sum(parts) <= 0:
+        raise DataError(f"split {split!r} needs non-negative parts with a positive sum")
+    total = sum(parts)
+    return [p / total for p in parts]
+
+
+def check_preemption_keys(signals: list[Any] | None, minutes: float | None) -> list[str]:
+    """Problems with ``preemption_signals`` / ``exit_duration_in_mins`` (for the config's rule table too)."""
+    out = []
+    for name in signals or []:
+        if not isinstance(name, str) or not isinstance(getattr(signal, name, None), signal.Signals):
+            out.append(f"preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1, SIGUSR2)")
+        elif name in ("SIGKILL", "SIGSTOP"):
+            out.append(f"preemption_signals: {name} cannot be caught")
+    if minutes is not None and not minutes > 0:
+        out.append(f"exit_duration_in_mins={minutes!r} must be > 0")
+    return out
 
 
 def _strings(value: Any) -> str | None:
@@ -35,8 +65,6 @@ def _iterations(value: list) -> str | None:
 
 
 def _split(value: str) -> str | None:
-    from megatron.data.data_utils import parse_split
-
     if len(re.split(r"[,/]", value)) > 3:
         return "has more than three parts (train, valid, test)"
     try:
@@ -97,12 +125,10 @@ def _zero(value: dict) -> str | None:
 
 def _resources(what: str) -> Check:
     def check(value: str) -> str | None:
-        from megatron.launcher.hostfile import _parse_filter
-
         if any(not part.strip() for part in value.split("@")):
             return "has an empty NODE between '@'s; expected NODE[:SLOT,SLOT][@NODE...]"
         try:
-            _parse_filter(value, what)
+            parse_filter(value, what)
         except ValueError as e:
             return str(e).removeprefix(f"{what}: ")
         return None

@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from megatron.launcher.cli import parse_deepy_args
 from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
 from megatron.planner.inputs import Hardware, parse_bytes

@@ -177,10 +177,9 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
 
 
 def build_post_training_loaders(
-    args: Any, data: DataConfig, *, dp_rank: int, dp_size: int, consumed_train: int, consumed_valid: int
+    pt: PostTrainingConfig, data: DataConfig, *, dp_rank: int, dp_size: int, consumed_train: int, consumed_valid: int
 ) -> tuple[Any, Any, Any] | None:
     """Loaders for pairwise and KTO data; ``None`` for language-model data (SFT included), built elsewhere."""
-    pt = PostTrainingConfig.from_neox_args(args)
     if not pt.pairwise and pt.train_impl != "kto":
         return None
     train, valid, test = build_datasets(pt, data)

@@ -42,9 +42,8 @@ class PostTrainStep(SequentialStep):
         return result
 
 
-def build_post_training_step(args: Any, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep | None:
-    """The step for ``train_impl`` dpo/kto/rm (None for ``normal``: language modelling and SFT)."""
-    cfg = PostTrainingConfig.from_neox_args(args)
+def build_post_training_step(cfg: PostTrainingConfig, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep:
+    """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
     # no frozen copy (a second model in memory) when there is no reference or it was precomputed
     needs_copy = not (cfg.reads_precomputed_reference or (cfg.train_impl == "dpo" and cfg.dpo_reference_free))
     reference = frozen_copy(engine.module) if needs_copy and cfg.train_impl in ("dpo", "kto") else None
@@ -54,4 +53,4 @@ def build_post_training_step(args: Any, engine: Any, eod: int, gas: int, timers:
         return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers)
     if cfg.train_impl == "rm":
         return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers)
-    return None
+    raise ValueError(f"train_impl {cfg.train_impl!r} has no post-training step")

@@ -380,9 +380,17 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
 
 
 def load_checkpoint(
-    engine: Any, cfg: CheckpointConfig, *, checkpoint_args: dict[str, Any], args: Any = None
+    engine: Any,
+    cfg: CheckpointConfig,
+    *,
+    checkpoint_args: dict[str, Any],
+    args: Any = None,
+    load_module_strict: bool = True,
 ) -> LoadResult:
     """Load ``cfg.load`` into ``engine``; a directory without ``latest`` means a fresh start (iteration 0).
+
+    ``load_module_strict`` False lets the module lack parameters of the checkpoint and have new ones (a reward
+    model, ``train_impl: rm``, starts from a language model: its rm_linear head is new, the LM head is dropped).
 
     With ``args`` (the run's NeoXArgs), a checkpoint of another TP/PP layout is resharded on load
     (``megatron.checkpoint.autoreshard``); a weights-only reshard restores everything but the optimizer state.
@@ -429,8 +437,7 @@ def load_checkpoint(
                 load_optimizer_states=load_optim,
                 load_lr_scheduler_states=not weights_only,
                 load_module_only=weights_only,
-                # a reward model starts from a language model: its rm_linear head is new, the LM head is dropped
-                load_module_strict=getattr(args, "train_impl", "normal") != "rm",
+                load_module_strict=load_module_strict,
             )
     except Exception as e:
         if is_unsafe_error(e):

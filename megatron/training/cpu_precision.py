@@ -13,34 +13,15 @@ import os
 from typing import Any
 
 import torch
+from deepspeed.accelerator import get_accelerator
 
+from megatron.cpu_features import CPU_FLAGS, cpu_has_native
 from megatron.distributed import on_cpu
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger("megatron.train")
 
 ALLOW_CPU_FP16_ENV = "NEOX_FORGE_ALLOW_CPU_FP16"
-_CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
-
-
-def _cpuinfo_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_has_native(dtype: str) -> bool:
-    """Whether this CPU multiplies ``dtype`` ("bf16" or "fp16") matrices natively (oneDNN), not emulated."""
-    probe = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}[dtype]
-    try:
-        return bool(getattr(torch.ops.mkldnn, probe)())
-    except (AttributeError, RuntimeError):
-        return bool(_cpuinfo_flags() & set(_CPU_FLAGS[dtype]))
 
 
 def slow_half_precision_warning(ds_config: dict[str, Any]) -> str | None:
@@ -50,7 +31,7 @@ def slow_half_precision_warning(ds_config: dict[str, Any]) -> str | None:
         return None
     capability = torch.backends.cpu.get_cpu_capability()
     return (
-        f"{dtype} on this CPU ({capability}, no {' / '.join(_CPU_FLAGS[dtype])}): PyTorch emulates {dtype} matrix "
+        f"{dtype} on this CPU ({capability}, no {' / '.join(CPU_FLAGS[dtype])}): PyTorch emulates {dtype} matrix "
         f"products here, about 20-50x slower than fp32. For CPU runs set `{dtype}: {{enabled: false}}` (fp32)."
     )
 
@@ -71,7 +52,5 @@ def apply_cpu_precision(ds_config: dict[str, Any]) -> None:
             "fp16.enabled: DeepSpeed has no fp16 support on this CPU; train in fp32 (or bf16 on a CPU with native bf16), or set "
             f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
         )
-    from deepspeed.accelerator import get_accelerator
-
     logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
     type(get_accelerator()).is_fp16_supported = lambda self: True

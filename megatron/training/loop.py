@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,6 +288,4 @@ class Trainer:
 
 
 def _now() -> float:
-    import time
-
     return time.perf_counter()

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from megatron.distributed import on_cpu
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
@@ -60,8 +61,6 @@ class OptimizerConfig:
     @classmethod
     def from_neox_args(cls, args: Any) -> OptimizerConfig:
         """Read the flat GPT-NeoX attribute names (and the DeepSpeed config for ZeRO keys)."""
-        from megatron.distributed import on_cpu
-
         ds = getattr(args, "deepspeed_config", None) or {}
         zero = getattr(args, "zero_optimization", None) or ds.get("zero_optimization") or {}
         stage = getattr(args, "zero_stage", None)

@@ -19,6 +19,7 @@ import torch
 
 from megatron import mpu
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.value_checks import check_preemption_keys
 
 logger = logging.getLogger("megatron.train")
 
@@ -44,19 +45,6 @@ class PreemptionConfig:
         if problems:
             raise ConfigError(problems)
         return cfg
-
-
-def check_preemption_keys(signals: list[Any] | None, minutes: float | None) -> list[str]:
-    """Problems with ``preemption_signals`` / ``exit_duration_in_mins`` (for the config's rule table too)."""
-    out = []
-    for name in signals or []:
-        if not isinstance(name, str) or not isinstance(getattr(signal, name, None), signal.Signals):
-            out.append(f"preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1, SIGUSR2)")
-        elif name in ("SIGKILL", "SIGSTOP"):
-            out.append(f"preemption_signals: {name} cannot be caught")
-    if minutes is not None and not minutes > 0:
-        out.append(f"exit_duration_in_mins={minutes!r} must be > 0")
-    return out
 
 
 class Preemption:

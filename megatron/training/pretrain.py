@@ -1,8 +1,9 @@
 """``pretrain(neox_args)``: GPT-NeoX's pretrain flow on the DeepSpeed engine.
 
-initialize (distributed, mpu, seeds) → tokenizer (sets ``padded_vocab_size``) → metrics sinks → model →
-optimizer + LR schedule → ``deepspeed.initialize`` → optional load → data loaders (resuming at the consumed
-samples) → optional step-0 save → ``train()`` → final validation → final save → test evaluation.
+initialize (distributed, mpu, seeds) → the run's shape (:class:`RunPlan`, decided once) → tokenizer (sets
+``padded_vocab_size``) → metrics sinks → model → optimizer + LR schedule → ``deepspeed.initialize`` → optional
+load → data loaders (resuming at the consumed samples) → the step variant → optional step-0 save → ``train()`` →
+final validation → final save → test evaluation.
 """
 
 from __future__ import annotations
@@ -14,17 +15,31 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import deepspeed
 import torch
 
+from megatron import model as model_lib
 from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError
+from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
+from megatron.logging.flops import FlopsConfig
 from megatron.logging.metrics import LoggingConfig, Metrics
 from megatron.logging.peak_flops import flops_config_with_peak
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
+from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
+from megatron.model.moe import with_aux_loss
+from megatron.neox_arguments import NeoXArgs
+from megatron.parallel_config import ParallelConfig
+from megatron.post_training.config import PostTrainingConfig
+from megatron.post_training.data import build_post_training_loaders
+from megatron.post_training.reward_head import with_reward_head
+from megatron.post_training.step import build_post_training_step
+from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.grad_clipping import install_fp32_clipping
@@ -33,6 +48,7 @@ from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.preemption import Preemption, PreemptionConfig
+from megatron.training.run_plan import RunPlan
 from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 
@@ -56,52 +72,44 @@ class PretrainResult:
     preempted: bool = False  # stopped by a signal or exit_duration_in_mins after saving: exit with REQUEUE_EXIT_CODE
 
 
-def checkpoint_args(args: Any) -> dict[str, Any]:
+def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
     """The model-shape values GPT-NeoX stores in every checkpoint and checks on load."""
-    return {k: getattr(args, k, None) for k in ckpt.CHECKPOINT_ARG_KEYS}
+    return {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
 
 
-def build_model(args: Any) -> tuple[torch.nn.Module, Any]:
-    """The GPT model for the config: sequential (``pipe_parallel_size == 0``) or a DeepSpeed PipelineModule."""
-    from megatron import model as model_lib
-
+def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:
+    """The GPT model for the config: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
     cfg = model_lib.GPTModelConfig.from_neox_args(args)
-    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
+    if plan.pipeline:
         return model_lib.build_pipeline_model(cfg), cfg
     model = model_lib.build_sequential_model(cfg)
-    if getattr(args, "train_impl", "normal") == "rm":
-        from megatron.post_training.reward_head import with_reward_head
-
+    if plan.reward_head:
         model = with_reward_head(model, cfg)
     return model, cfg
 
 
-def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tuple[Any, AnnealingLR, int, Any]:
+def setup_model_and_optimizer(
+    args: NeoXArgs, plan: RunPlan, load_cfg: ckpt.CheckpointConfig
+) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
     Returns ``(engine, lr_scheduler, iteration, load_result)``.
     """
-    import deepspeed
-
-    from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
-    from megatron.parallel_config import ParallelConfig
-
     opt_cfg = OptimizerConfig.from_neox_args(args)
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, _ = build_model(args)  # the builders also register the sequence-parallel norm-gradient sync
+    model, _ = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
-    pipe = int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
         model_parameters=groups if optimizer is None else None,
         lr_scheduler=lr_scheduler,
         config=ds_config,
-        mpu=None if pipe else mpu.get_deepspeed_mpu(),
+        mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
         dist_init_required=False,
     )
     install_fp32_clipping(engine)  # DeepSpeed's fp32 clipping norm is wrong under pipelines (and unrecorded)
@@ -109,16 +117,16 @@ def setup_model_and_optimizer(args: Any, load_cfg: ckpt.CheckpointConfig) -> tup
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
-    result = ckpt.load_checkpoint(engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args)
-    if result.path and getattr(args, "checkpoint_validation_with_forward_pass", False):
-        check_validation_logits(engine, args, result.client_state, result.path)
+    result = ckpt.load_checkpoint(
+        engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args, load_module_strict=not plan.reward_head
+    )
+    if result.path and plan.validate_with_forward:
+        check_validation_logits(engine, plan, int(args.padded_vocab_size), result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
 
 
-def _train_iters_from_epochs(args: Any) -> None:
+def _train_iters_from_epochs(args: NeoXArgs, gas: int) -> None:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
-    from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
-
     data_cfg = DataConfig.from_neox_args(args)
     data_cfg.validate()
     train_loader, _, _ = build_train_valid_test_data_loaders(
@@ -126,7 +134,6 @@ def _train_iters_from_epochs(args: Any) -> None:
     )
     if train_loader is None:
         raise DataError("train_epochs needs training data")
-    gas = int(args.gradient_accumulation_steps or 1)
     iters = int(args.train_epochs) * len(train_loader) // gas
     if iters < 1:
         raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
@@ -138,13 +145,9 @@ VALIDATION_KEY = "checkpoint_validation_logits"
 
 
 @torch.no_grad()
-def validation_logits(engine: Any, args: Any) -> torch.Tensor | None:
-    """Logits of a fixed sequence (``checkpoint_validation_with_forward_pass``); None for pipeline models."""
-    if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
-        logger.warning("checkpoint_validation_with_forward_pass is not supported with pipe_parallel_size >= 1")
-        return None
-    seq = int(args.seq_length)
-    tokens = (torch.arange(seq, device=engine.device) % int(args.padded_vocab_size)).unsqueeze(0)  # [1, s]
+def validation_logits(engine: Any, seq_length: int, vocab_size: int) -> torch.Tensor:
+    """Logits of a fixed sequence (``checkpoint_validation_with_forward_pass``; sequential models only)."""
+    tokens = (torch.arange(seq_length, device=engine.device) % vocab_size).unsqueeze(0)  # [1, s]
     was_training = engine.module.training
     engine.module.eval()
     logits = engine(tokens).float().cpu()
@@ -152,40 +155,46 @@ def validation_logits(engine: Any, args: Any) -> torch.Tensor | None:
     return logits
 
 
-def check_validation_logits(engine: Any, args: Any, client_state: dict[str, Any], path: str) -> None:
+def check_validation_logits(
+    engine: Any, plan: RunPlan, vocab_size: int, client_state: dict[str, Any], path: str
+) -> None:
     """Compare the stored forward pass with one of the loaded model (dtype-aware tolerance)."""
     stored = client_state.get(VALIDATION_KEY)
     if stored is None:
         logger.warning("checkpoint %s has no %s to validate against", path, VALIDATION_KEY)
         return
-    current = validation_logits(engine, args)
-    if current is None:
-        return
-    tol = 1e-5 if args.params_dtype == torch.float32 else 2e-2
+    current = validation_logits(engine, plan.seq_length, vocab_size)
+    tol = 1e-5 if plan.params_dtype == torch.float32 else 2e-2
     if current.shape != stored.shape or not torch.allclose(current, stored.float(), atol=tol, rtol=tol):
         raise CheckpointError(f"checkpoint {path}: the loaded model does not reproduce the logits stored at save time")
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
-def _loss_fn(model: torch.nn.Module) -> Any:
-    from megatron.model import cross_entropy
-    from megatron.model.moe import with_aux_loss
-
-    return with_aux_loss(cross_entropy, model)  # + the MoE load-balancing loss (unchanged for dense models)
+def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
+    """The step variant the plan names (chosen once, here)."""
+    if plan.step_variant == "post_training":
+        post_cfg = PostTrainingConfig.from_neox_args(args)
+        return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers)
+    batch_cfg = BatchConfig.from_neox_args(args, eod)
+    if plan.step_variant == "pipe":
+        return PipeStep(engine, batch_cfg, timers)
+    loss_fn = with_aux_loss(model_lib.cross_entropy, engine.module)  # + the MoE load-balancing loss (if any)
+    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers)
 
 
 def build_data_iterators(
-    args: Any, consumed_train: int, consumed_valid: int
+    args: NeoXArgs, consumed_train: int, consumed_valid: int
 ) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
     """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
-    from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
-    from megatron.data.samplers import iterate_forever
-    from megatron.post_training.data import build_post_training_loaders
-
     data_cfg = DataConfig.from_neox_args(args)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     loaders = build_post_training_loaders(
-        args, data_cfg, dp_rank=dp_rank, dp_size=dp_size, consumed_train=consumed_train, consumed_valid=consumed_valid
+        PostTrainingConfig.from_neox_args(args),
+        data_cfg,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        consumed_train=consumed_train,
+        consumed_valid=consumed_valid,
     )
     if loaders is None:
         data_cfg.validate()
@@ -200,17 +209,15 @@ def build_data_iterators(
     return train, valid, test
 
 
-def _setup_tokenizer(args: Any) -> Any:
+def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
     """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``)."""
-    from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
-
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     padded = padded_vocab_size(
         tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
     )
     args.update_value("padded_vocab_size", padded)
-    if getattr(args, "train_iters", None) is None and getattr(args, "train_epochs", None):
-        _train_iters_from_epochs(args)
+    if args.train_iters is None and args.train_epochs:
+        _train_iters_from_epochs(args, plan.gradient_accumulation_steps)
     return tokenizer
 
 
@@ -219,42 +226,33 @@ def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
         logger.info(observer.summary_line(iteration))
 
 
-def pretrain(args: Any) -> PretrainResult:
+def pretrain(args: NeoXArgs) -> PretrainResult:
     """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes."""
     start_time = time.monotonic()
     timers = Timers()
     initialize_megatron(args)
     rank = mpu.world_rank()
-    tokenizer = _setup_tokenizer(args)
+    plan = RunPlan.from_neox_args(args)
+    tokenizer = _setup_tokenizer(args, plan)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)
-    resolved = args.to_dict() if hasattr(args, "to_dict") else None
-    run_config = {k: v for k, v in (resolved or {}).items() if k != "config_files"}
+    resolved = args.to_dict()
+    run_config = {k: v for k, v in resolved.items() if k != "config_files"}
     metrics = Metrics.create(
         log_cfg,
         rank=rank,
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         run_config=run_config,
-        config_text=args.format_config() if hasattr(args, "format_config") else None,
+        config_text=args.format_config(),
     )
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
     try:
-        engine, _, iteration, loaded = setup_model_and_optimizer(args, save_cfg)
-        tbs = int(args.train_batch_size)
+        engine, _, iteration, loaded = setup_model_and_optimizer(args, plan, save_cfg)
+        tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
         train_iter, valid_iter, test_iter = build_data_iterators(args, iteration * tbs, consumed_valid)
-
-        batch_cfg = BatchConfig.from_neox_args(args, tokenizer.eod)
-        if int(getattr(args, "pipe_parallel_size", 0) or 0) >= 1:
-            step: PipeStep | SequentialStep = PipeStep(engine, batch_cfg, timers)
-        else:
-            from megatron.post_training.step import build_post_training_step
-
-            gas = int(args.gradient_accumulation_steps or 1)
-            step = build_post_training_step(args, engine, tokenizer.eod, gas, timers) or SequentialStep(
-                engine, _loss_fn(engine.module), batch_cfg, gas, timers
-            )
+        step = build_step(plan, args, engine, tokenizer.eod, timers)
         result = PretrainResult(
             iteration=iteration,
             start_iteration=iteration,
@@ -265,8 +263,8 @@ def pretrain(args: Any) -> PretrainResult:
 
         def save(it: int) -> None:
             extra = {}
-            if getattr(args, "checkpoint_validation_with_forward_pass", False):
-                extra[VALIDATION_KEY] = validation_logits(engine, args)
+            if plan.validate_with_forward:
+                extra[VALIDATION_KEY] = validation_logits(engine, plan.seq_length, int(args.padded_vocab_size))
             ckpt.save_checkpoint(
                 engine,
                 it,
@@ -274,20 +272,20 @@ def pretrain(args: Any) -> PretrainResult:
                 checkpoint_args=checkpoint_args(args),
                 consumed_train_samples=it * tbs,
                 consumed_valid_samples=trainer.consumed_valid,
-                config_files=getattr(args, "config_files", None) or {},
+                config_files=args.config_files or {},
                 resolved_config=resolved,
                 extra_state=extra,
             )
             result.saved.append(it)
             observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
 
-        observer = RunObserver(loop_cfg.train_iters, tbs, int(args.seq_length), iteration, start_time=start_time)
+        observer = RunObserver(loop_cfg.train_iters, tbs, plan.seq_length, iteration, start_time=start_time)
         trainer = Trainer(
             engine=engine,
             step=step,
             loop_cfg=loop_cfg,
             log_cfg=log_cfg,
-            flops_cfg=flops_config_with_peak(args, rank),
+            flops_cfg=flops_config_with_peak(FlopsConfig.from_neox_args(args), plan.params_dtype, rank),
             metrics=metrics,
             timers=timers,
             save_fn=save if save_cfg.save else None,
@@ -300,9 +298,9 @@ def pretrain(args: Any) -> PretrainResult:
         trainer.consumed_valid = consumed_valid
         install_nonfinite_guard(
             engine,
-            int(getattr(args, "max_consecutive_nonfinite_steps", None) or 10),
-            int(getattr(args, "loss_spike_skip_window", None) or 0),
-            float(getattr(args, "loss_spike_skip_zscore", None) or 0.0),
+            int(args.max_consecutive_nonfinite_steps or 10),
+            int(args.loss_spike_skip_window or 0),
+            float(args.loss_spike_skip_zscore or 0.0),
         )
         trainer.stop_check = preemption.should_stop
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:

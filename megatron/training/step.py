@@ -13,9 +13,12 @@ from typing import Any, ClassVar
 
 import torch
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from megatron import mpu
 from megatron.logging.timers import Timers
+from megatron.model import get_ltor_masks_and_position_ids
+from megatron.model.gpt2_model import cross_entropy
 from megatron.training.nonfinite import note_loss
 
 Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -48,8 +51,6 @@ class BatchConfig:
 
 def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
     """``((tokens, position_ids, attention_mask), (labels, loss_mask))`` on every TP rank (TP rank 0 reads)."""
-    from megatron.model import get_ltor_masks_and_position_ids
-
     keys = ["text", "label"] if cfg.with_labels else ["text"]  # known on every TP rank, as broadcast needs
     # broadcast_data leaves tp=1 batches where the loader put them (CPU): move them to the rank's device.
     device = get_accelerator().current_device_name()
@@ -82,8 +83,6 @@ def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
 
 def needs_manual_loss_scaling(engine: Any) -> bool:
     """True for fp16 without ZeRO, where DeepSpeed's engine does not apply the dynamic loss scale itself."""
-    from deepspeed.runtime.base_optimizer import ZeROOptimizer
-
     fp16 = getattr(engine, "fp16_enabled", lambda: False)()
     opt = engine.optimizer
     return bool(fp16) and not isinstance(opt, ZeROOptimizer) and hasattr(opt, "loss_scale_config")
@@ -91,8 +90,6 @@ def needs_manual_loss_scaling(engine: Any) -> bool:
 
 def uses_fused_loss(engine: Any, loss_fn: Any) -> bool:
     """True when the step may ask the model for its loss directly (GPT-NeoX's LM loss, a model that can fuse)."""
-    from megatron.model.gpt2_model import cross_entropy
-
     weight_of = getattr(engine.module, "fused_loss_weight", None)
     return loss_fn is cross_entropy and callable(weight_of) and weight_of() is not None
 

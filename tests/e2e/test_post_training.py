@@ -222,6 +222,7 @@ def test_real_post_training_configs_build_their_data(data: dict[str, Any], name:
     from megatron.neox_arguments import LaunchEnv, NeoXArgs
     from megatron.neox_arguments.loader import merge_config_files
     from megatron.neox_arguments.neox_args import KNOWN_KEYS
+    from megatron.post_training.config import PostTrainingConfig
     from megatron.post_training.data import build_post_training_loaders
     from tests.shared_files import SHARED
 
@@ -242,7 +243,9 @@ def test_real_post_training_configs_build_their_data(data: dict[str, Any], name:
     args = NeoXArgs(values, env=LaunchEnv(world_size=None, on_cpu=True))
     assert args.train_impl == {"sft": "normal"}.get(name, name) and args.model_parallel_size == 4
     cfg = DataConfig.from_neox_args(args)
-    loaders = build_post_training_loaders(args, cfg, dp_rank=0, dp_size=1, consumed_train=0, consumed_valid=0)
+    loaders = build_post_training_loaders(
+        PostTrainingConfig.from_neox_args(args), cfg, dp_rank=0, dp_size=1, consumed_train=0, consumed_valid=0
+    )
     if name == "sft":
         assert loaders is None
         loaders = build_train_valid_test_data_loaders(cfg, dp_rank=0, dp_size=1)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from megatron.cluster.worker_env import discover_rank_env, expand_nodelist
 from megatron.launcher.launch import run_cluster
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import RedactingFilter, redact, write_env_file
-from megatron.launcher.worker_env import discover_rank_env, expand_nodelist
 from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
 from tests.unit.test_launcher import TINY  # the same tiny model the launcher tests use
 

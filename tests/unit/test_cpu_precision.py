@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from megatron.cpu_features import CPU_FLAGS, cpu_has_native, cpuinfo_flags
 from megatron.training import cpu_precision
-from megatron.training.cpu_precision import _cpuinfo_flags, cpu_has_native, slow_half_precision_warning
+from megatron.training.cpu_precision import slow_half_precision_warning
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_native_probe_agrees_with_the_cpu_flags(dtype: str) -> None:
-    flags = _cpuinfo_flags()
+    flags = cpuinfo_flags()
     if not flags:
         pytest.skip("no /proc/cpuinfo flags on this machine")
-    assert cpu_has_native(dtype) == bool(flags & set(cpu_precision._CPU_FLAGS[dtype]))
+    assert cpu_has_native(dtype) == bool(flags & set(CPU_FLAGS[dtype]))
 
 
 def test_warning_names_the_dtype_the_cpu_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron.launcher.cli import parse_deepy_args
-from megatron.launcher.hostfile import count_ranks, filter_resources, parse_hostfile
+from megatron.cluster.hostfile import count_ranks, filter_resources, parse_hostfile
 from megatron.launcher.launch import CONFIG_NAME, plan_launch
 from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+from megatron.neox_arguments.deepy_cli import parse_deepy_args
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {

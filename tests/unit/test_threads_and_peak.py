@@ -52,7 +52,7 @@ def test_flops_config_with_peak_logs_once_and_feeds_mfu(caplog):
     args = SimpleNamespace(train_batch_size=8, seq_length=256, num_layers=6, hidden_size=128, padded_vocab_size=50304,
                            checkpoint_activations=False, peak_theoretical_tflops=None, params_dtype=torch.float32)  # fmt: skip
     with caplog.at_level(logging.INFO, logger="megatron.train"):
-        cfg = flops_config_with_peak(args, rank=0)
+        cfg = flops_config_with_peak(FlopsConfig.from_neox_args(args), torch.float32, rank=0)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("MFU:")]
     assert len(lines) == 1 and "24·K·B·s·l·h²" in lines[0] and "GEMM calibration on CPU" in lines[0]
     assert cfg.peak_theoretical_tflops and cfg.peak_theoretical_tflops > 0
@@ -60,7 +60,9 @@ def test_flops_config_with_peak_logs_once_and_feeds_mfu(caplog):
     assert metrics["runtime/model_flops_utilization"] > 0
     args.peak_theoretical_tflops = 2.0
     caplog.clear()
-    assert flops_config_with_peak(args, rank=1).peak_theoretical_tflops == 2.0
+    assert (
+        flops_config_with_peak(FlopsConfig.from_neox_args(args), torch.float32, rank=1).peak_theoretical_tflops == 2.0
+    )
     assert not [r for r in caplog.records if r.getMessage().startswith("MFU:")]  # rank 0 only
     assert isinstance(FlopsConfig.from_neox_args(args), FlopsConfig)
 

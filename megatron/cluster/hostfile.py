@@ -30,7 +30,7 @@ def read_hostfile(path: str) -> dict[str, int]:
         return parse_hostfile(f.read(), path)
 
 
-def _parse_filter(spec: str, what: str) -> dict[str, list[int] | None]:
+def parse_filter(spec: str, what: str) -> dict[str, list[int] | None]:
     """``worker-0@worker-1:0,2`` -> {"worker-0": None (all slots), "worker-1": [0, 2]}."""
     out: dict[str, list[int] | None] = {}
     for part in spec.split("@"):
@@ -54,7 +54,7 @@ def filter_resources(
         raise ValueError("include and exclude cannot both be set")
     if include:
         chosen: dict[str, list[int]] = {}
-        for host, slots in _parse_filter(include, "include").items():
+        for host, slots in parse_filter(include, "include").items():
             if host not in pool:
                 raise ValueError(f"include: host {host!r} is not in the hostfile (hosts: {', '.join(pool)})")
             bad = [s for s in slots or [] if s not in pool[host]]
@@ -63,7 +63,7 @@ def filter_resources(
             chosen[host] = slots if slots is not None else pool[host]
         return chosen
     if exclude:
-        for host, slots in _parse_filter(exclude, "exclude").items():
+        for host, slots in parse_filter(exclude, "exclude").items():
             if host not in pool:
                 raise ValueError(f"exclude: host {host!r} is not in the hostfile (hosts: {', '.join(pool)})")
             if slots is None:

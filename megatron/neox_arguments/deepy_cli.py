@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.keys import HINTS, KNOWN_KEYS
 from megatron.neox_arguments.loader import normalize_key, unknown_key_message
-from megatron.neox_arguments.neox_args import HINTS, KNOWN_KEYS
 from megatron.neox_arguments.types import parse_cli_value
 
 

@@ -1,0 +1,77 @@
+"""The shape of a training run, decided once: :class:`RunPlan`.
+
+``pretrain()`` builds one plan from the validated NeoXArgs and hands it to what needs the decision (model builder,
+``deepspeed.initialize``, the step variant, checkpoint validation), so "pipeline or not", the precision, the ZeRO
+stage and the training objective are each read from the configuration in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from megatron.distributed import on_cpu
+from megatron.neox_arguments import NeoXArgs
+
+logger = logging.getLogger("megatron.train")
+
+StepVariant = Literal["pipe", "sequential", "post_training"]
+_DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What kind of run this is; every field is derived from validated keys and never changes during the run."""
+
+    pipeline: bool  # DeepSpeed PipelineModule + PipelineEngine (``pipe_parallel_size >= 1``: ``is_pipe_parallel``)
+    precision: Literal["fp32", "fp16", "bfloat16"]
+    zero_stage: int
+    train_impl: str  # the objective: normal (language modelling, SFT), dpo, kto or rm
+    on_cpu: bool
+    gradient_accumulation_steps: int
+    train_batch_size: int
+    seq_length: int
+    validate_with_forward: bool  # ``checkpoint_validation_with_forward_pass`` where it can run (not under pipelines)
+
+    # decisions, not config keys: the pipeline engine (``is_pipe_parallel``), the machine, forward validation
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("pipeline", "on_cpu", "validate_with_forward")
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXArgs) -> RunPlan:
+        """The plan of a validated configuration (derived keys included)."""
+        pipeline = bool(args.is_pipe_parallel)
+        validate = bool(args.checkpoint_validation_with_forward_pass)
+        if validate and pipeline:
+            logger.warning("checkpoint_validation_with_forward_pass is not supported with pipe_parallel_size >= 1")
+        return cls(
+            pipeline=pipeline,
+            precision=args.precision or "fp32",
+            zero_stage=int(args.zero_stage or 0),
+            train_impl=str(args.train_impl),
+            on_cpu=on_cpu(),
+            gradient_accumulation_steps=int(args.gradient_accumulation_steps or 1),
+            train_batch_size=int(args.train_batch_size),
+            seq_length=int(args.seq_length),
+            validate_with_forward=validate and not pipeline,
+        )
+
+    @property
+    def step_variant(self) -> StepVariant:
+        """The training step: DeepSpeed's pipeline schedule, the sequential step, or a post-training objective
+        (validation refuses post-training objectives under pipelines)."""
+        if self.pipeline:
+            return "pipe"
+        return "sequential" if self.train_impl == "normal" else "post_training"
+
+    @property
+    def params_dtype(self) -> torch.dtype:
+        """torch dtype of the parameters."""
+        return _DTYPES[self.precision]
+
+    @property
+    def reward_head(self) -> bool:
+        """Whether the model ends in a reward head (``train_impl: rm``; validation refuses it under pipelines)."""
+        return self.train_impl == "rm"
