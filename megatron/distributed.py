@@ -9,6 +9,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 import torch
 
@@ -38,7 +39,8 @@ def init_distributed(backend: str | None = None) -> None:
 
     discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
     if on_cpu():
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        ds_comm: Any = importlib.import_module("deepspeed.comm.torch")
+        ds_comm.build_shm_op = lambda: None
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     deepspeed.init_distributed(dist_backend=backend or default_backend(), auto_mpi_discovery=False)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full test suite: installs what is missing, lints, then runs pytest.
+# The full test suite: installs what is missing, lints, type-checks, then runs pytest.
 # pytest exit code 5 (no tests collected) counts as a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +7,7 @@ bash scripts/bootstrap.sh || exit 1
 export DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check . || exit 1
 .venv/bin/ruff format --check . || exit 1
+.venv/bin/python -m mypy || exit 1  # files and settings: [tool.mypy] in pyproject.toml
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" = "5" ]; then

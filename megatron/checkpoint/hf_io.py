@@ -65,7 +65,7 @@ def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
             logger.warning("%s tokenizer: %s; no tokenizer files written", kind, what)
             return None
 
-        tok = build_tokenizer(TokenizerConfig.from_neox_args(args))
+        tok: Any = build_tokenizer(TokenizerConfig.from_neox_args(args))  # these kinds wrap an HF .tokenizer
         if kind.lower() == "hfgpt2tokenizer":
             return tok.tokenizer
         return _fast_tokenizer(tok.tokenizer)

@@ -91,7 +91,7 @@ def _into_partitions(engine: Any, full: FullOptimizerState, cfg: Any, tp: int, t
             mapping = None if zero3 else getattr(lp, "_hp_mapping", None)
             if not zero3 and mapping is None:  # no fragment of this parameter in this DP rank's partition
                 continue
-            numel = int(lp.ds_numel) if zero3 else lp.numel()
+            numel = int(getattr(lp, "ds_numel")) if zero3 else lp.numel()  # noqa: B009 - set by DeepSpeed ZeRO-3
             for key, value in _split(full, names[lp], cfg, tp, tp_rank).items():
                 if not (torch.is_tensor(value) and value.dim() > 0):
                     scalars[key] = value
@@ -103,6 +103,7 @@ def _into_partitions(engine: Any, full: FullOptimizerState, cfg: Any, tp: int, t
                     offset, piece = _zero3_piece(opt, lp, i, value.detach())
                     buffer.narrow(0, offset, piece.numel()).copy_(piece.to(hp.dtype))
                     continue
+                assert mapping is not None  # not zero3: skipped above when None
                 lp_at, hp_at = mapping.lp_fragment_address, mapping.hp_fragment_address
                 piece = value.detach().reshape(-1).narrow(0, lp_at.start, lp_at.numel)
                 buffer.narrow(0, hp_at.start, hp_at.numel).copy_(piece.to(hp.dtype))

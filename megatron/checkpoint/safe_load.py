@@ -37,7 +37,8 @@ def allowed_globals() -> list[Any]:
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
+    # numpy >= 2 has _core, 1.x only core; the stubs of either version lack the other
+    reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct  # type: ignore[attr-defined]
     dtypes = [type(np.dtype(name)) for name in ("uint32", "int64", "float32", "float64", "bool")]
     return [reconstruct, np.ndarray, np.dtype, *dtypes, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 

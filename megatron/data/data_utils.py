@@ -167,18 +167,18 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
         bounds = split_boundaries(cfg.split, len(indexed.sizes))
         out: list[Any] = []
         for k, name in enumerate(SPLIT_NAMES):
-            lo, hi = bounds[k], bounds[k + 1]
-            if hi <= lo or (counts[k] is not None and counts[k] <= 0):
+            lo, hi, count = bounds[k], bounds[k + 1], counts[k]
+            if hi <= lo or (count is not None and count <= 0):
                 out.append(None)
                 continue
             docs = np.arange(lo, hi, dtype=np.int32)
-            ds = _gpt2(cfg, name, cfg.data_path, docs, indexed, counts[k], label_dataset=labels, barrier=barrier)
+            ds = _gpt2(cfg, name, cfg.data_path, docs, indexed, count, label_dataset=labels, barrier=barrier)
             out.append(ds)
         return out[0], out[1], out[2]
     result: list[Any] = []
     for k, split in enumerate(SPLIT_NAMES):
-        paths = getattr(cfg, f"{split}_data_paths") or []
-        if not paths or (counts[k] is not None and counts[k] <= 0):
+        paths, count = getattr(cfg, f"{split}_data_paths") or [], counts[k]
+        if not paths or (count is not None and count <= 0):
             result.append(None)
             continue
         label_paths = getattr(cfg, f"{split}_label_data_paths") or [None] * len(paths)
@@ -189,10 +189,12 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             if cfg.weighted_document_limit:
                 num_docs = [min(n, cfg.weighted_document_limit) for n in num_docs]
             weights = weights_by_num_documents(num_docs, cfg.weighted_sampler_alpha)
-        if counts[k] is None:
+        per_dataset: list[int | None]
+        if count is None:
             weights, per_dataset = [float(w) for w in normalize_weights(weights)], [None] * len(paths)
         else:
-            weights, per_dataset = weighted_num_samples(weights, counts[k])
+            weights, counted = weighted_num_samples(weights, count)
+            per_dataset = list(counted)
         datasets = []
         for i, (prefix, ds, label_path) in enumerate(zip(paths, indexed, label_paths)):
             labels = _open(cfg, label_path) if label_path else None

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from megatron.errors import DataError
 
@@ -41,7 +41,8 @@ class _ZstdLines(io.RawIOBase):
         import zstandard
 
         self.path, self.raw = path, open(path, "rb")  # noqa: SIM115 - closed in close()
-        self.dctx, self.dobj, self.pending = zstandard.ZstdDecompressor(), None, b""
+        self.dctx, self.pending = zstandard.ZstdDecompressor(), b""
+        self.dobj: zstandard.ZstdDecompressionObj | None = None
 
     def readable(self) -> bool:
         return True
@@ -67,7 +68,7 @@ class _ZstdLines(io.RawIOBase):
         super().close()
 
 
-def _open_binary(path: str) -> IO[bytes]:
+def _open_binary(path: str) -> io.BufferedIOBase:
     if path.endswith(".zst"):
         return io.BufferedReader(_ZstdLines(path))
     if path.endswith(".gz"):
@@ -75,7 +76,7 @@ def _open_binary(path: str) -> IO[bytes]:
     return open(path, "rb")
 
 
-def _checked_lines(path: str, f: IO[bytes]) -> Iterator[bytes]:
+def _checked_lines(path: str, f: io.BufferedIOBase) -> Iterator[bytes]:
     """The lines of a (compressed) file; a truncated or corrupt archive is a :class:`DocumentError` naming it."""
     kind = "zstd" if path.endswith(".zst") else "gzip" if path.endswith(".gz") else "input"
     lines = iter(f)

@@ -88,10 +88,12 @@ def load_or_build_index_maps(
         if pack_impl == "packed":
             maps = index_maps.build_packed(documents, sizes, num_samples, seq_length, seed, num_epochs)
         elif pack_impl == "pack_until_overflow":
+            assert num_samples is not None  # None only with pack_impl packed (checked above)
             maps = index_maps.build_pack_until_overflow(
                 documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked
             )
         else:
+            assert num_samples is not None  # None only with pack_impl packed (checked above)
             maps = index_maps.build_unpacked(documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked)
         for key, array in zip(MAP_NAMES, maps):
             _save_atomic(paths[key], array)
@@ -106,7 +108,7 @@ def load_or_build_index_maps(
                 f"index map {path} is missing after the build step; with use_shared_fs=True the data directory must "
                 "be on a file system all ranks share (else set use_shared_fs: false)"
             )
-    return tuple(np.load(paths[k], allow_pickle=False, mmap_mode="r") for k in MAP_NAMES)  # type: ignore[return-value]
+    return tuple(np.load(paths[k], allow_pickle=False, mmap_mode="r") for k in MAP_NAMES)
 
 
 class GPT2Dataset(torch.utils.data.Dataset):

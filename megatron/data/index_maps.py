@@ -80,14 +80,20 @@ def build_shuffle_idx(size: int, np_rng: np.random.RandomState) -> np.ndarray:
 def build_packed(
     documents: np.ndarray,
     sizes: np.ndarray,
-    num_samples: int,
+    num_samples: int | None,
     seq_length: int,
     seed: int,
     num_epochs: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GPT-NeoX's ``pack_impl="packed"`` maps: ``(doc_idx, sample_idx, shuffle_idx)``."""
+    """GPT-NeoX's ``pack_impl="packed"`` maps: ``(doc_idx, sample_idx, shuffle_idx)``; ``num_samples`` may be None
+    only with ``num_epochs``."""
     tokens_per_epoch = num_tokens(documents, sizes)
-    epochs = num_epochs or num_epochs_for(tokens_per_epoch, seq_length, num_samples)
+    if num_epochs:
+        epochs = num_epochs
+    elif num_samples is None:
+        raise ValueError("build_packed needs num_samples or num_epochs")
+    else:
+        epochs = num_epochs_for(tokens_per_epoch, seq_length, num_samples)
     np_rng = np.random.RandomState(seed=seed)
     doc_idx = build_doc_idx(documents, epochs, np_rng)
     sample_idx = build_sample_idx(sizes, doc_idx, seq_length, epochs, tokens_per_epoch)

@@ -119,9 +119,9 @@ class NeoXEvalAdapter(TemplateLM):
         out = []
         for i, (inp, cont) in enumerate(zip(inputs, conts, strict=True)):
             target = torch.tensor(cont, dtype=torch.long, device=self.device)
-            rows = logprobs[i, len(inp) - len(cont) : len(inp)]
-            greedy = bool((rows.argmax(dim=-1) == target).all())
-            out.append((float(rows.gather(-1, target.unsqueeze(-1)).sum()), greedy))
+            span = logprobs[i, len(inp) - len(cont) : len(inp)]
+            greedy = bool((span.argmax(dim=-1) == target).all())
+            out.append((float(span.gather(-1, target.unsqueeze(-1)).sum()), greedy))
         return out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:

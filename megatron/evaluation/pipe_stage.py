@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from megatron import mpu
+from megatron.model.config import GPTModelConfig
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _HEADER = 6  # ndim, three sizes, dtype index, 1 when the activations travel with positions (a layer's tuple)
@@ -28,7 +29,10 @@ class TrainingPipeStage:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.cfg = module.cfg  # GPT2ModelPipe's model config (StageForward reads padded_vocab_size)
+        cfg = getattr(module, "cfg", None)
+        if not isinstance(cfg, GPTModelConfig):
+            raise TypeError(f"TrainingPipeStage needs a GPT2ModelPipe (with a .cfg), got {type(module).__name__}")
+        self.cfg = cfg  # GPT2ModelPipe's model config (StageForward reads padded_vocab_size)
         self.vocab = int(self.cfg.padded_vocab_size)
         self.stage, self.num_stages = mpu.get_pipe_parallel_rank(), mpu.get_pipe_parallel_world_size()
 

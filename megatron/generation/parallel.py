@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -75,11 +75,21 @@ def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
     return stage, tokenizer
 
 
+class LogitsStage(Protocol):
+    """What :class:`StageForward` runs: an :class:`InferenceStage` or the training pipeline's
+    :class:`~megatron.evaluation.pipe_stage.TrainingPipeStage` (``cfg.padded_vocab_size``; logits or None)."""
+
+    @property
+    def cfg(self) -> Any: ...
+
+    def __call__(self, tokens: torch.Tensor, kv_cache: Any = None) -> torch.Tensor | None: ...
+
+
 class StageForward:
     """The generation loop's forward over an :class:`InferenceStage`: logits on the last stage (None elsewhere),
     and the sharing of what the last stage sampled (see the module docstring)."""
 
-    def __init__(self, stage: InferenceStage) -> None:
+    def __init__(self, stage: LogitsStage) -> None:
         self.stage = stage
         self.vocab = stage.cfg.padded_vocab_size
 

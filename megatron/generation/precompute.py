@@ -45,6 +45,7 @@ def model_name(args: Any) -> str:
 
 def precompute_paths(args: Any) -> list[str]:
     """The dataset prefixes to score, in GPT-NeoX's order."""
+    groups: tuple[str, ...]
     if args.train_data_paths:
         groups = ("train_data_paths", "test_data_paths", "valid_data_paths")
     elif getattr(args, "pos_train_data_paths", None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -18,6 +18,15 @@ from megatron.config_utils import neox_overrides
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
 # then also has share_tokens / share_logits (megatron.generation.parallel.StageForward)
 ForwardFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
+
+
+@runtime_checkable
+class SharesTokens(Protocol):
+    """A :data:`ForwardFn` that also shares the last stage's tokens and logits (``StageForward``)."""
+
+    def share_tokens(self, sampled: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor: ...
+
+    def share_logits(self, logits: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor: ...
 
 
 @dataclass
@@ -164,7 +173,7 @@ def generate_tokens_batch(
         tokens[i, : len(c)] = torch.tensor(c, dtype=torch.long)
     tokens = tokens.to(device)
     stops = {eod_token, *cfg.stop_tokens}
-    share = forward if hasattr(forward, "share_tokens") else None  # megatron.generation.parallel.StageForward
+    share = forward if isinstance(forward, SharesTokens) else None  # megatron.generation.parallel.StageForward
     new: list[list[int]] = [[] for _ in range(b)]
     finished, done = [False] * b, [False] * b
     cache = None if cfg.recompute else KVCache(capacity=width)
@@ -186,15 +195,17 @@ def generate_tokens_batch(
         for i in range(b):
             if done[i] or pos < lengths[i]:
                 continue  # finished, or still inside its prompt (the prompt token stays)
-            if logits_out is not None and logits_out[i] is not None:
-                logits_out[i].append(logits[i].detach().float().cpu())
+            row_logits = None if logits_out is None else logits_out[i]
+            if row_logits is not None and logits is not None:  # logits is set whenever logits_out is (see above)
+                row_logits.append(logits[i].detach().float().cpu())
             token = int(sampled[i])
             if token in stops:
                 done[i] = finished[i] = True
                 continue
             new[i].append(token)
             tokens[i, pos] = token
-            if stop_fns is not None and stop_fns[i] is not None and stop_fns[i](new[i]):
+            stop_fn = None if stop_fns is None else stop_fns[i]
+            if stop_fn is not None and stop_fn(new[i]):
                 done[i] = finished[i] = True
             elif len(new[i]) >= cfg.maximum_tokens:
                 done[i] = True

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import torch
 
-from megatron.generation.sampling import SamplingConfig, kv_cache_forward
+from megatron.generation.sampling import ForwardFn, SamplingConfig, kv_cache_forward
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     rank = int(os.environ.get("RANK", "0"))
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
+    forward: ForwardFn
     if parallel:
         stage, tokenizer = setup_stage_for_inference(args)
         forward = StageForward(stage)

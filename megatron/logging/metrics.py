@@ -152,9 +152,9 @@ def format_console_line(
     labels = [
         ("runtime/samples_per_sec", "samples/sec", "{:.3f}"),
         ("runtime/tokens_per_sec", "tokens/sec", "{:.1f}"),
-        ("runtime/iteration_time", "elapsed time per iteration (ms)", None),
+        ("runtime/iteration_time", "elapsed time per iteration (ms)", ""),  # formatted below
         ("train/learning_rate", "learning rate", "{:.3E}"),
-        ("runtime/flops_per_sec_per_gpu", "approx flops per device", None),
+        ("runtime/flops_per_sec_per_gpu", "approx flops per device", ""),  # formatted below
         ("runtime/model_flops_utilization", "MFU (%)", "{:.2f}"),
         ("train/loss_scale", "loss scale", "{:.1f}"),
         ("train/grad_norm", "grad norm", "{:.4f}"),

@@ -73,10 +73,10 @@ def resolve_peak(configured: float | None, dtype: torch.dtype, on_cpu: bool) -> 
         peak = calibrate_gemm_tflops(dtype)
         return peak, f"in-process {dt} GEMM calibration on CPU ({threads} thread{'s' if threads > 1 else ''})"
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown device"
-    peak = gpu_table_peak(name)
-    if peak is None:
+    gpu_peak = gpu_table_peak(name)
+    if gpu_peak is None:
         return None, f"{name} is not in the table of known GPUs: set peak_theoretical_tflops to log MFU"
-    return peak, f"table of known GPUs ({name}: dense bf16/fp16 datasheet peak)"
+    return gpu_peak, f"table of known GPUs ({name}: dense bf16/fp16 datasheet peak)"
 
 
 def flops_config_with_peak(cfg: FlopsConfig, params_dtype: torch.dtype, rank: int = 0) -> FlopsConfig:

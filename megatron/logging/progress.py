@@ -21,7 +21,7 @@ def set_quiet(quiet: bool) -> None:
     _state["quiet"] = bool(quiet)
 
 
-def add_quiet_flag(parser: argparse.ArgumentParser) -> None:
+def add_quiet_flag(parser: argparse._ActionsContainer) -> None:  # a parser or an argument group
     """The ``--quiet`` flag every long tool has."""
     parser.add_argument("--quiet", action="store_true", help="no progress bars (they are drawn only on a terminal)")
 

@@ -20,7 +20,7 @@ from torch import nn
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
-from megatron.model.norms import RMSNorm, ScaleNorm, build_norm
+from megatron.model.norms import Norm, RMSNorm, ScaleNorm, build_norm
 from megatron.model.positional_embeddings import AliBi, RotaryEmbedding, apply_rotary
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def _tp_sum(t: torch.Tensor) -> torch.Tensor:
     return mpu.reduce_from_model_parallel_region(mpu.copy_to_model_parallel_region(t))
 
 
-def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def qk_norm(norm: Norm, x: torch.Tensor) -> torch.Tensor:
     """Apply a QK norm over ``[heads, hn]`` with statistics over ALL heads (TP-invariant).
 
     ``x`` ``[s, b, heads/tp, hn]``; the norm's parameters ``[heads/tp, hn]`` are this rank's slice. At tp=1 this

@@ -84,7 +84,7 @@ def _partitioning(
     """``(dim, stride, sub_sizes)`` of a TP-sharded parameter, None if it is replicated."""
     if getattr(param, "tensor_model_parallel", False) or getattr(param, "model_parallel", False):
         sizes = getattr(param, "partition_sizes", None)
-        return int(param.partition_dim), int(getattr(param, "partition_stride", 1)), sizes
+        return int(getattr(param, "partition_dim")), int(getattr(param, "partition_stride", 1)), sizes  # noqa: B009
     if cfg is not None:
         dim, subs = partition_spec(name, cfg)
         if dim is not None:

@@ -53,7 +53,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             sum_exp = z.sum(dim=1)
             losses = sum_exp.log() + zmax.squeeze(1) - target_logit
             total += (losses * coef[start:end]).sum()
-            if not need_grad:
+            if grad_h is None or grad_w is None:  # not need_grad
                 continue
             # gradient of the masked mean w.r.t. these logits: (softmax - onehot) * coef
             z.mul_((coef[start:end] / sum_exp).unsqueeze(1))

@@ -10,6 +10,7 @@ Activations between specs are tuples ``(hidden, position_ids, attention_mask)`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -143,6 +144,7 @@ class GPTSequential(nn.Module):
         """
         if isinstance(input_ids, (tuple, list)):
             input_ids, position_ids, attention_mask = input_ids
+        assert isinstance(input_ids, torch.Tensor)
         b, s = input_ids.shape
         if kv_cache is not None and self.cfg.sequence_parallel and mpu.get_model_parallel_world_size() > 1:
             raise ValueError("incremental decoding (kv_cache) is not supported with sequence_parallel; disable it")
@@ -178,7 +180,7 @@ class GPTSequential(nn.Module):
             i += 1
         if kv_cache is not None:
             kv_cache.advance(s)
-        if loss_targets is not None:
+        if loss_targets is not None and weight is not None:  # weight is None only without loss_targets (see above)
             return fused_lm_cross_entropy(x, weight, loss_targets[0], loss_targets[1])
         return x
 
@@ -189,10 +191,12 @@ class GPTSequential(nn.Module):
         if mpu.get_model_parallel_world_size() != 1 or cfg.sequence_parallel or cfg.fp16_lm_cross_entropy:
             return None
         last = self.sequential[-1]
+        owner = last._owner[0] if isinstance(last, _Lambda) and last.fn is logits_helper else None
+        weight: torch.Tensor
         if isinstance(last, ParallelLinearPipe):
             weight = last.final_linear.weight
-        elif isinstance(last, _Lambda) and last.fn is logits_helper:
-            weight = last._owner[0].word_embeddings_weight
+        elif isinstance(owner, EmbeddingPipe):
+            weight = owner.word_embeddings_weight
         else:
             return None
         return None if hasattr(weight, "ds_tensor") else weight
@@ -298,7 +302,7 @@ class GPT2ModelPipe(PipelineModule):
                 raise ValueError("not supported yet: MoE layers with more than one pipeline stage")
             from megatron.model.moe import with_aux_loss
 
-            self.loss_fn = with_aux_loss(self.loss_fn, self)
+            self.loss_fn: Callable[..., torch.Tensor] = with_aux_loss(self.loss_fn, self)
         if ckpt:
             storage_cfg = cfg.replace(checkpoint_activations=True, checkpoint_num_layers=every)
             configure_checkpoint_storage(storage_cfg, pipe_parallel_size=self.num_stages)

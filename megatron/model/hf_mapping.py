@@ -84,8 +84,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         problems.append("apply_query_key_layer_scaling in half precision")
     if cfg.is_moe and architecture != "mixtral":
         problems.append(f"mixture-of-experts layers (moe_num_experts={cfg.moe_num_experts}; {architecture} is dense)")
-    rope = {"rope_theta": float(cfg.rotary_emb_base), "rope_type": "default"}
-    common = {
+    rope: dict[str, Any] = {"rope_theta": float(cfg.rotary_emb_base), "rope_type": "default"}
+    common: dict[str, Any] = {
         "vocab_size": cfg.padded_vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
@@ -105,7 +105,7 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         if problems:
             raise ValueError(f"no exact GPTNeoXForCausalLM equivalent: {'; '.join(problems)}")
         rope["partial_rotary_factor"] = float(cfg.rotary_pct)
-        hf = transformers.GPTNeoXConfig(
+        hf: transformers.PretrainedConfig = transformers.GPTNeoXConfig(
             **common,
             intermediate_size=cfg.mlp_sizes[0],
             hidden_act=_hf_act(cfg),
@@ -128,7 +128,7 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         problems.append(f"rotary_pct={cfg.rotary_pct} ({architecture} rotates whole heads)")
     if cfg.hidden_dropout:
         problems.append("hidden_dropout (no HF equivalent)")
-    kwargs = {
+    kwargs: dict[str, Any] = {
         **common,
         "intermediate_size": cfg.mlp_sizes[1],
         "num_key_value_heads": cfg.kv_heads,
@@ -163,8 +163,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
 
 def hf_config_to_neox(hf_config: Any, **overrides: Any) -> tuple[GPTModelConfig, str]:
     """``(GPTModelConfig, architecture)`` for a HF GPTNeoX/Llama/Mistral config (5.x or old-style fields)."""
-    model_type = getattr(hf_config, "model_type", None)
-    arch = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}.get(model_type)
+    model_type: str | None = getattr(hf_config, "model_type", None)
+    arch = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}.get(model_type or "")
     if arch is None:
         raise ValueError(
             f"unsupported Hugging Face model_type {model_type!r}; supported: gpt_neox, llama, mistral, mixtral"

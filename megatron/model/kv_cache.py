@@ -40,11 +40,11 @@ class KVCache:
         """Append ``k``/``v`` ``[b, nkv, s_new, hn]`` for ``layer``; return the full ``[b, nkv, s_past+s_new, hn]``."""
         past, new = self._lengths.get(layer, 0), k.shape[2]
         keys, values = self._keys.get(layer), self._values.get(layer)
-        if keys is None or past + new > keys.shape[2]:
+        if keys is None or values is None or past + new > keys.shape[2]:
             capacity = self.capacity if keys is None and past + new <= self.capacity else max(2 * (past + new), 16)
             grown_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
             grown_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
-            if keys is not None:
+            if keys is not None and values is not None:
                 grown_k[:, :, :past] = keys[:, :, :past]
                 grown_v[:, :, :past] = values[:, :, :past]
             keys, values = grown_k, grown_v

@@ -63,7 +63,10 @@ class NonParametricLayerNorm(nn.Module):
 NORM_CLASSES = (LayerNorm, RMSNorm, ScaleNorm, NonParametricLayerNorm)
 
 
-def build_norm(cfg: GPTModelConfig, dim: int | list[int] | None = None) -> nn.Module:
+Norm = LayerNorm | RMSNorm | ScaleNorm | NonParametricLayerNorm
+
+
+def build_norm(cfg: GPTModelConfig, dim: int | list[int] | None = None) -> Norm:
     """The norm selected by ``cfg.norm`` over ``dim`` (default ``hidden_size``) with its epsilon."""
     dim = cfg.hidden_size if dim is None else dim
     eps = cfg.norm_epsilon

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,6 +19,8 @@ class RotaryEmbedding(nn.Module):
     does) and cast to ``dtype``; positions come from ``position_ids`` so packed/reset positions and KV-cache
     offsets are honoured.
     """
+
+    inv_freq: torch.Tensor  # a registered buffer
 
     def __init__(self, dim: int, base: float = 10000.0, save_inv_freq: bool = False) -> None:
         super().__init__()
@@ -71,6 +74,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class SinusoidalPositionalEmbedding(nn.Module):
     """Fixed ``cat(sin, cos)`` of ``pos × inv_freq`` with ``inv_freq = 1/10000^(2i/h)``."""
 
+    inv_freq: torch.Tensor  # a registered buffer
+
     def __init__(self, dim: int, base: float = 10000.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
@@ -98,6 +103,8 @@ def alibi_slopes(num_heads: int) -> list[float]:
 
 class AliBi(nn.Module):
     """ALiBi bias ``-(i - j)·slope_head`` for this TP rank's heads (``[np, sq, sk]``, fp32)."""
+
+    slopes: torch.Tensor  # a registered buffer
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
@@ -152,10 +159,11 @@ class RelativePositionBias(nn.Module):
         init_method(full)
         self.weight = nn.Parameter(full[:, rank * per : (rank + 1) * per].contiguous().to(dtype))
         if tp > 1:
-            self.weight.model_parallel = True
-            self.weight.tensor_model_parallel = True
-            self.weight.partition_dim = 1
-            self.weight.partition_stride = 1
+            marked: Any = self.weight  # ad-hoc TP attributes, read by name (see mpu.layers)
+            marked.model_parallel = True
+            marked.tensor_model_parallel = True
+            marked.partition_dim = 1
+            marked.partition_stride = 1
         self.num_buckets, self.max_distance, self.scale = num_buckets, max_distance, scale
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

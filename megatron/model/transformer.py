@@ -14,6 +14,7 @@ from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
 from megatron.model.norms import build_norm
 from megatron.model.seeding import seeded
+from megatron.model.word_embeddings import EmbeddingPipe
 
 
 def bias_dropout_add(
@@ -123,7 +124,7 @@ def parallel_lm_logits(hidden: torch.Tensor, weight: torch.Tensor, cfg: GPTModel
     return logits if cfg.parallel_output else mpu.gather_from_model_parallel_region(logits)
 
 
-def logits_helper(embedding: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def logits_helper(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
     """``forward_fn`` of the tied output spec: logits from the embedding module's word embeddings."""
     return parallel_lm_logits(hidden, embedding.word_embeddings_weight, embedding.cfg)
 

@@ -41,6 +41,7 @@ class Embedding(nn.Module):
         self.word_embeddings = mpu.VocabParallelEmbedding(
             cfg.padded_vocab_size, cfg.hidden_size, init_method=init_method, params_dtype=cfg.params_dtype
         )
+        self.position_embeddings: LearnedPositionEmbedding | SinusoidalPositionalEmbedding
         if cfg.pos_emb == "learned":
             self.position_embeddings = LearnedPositionEmbedding(cfg, init_method)
         elif cfg.pos_emb == "sinusoidal":

@@ -16,7 +16,7 @@ from megatron.mpu.initialize import (
 from megatron.mpu.utils import VocabUtility
 
 
-def _tp_all_reduce(x: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+def _tp_all_reduce(x: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
     if get_model_parallel_world_size() == 1:
         return x
     half = x.dtype in (torch.float16, torch.bfloat16)

@@ -38,11 +38,12 @@ def set_tensor_model_parallel_attributes(
     param: torch.Tensor, partition_dim: int, stride: int = 1, sizes: Sequence[int] | None = None
 ) -> None:
     """Mark ``param`` as a TP shard split along ``partition_dim``."""
-    param.model_parallel = True
-    param.tensor_model_parallel = True
-    param.partition_dim = partition_dim
-    param.partition_stride = stride
-    param.partition_sizes = tuple(sizes) if sizes is not None else None
+    marked: Any = param  # the TP attributes are ad-hoc tensor attributes (GPT-NeoX/DeepSpeed read them by name)
+    marked.model_parallel = True
+    marked.tensor_model_parallel = True
+    marked.partition_dim = partition_dim
+    marked.partition_stride = stride
+    marked.partition_sizes = tuple(sizes) if sizes is not None else None
 
 
 def _sharded_master_weight(
@@ -158,7 +159,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = copy_to_model_parallel_region(x)
         out = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)  # [..., out/tp]
-        bias = self.bias if self.skip_bias_add else None
+        bias: torch.Tensor | None = self.bias if self.skip_bias_add else None
         if self.gather_output:
             out = self._gather(out)  # [..., out]
             if bias is not None:
@@ -239,7 +240,7 @@ class RowParallelLinear(nn.Module):
             out = reduce_scatter_to_sequence_parallel_region(partial, self.seq_dim)
         else:
             out = reduce_from_model_parallel_region(partial)
-        bias = self.bias
+        bias: torch.Tensor | None = self.bias
         if bias is not None and self.sequence_parallel and not self.parallel_output:
             # Each rank adds the bias to its own tokens only: sum the bias gradient over TP.
             bias = copy_to_model_parallel_region(bias)

@@ -243,7 +243,8 @@ def _optimizer(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> N
 
 def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[dict[str, Any], list[str]]:
     """Compute the derived keys from ``values`` (all keys, defaults filled); returns (updates, problems)."""
-    v, out, problems = values, {}, []
+    v, problems = values, list[str]()
+    out: dict[str, Any] = {}
     try:
         world = _world_size(v, env)
     except ValueError as e:  # a bad include/exclude against the hostfile

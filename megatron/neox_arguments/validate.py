@@ -58,7 +58,7 @@ def _heads(c: Ctx) -> list[str]:
 
 
 def _kv_heads(c: Ctx) -> list[str]:
-    v, out = c.v, []
+    v, out = c.v, list[str]()
     kv, heads, mp = v["num_kv_heads"], v["num_attention_heads"], v["model_parallel_size"]
     if kv is None or not heads:
         return out
@@ -160,7 +160,7 @@ def _post_training(c: Ctx) -> list[str]:
 
 
 def _moe(c: Ctx) -> list[str]:
-    keys = ("moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type", "moe_jitter_eps")
+    keys: tuple[str, ...] = ("moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type", "moe_jitter_eps")
     keys += ("moe_loss_weight", "moe_normalize_expert_weights")
     cfg = SimpleNamespace(**{k: c.v[k] for k in keys})
     cfg.sequence_parallel = c.v["sequence_parallel"]

@@ -110,14 +110,16 @@ def _stream_prefixes(pt: PostTrainingConfig, data: DataConfig, split: str) -> li
         for i, (pos, neg) in enumerate(zip(lists["pos"], lists["neg"] or [])):
             one = {"pos": pos, "neg": neg}
             for s in ("pos_label", "neg_label"):
-                if lists[s]:
-                    one[s] = lists[s][i]
+                label_paths = lists[s]
+                if label_paths:
+                    one[s] = label_paths[i]
             out.append(one)
         return out
     texts = getattr(data, f"{split}_data_paths") or []
-    labels = getattr(data, f"{split}_label_data_paths") or [None] * len(texts)
-    rewards = pt.paths(split, "reward") or [None] * len(texts)
-    if texts and not pt.paths(split, "reward"):
+    labels: list[str | None] = getattr(data, f"{split}_label_data_paths") or [None] * len(texts)
+    reward_paths = pt.paths(split, "reward")
+    rewards: list[str | None] = [*reward_paths] if reward_paths else [None] * len(texts)
+    if texts and not reward_paths:
         raise ValueError(f"train_impl: kto needs {split}_reward_data_paths for {split}_data_paths")
     return [
         {k: v for k, v in (("text", t), ("label", lab), ("reward", r)) if v}
@@ -156,11 +158,12 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
     result: list[Any] = []
     for k, split in enumerate(SPLIT_NAMES):
         groups = _with_reference_streams(pt, _stream_prefixes(pt, data, split))
-        if not groups or not counts[k]:
+        count = counts[k]
+        if not groups or not count:
             result.append(None)
             continue
         weights, per_dataset = weighted_num_samples(
-            getattr(data, f"{split}_data_weights") or [1.0] * len(groups), counts[k]
+            getattr(data, f"{split}_data_weights") or [1.0] * len(groups), count
         )
         datasets = []
         for prefixes, n in zip(groups, per_dataset):

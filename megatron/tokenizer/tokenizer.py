@@ -141,7 +141,7 @@ class _TokenizersBackend(AbstractTokenizer):
 class HFTokenizer(_TokenizersBackend):
     """A ``tokenizers`` JSON file (e.g. GPT-NeoX's ``20B_tokenizer.json``); eod ``<|endoftext|>``, pad ``<|padding|>``."""
 
-    def __init__(self, vocab_file: str) -> None:
+    def __init__(self, vocab_file: str | None) -> None:
         from tokenizers import Tokenizer
 
         path = _require_file(vocab_file, "vocab_file", "HFTokenizer", "a tokenizers JSON file")
@@ -155,7 +155,7 @@ class HFTokenizer(_TokenizersBackend):
 class GPT2BPETokenizer(_TokenizersBackend):
     """GPT-2's byte-level BPE from ``vocab.json`` + ``merges.txt`` (same ids as GPT-2's reference tokenizer)."""
 
-    def __init__(self, vocab_file: str, merge_file: str) -> None:
+    def __init__(self, vocab_file: str | None, merge_file: str | None) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
         vocab = _require_file(vocab_file, "vocab_file", "GPT2BPETokenizer", "GPT-2's vocab.json")
@@ -227,13 +227,13 @@ class HFGPT2Tokenizer(AbstractTokenizer):
         return [list(ids) for ids in self.tokenizer(list(texts))["input_ids"]]
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode([int(t) for t in token_ids])
+        return str(self.tokenizer.decode([int(t) for t in token_ids]))
 
 
 class SPMTokenizer(AbstractTokenizer):
     """A sentencepiece model file; eod is the piece ``<|endoftext|>`` (else the model's eos)."""
 
-    def __init__(self, vocab_file: str) -> None:
+    def __init__(self, vocab_file: str | None) -> None:
         super().__init__("SPMTokenizer")
         import sentencepiece as spm
 
@@ -306,7 +306,7 @@ class TiktokenTokenizer(AbstractTokenizer):
     ``p50k``, else cl100k's.
     """
 
-    def __init__(self, vocab_file: str) -> None:
+    def __init__(self, vocab_file: str | None) -> None:
         super().__init__("TiktokenTokenizer")
         import tiktoken
 

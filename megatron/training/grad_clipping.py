@@ -27,7 +27,7 @@ def _counted(param: torch.nn.Parameter, tp_rank: int) -> bool:
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, group: Any | None) -> float:
     """Scale the gradients of ``params`` so their global L2 norm is at most ``max_norm``; return the norm before."""
     tp_rank = mpu.get_model_parallel_rank()
-    squares = [p.grad.detach().float().pow(2).sum() for p in params if _counted(p, tp_rank)]
+    squares = [p.grad.detach().float().pow(2).sum() for p in params if p.grad is not None and _counted(p, tp_rank)]
     total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float32)
     if group is not None and mpu.group_size(group) > 1:
         total = mpu.all_reduce_sum(total.to(mpu.comm_device()), group=group)

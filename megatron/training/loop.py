@@ -74,7 +74,8 @@ class Profiler:
     """torch.profiler between ``profile_step_start`` and ``profile_step_stop`` (chrome trace per rank)."""
 
     def __init__(self, cfg: LoopConfig, out_dir: str) -> None:
-        self.cfg, self.out_dir, self.prof = cfg, out_dir, None
+        self.cfg, self.out_dir = cfg, out_dir
+        self.prof: torch.profiler.profile | None = None
 
     def before(self, iteration: int) -> None:
         """Start at ``profile_step_start``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -31,6 +31,12 @@ class Lion(torch.optim.Optimizer):
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"Lion: betas must lie in [0, 1), got {betas}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -75,6 +81,12 @@ class SM3(torch.optim.Optimizer):
         super().__init__(
             params, {"lr": lr, "momentum": momentum, "beta": beta, "eps": eps, "weight_decay": weight_decay}
         )
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -144,6 +156,12 @@ class MADGRAD(torch.optim.Optimizer):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"MADGRAD: momentum must lie in [0, 1), got {momentum}")
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eps": eps, "k": 0})
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:

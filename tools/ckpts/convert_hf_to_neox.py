@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     extra["neox_config.yml"] = neox_config_yaml(cfg, target.tp, target.pp)
     if tokenizer:
         extra["tokenizer.yml"] = tokenizer_yaml(tokenizer)
-    ckpt_args = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
+    ckpt_args: dict[str, Any] = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
     if tokenizer:
         ckpt_args["tokenizer_type"] = "HFTokenizer"
     with cli.progress_bar("writing shards") as step:

@@ -39,16 +39,17 @@ def merge(directory: str, output_prefix: str) -> tuple[int, int]:
         builder = ids.MMapIndexedDatasetBuilder(output_prefix + ".bin", dtype=first.dtype)
         for prefix in prefixes:
             builder.merge_file_(prefix)
+        builder.finalize(output_prefix + ".idx")
     else:
         from megatron.data.legacy_indexed_dataset import IndexedDatasetBuilder
 
-        builder = IndexedDatasetBuilder(output_prefix + ".bin", dtype=first.dtype)
+        legacy = IndexedDatasetBuilder(output_prefix + ".bin", dtype=first.dtype)
         for prefix in prefixes:
             ds = ids.make_dataset(prefix, "infer")
             for i in range(len(ds)):
-                builder.add_item(ds[i])
-            builder.end_document()
-    builder.finalize(output_prefix + ".idx")
+                legacy.add_item(ds[i])
+            legacy.end_document()
+        legacy.finalize(output_prefix + ".idx")
     return len(prefixes), len(ids.make_dataset(output_prefix, "infer"))
 
 

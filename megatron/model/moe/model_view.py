@@ -16,7 +16,7 @@ from megatron.model.moe.aux_loss import probe_loss_grad
 from megatron.model.moe.layer import ParallelDroplessMoE
 
 
-def moe_layers(model: nn.Module) -> list[nn.Module]:
+def moe_layers(model: nn.Module) -> list[ParallelDroplessMoE]:
     """The model's MoE MLPs in layer order."""
     return [m for m in model.modules() if isinstance(m, ParallelDroplessMoE)]
 
@@ -49,7 +49,9 @@ def moe_metrics(model: nn.Module) -> dict[str, float]:
         return out
     out["train/moe_aux_loss"] = float(torch.stack([layer.last_aux_loss.float() for layer in layers]).mean())
     for layer in layers:
-        counts = layer.last_tokens_per_expert.tolist()
+        tokens = layer.last_tokens_per_expert
+        assert tokens is not None  # layers without statistics were left out above
+        counts = tokens.tolist()
         total = max(sum(counts), 1)
         out[f"moe/layer_{layer.layer_index:02d}/max_expert_fraction"] = max(counts) / total
         for e, n in enumerate(counts):
