@@ -51,7 +51,7 @@ def _records(run_file: str | Path) -> list[Any]:
 
     records = []
     for payload in _payloads(Path(run_file).read_bytes()):
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # protobuf-generated, no stubs
+        record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
         records.append(record)
     return records
