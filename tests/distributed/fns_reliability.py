@@ -24,7 +24,7 @@ def run_with_nan(
     abort message (if any)."""
     import torch.distributed as dist
 
-    from megatron.training import pretrain as pretrain_mod
+    import megatron.model as model_lib
     from megatron.training import step as step_mod
 
     state = {"iteration": 0}
@@ -34,23 +34,20 @@ def run_with_nan(
         state["iteration"] += 1
         return original_train(self, data_iter)
 
-    def loss_fn(_model: Any = None) -> Any:  # pretrain passes the model (for the MoE auxiliary loss)
-        from megatron.model import cross_entropy
+    cross_entropy = model_lib.cross_entropy
 
-        def poisoned(logits: torch.Tensor, targets: Any) -> torch.Tensor:
-            loss = cross_entropy(logits, targets)
-            if logits.requires_grad and state["iteration"] in nan_iters and dist.get_rank() == nan_rank:
-                loss = loss * factor
-            return loss
-
-        return poisoned
+    def poisoned(logits: torch.Tensor, targets: Any, *args: Any) -> torch.Tensor:
+        loss = cross_entropy(logits, targets, *args)
+        if logits.requires_grad and state["iteration"] in nan_iters and dist.get_rank() == nan_rank:
+            loss = loss * factor
+        return loss
 
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("megatron.train").addHandler(handler)
     step_mod.SequentialStep.train = counting_train  # type: ignore[method-assign]
-    pretrain_mod._loss_fn = loss_fn
+    model_lib.cross_entropy = poisoned  # the training step's loss (pretrain reads it when it builds the step)
     try:
         out = {**run_pretrain(config), "abort": None}
     except ValueError as e:
@@ -60,6 +57,7 @@ def run_with_nan(
         out = {"abort": f"{type(e).__name__}: {e}"}
     finally:
         step_mod.SequentialStep.train = original_train  # type: ignore[method-assign]
+        model_lib.cross_entropy = cross_entropy
         logging.getLogger("megatron.train").removeHandler(handler)
     out["warnings"] = [r for r in records if "non-finite" in r or "loss spike" in r]
     return out
