@@ -86,18 +86,10 @@ def read_tp_shards(
 ) -> tuple[list[dict[str, torch.Tensor]], list[list[str]]]:
     """Per TP rank: the rank's tensors under full keys, and per mp_rank file the buffer names (sequential only).
 
-    ``keep(full_key)`` (a test on the ``sequential.<idx>.`` prefix): only those tensors are kept, and pipeline
-    layer files of rejected specs are not read.
+    ``keep(full_key)`` (a test on the ``sequential.<idx>.`` prefix): pipeline layer files of rejected specs are not
+    read and rejected tensors of the sequential files are dropped as each file is read (ZeRO-3 shards are
+    consolidated whole; :func:`read_checkpoint` filters the merged result).
     """
-    if keep is not None:
-        shards, buffers = _read_tp_shards(layout, progress, keep)
-        return [{k: v for k, v in sd.items() if keep(k)} for sd in shards], buffers
-    return _read_tp_shards(layout, progress, None)
-
-
-def _read_tp_shards(
-    layout: CheckpointLayout, progress: Callable[[str], None] | None, keep: KeyFilter | None
-) -> tuple[list[dict[str, torch.Tensor]], list[list[str]]]:
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.tp)]
     buffers: list[list[str]] = []
     if layout.zero3_files:
