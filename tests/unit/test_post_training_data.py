@@ -41,3 +41,23 @@ def test_mismatched_streams_are_refused_naming_the_files(tmp_path: Path) -> None
     bad_label = _write(tmp_path / "pl", [[1], [3]])
     with pytest.raises(ValueError, match=r"pl does not match p token for token"):
         AlignedDocumentsDataset({"pos": pos, "pos_label": bad_label}, {"pos": "p", "pos_label": "pl"}, 2, 4, 1)
+
+
+def test_precomputed_reference_streams_are_float_aligned_and_checked(tmp_path: Path) -> None:
+    """A ``pos_ref`` stream (``text_gen_type: precompute`` output) is read as float32, padded with 0; one with
+    another document count, or too few values for the tokens it must score, is refused naming the file."""
+    from megatron.errors import DataError
+
+    pos = _write(tmp_path / "p", [[1, 2, 3, 4], [5, 6]])
+    ref = _write(tmp_path / "p_ref", [[-0.5, -1.5, -2.5], [-3.5, 0.0, 0.0]], dtype=np.float32)
+    prefixes = {"pos": "p", "pos_ref": "p_ref"}
+    ds = AlignedDocumentsDataset({"pos": pos, "pos_ref": ref}, prefixes, 2, seq_length=3, seed=1)
+    sample = next(ds[i] for i in range(2) if int(ds.order[i]) == 0)
+    assert sample["pos_ref"].dtype == np.float32 and sample["pos_ref"].tolist() == [-0.5, -1.5, -2.5, 0.0]
+    with pytest.raises(ValueError, match=r"p_ref has 1 documents but p has 2"):
+        AlignedDocumentsDataset(
+            {"pos": pos, "pos_ref": _write(tmp_path / "r1", [[0.0]], np.float32)}, prefixes, 2, 3, 1
+        )
+    short = _write(tmp_path / "p_short", [[-0.5, -1.5], [-3.5]], dtype=np.float32)  # written with seq_length 2
+    with pytest.raises(DataError, match=r"p_short: document 0 has 2 reference log-probs but p scores 3 tokens"):
+        AlignedDocumentsDataset({"pos": pos, "pos_ref": short}, {**prefixes, "pos_ref": "p_short"}, 2, 3, 1)
