@@ -28,7 +28,7 @@ class InitConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> InitConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)
 

@@ -45,7 +45,7 @@ class SamplingConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> SamplingConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         cfg = cls(**values)
         cfg.validate()

@@ -39,7 +39,7 @@ class LoggingConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> LoggingConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)
 

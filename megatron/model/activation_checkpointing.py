@@ -70,7 +70,7 @@ class ActivationCheckpointConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> ActivationCheckpointConfig:
-        """Read GPT-NeoX's flat attribute names (None = default)."""
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)
 

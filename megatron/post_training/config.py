@@ -44,7 +44,7 @@ class PostTrainingConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> PostTrainingConfig:
-        """Read the flat GPT-NeoX attribute names."""
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(**neox_overrides(cls, args))
 
     @property

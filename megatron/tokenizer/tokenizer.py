@@ -43,7 +43,7 @@ class TokenizerConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> TokenizerConfig:
-        """Read GPT-NeoX's flat attribute names with getattr (missing ones keep the defaults)."""
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(**neox_overrides(cls, args))
 
 

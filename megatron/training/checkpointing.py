@@ -39,7 +39,7 @@ from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, st
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
-from megatron.config_utils import check_neox_field_names
+from megatron.config_utils import neox_overrides
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
 
@@ -80,16 +80,11 @@ class CheckpointConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> CheckpointConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
-        check_neox_field_names(cls)
-        defaults = cls()
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            if callable(value):  # NeoXArgs.save() is a method: read the key from the resolved values
-                value = args.to_dict().get(name)
-            values[name] = getattr(defaults, name) if value is None else value
-        values["extra_save_iters"] = [int(i) for i in values["extra_save_iters"]]
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        values = neox_overrides(cls, args)
+        if "save" in values:
+            values["save"] = str(values["save"])  # NeoXArgs' save is also callable (args.save(path)): keep the str
+        values["extra_save_iters"] = [int(i) for i in values.get("extra_save_iters", [])]
         cfg = cls(**values)
         cfg.validate()
         return cfg

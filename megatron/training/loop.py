@@ -48,8 +48,8 @@ class LoopConfig:
 
     @classmethod
     def from_neox_args(cls, args: Any) -> LoopConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
-        if getattr(args, "train_iters", None) is None:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        if args.train_iters is None:
             raise ConfigError("train_iters must be set (train_epochs is converted to train_iters by the config)")
         values = neox_overrides(cls, args)
         return cls(**values)

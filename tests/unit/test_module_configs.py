@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import pytest
 
 from megatron.config_utils import check_neox_field_names, neox_overrides, not_neox_keys
-from megatron.neox_arguments import KNOWN_KEYS, default_values
+from megatron.logging.metrics import LoggingConfig
+from megatron.neox_arguments import KNOWN_KEYS, default_values, neox_namespace
 from megatron.neox_arguments.neox_args import RUNTIME_ATTRS, NeoXArgs
 from tests.harness import REPO_ROOT
 
@@ -141,13 +142,54 @@ def test_from_neox_args_reads_only_schema_keys() -> None:
     )
 
 
+def getattr_fallbacks_in_from_neox_args(source: str) -> list[int]:
+    """Lines of ``getattr(args, name, default)`` in ``from_neox_args`` bodies: a fallback that hides a missing key."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1):
+            continue
+        args = node.args.args[1].arg
+        for n in ast.walk(node):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and n.func.id == "getattr"
+                and len(n.args) == 3
+                and isinstance(n.args[0], ast.Name)
+                and n.args[0].id == args
+            ):
+                out.append(n.lineno)
+    return out
+
+
+def test_from_neox_args_has_no_getattr_fallback() -> None:
+    found = []
+    for path in sorted((REPO_ROOT / "megatron").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if "from_neox_args" in source:
+            found += [f"{path.relative_to(REPO_ROOT)}:{line}" for line in getattr_fallbacks_in_from_neox_args(source)]
+    assert not found, (
+        "from_neox_args must read keys strictly (args.key), not getattr(args, key, default):\n" + "\n".join(found)
+    )
+
+
+def test_a_missing_key_raises_instead_of_defaulting() -> None:
+    with pytest.raises(TypeError, match=r"LoggingConfig.from_neox_args: the arguments have no key 'log_interval'"):
+        LoggingConfig.from_neox_args(SimpleNamespace(tensorboard_dir=None))
+    assert LoggingConfig.from_neox_args(neox_namespace(log_interval=7)).log_interval == 7
+    with pytest.raises(ValueError, match=r"unknown key 'log_intervall' in neox_namespace; did you mean 'log_interval'"):
+        neox_namespace(log_intervall=7)
+    source = "class C:\n    @classmethod\n    def from_neox_args(cls, a):\n        return getattr(a, 'x', 1), getattr(a, 'y')\n"
+    assert getattr_fallbacks_in_from_neox_args(source) == [4]
+
+
 def test_a_misspelt_key_is_caught() -> None:
     @dataclasses.dataclass
     class Misspelt:
         seq_lenght: int = 2048
 
     with pytest.raises(TypeError, match=r"Misspelt: fields that are not NeoX config keys: seq_lenght \(closest key: "):
-        neox_overrides(Misspelt, SimpleNamespace(seq_length=64))
+        neox_overrides(Misspelt, neox_namespace(seq_length=64))
 
     @dataclasses.dataclass
     class Declared:
