@@ -31,7 +31,7 @@ def build_adapter(
 ) -> Any:
     """An lm-eval ``LM`` over a sequential neox-forge model, or over a scoring function (``tokens -> logits``) and
     a generation ``forward`` (logits of the full vocabulary)."""
-    from megatron.generation.text_generation import inference_device
+    from megatron.generation.loading import inference_device
 
     device = inference_device()
 

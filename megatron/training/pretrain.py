@@ -100,7 +100,7 @@ def setup_model_and_optimizer(
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, _ = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
+    model, model_cfg = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
     engine, _, _, _ = deepspeed.initialize(
@@ -118,7 +118,11 @@ def setup_model_and_optimizer(
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
     result = ckpt.load_checkpoint(
-        engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args, load_module_strict=not plan.reward_head
+        engine,
+        load_cfg,
+        checkpoint_args=checkpoint_args(args),
+        model=model_cfg,
+        load_module_strict=not plan.reward_head,
     )
     if result.path and plan.validate_with_forward:
         check_validation_logits(engine, plan, int(args.padded_vocab_size), result.client_state, result.path)
