@@ -24,6 +24,7 @@ from megatron.checkpoint.layout import CheckpointError
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
+from megatron.evaluation.config import EvalConfig
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
@@ -296,8 +297,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
-            task_eval=build_task_eval(engine, tokenizer, args),
-            char_counter=char_counter_factory(tokenizer, args),
+            task_eval=build_task_eval(engine, tokenizer, EvalConfig.from_neox_args(args)),
+            char_counter=char_counter_factory(tokenizer, bool(args.char_level_ppl)),
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
