@@ -25,7 +25,7 @@ class LoggingConfig:
     log_interval: int = 100
     tensorboard_dir: str | None = None
     log_dir: str | None = None
-    use_wandb: bool = False
+    use_wandb: bool | None = None  # unset (None) means off, as False does
     wandb_project: str = "neox"
     wandb_group: str | None = None
     wandb_team: str | None = None

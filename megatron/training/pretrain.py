@@ -39,7 +39,6 @@ from megatron.parallel_config import ParallelConfig
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.data import build_post_training_loaders
 from megatron.post_training.reward_head import with_reward_head
-from megatron.post_training.step import build_post_training_step
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
@@ -48,6 +47,7 @@ from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
+from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.single_rank import skip_single_rank_allreduce

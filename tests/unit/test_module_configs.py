@@ -40,7 +40,6 @@ DIVERGENT_DEFAULTS: dict[tuple[str, str], str] = {
     ("ParallelConfig", "zero_stage"): _ZERO_STAGE,
     ("LRScheduleConfig", "lr"): "derived: derive() sets DEFAULT_LR (0.001) when neither lr nor optimizer.params.lr is",
     ("OptimizerConfig", "optimizer"): "None = no optimizer section: from_neox_args builds {type: optimizer_type}",
-    ("LoggingConfig", "use_wandb"): "None (unset) means off, as False does",
     ("DataConfig", "train_iters"): "None until train_epochs is converted; DataConfig counts unset as 0 (epochs)",
 }
 
