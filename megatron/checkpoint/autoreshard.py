@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError, detect_layout
 from megatron.checkpoint.manifest import MANIFEST
 from megatron.checkpoint.reader import engine_state, is_neox_forge, load_torch
@@ -123,8 +124,6 @@ def plan_load(
 def plan_load_for_engine(engine: Any, root: str | Path, tag: str, *, model: GPTModelConfig) -> LoadPlan:
     """:func:`plan_load` for a DeepSpeed ``engine`` of this run (layout from ``megatron.mpu`` and the module type)."""
     from deepspeed.pipe import PipelineModule
-
-    from megatron import mpu
 
     tp = mpu.get_model_parallel_world_size()
     pp = mpu.get_pipe_parallel_world_size() if isinstance(getattr(engine, "module", None), PipelineModule) else 0

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 from megatron.checkpoint.layout import CheckpointError
 from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments import KNOWN_KEYS, default_values
+from megatron.neox_arguments.loader import merge_config_files
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +24,6 @@ def load_neox_args(config_files: Sequence[str | Path]) -> SimpleNamespace:
     Unlike ``NeoXArgs.from_ymls`` nothing is checked against a launch (world size, data paths, ``seq_length``):
     offline tools read model configs on one process. The model keys are validated by ``GPTModelConfig``.
     """
-    from megatron.neox_arguments import KNOWN_KEYS, default_values
-    from megatron.neox_arguments.loader import merge_config_files
-
     for path in config_files:
         if not Path(path).is_file():
             raise CheckpointError(f"config file {path} does not exist")
@@ -37,8 +36,6 @@ def checkpoint_config_args(directory: str | Path) -> SimpleNamespace | None:
 
     Keys a ``resolved_config.json`` of an older version lacks get their defaults, so every key can be read strictly.
     """
-    from megatron.neox_arguments import default_values
-
     configs = Path(directory) / "configs"
     resolved = configs / RESOLVED
     if resolved.is_file():

@@ -21,6 +21,7 @@ from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
 from megatron.model.config import GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
+from megatron.model.moe.hf_mixtral import mixtral_disk_names
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -117,8 +118,6 @@ def export_hf(
     if cfg.tied_embeddings:
         hf_sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
     if architecture == "mixtral":
-        from megatron.model.moe.hf_mixtral import mixtral_disk_names
-
         hf_sd = mixtral_disk_names(hf_sd)  # the per-expert names HF itself writes (and other tools read)
     tensors = {}
     for name, tensor in hf_sd.items():

@@ -17,12 +17,15 @@ from typing import Any
 
 import torch
 
+from megatron import mpu
 from megatron.checkpoint import config_io
 from megatron.checkpoint.bias_layout import SPLIT, stored_layout
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
+from megatron.model import build_sequential_model
 from megatron.model.config import GPTModelConfig
+from megatron.model.tp_sharding import partition_spec
 from megatron.tokenizer.tokenizer import TokenizerConfig
 
 logger = logging.getLogger(__name__)
@@ -200,10 +203,6 @@ def merge_shards(
 
 def full_shapes(cfg: GPTModelConfig) -> dict[str, tuple[int, ...]]:
     """Name → full (tp=1) shape of every tensor of the model, also inside a run whose ``mpu`` is initialised."""
-    from megatron import mpu
-    from megatron.model import build_sequential_model
-    from megatron.model.tp_sharding import partition_spec
-
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
     with torch.device("meta"):
         local = {k: list(v.shape) for k, v in build_sequential_model(cfg).state_dict().items()}

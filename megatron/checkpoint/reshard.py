@@ -19,7 +19,7 @@ from megatron.checkpoint.optimizer_state import (
 from megatron.checkpoint.reader import NeoXCheckpoint, load_torch, read_checkpoint
 from megatron.checkpoint.rules import resize_vocab, split_tensor
 from megatron.checkpoint.writer import TargetLayout, write_checkpoint
-from megatron.checkpoint.zero_state import gather_zero_optimizer_state
+from megatron.checkpoint.zero_state import ZERO_OPTIM_RE, gather_zero_optimizer_state
 from megatron.model.config import GPTModelConfig, pad_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -75,8 +75,6 @@ def gather_full_optimizer_state(ckpt: NeoXCheckpoint) -> tuple[FullOptimizerStat
 
 def _has_optimizer_state(ckpt: NeoXCheckpoint) -> bool:
     """True when the checkpoint holds optimizer state of any kind (a converted HF model holds none)."""
-    from megatron.checkpoint.zero_state import ZERO_OPTIM_RE
-
     layout = ckpt.layout
     if layout.zero3_files or any(ZERO_OPTIM_RE.match(p.name) for p in layout.directory.iterdir()):
         return True

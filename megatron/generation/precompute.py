@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
 from megatron.mpu.dp_split import DataParallelSplit
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,6 @@ def precompute_logprobs(
     ``score`` maps tokens ``[b, s]`` to logits ``[b, s, V]`` (the sequential model, or ``StageForward.score``);
     ``dp`` is given on the ranks of the training layout (see the module docstring), None on one process.
     """
-    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
-
     parallel = dp is not None
     dp = dp or DataParallelSplit()
     writes = not parallel or mpu.world_rank() == 0

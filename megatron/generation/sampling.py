@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 
 from megatron.config_utils import neox_overrides
+from megatron.model.kv_cache import KVCache
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
 # then also has share_tokens / share_logits (megatron.generation.parallel.StageForward)
@@ -161,8 +162,6 @@ def generate_tokens_batch(
     padding ever sits inside a row. Each row gets ``maximum_tokens`` new tokens (within ``seq_length``) and its own
     stop rules; the batch ends when every row is done. Greedy rows equal their batch-1 result.
     """
-    from megatron.model.kv_cache import KVCache
-
     contexts = [list(p) or [eod_token] for p in prompts]
     lengths = [len(c) for c in contexts]
     if max(lengths) >= cfg.seq_length:

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from megatron import mpu
 from megatron.config_utils import neox_overrides
 
 logger = logging.getLogger(__name__)
@@ -95,8 +96,6 @@ def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> bool:
     configured and checkpoints are kept unpartitioned in memory.
     """
     import deepspeed
-
-    from megatron import mpu
 
     if not mpu.is_distributed():
         logger.debug("torch.distributed is not initialised: DeepSpeed activation checkpointing left unconfigured")

@@ -18,6 +18,7 @@ import torch
 
 from megatron.config_utils import neox_values
 from megatron.neox_arguments.derive import padded_vocab_size
+from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
@@ -387,7 +388,6 @@ class GPTModelConfig:
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
         )
-        from megatron.neox_arguments.moe_checks import moe_problems
 
         for problem in moe_problems(self):
             raise ValueError(problem)
