@@ -5,7 +5,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments.neox_args import NeoXArgs
+
+# What ``XConfig.from_neox_args`` reads: the validated ``NeoXArgs``, or a namespace holding every key
+# (``megatron.neox_arguments.neox_namespace``: offline readers of a saved config, tests).
+NeoXValues: TypeAlias = "NeoXArgs | SimpleNamespace"
 
 
 @functools.cache
@@ -37,7 +45,7 @@ def check_neox_field_names(cls: type) -> None:
         raise TypeError(f"{cls.__name__}: fields that are not NeoX config keys: {'; '.join(hints)}")
 
 
-def neox_values(cls: type, args: Any) -> dict[str, Any]:
+def neox_values(cls: type, args: NeoXValues) -> dict[str, Any]:
     """Every field of the dataclass ``cls`` read strictly from ``args`` under the same (GPT-NeoX) name.
 
     ``args`` is a ``NeoXArgs`` or any object that holds every key (``neox_namespace``): a key it lacks raises
@@ -59,7 +67,7 @@ def neox_values(cls: type, args: Any) -> dict[str, Any]:
     return out
 
 
-def neox_overrides(cls: type, args: Any) -> dict[str, Any]:
+def neox_overrides(cls: type, args: NeoXValues) -> dict[str, Any]:
     """:func:`neox_values` without the keys whose value is ``None`` (unset).
 
     ``cls(**neox_overrides(cls, args))`` then keeps the dataclass's own default for those fields, which equals the

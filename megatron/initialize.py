@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.distributed import init_distributed, on_cpu
 from megatron.neox_arguments.errors import ConfigError
 
@@ -29,7 +29,7 @@ class InitConfig:
     distributed_backend: str = "nccl"  # GPT-NeoX's default; gloo is used instead on CPU
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> InitConfig:
+    def from_neox_args(cls, args: NeoXValues) -> InitConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # parallel_config imports no other megatron layer at run time
+    from megatron.config_utils import NeoXValues
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class ParallelConfig:
         return self.pipe_parallel_size >= 1
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> ParallelConfig:
+    def from_neox_args(cls, args: NeoXValues) -> ParallelConfig:
         """Read every field strictly under its NeoX key (``zero_stage`` from the ``zero_optimization`` dict)."""
         zero = args.zero_optimization or {}
         stage = zero.get("stage", 0) if isinstance(zero, dict) else 0

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
 from megatron.data.indexed_dataset import make_dataset
@@ -68,7 +68,7 @@ class DataConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("micro_batch_size", "label_data_paths", "weighted_document_limit")
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> DataConfig:
+    def from_neox_args(cls, args: NeoXValues) -> DataConfig:
         """Read every field strictly under its NeoX key (``None`` means the default; ``batch_size`` is GPT-NeoX's
         older name of the micro batch per GPU)."""
         kwargs: dict[str, Any] = neox_overrides(cls, args)

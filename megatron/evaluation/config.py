@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from megatron.config_utils import neox_values
+from megatron.config_utils import NeoXValues, neox_values
 
 
 @dataclass
@@ -22,7 +21,7 @@ class EvalConfig:
     pipe_parallel_size: int = 0
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> EvalConfig:
+    def from_neox_args(cls, args: NeoXValues) -> EvalConfig:
         """Read every field strictly under its NeoX key (values as set, ``None`` included)."""
         return cls(**neox_values(cls, args))
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.model.kv_cache import KVCache
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
@@ -45,7 +45,7 @@ class SamplingConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("stop_tokens",)  # callers' stop sequences, not a config key
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> SamplingConfig:
+    def from_neox_args(cls, args: NeoXValues) -> SamplingConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         cfg = cls(**values)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.logging.run_observer import format_duration, memory_text
 
 logger = logging.getLogger("megatron.train")
@@ -38,7 +38,7 @@ class LoggingConfig:
     peak_theoretical_tflops: float | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> LoggingConfig:
+    def from_neox_args(cls, args: NeoXValues) -> LoggingConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)

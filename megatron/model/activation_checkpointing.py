@@ -17,10 +17,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from megatron import mpu
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class ActivationCheckpointConfig:
             )
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> ActivationCheckpointConfig:
+    def from_neox_args(cls, args: NeoXValues) -> ActivationCheckpointConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from megatron.config_utils import neox_values
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.sections import model as model_keys
@@ -395,7 +395,7 @@ class GPTModelConfig:
     # ------------------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> GPTModelConfig:
+    def from_neox_args(cls, args: NeoXValues) -> GPTModelConfig:
         """Build from a ``NeoXArgs`` (or ``neox_namespace``): every field is read strictly under its key.
 
         ``padded_vocab_size`` must be set; ``None`` (a key the config derives or requires) keeps the field's default.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
+from megatron.config_utils import NeoXValues
 from megatron.neox_arguments.errors import ConfigError
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
@@ -93,7 +93,7 @@ class TrainingSetup:
         return 4 if self.precision == "fp32" else 2
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> TrainingSetup:
+    def from_neox_args(cls, args: NeoXValues) -> TrainingSetup:
         """Read a resolved NeoXArgs (``padded_vocab_size`` set)."""
         zero = dict(args.zero_optimization or {})
         heads = int(args.num_attention_heads)

@@ -43,7 +43,7 @@ from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimi
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.model.config import GPTModelConfig
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
@@ -84,7 +84,7 @@ class CheckpointConfig:
     load_verify_checksums: bool = False
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> CheckpointConfig:
+    def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         if "save" in values:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class LRScheduleConfig:
     use_mup: bool = False
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> LRScheduleConfig:
+    def from_neox_args(cls, args: NeoXValues) -> LRScheduleConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(**neox_overrides(cls, args))
 

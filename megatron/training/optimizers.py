@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from megatron.config_utils import NeoXValues
 from megatron.distributed import on_cpu
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
@@ -59,7 +60,7 @@ class OptimizerConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu")
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> OptimizerConfig:
+    def from_neox_args(cls, args: NeoXValues) -> OptimizerConfig:
         """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args)."""
         stage = args.zero_stage
         if stage is None:  # set by derive(); a config that was not derived (an offline reader) has only the section

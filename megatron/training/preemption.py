@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
@@ -35,7 +35,7 @@ class PreemptionConfig:
     exit_duration_in_mins: float | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> PreemptionConfig:
+    def from_neox_args(cls, args: NeoXValues) -> PreemptionConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         cfg = cls(**neox_overrides(cls, args))
         cfg.preemption_signals = list(cfg.preemption_signals)

@@ -16,6 +16,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from megatron import mpu
+from megatron.config_utils import NeoXValues
 from megatron.logging.timers import Timers
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
@@ -38,7 +39,7 @@ class BatchConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("eod_token", "with_labels")
 
     @classmethod
-    def from_neox_args(cls, args: Any, eod_token: int) -> BatchConfig:
+    def from_neox_args(cls, args: NeoXValues, eod_token: int) -> BatchConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
             eod_token=int(eod_token),
