@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -105,26 +106,37 @@ def test_defaults_equal_the_schema_defaults() -> None:
     assert not stale, f"DIVERGENT_DEFAULTS entries that no longer differ (remove them): {sorted(stale)}"
 
 
+def _nodes_in_from_neox_args(source: str) -> Iterator[tuple[ast.AST, str]]:
+    """Every AST node inside a ``from_neox_args`` body, with the name of its argument-object parameter."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1:
+            args = node.args.args[1].arg
+            yield from ((n, args) for n in ast.walk(node))
+
+
+def _getattr_call_on(n: ast.AST, args: str) -> ast.Call | None:
+    """``n`` when it is ``getattr(args, ...)`` / ``hasattr(args, ...)``, else None."""
+    if (
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("getattr", "hasattr")
+        and len(n.args) >= 2
+        and isinstance(n.args[0], ast.Name)
+        and n.args[0].id == args
+    ):
+        return n
+    return None
+
+
 def keys_read_in_from_neox_args(source: str) -> list[tuple[int, str]]:
     """``(line, name)`` of every ``getattr(args, "name", ...)`` / ``args.name`` in ``from_neox_args`` bodies."""
     out = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1):
-            continue
-        args = node.args.args[1].arg
-        for n in ast.walk(node):
-            if (
-                isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Name)
-                and n.func.id in ("getattr", "hasattr")
-                and len(n.args) >= 2
-                and isinstance(n.args[0], ast.Name)
-                and n.args[0].id == args
-                and isinstance(n.args[1], ast.Constant)
-            ):
-                out.append((n.lineno, str(n.args[1].value)))
-            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == args:
-                out.append((n.lineno, n.attr))
+    for n, args in _nodes_in_from_neox_args(source):
+        call = _getattr_call_on(n, args)
+        if call is not None and isinstance(call.args[1], ast.Constant):
+            out.append((call.lineno, str(call.args[1].value)))
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == args:
+            out.append((n.lineno, n.attr))
     return out
 
 
@@ -143,22 +155,12 @@ def test_from_neox_args_reads_only_schema_keys() -> None:
 
 def getattr_fallbacks_in_from_neox_args(source: str) -> list[int]:
     """Lines of ``getattr(args, name, default)`` in ``from_neox_args`` bodies: a fallback that hides a missing key."""
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1):
-            continue
-        args = node.args.args[1].arg
-        for n in ast.walk(node):
-            if (
-                isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Name)
-                and n.func.id == "getattr"
-                and len(n.args) == 3
-                and isinstance(n.args[0], ast.Name)
-                and n.args[0].id == args
-            ):
-                out.append(n.lineno)
-    return out
+    calls = [call for n, args in _nodes_in_from_neox_args(source) if (call := _getattr_call_on(n, args))]
+    return [
+        call.lineno
+        for call in calls
+        if isinstance(call.func, ast.Name) and call.func.id == "getattr" and len(call.args) == 3
+    ]
 
 
 def test_from_neox_args_has_no_getattr_fallback() -> None:
