@@ -31,7 +31,7 @@ def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
     cfg = EvalConfig.from_neox_args(args)
     if not args.eval_tasks:  # checked before the checkpoint is read
         resolve_tasks(args.eval_tasks)
-    if runs_model_parallel(args):
+    if runs_model_parallel(args.model_parallel_size, args.pipe_parallel_size):
         stage, tokenizer = setup_stage_for_inference(args)
         forward = StageForward(stage)
         dp = DataParallelSplit(mpu.get_data_parallel_group())

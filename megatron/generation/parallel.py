@@ -27,17 +27,13 @@ from megatron.tokenizer import TokenizerConfig, build_tokenizer
 logger = logging.getLogger(__name__)
 
 
-def model_parallel_sizes(args: Any) -> tuple[int, int]:
-    """``(model_parallel_size, pipe stages)`` of the config (``pipe_parallel_size`` 0 counts as one stage)."""
-    return int(args.model_parallel_size or 1), max(int(args.pipe_parallel_size or 0), 1)
-
-
-def runs_model_parallel(args: Any) -> bool:
-    """True when this launch generates under the training layout: several ranks and TP or PP in the config.
+def runs_model_parallel(model_parallel_size: int | None, pipe_parallel_size: int | None) -> bool:
+    """True when this launch generates under the training layout: several ranks and TP or PP in the config
+    (``pipe_parallel_size`` 0 counts as one stage).
 
     On one process a TP/PP checkpoint is merged into the sequential model instead.
     """
-    tp, pp = model_parallel_sizes(args)
+    tp, pp = int(model_parallel_size or 1), max(int(pipe_parallel_size or 0), 1)
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and tp * pp > 1
 
 
