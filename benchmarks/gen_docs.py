@@ -26,7 +26,8 @@ KNOWN = {
     "preprocess": ("≥ 3", "per-document Pool.imap HF-tokenizer encode (GPT-NeoX's approach), same .bin/.idx bytes"),
     "index_maps": ("n/a here", "sample-index algorithm as a Python loop (GPT-NeoX's C++ helper is not runnable here)"),
     "zero_memory": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks"),
-    "zero_memory_small": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks, small shape"),
+    "zero_memory_small": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks, small shape, fp32"),
+    "zero_memory_small_bf16": ("≤ 0.6", "same in bf16 (bf16 parameters, fp32 master weights and Adam state)"),
     "decode": ("≥ 1.2", "HF generate, greedy, token-identical (benchmarks/bench_decode.py, issue 14)"),
 }
 
@@ -49,7 +50,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 3 | `python benchmarks/bench_preprocess.py` | preprocessing vs per-document `Pool.imap` |
 | 4 | `python benchmarks/bench_index_maps.py` | index maps for 10⁷ samples vs the loop algorithm |
 | 5 | `python benchmarks/bench_decode.py` | greedy decode vs HF `generate` (issue 14) |
-| 6 | `python benchmarks/bench_zero_memory.py [--small]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
+| 6 | `python benchmarks/bench_zero_memory.py [--small] [--bf16]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
 
 ## Measured
 """
@@ -78,6 +79,33 @@ one iteration; in ours `aten::mm` is 31% (the vocabulary projection's three GEMM
 2048 tokens each, as in HF, where `mm` is 9.4 s too), then copies/fills (14%), the loss's weight-gradient
 `addmm_` (6%), fused AdamW (6%), `cat` (6%, rotary); HF spends 14% in `log_softmax` forward/backward and 20% in
 its unfused AdamW (`sqrt`, `addcdiv_`, `lerp_` …). The shared GEMM floor bounds the ratio at this shape.
+
+## ZeRO memory: what is counted, and why fp32 ZeRO-3 stays at ~0.67
+
+`bench_zero_memory.py` reads, on rank 0 after the first optimizer step, every tensor the DeepSpeed engine holds,
+each storage counted once (`megatron/training/memory_usage.py`): module parameters (with ZeRO-3 the local
+partition `ds_tensor`, plus the few small parameters ZeRO-3 keeps whole), optimizer master weights (the fp32 copies
+the wrapped torch optimizer steps) and Adam's two moments. The ratio is ZeRO-3 / ZeRO-0 of that sum. Gradients are
+listed too but are 0 at that point (DeepSpeed frees or reuses them after the step). Peak RSS (`ru_maxrss`) is
+reported beside it and is *higher* for ZeRO-3: it includes the runtime, activations and ZeRO-3's gather and
+reduce buffers, which at this tiny shape outweigh the few MiB the partitioning saves.
+
+Bytes per parameter and rank at 2 ranks (the measured byte counts above match these to within the persistent
+parameters):
+
+| Precision | ZeRO-0 | ZeRO-1 | ZeRO-3 | ZeRO-3 / ZeRO-0 |
+|---|---|---|---|---|
+| fp32 | params 4 + Adam 8 = 12 (the optimizer steps the module's own parameters) | 4 + 4/2 + 8/2 = 10 | 4/2 + 4/2 + 8/2 = 8 | 0.67 |
+| bf16 | bf16 params 2 + fp32 master 4 + Adam 8 = 14 | 2 + 4/2 + 8/2 = 8 | 2/2 + 4/2 + 8/2 = 7 | 0.50 |
+
+In fp32 the ZeRO-3 optimizer of DeepSpeed 0.19.8 keeps a second fp32 copy of the rank's partition:
+`DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions` (`deepspeed/runtime/zero/stage3.py`) has a branch that
+reuses the parameter partition as the master partition when it already has the master dtype and device, but it
+tests `partition.device == self.device` where `self.device` is the string `get_accelerator().current_device_name()`
+(`'cpu'`); a `torch.device` never compares equal to a string, so the branch is not taken and the partition is
+copied (`.to(dtype=fp32).clone()`). That extra 4/2 bytes per parameter sets the floor at 8/12 ≈ 0.67 at 2 ranks.
+In bf16, how models are trained in practice, ZeRO-0 already needs the separate fp32 master copy and ZeRO-3
+partitions it with everything else, so the ratio reaches the 0.5 a 2-way partition allows (measured 0.502).
 
 ## Threads and MFU
 
