@@ -10,13 +10,12 @@ gradient bytes, and the process's peak RSS (``ru_maxrss``, which includes the ru
 first-step losses of the three stages are equal (same data, same initial weights). Prints the per-stage values,
 ``ratio=<ZeRO-3 / ZeRO-0 parameter+optimizer bytes>`` and a JSON line.
 
-Why fp32 ZeRO-3 stays near 2/3 (DeepSpeed 0.19.8, ``deepspeed/runtime/zero/stage3.py``): the stage-3 optimizer
-always creates its own fp32 partition (``fp32_partitioned_groups_flat``, a ``.float()`` copy of the rank's
-parameter partition) besides the parameter partition ``ds_tensor`` itself, even when the parameters already are
-fp32. Per parameter and rank at 2 ranks that is 4/2 (partition) + 4/2 (master copy) + 8/2 (Adam) = 8 bytes vs
-ZeRO-0's 4 + 8 = 12 (its optimizer steps the module's own fp32 parameters): 0.67, plus the few parameters
-ZeRO-3 keeps whole (persistent, below ``stage3_param_persistence_threshold``). In bf16 ZeRO-0 holds bf16
-parameters + an fp32 master copy + Adam (2 + 4 + 8 = 14 bytes) and ZeRO-3 partitions all three (7 bytes): 0.5.
+Bytes per parameter and rank at 2 ranks: fp32 ZeRO-0 holds 4 (parameters, stepped in place) + 8 (Adam) = 12,
+ZeRO-3 4/2 + 8/2 = 6 (0.5): its optimizer steps the parameter partition itself
+(``megatron/training/zero3_fp32_master.py``; DeepSpeed 0.19.8 alone keeps a second fp32 copy of the partition,
+8/12 = 0.67). In bf16 ZeRO-0 holds bf16 parameters + an fp32 master copy + Adam (2 + 4 + 8 = 14 bytes) and ZeRO-3
+partitions all three (7 bytes): 0.5 as well. Persistent parameters (below ``stage3_param_persistence_threshold``)
+stay whole on every rank and add a little.
 bf16 on CPUs without native bf16 (AVX2 only) is ~50x slower than fp32: use ``--bf16`` with ``--small`` there.
 """
 

@@ -80,7 +80,7 @@ one iteration; in ours `aten::mm` is 31% (the vocabulary projection's three GEMM
 `addmm_` (6%), fused AdamW (6%), `cat` (6%, rotary); HF spends 14% in `log_softmax` forward/backward and 20% in
 its unfused AdamW (`sqrt`, `addcdiv_`, `lerp_` …). The shared GEMM floor bounds the ratio at this shape.
 
-## ZeRO memory: what is counted, and why fp32 ZeRO-3 stays at ~0.67
+## ZeRO memory: what is counted, and the fp32 ZeRO-3 master copy
 
 `bench_zero_memory.py` reads, on rank 0 after the first optimizer step, every tensor the DeepSpeed engine holds,
 each storage counted once (`megatron/training/memory_usage.py`): module parameters (with ZeRO-3 the local
@@ -95,17 +95,19 @@ parameters):
 
 | Precision | ZeRO-0 | ZeRO-1 | ZeRO-3 | ZeRO-3 / ZeRO-0 |
 |---|---|---|---|---|
-| fp32 | params 4 + Adam 8 = 12 (the optimizer steps the module's own parameters) | 4 + 4/2 + 8/2 = 10 | 4/2 + 4/2 + 8/2 = 8 | 0.67 |
+| fp32 | params 4 + Adam 8 = 12 (the optimizer steps the module's own parameters) | 4 + 4/2 + 8/2 = 10 | 4/2 + 8/2 = 6 (the optimizer steps the partition) | 0.50 |
 | bf16 | bf16 params 2 + fp32 master 4 + Adam 8 = 14 | 2 + 4/2 + 8/2 = 8 | 2/2 + 4/2 + 8/2 = 7 | 0.50 |
 
-In fp32 the ZeRO-3 optimizer of DeepSpeed 0.19.8 keeps a second fp32 copy of the rank's partition:
+fp32 ZeRO-3 reaches 0.5 only with `megatron/training/zero3_fp32_master.py`. DeepSpeed 0.19.8's
 `DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions` (`deepspeed/runtime/zero/stage3.py`) has a branch that
 reuses the parameter partition as the master partition when it already has the master dtype and device, but it
 tests `partition.device == self.device` where `self.device` is the string `get_accelerator().current_device_name()`
-(`'cpu'`); a `torch.device` never compares equal to a string, so the branch is not taken and the partition is
-copied (`.to(dtype=fp32).clone()`). That extra 4/2 bytes per parameter sets the floor at 8/12 ≈ 0.67 at 2 ranks.
-In bf16, how models are trained in practice, ZeRO-0 already needs the separate fp32 master copy and ZeRO-3
-partitions it with everything else, so the ratio reaches the 0.5 a 2-way partition allows (measured 0.502).
+(`'cpu'`, `'cuda:0'`); a `torch.device` never compares equal to a string, so DeepSpeed alone never takes the branch
+and copies every partition (`.to(dtype=fp32).clone()`): 4/2 more bytes per parameter, 8/12 ≈ 0.67 at 2 ranks
+(measured 0.672 before the fix). neox-forge runs that method with `self.device` as a `torch.device`, so DeepSpeed's
+own branch applies; fp32 ZeRO-0…3 still train to the same losses (`tests/e2e/test_train_zero.py`) and the planner
+predicts the new bytes exactly (`tests/e2e/test_planner_memory.py`). In bf16 ZeRO-0 already needs the separate fp32
+master copy and ZeRO-3 partitions it with everything else (measured 0.502).
 
 ## Threads and MFU
 

@@ -52,6 +52,7 @@ from megatron.training.run_plan import RunPlan
 from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
+from megatron.training.zero3_fp32_master import share_fp32_zero3_partitions
 
 logger = logging.getLogger("megatron.train")
 
@@ -106,6 +107,7 @@ def setup_model_and_optimizer(
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
+    share_fp32_zero3_partitions()  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
