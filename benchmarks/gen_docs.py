@@ -109,6 +109,21 @@ own branch applies; fp32 ZeRO-0…3 still train to the same losses (`tests/e2e/t
 predicts the new bytes exactly (`tests/e2e/test_planner_memory.py`). In bf16 ZeRO-0 already needs the separate fp32
 master copy and ZeRO-3 partitions it with everything else (measured 0.502).
 
+## Preprocessing: where the time goes (why 3x is out of reach on 2 cores)
+
+Both sides run the same Rust tokenizer, and it is almost all of the work. Components timed one by one in one
+process on the benchmark's corpus (12.1 MB of text in 731 documents, 3.48 M tokens, the 4096-token BPE; 2026-12-01,
+load ~2.5, so absolute times are ~3x an idle machine's): `Tokenizer.encode` per document (what the baseline's
+workers run, with offsets) 17.9 s; `encode_batch_fast` (ours, no offsets) 13.8 s; everything else is under 0.5 s
+each: JSON reading 0.13 s, `.ids` to lists 0.15–0.22 s, `np.fromiter` 0.11 s, the baseline's pickling of the id
+lists 0.06 s + unpickling 0.25 s and its `np.array` per document 0.10 s, pickling the texts 0.01 s. Inside the
+tokenizer (py-spy `--native`, single thread) the time is spread over pre-tokenization (ByteLevel regex, ~22%),
+offset/alignment bookkeeping of `NormalizedString` (~23%), the BPE model with its cache (~13%), building the
+`Encoding`s and allocation; NFKC itself is ~5%, and tokenizers without the normalizer or post-processor (same ids
+on ASCII text) were not measurably faster. So the ceiling for a faster pipeline around the same tokenizer is the
+offsets saving (~1.3x) plus the baseline's IPC and main-process work competing for the 2 cores: the measured
+1.56x. 3x would need a faster tokenizer producing the same ids, not a different pipeline.
+
 ## Threads and MFU
 
 - `deepy.py` gives each CPU rank `usable cores / local ranks` threads (`os.sched_getaffinity`), or what
