@@ -44,4 +44,4 @@ def share_fp32_zero3_partitions() -> None:
             self.device = device
 
     setattr(create_fp32_partitions, _PATCHED, True)
-    DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions = create_fp32_partitions  # type: ignore[method-assign]
+    DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions = create_fp32_partitions
