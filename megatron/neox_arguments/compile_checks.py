@@ -11,7 +11,6 @@ _REFUSED: tuple[tuple[str, Any, str], ...] = (
     ("model_parallel_size", lambda v: v > 1, "tensor-parallel collectives are not compiled; use 1"),
     ("zero_stage", lambda v: v == 3, "ZeRO-3 gathers parameters in module hooks a compiled graph skips; use 0-2"),
     ("moe_num_experts", lambda v: v > 1, "dropless MoE routing has data-dependent shapes; use dense layers"),
-    ("checkpoint_activations", bool, "activation checkpointing re-runs layers outside the compiled graph"),
 )
 
 

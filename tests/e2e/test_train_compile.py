@@ -20,9 +20,12 @@ def test_compiled_layers_train_like_eager_and_log_the_compile_time(tmp_path: Pat
     data = make_tiny_data(tmp_path / "data")
     common = {"train_iters": 4, "eval_interval": 100, "eval_iters": 0, "hidden_dropout": 0.0, "attention_dropout": 0.0}
     configs = [tiny_config(data, **common), tiny_config(data, torch_compile=True, **common)]
-    eager, compiled = run_distributed(run_pretrain_with_log_many, 1, configs, timeout=600)[0]
+    configs.append(tiny_config(data, torch_compile=True, checkpoint_activations=True, **common))
+    eager, compiled, recomputed = run_distributed(run_pretrain_with_log_many, 1, configs, timeout=600)[0]
     assert len(compiled["train_losses"]) == len(eager["train_losses"]) == 4
     assert compiled["train_losses"] == pytest.approx(eager["train_losses"], rel=1e-5)
+    # activation checkpointing recomputes the compiled layers in the backward pass: the same losses again
+    assert recomputed["train_losses"] == pytest.approx(eager["train_losses"], rel=1e-5)
     assert "torch_compile: 2 transformer layers compiled with torch.compile (inductor)" in compiled["log"]
     timing = [m for m in compiled["log"] if m.startswith("torch_compile: compile time")]
     assert len(timing) == 1, compiled["log"]
@@ -37,7 +40,7 @@ def test_compiled_layers_train_like_eager_and_log_the_compile_time(tmp_path: Pat
     [
         ({"pipe_parallel_size": 1}, "pipe_parallel_size=1"),
         ({"zero_optimization": {"stage": 3}}, "zero_stage=3"),
-        ({"checkpoint_activations": True}, "checkpoint_activations=True"),
+        ({"model_parallel_size": 2, "global_num_gpus": 2}, "model_parallel_size=2"),
     ],
 )
 def test_unsupported_layouts_are_refused(overrides: dict, named: str) -> None:

@@ -115,7 +115,7 @@ class ModelArgs:
         False,
         "neox-forge: compile each transformer layer with `torch.compile` (inductor) for training; the first step "
         "includes the compilation and the log reports its time. Sequential models (pipe_parallel_size 0) at "
-        "model_parallel_size 1 with ZeRO stage 0-2 and dense layers; other layouts are refused.",
+        "model_parallel_size 1 with ZeRO stage 0-2 and dense layers (activation checkpointing included); other layouts are refused.",
     )
     init_method_std: float = arg(0.02, "Standard deviation of the normal initialisers.")
     apply_query_key_layer_scaling: bool = arg(
