@@ -28,8 +28,12 @@ _PATCHED = "_neox_forge_shares_fp32_partitions"
 
 
 def share_fp32_zero3_partitions() -> None:
-    """Install the device comparison fix on DeepSpeed's ZeRO-3 optimizer (process-wide, idempotent)."""
-    original = DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions
+    """Install the device comparison fix on DeepSpeed's ZeRO-3 optimizer (process-wide, idempotent; a DeepSpeed
+    without that method is left as it is, with a debug line)."""
+    original = getattr(DeepSpeedZeroOptimizer_Stage3, "_create_fp32_partitions", None)
+    if original is None:
+        logger.debug("DeepSpeed has no _create_fp32_partitions: fp32 ZeRO-3 partitions left to DeepSpeed")
+        return
     if getattr(original, _PATCHED, False):
         return
 
