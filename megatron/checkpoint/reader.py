@@ -19,7 +19,7 @@ import torch
 
 from megatron import mpu
 from megatron.checkpoint import config_io
-from megatron.checkpoint.bias_layout import SPLIT, stored_layout
+from megatron.checkpoint.bias_layout import SPLIT, is_row_bias, stored_layout
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
@@ -55,6 +55,7 @@ class NeoXCheckpoint:
     layout: CheckpointLayout
     client_state: dict[str, Any]
     tokenizer: TokenizerConfig | None = None  # from the config files read (None when the caller gave the model)
+    tp_shard: tuple[int, int] | None = None  # (rank, size) when state_dict holds one TP rank's tensors
     config_files: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -66,11 +67,13 @@ class NeoXCheckpoint:
         return int(it or 0)
 
 
-def engine_state(layout: CheckpointLayout, mp_rank: int = 0) -> dict[str, Any]:
-    """``mp_rank_XX_model_states.pt`` of a checkpoint (empty dict when a pipe checkpoint has none)."""
+def engine_state(layout: CheckpointLayout, mp_rank: int = 0, mmap: bool = False) -> dict[str, Any]:
+    """``mp_rank_XX_model_states.pt`` of a checkpoint (empty dict when a pipe checkpoint has none). ``mmap``: its
+    weights (a sequential checkpoint's ``module``) are read only where touched; for callers that are done with them
+    before anything may rewrite the file (a mapped file truncated under its reader faults)."""
     if not layout.mp_files:
         return {}
-    state = load_torch(layout.mp_files[mp_rank])
+    state = load_torch(layout.mp_files[mp_rank], mmap=mmap)
     if not isinstance(state, dict):
         raise CheckpointError(f"{layout.mp_files[mp_rank]} is not a DeepSpeed model-states dict")
     return state
@@ -86,13 +89,17 @@ KeyFilter = Callable[[str], bool]
 
 
 def read_tp_shards(
-    layout: CheckpointLayout, progress: Callable[[str], None] | None = None, keep: KeyFilter | None = None
+    layout: CheckpointLayout,
+    progress: Callable[[str], None] | None = None,
+    keep: KeyFilter | None = None,
+    mmap: bool = False,
 ) -> tuple[list[dict[str, torch.Tensor]], list[list[str]]]:
     """Per TP rank: the rank's tensors under full keys, and per mp_rank file the buffer names (sequential only).
 
     ``keep(full_key)`` (a test on the ``sequential.<idx>.`` prefix): pipeline layer files of rejected specs are not
     read and rejected tensors of the sequential files are dropped as each file is read (ZeRO-3 shards are
-    consolidated whole; :func:`read_checkpoint` filters the merged result).
+    consolidated whole; :func:`read_checkpoint` filters the merged result). ``mmap``: the model files are
+    memory-mapped, so only the tensors the caller touches are read from disk.
     """
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.tp)]
     buffers: list[list[str]] = []
@@ -109,7 +116,7 @@ def read_tp_shards(
             for tp_rank, path in enumerate(files):
                 if progress:
                     progress(path.name)
-                sd = load_torch(path)
+                sd = load_torch(path, mmap)
                 if not isinstance(sd, dict):
                     raise CheckpointError(f"{path} is not a state dict")
                 for key, value in rename_legacy(sd).items():
@@ -118,7 +125,7 @@ def read_tp_shards(
     for tp_rank, path in enumerate(layout.mp_files):
         if progress:
             progress(path.name)
-        state = load_torch(path)
+        state = load_torch(path, mmap)
         module = state.get("module") if isinstance(state, dict) else None
         if not isinstance(module, dict):
             raise CheckpointError(f"{path} has no 'module' weights (saved with ZeRO-3 or without a model?)")
@@ -202,6 +209,23 @@ def merge_shards(
     return full
 
 
+def own_shard(
+    shards: list[dict[str, torch.Tensor]], rank: int, cfg: GPTModelConfig, *, sum_row_biases: bool, where: str
+) -> dict[str, torch.Tensor]:
+    """TP rank ``rank``'s tensors as its model holds them: its own file's, except row-parallel biases stored as
+    per-rank shares (``sum_row_biases``), which hold the sum over the ranks (as :func:`merge_shards` gives)."""
+    mine = shards[rank]
+    for other, sd in enumerate(shards):
+        if set(sd) != set(mine):
+            extra = sorted(set(sd) ^ set(mine))[:5]
+            raise CheckpointError(f"{where}: TP rank {other} has different tensors than rank {rank} (e.g. {extra})")
+    out = dict(mine)
+    if sum_row_biases:
+        for key in (k for k in mine if is_row_bias(k)):
+            out[key] = merge_tensor(key, [sd[key] for sd in shards], cfg, sum_row_biases=True)
+    return out
+
+
 def full_shapes(cfg: GPTModelConfig) -> dict[str, tuple[int, ...]]:
     """Name → full (tp=1) shape of every tensor of the model, also inside a run whose ``mpu`` is initialised."""
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
@@ -214,23 +238,32 @@ def full_shapes(cfg: GPTModelConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v) for k, v in local.items()}
 
 
+def _shard_shape(name: str, shape: tuple[int, ...], cfg: GPTModelConfig, tp: int) -> tuple[int, ...]:
+    dim = partition_spec(name, cfg)[0]
+    return shape if dim is None or tp == 1 else tuple(n // tp if d == dim else n for d, n in enumerate(shape))
+
+
 BENIGN_EXTRAS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
 
 
 def check_against_config(
-    state_dict: dict[str, torch.Tensor], cfg: GPTModelConfig, where: str, keep: KeyFilter | None = None
+    state_dict: dict[str, torch.Tensor],
+    cfg: GPTModelConfig,
+    where: str,
+    keep: KeyFilter | None = None,
+    tp: int = 1,
 ) -> dict[str, torch.Tensor]:
     """The merged tensors must be those of the configured model (names and shapes): catches a mismatched config.
-    With ``keep``, only the model's tensors it accepts are expected.
+    With ``keep``, only the model's tensors it accepts are expected; with ``tp`` > 1, one TP rank's shards.
 
     Returns ``state_dict`` without buffers the configured model does not persist (e.g. GPT-NeoX's saved rotary
     ``inv_freq``).
     """
-    expected = {k: v for k, v in full_shapes(cfg).items() if keep is None or keep(k)}
+    expected = {k: _shard_shape(k, v, cfg, tp) for k, v in full_shapes(cfg).items() if keep is None or keep(k)}
     rm_key = f"sequential.{cfg.num_layers + 4}.rm_linear.weight"
     if rm_key in state_dict:  # a reward model (train_impl: rm): rm_linear (hidden -> 1) replaces the LM head
         expected = {k: v for k, v in expected.items() if not k.endswith("final_linear.weight")}
-        expected[rm_key] = (1, cfg.hidden_size)
+        expected[rm_key] = _shard_shape(rm_key, (1, cfg.hidden_size), cfg, tp)
     state_dict = {k: v for k, v in state_dict.items() if k in expected or not k.endswith(BENIGN_EXTRAS)}
     got = {k: tuple(v.shape) for k, v in state_dict.items()}
     missing = sorted(set(expected) - set(got))
@@ -259,6 +292,7 @@ def read_checkpoint(
     row_bias: str = "auto",
     progress: Callable[[str], None] | None = None,
     keep_for: Callable[[GPTModelConfig], KeyFilter] | None = None,
+    tp_shard: tuple[int, int] | None = None,
 ) -> NeoXCheckpoint:
     """Read the checkpoint at ``path`` (root with ``latest`` or a ``global_stepN`` dir) into a full state dict.
 
@@ -269,12 +303,21 @@ def read_checkpoint(
     ``keep_for(model config)`` returns a key filter (see :func:`read_tp_shards`): only those tensors are read and
     merged, e.g. one pipeline stage's layers, so a rank never holds the whole model (not for ZeRO-3 shards, which
     are consolidated whole).
+
+    ``tp_shard=(rank, size)``: when the checkpoint was saved at TP ``size`` (not ZeRO-3), return TP rank ``rank``'s
+    own tensors as its model holds them (``NeoXCheckpoint.tp_shard`` set) instead of the merged ones: the files are
+    memory-mapped and only that rank's tensors (and the other ranks' row-parallel biases, when they are summed) are
+    read. Otherwise the full tensors are returned (``tp_shard`` None) for the caller to cut. Selective reads
+    (``keep_for``, ``tp_shard``) return tensors backed by the memory-mapped files: copy them (``load_state_dict``)
+    before anything rewrites those files.
     """
     if row_bias not in ("auto", "effective", "sum"):
         raise ValueError(f"row_bias={row_bias!r} must be auto, effective or sum")
     directory = resolve_checkpoint_dir(path, iteration)
     layout = detect_layout(directory)
-    state = engine_state(layout)
+    own = tp_shard if tp_shard is not None and tp_shard[1] == layout.tp > 1 and not layout.zero3_files else None
+    selective = (keep_for is not None or own is not None) and not layout.zero3_files
+    state = engine_state(layout, mmap=selective)
     expected_mp = state.get("mp_world_size")
     if isinstance(expected_mp, int) and expected_mp != len(layout.mp_files):
         have = {p.name for p in layout.mp_files}
@@ -293,7 +336,6 @@ def read_checkpoint(
         config = config_io.load_neox_args(config_files) if config_files else config_io.checkpoint_config_args(directory)
         if config is None:
             raise CheckpointError(f"{directory} has no configs/ to read the model from: pass the config file(s)")
-    selective = keep_for is not None and not layout.zero3_files
     shards = [] if selective else read_tp_shards(layout, progress)[0]
     rows = _embedding_rows(layout, state) if selective else _rows(shards[0].get(EMBEDDING_KEY))
     if rows is None:
@@ -310,7 +352,7 @@ def read_checkpoint(
         raise CheckpointError(f"model config for {directory}: {e}") from None
     keep = keep_for(cfg) if keep_for is not None else None
     if selective:
-        shards = read_tp_shards(layout, progress, keep)[0]
+        shards = read_tp_shards(layout, progress, keep, mmap=own is not None)[0]
     ckpt_args = client.get("args") or {}
     for key in ("num_layers", "hidden_size", "num_attention_heads"):
         if key in ckpt_args and ckpt_args[key] != getattr(cfg, key):
@@ -321,11 +363,15 @@ def read_checkpoint(
     sum_biases = row_bias == "sum" or (row_bias == "auto" and stored == SPLIT and layout.tp > 1)
     if sum_biases:
         logger.info("row-parallel biases summed over %d TP ranks (GPT-NeoX's parallel-residual layout)", layout.tp)
-    full = merge_shards(shards, cfg, sum_row_biases=sum_biases, where=str(directory))
+    if own is not None:
+        full = own_shard(shards, own[0], cfg, sum_row_biases=sum_biases, where=str(directory))
+    else:
+        full = merge_shards(shards, cfg, sum_row_biases=sum_biases, where=str(directory))
     if keep is not None:
         full = {k: v for k, v in full.items() if keep(k)}
-    full = check_against_config(full, cfg, str(directory), keep)
+    full = check_against_config(full, cfg, str(directory), keep, tp=layout.tp if own is not None else 1)
     return NeoXCheckpoint(
+        tp_shard=own,
         state_dict=full,
         cfg=cfg,
         layout=layout,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from megatron.checkpoint import config_io
-from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
 from megatron.cpu_features import cpu_has_native
 from megatron.distributed import on_cpu
 from megatron.model.config import PRECISIONS, GPTModelConfig
@@ -25,20 +25,22 @@ logger = logging.getLogger(__name__)
 
 
 def load_checkpoint_for_inference(
-    args: NeoXArgs, keep_for: Callable[[GPTModelConfig], Callable[[str], bool]] | None = None
-) -> tuple[dict[str, torch.Tensor], GPTModelConfig, str]:
-    """``(full state dict, GPTModelConfig, tag)`` of the checkpoint in ``load``, whatever its TP/PP/ZeRO layout.
+    args: NeoXArgs,
+    keep_for: Callable[[GPTModelConfig], Callable[[str], bool]] | None = None,
+    tp_shard: tuple[int, int] | None = None,
+) -> NeoXCheckpoint:
+    """The checkpoint in ``load``, whatever its TP/PP/ZeRO layout (full tensors unless ``tp_shard`` applies).
 
     Uses ``megatron.checkpoint.reader`` (TP shards merged, pipeline layer files renamed to the sequential model's
     names, ZeRO-3 fp32 shards gathered); the model keys come from ``args``, the vocabulary padding from the
-    checkpoint. ``keep_for``: see :func:`megatron.checkpoint.reader.read_checkpoint` (read only part of the model).
+    checkpoint. ``keep_for`` and ``tp_shard``: see :func:`megatron.checkpoint.reader.read_checkpoint` (read only
+    part of the model; only one TP rank's shards).
     """
     load = args.save if args.load == "auto" else args.load
     if not load:
         raise ConfigError("load: generation needs the checkpoint directory to load")
     model_for = functools.partial(config_io.model_config, SimpleNamespace(**args.to_dict()))
-    ckpt = read_checkpoint(str(load), model=model_for, iteration=args.iteration, keep_for=keep_for)
-    return ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
+    return read_checkpoint(str(load), model=model_for, iteration=args.iteration, keep_for=keep_for, tp_shard=tp_shard)
 
 
 def load_module_state(load_dir: str, iteration: int | None = None) -> tuple[dict[str, torch.Tensor], str]:

@@ -50,13 +50,14 @@ def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
     weights."""
     initialize_megatron(args)
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    # this rank reads and merges only its stage's tensors, never the whole model
-    sd, ckpt_cfg, tag = load_checkpoint_for_inference(args, keep_for=stage_key_filter)
-    args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
-    dtype = inference_dtype(args.inference_precision, ckpt_cfg)
-    cfg = ckpt_cfg.replace(params_dtype=dtype)
+    # this rank reads only its stage's tensors, and only its own TP shards when the checkpoint has the run's TP
+    rank, size = mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()
+    ckpt = load_checkpoint_for_inference(args, keep_for=stage_key_filter, tp_shard=(rank, size))
+    args.update_value("padded_vocab_size", ckpt.cfg.padded_vocab_size)
+    dtype = inference_dtype(args.inference_precision, ckpt.cfg)
+    cfg, tag = ckpt.cfg.replace(params_dtype=dtype), ckpt.layout.tag
     stage = InferenceStage(cfg)
-    shards = shard_state_dict(sd, cfg, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())
+    shards = ckpt.state_dict if ckpt.tp_shard else shard_state_dict(ckpt.state_dict, cfg, rank, size)
     missing, unexpected = stage.load_state_dict({k: v.to(dtype) for k, v in shards.items()}, strict=False)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:

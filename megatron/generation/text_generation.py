@@ -38,7 +38,8 @@ def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     :func:`inference_dtype`."""
     set_random_seed(int(args.seed))
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    sd, ckpt_cfg, tag = load_checkpoint_for_inference(args)
+    ckpt = load_checkpoint_for_inference(args)
+    sd, ckpt_cfg, tag = ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
     args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
     dtype = inference_dtype(args.inference_precision, ckpt_cfg)
     # no activation checkpointing at inference

@@ -264,3 +264,43 @@ def test_a_stage_reads_only_its_own_files(tiny, monkeypatch: pytest.MonkeyPatch)
     layer_files = sorted(n for n in loaded if n.startswith("layer_"))
     assert layer_files == ["layer_00-model_00-model_states.pt (mmap)", "layer_03-model_00-model_states.pt",
                            "layer_03-model_01-model_states.pt"], loaded  # fmt: skip
+
+
+@pytest.mark.parametrize("file_layout", ["pipe", "sequential"])
+def test_a_tp_rank_reads_only_its_own_shards(tiny, file_layout: str, tmp_path: Path, monkeypatch) -> None:
+    """``read_checkpoint(tp_shard=(rank, 2))`` on a TP=2 checkpoint: each rank's tensors equal the merged model cut
+    for that rank (row-parallel biases stored as per-rank shares summed), with every file memory-mapped, in the
+    pipeline and in the sequential file layout; another TP size gets the full tensors."""
+    import torch
+
+    import megatron.checkpoint.reader as reader
+    from megatron.checkpoint.bias_layout import is_row_bias
+    from megatron.checkpoint.reshard import reshard_checkpoint
+    from megatron.checkpoint.writer import TargetLayout
+    from megatron.model.tp_sharding import shard_state_dict
+
+    src = tiny.neox
+    if file_layout == "sequential":
+        reshard_checkpoint(tiny.neox, tmp_path / "seq", TargetLayout(tp=2, pp=0))
+        src = tmp_path / "seq"
+    full = reader.read_checkpoint(src)
+    assert full.layout.is_pipe == (file_layout == "pipe") and full.layout.tp == 2
+    assert any(is_row_bias(k) for k in full.state_dict)
+    loaded: list[bool] = []
+    load = reader.load_torch
+
+    def recording_load(path: Path, mmap: bool = False) -> object:
+        loaded.append(mmap)
+        return load(path, mmap)
+
+    monkeypatch.setattr(reader, "load_torch", recording_load)
+    for rank in (0, 1):
+        own = reader.read_checkpoint(src, tp_shard=(rank, 2))
+        assert own.tp_shard == (rank, 2) and own.cfg == full.cfg
+        expected = shard_state_dict(full.state_dict, full.cfg, rank, 2)
+        assert sorted(own.state_dict) == sorted(expected)
+        for key, value in expected.items():
+            assert torch.equal(own.state_dict[key], value), key
+    assert loaded and all(loaded)  # every file memory-mapped
+    other = reader.read_checkpoint(src, tp_shard=(0, 4))
+    assert other.tp_shard is None and all(torch.equal(other.state_dict[k], v) for k, v in full.state_dict.items())
