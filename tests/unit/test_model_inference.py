@@ -154,8 +154,8 @@ def test_rotate_in_place_is_bitwise_apply_rotary() -> None:
         dict(params_dtype=torch.bfloat16, rotary_pct=0.5),
     ],
 )
-def test_inference_forward_is_bitwise_the_autograd_forward(changes: dict) -> None:
-    """No-grad forwards rotate q/k in place and skip copies; the logits must not change by a single bit."""
+def test_inference_forward_equals_the_autograd_forward(changes: dict) -> None:
+    """No-grad forwards rotate q/k in place, skip copies and put biases into the GEMMs: same logits up to rounding."""
     model = build_sequential_model(tiny(**changes)).eval()
     ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(5))
     with torch.enable_grad():
@@ -165,6 +165,7 @@ def test_inference_forward_is_bitwise_the_autograd_forward(changes: dict) -> Non
         cache = KVCache()
         model(ids[:, :5], kv_cache=cache)
         step = model(ids[:, 5:6], kv_cache=cache)
-    assert torch.equal(plain, reference)
     tol = 1e-5 if changes.get("params_dtype") is None else 5e-2
+    assert (plain - reference).abs().max() <= tol
     assert (step - reference[:, 5:6]).abs().max() <= tol
+    assert plain.argmax(-1).equal(reference.argmax(-1))
