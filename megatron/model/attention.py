@@ -162,7 +162,7 @@ class ParallelSelfAttention(nn.Module):
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s, b = mixed.shape[:2]
         if not self.cfg.is_gqa:  # [s, b, np * 3 * hn] -> per-head [q|k|v]
-            q, k, v = mixed.view(s, b, self.np, 3 * self.hn).split(self.hn, dim=-1)
+            q, k, v = mixed.view(s, b, self.np, 3, self.hn).unbind(3)
             return q, k, v
         q, k, v = mixed.split([self.np * self.hn, self.nkv * self.hn, self.nkv * self.hn], dim=-1)
         return q.view(s, b, self.np, self.hn), k.view(s, b, self.nkv, self.hn), v.view(s, b, self.nkv, self.hn)
@@ -176,19 +176,19 @@ class ParallelSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden`` [s(/tp with SP), b, h], ``position_ids`` [b, s], ``attention_mask`` bool (True = masked)."""
         mixed, _ = self.query_key_value(hidden)  # [s, b, qkv/tp]
-        rotate_inplace = self.rotary_emb is not None and not torch.is_grad_enabled()
-        if rotate_inplace and not self.cfg.is_gqa and not self.cfg.use_qk_layernorm:
-            # inference: rotate q and k together inside the fresh QKV output ([s, b, np, q|k|v, hn])
+        rope = None if torch.is_grad_enabled() else self.rotary_emb  # inference: rotate in place (bitwise equal)
+        if rope is not None and not self.cfg.is_gqa and not self.cfg.use_qk_layernorm:
+            # q and k together inside the fresh QKV output ([s, b, np, q|k|v, hn])
             s, b = mixed.shape[:2]
-            cos, sin = self._rotation_tables(position_ids, mixed.dtype)  # [s, b, 1, rot]
+            cos, sin = rope.signed_tables(position_ids, mixed.dtype)  # [s, b, 1, rot]
             rotate_in_place(mixed.view(s, b, self.np, 3, self.hn)[:, :, :, :2], cos.unsqueeze(2), sin.unsqueeze(2))
-            rotate_inplace = False
+            rope = None
         q, k, v = self._split_qkv(mixed)  # [s, b, heads, hn]
         if self.cfg.use_qk_layernorm:
             k_norm = self.k_layernorm if self.cfg.is_gqa else self.qk_layernorm
             q, k = qk_norm(self.qk_layernorm, q), qk_norm(k_norm, k)
-        if rotate_inplace:  # inference with GQA or QK norm: q and k rotated where they are
-            cos, sin = self._rotation_tables(position_ids, q.dtype)
+        if rope is not None:  # GQA or QK norm: q and k rotated where they are
+            cos, sin = rope.signed_tables(position_ids, q.dtype)
             rotate_in_place(q, cos, sin)
             rotate_in_place(k, cos, sin)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
@@ -205,12 +205,6 @@ class ParallelSelfAttention(nn.Module):
         b = context.shape[0]
         context = context.permute(2, 0, 1, 3).reshape(sq, b, self.np * self.hn)  # [s, b, h/tp]
         return self.dense(context)
-
-    def _rotation_tables(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, signed sin)`` as ``[s, b, 1, rot]`` for :func:`rotate_in_place` on ``[s, b, heads, hn]``."""
-        assert self.rotary_emb is not None
-        cos, sin = self.rotary_emb.signed_tables(position_ids, dtype)  # [b, s, rot]
-        return cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
 
     # ------------------------------------------------------------------------------------------------------
 

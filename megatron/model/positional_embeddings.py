@@ -38,7 +38,8 @@ class RotaryEmbedding(nn.Module):
         return self._tables(positions, dtype, signed=False)
 
     def signed_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin')`` with the first half of ``sin'`` negated, for :func:`rotate_in_place` (cached alike)."""
+        """``(cos, sin')`` with the first half of ``sin'`` negated, sequence-first ``[s, b, 1, dim]`` for
+        :func:`rotate_in_place` on ``[s, b, heads, hn]`` (cached alike)."""
         return self._tables(positions, dtype, signed=True)
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,6 +58,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         if signed:
             sin = torch.cat((-sin[..., : freqs.shape[-1]], sin[..., freqs.shape[-1] :]), dim=-1)
+            cos, sin = cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
         out = cos.to(dtype), sin.to(dtype)
         if not torch.is_grad_enabled():
             _LAST_ROTARY[signed] = (key, self.inv_freq, out)
@@ -64,21 +66,22 @@ class RotaryEmbedding(nn.Module):
 
 
 _LAST_ROTARY: dict[bool, tuple] = {}  # per ``signed``: the last no-grad (key, inv_freq, (cos, sin)) of RotaryEmbedding
-_EQUAL_BUFFERS: list[tuple[torch.Tensor, int, torch.Tensor, int]] = []  # inv_freq pairs (and versions) found equal
+# inv_freq pairs found equal, by ids: (a, a's version, b, b's version); holding them keeps the ids unique
+_EQUAL_BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, int, torch.Tensor, int]] = {}
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``torch.equal(a, b)``, remembered per pair of unchanged buffers (each layer has its own equal ``inv_freq``)."""
     if a is b:
         return True
-    for x, xv, y, yv in _EQUAL_BUFFERS:
-        if x is a and y is b and xv == a._version and yv == b._version:
-            return True
+    known = _EQUAL_BUFFERS.get((id(a), id(b)))
+    if known is not None and known[1] == a._version and known[3] == b._version:
+        return True
     if not torch.equal(a, b):
         return False
     if len(_EQUAL_BUFFERS) >= 256:
-        del _EQUAL_BUFFERS[:128]
-    _EQUAL_BUFFERS.append((a, a._version, b, b._version))
+        _EQUAL_BUFFERS.clear()
+    _EQUAL_BUFFERS[(id(a), id(b))] = (a, a._version, b, b._version)
     return True
 
 

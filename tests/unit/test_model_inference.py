@@ -134,13 +134,13 @@ def test_rotate_in_place_is_bitwise_apply_rotary() -> None:
 
     rope = RotaryEmbedding(8)
     pos = torch.arange(3, 8)[None].expand(2, 5)
-    x = torch.randn(2, 5, 4, 12, generator=torch.Generator().manual_seed(0))
-    cos, sin = rope(pos, x.dtype)
+    x = torch.randn(5, 2, 4, 12, generator=torch.Generator().manual_seed(0))  # [s, b, heads, hn]
+    cos, sin = rope(pos, x.dtype)  # [b, s, rot]
     with torch.no_grad():
-        scos, ssin = rope.signed_tables(pos, x.dtype)
-    want = apply_rotary(x, cos[:, :, None], sin[:, :, None])
+        scos, ssin = rope.signed_tables(pos, x.dtype)  # [s, b, 1, rot]
+    want = apply_rotary(x, cos.transpose(0, 1)[:, :, None], sin.transpose(0, 1)[:, :, None])
     got = x.clone()
-    rotate_in_place(got, scos[:, :, None], ssin[:, :, None])
+    rotate_in_place(got, scos, ssin)
     assert torch.equal(got, want)
     assert not torch.equal(got, x)
 
