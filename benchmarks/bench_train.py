@@ -1,6 +1,6 @@
 """Training throughput: a real 1-rank ``pretrain()`` run vs Hugging Face ``GPTNeoXForCausalLM`` + AdamW.
 
-    python benchmarks/bench_train.py [--small] [--bf16] [--rounds 8] [--warmup 2] [--threads N]
+    python benchmarks/bench_train.py [--small] [--bf16] [--compile] [--rounds 8] [--warmup 2] [--threads N]
 
 Ours: ``megatron.training.pretrain.pretrain`` on one gloo rank — DeepSpeed engine, the mmap data loader over
 tinyshakespeare tokenised with the 20B tokenizer, the training loop with console logging every
@@ -14,6 +14,8 @@ clipping, no ZeRO. ``--small`` is a 2-layer d=64 seq-64 model for quick checks.
 
 bf16 on CPUs without native bf16 (AVX2 only) is ~50x slower than fp32 for any framework: use ``--bf16`` with
 ``--small`` there. HF's bf16 side runs under ``torch.autocast`` (fp32 master weights), ours under DeepSpeed bf16.
+``--compile`` sets ``torch_compile: true`` on our side (transformer layers compiled with inductor; HF stays eager)
+and reports the compile time: our first (untimed warm-up) iteration minus the median of the timed ones.
 Prints the medians, ``ratio=<ours tokens/s / HF tokens/s>`` and a JSON line.
 """
 
@@ -96,6 +98,7 @@ def neox_config(args: argparse.Namespace, data_path: str, vocab: str) -> dict:
         "make_vocab_size_divisible_by": 128,
         "global_num_gpus": 1,
         "seed": 1234,
+        "torch_compile": bool(getattr(args, "compile", False)),
     }
 
 
@@ -245,6 +248,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="2 layers, d=64, seq 64, micro-batch 4 (quick check)")
     p.add_argument("--bf16", action="store_true", help="bf16 on both sides (slow on CPUs without native bf16)")
+    p.add_argument("--compile", action="store_true", help="torch_compile: true on our side (compile time reported)")
     p.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (2: vs HF under DDP)")
     p.add_argument("--rounds", type=int, default=5, help="timed interleaved iterations")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
@@ -256,9 +260,14 @@ def main() -> int:
     p.add_argument("--save", action="store_true", help="write benchmarks/results/train*.json (for docs/benchmarks.md)")
     args = p.parse_args()
     name = (
-        ("train_bf16" if args.bf16 else "train") + ("_dp2" if args.ranks > 1 else "") + ("_small" if args.small else "")
+        ("train_bf16" if args.bf16 else "train")
+        + ("_compile" if args.compile else "")
+        + ("_dp2" if args.ranks > 1 else "")
+        + ("_small" if args.small else "")
     )
-    flags = [f for f, on in (("--small", args.small), ("--bf16", args.bf16)) if on]
+    if args.compile and args.warmup < 1:
+        p.error("--compile needs --warmup >= 1 (the first iteration compiles)")
+    flags = [f for f, on in (("--small", args.small), ("--bf16", args.bf16), ("--compile", args.compile)) if on]
     flags += [f"--ranks {args.ranks}"] if args.ranks > 1 else []
     report = Report(name, " ".join(["python benchmarks/bench_train.py", *flags]), precision="bf16" if args.bf16 else
                     "fp32", rounds=args.rounds, warmup=args.warmup, ranks=args.ranks)  # fmt: skip
@@ -277,6 +286,10 @@ def main() -> int:
     ours_t, hf_t = res["ours_times"][args.warmup :], res["hf_times"][args.warmup :]
     tokens, config = res["tokens"], res["config"]
     ratio = median_ratio(hf_t, ours_t)  # time_hf / time_ours == ours tokens/s / HF tokens/s
+    extra = {}
+    if args.compile:  # the first iteration compiled the layers (forward and backward)
+        extra["compile_seconds"] = round(res["ours_times"][0] - median(ours_t), 2)
+        print(f"torch_compile: first iteration {res['ours_times'][0]:.2f} s, compile ≈ {extra['compile_seconds']} s")
     print(
         f"first-step loss ours {ours_loss:.6f} HF {hf_loss:.6f} (equal); {tokens} tokens/iteration; "
         f"ours {tokens / median(ours_t):.0f} tok/s (median {median(ours_t):.3f} s) vs "
@@ -298,6 +311,7 @@ def main() -> int:
         first_loss_ours=ours_loss,
         first_loss_hf=hf_loss,
         per_round_ratios=[round(h / o, 3) for h, o in zip(hf_t, ours_t, strict=True)],
+        **extra,
     )
     return 0
 

@@ -1,13 +1,22 @@
 """Per-rank memory of ZeRO-0, ZeRO-1 and ZeRO-3 at 2 data-parallel ranks, as ratios to ZeRO-0.
 
-    python benchmarks/bench_zero_memory.py [--small] [--steps 2]
+    python benchmarks/bench_zero_memory.py [--small] [--bf16] [--steps 2]
 
 Each stage runs ``pretrain()`` on 2 fresh gloo ranks (the Pythia-14M shape of ``bench_train.py`` at seq 64,
-micro-batch 2, Adam, fp32). Measured per rank after the first step: parameter + optimizer bytes actually held
+micro-batch 2, Adam, fp32; ``--bf16``: DeepSpeed bf16, i.e. bf16 parameters with fp32 master weights and Adam
+state, as users train). Measured per rank after the first step: parameter + optimizer bytes actually held
 (``megatron.training.memory_usage``: module parameters or their ZeRO-3 partition, master weights, Adam state),
 gradient bytes, and the process's peak RSS (``ru_maxrss``, which includes the runtime and activations). Gate: the
 first-step losses of the three stages are equal (same data, same initial weights). Prints the per-stage values,
 ``ratio=<ZeRO-3 / ZeRO-0 parameter+optimizer bytes>`` and a JSON line.
+
+Bytes per parameter and rank at 2 ranks: fp32 ZeRO-0 holds 4 (parameters, stepped in place) + 8 (Adam) = 12,
+ZeRO-3 4/2 + 8/2 = 6 (0.5): its optimizer steps the parameter partition itself
+(``megatron/training/zero3_fp32_master.py``; DeepSpeed 0.19.8 alone keeps a second fp32 copy of the partition,
+8/12 = 0.67). In bf16 ZeRO-0 holds bf16 parameters + an fp32 master copy + Adam (2 + 4 + 8 = 14 bytes) and ZeRO-3
+partitions all three (7 bytes): 0.5 as well. Persistent parameters (below ``stage3_param_persistence_threshold``)
+stay whole on every rank and add a little.
+bf16 on CPUs without native bf16 (AVX2 only) is ~50x slower than fp32: use ``--bf16`` with ``--small`` there.
 """
 
 from __future__ import annotations
@@ -62,19 +71,21 @@ def run_stage(config: dict, world: int) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="2 layers, d=64 (quick check)")
+    p.add_argument("--bf16", action="store_true", help="DeepSpeed bf16 (bf16 parameters, fp32 master weights)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--vocab-file", default=TOKENIZER)
-    p.add_argument("--save", action="store_true", help="write benchmarks/results/zero_memory.json")
+    p.add_argument("--save", action="store_true", help="write benchmarks/results/zero_memory*.json")
     args = p.parse_args()
     world = 2
-    name = "zero_memory" + ("_small" if args.small else "")
-    report = Report(name, "python benchmarks/bench_zero_memory.py" + (" --small" if args.small else ""), ranks=world,
-                    rounds=1)  # fmt: skip
+    name = "zero_memory" + ("_small" if args.small else "") + ("_bf16" if args.bf16 else "")
+    flags = [f for f, on in (("--small", args.small), ("--bf16", args.bf16)) if on]
+    report = Report(name, " ".join(["python benchmarks/bench_zero_memory.py", *flags]), ranks=world, rounds=1,
+                    precision="bf16" if args.bf16 else "fp32")  # fmt: skip
     per_stage: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         data_path = prepare_data(tmp, args.corpus, args.vocab_file)
-        shape = argparse.Namespace(small=args.small, bf16=False, warmup=0, rounds=args.steps, log_interval=10)
+        shape = argparse.Namespace(small=args.small, bf16=args.bf16, warmup=0, rounds=args.steps, log_interval=10)
         for stage in STAGES:
             config = neox_config(shape, data_path, args.vocab_file)
             config.update(global_num_gpus=world, seq_length=64, train_micro_batch_size_per_gpu=2)
@@ -90,6 +101,9 @@ def main() -> int:
         m = per_stage[stage]
         rows[f"zero{stage}"] = {
             "param_optimizer_bytes": int(m["memory/param_optimizer_bytes"]),
+            "param_bytes": int(m["memory/param_bytes"]),
+            "master_param_bytes": int(m["memory/master_param_bytes"]),
+            "optimizer_state_bytes": int(m["memory/optimizer_state_bytes"]),
             "grad_bytes": int(m.get("memory/grad_bytes", 0)),
             "peak_rss_bytes": int(m["peak_rss_bytes"]),
             "ratio_param_optimizer": round(m["memory/param_optimizer_bytes"] / base["memory/param_optimizer_bytes"], 3),
@@ -97,7 +111,8 @@ def main() -> int:
         }
         r = rows[f"zero{stage}"]
         print(f"ZeRO-{stage}: param+optimizer {r['param_optimizer_bytes'] / 2**20:.1f} MiB "
-              f"(x{r['ratio_param_optimizer']}), grads {r['grad_bytes'] / 2**20:.1f} MiB, "
+              f"(x{r['ratio_param_optimizer']}; params {r['param_bytes'] / 2**20:.1f}, master "
+              f"{r['master_param_bytes'] / 2**20:.1f}, optimizer state {r['optimizer_state_bytes'] / 2**20:.1f}), grads {r['grad_bytes'] / 2**20:.1f} MiB, "
               f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB (x{r['ratio_peak_rss']}) per rank")  # fmt: skip
     report.finish(rows["zero3"]["ratio_param_optimizer"], "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes",
                   args.save, stages=rows, first_losses=losses)  # fmt: skip

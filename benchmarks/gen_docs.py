@@ -26,7 +26,8 @@ KNOWN = {
     "preprocess": ("≥ 3", "per-document Pool.imap HF-tokenizer encode (GPT-NeoX's approach), same .bin/.idx bytes"),
     "index_maps": ("n/a here", "sample-index algorithm as a Python loop (GPT-NeoX's C++ helper is not runnable here)"),
     "zero_memory": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks"),
-    "zero_memory_small": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks, small shape"),
+    "zero_memory_small": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks, small shape, fp32"),
+    "zero_memory_small_bf16": ("≤ 0.6", "same in bf16 (bf16 parameters, fp32 master weights and Adam state)"),
     "decode": ("≥ 1.2 (batch 1 and 8)", "HF generate, greedy, fp32, token-identical; ratio = min of batch 1 / 8"),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
@@ -53,7 +54,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 3 | `python benchmarks/bench_preprocess.py` | preprocessing vs per-document `Pool.imap` |
 | 4 | `python benchmarks/bench_index_maps.py` | index maps for 10⁷ samples vs the loop algorithm |
 | 5 | `python benchmarks/bench_decode.py [--bf16]` | greedy decode vs HF `generate`, batch 1 and 8 |
-| 6 | `python benchmarks/bench_zero_memory.py [--small]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
+| 6 | `python benchmarks/bench_zero_memory.py [--small] [--bf16]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
 
 ## Measured
 """
@@ -82,6 +83,50 @@ one iteration; in ours `aten::mm` is 31% (the vocabulary projection's three GEMM
 2048 tokens each, as in HF, where `mm` is 9.4 s too), then copies/fills (14%), the loss's weight-gradient
 `addmm_` (6%), fused AdamW (6%), `cat` (6%, rotary); HF spends 14% in `log_softmax` forward/backward and 20% in
 its unfused AdamW (`sqrt`, `addcdiv_`, `lerp_` …). The shared GEMM floor bounds the ratio at this shape.
+
+## ZeRO memory: what is counted, and the fp32 ZeRO-3 master copy
+
+`bench_zero_memory.py` reads, on rank 0 after the first optimizer step, every tensor the DeepSpeed engine holds,
+each storage counted once (`megatron/training/memory_usage.py`): module parameters (with ZeRO-3 the local
+partition `ds_tensor`, plus the few small parameters ZeRO-3 keeps whole), optimizer master weights (the fp32 copies
+the wrapped torch optimizer steps) and Adam's two moments. The ratio is ZeRO-3 / ZeRO-0 of that sum. Gradients are
+listed too but are 0 at that point (DeepSpeed frees or reuses them after the step). Peak RSS (`ru_maxrss`) is
+reported beside it and is *higher* for ZeRO-3: it includes the runtime, activations and ZeRO-3's gather and
+reduce buffers, which at this tiny shape outweigh the few MiB the partitioning saves.
+
+Bytes per parameter and rank at 2 ranks (the measured byte counts above match these to within the persistent
+parameters):
+
+| Precision | ZeRO-0 | ZeRO-1 | ZeRO-3 | ZeRO-3 / ZeRO-0 |
+|---|---|---|---|---|
+| fp32 | params 4 + Adam 8 = 12 (the optimizer steps the module's own parameters) | 4 + 4/2 + 8/2 = 10 | 4/2 + 8/2 = 6 (the optimizer steps the partition) | 0.50 |
+| bf16 | bf16 params 2 + fp32 master 4 + Adam 8 = 14 | 2 + 4/2 + 8/2 = 8 | 2/2 + 4/2 + 8/2 = 7 | 0.50 |
+
+fp32 ZeRO-3 reaches 0.5 only with `megatron/training/zero3_fp32_master.py`. DeepSpeed 0.19.8's
+`DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions` (`deepspeed/runtime/zero/stage3.py`) has a branch that
+reuses the parameter partition as the master partition when it already has the master dtype and device, but it
+tests `partition.device == self.device` where `self.device` is the string `get_accelerator().current_device_name()`
+(`'cpu'`, `'cuda:0'`); a `torch.device` never compares equal to a string, so DeepSpeed alone never takes the branch
+and copies every partition (`.to(dtype=fp32).clone()`): 4/2 more bytes per parameter, 8/12 ≈ 0.67 at 2 ranks
+(measured 0.672 before the fix). neox-forge runs that method with `self.device` as a `torch.device`, so DeepSpeed's
+own branch applies; fp32 ZeRO-0…3 still train to the same losses (`tests/e2e/test_train_zero.py`) and the planner
+predicts the new bytes exactly (`tests/e2e/test_planner_memory.py`). In bf16 ZeRO-0 already needs the separate fp32
+master copy and ZeRO-3 partitions it with everything else (measured 0.502).
+
+## Preprocessing: where the time goes (why 3x is out of reach on 2 cores)
+
+Both sides run the same Rust tokenizer, and it is almost all of the work. Components timed one by one in one
+process on the benchmark's corpus (12.1 MB of text in 731 documents, 3.48 M tokens, the 4096-token BPE; 2026-12-01,
+load ~2.5, so absolute times are ~3x an idle machine's): `Tokenizer.encode` per document (what the baseline's
+workers run, with offsets) 17.9 s; `encode_batch_fast` (ours, no offsets) 13.8 s; everything else is under 0.5 s
+each: JSON reading 0.13 s, `.ids` to lists 0.15–0.22 s, `np.fromiter` 0.11 s, the baseline's pickling of the id
+lists 0.06 s + unpickling 0.25 s and its `np.array` per document 0.10 s, pickling the texts 0.01 s. Inside the
+tokenizer (py-spy `--native`, single thread) the time is spread over pre-tokenization (ByteLevel regex, ~22%),
+offset/alignment bookkeeping of `NormalizedString` (~23%), the BPE model with its cache (~13%), building the
+`Encoding`s and allocation; NFKC itself is ~5%, and tokenizers without the normalizer or post-processor (same ids
+on ASCII text) were not measurably faster. So the ceiling for a faster pipeline around the same tokenizer is the
+offsets saving (~1.3x) plus the baseline's IPC and main-process work competing for the 2 cores: the measured
+1.56x. 3x would need a faster tokenizer producing the same ids, not a different pipeline.
 
 ## Threads and MFU
 

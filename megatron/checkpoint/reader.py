@@ -31,11 +31,11 @@ FORMAT = "neox-forge"
 ENGINE_KEYS = ("module", "optimizer", "buffer_names")
 
 
-def load_torch(path: Path) -> Any:
+def load_torch(path: Path, mmap: bool = False) -> Any:
     """``torch.load`` on CPU with ``weights_only`` and the checkpoint allow-list (``safe_load``); a clear error for
-    unreadable files and for files holding other Python objects."""
+    unreadable files and for files holding other Python objects. ``mmap``: see ``safe_torch_load``."""
     try:
-        return safe_torch_load(path)
+        return safe_torch_load(path, mmap=mmap)
     except UnsafeCheckpointError as e:
         raise CheckpointError(str(e)) from None
     except Exception as e:  # any unpickling/IO error means a bad input file
@@ -140,9 +140,10 @@ def _rows(embedding: torch.Tensor | None) -> int | None:
 
 def _embedding_rows(layout: CheckpointLayout, mp0_state: dict[str, Any]) -> int | None:
     """Rows of TP rank 0's word-embedding shard, read without loading the rest of the model: from the layer-00
-    file of a pipeline checkpoint, else from ``mp_rank_00``'s module (already loaded)."""
+    file of a pipeline checkpoint (memory-mapped: only its metadata is read), else from ``mp_rank_00``'s module
+    (already loaded)."""
     if layout.is_pipe:
-        sd = load_torch(layout.layer_files[min(layout.layer_files)][0])
+        sd = load_torch(layout.layer_files[min(layout.layer_files)][0], mmap=True)
         return _rows(rename_legacy(sd).get("word_embeddings.weight")) if isinstance(sd, dict) else None
     module = mp0_state.get("module")
     if not isinstance(module, dict):

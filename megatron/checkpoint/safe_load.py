@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,15 @@ def unsafe_message(path: str | Path, error: BaseException) -> str:
     )
 
 
-def safe_torch_load(path: str | Path) -> Any:
-    """``torch.load`` on CPU of a user file with the allow-list; unsafe content raises :class:`UnsafeCheckpointError`."""
+def safe_torch_load(path: str | Path, mmap: bool = False) -> Any:
+    """``torch.load`` on CPU of a user file with the allow-list; unsafe content raises :class:`UnsafeCheckpointError`.
+
+    ``mmap``: map the tensors' storage instead of reading it (only what is touched is read), for files in the zip
+    format (torch >= 1.6); older files are read whole."""
     with safe_loading():
         try:
+            if mmap and zipfile.is_zipfile(path):
+                return torch.load(path, map_location="cpu", weights_only=not trusted(), mmap=True)
             return torch.load(path, map_location="cpu", weights_only=not trusted())
         except Exception as e:
             if is_unsafe_error(e):

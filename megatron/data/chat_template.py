@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, index_file_path
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from megatron.data.staged_output import staged_builders
 
 IGNORE = -100
 
@@ -194,9 +195,11 @@ def preprocess_chat(cfg: ChatPreprocessConfig) -> dict[str, Any]:
             streams[f"{key}:label"] = (output_prefix(cfg.output_prefix, key, "label"), np.int32)
         if cfg.reward_key:
             streams[f"{key}:reward"] = (output_prefix(cfg.output_prefix, key, "reward"), np.float32)
-    builders = {n: MMapIndexedDatasetBuilder(data_file_path(p) + ".partial", dtype=d) for n, (p, d) in streams.items()}
+    prefixes = {name: prefix for name, (prefix, _) in streams.items()}
     count = 0
-    try:
+    with staged_builders(
+        prefixes, lambda name, path: MMapIndexedDatasetBuilder(path, dtype=streams[name][1])
+    ) as builders:
         items = _read(cfg)
         if cfg.num_docs is not None:
             items = (x for i, x in zip(range(cfg.num_docs), items))
@@ -224,18 +227,4 @@ def preprocess_chat(cfg: ChatPreprocessConfig) -> dict[str, Any]:
                 pool.terminate()
         if count == 0:
             raise ValueError(f"no documents in {', '.join(cfg.inputs)}; nothing written")
-        for name, (prefix, _) in streams.items():
-            builders[name].finalize(index_file_path(prefix) + ".partial")
-        for prefix, _ in streams.values():
-            os.replace(data_file_path(prefix) + ".partial", data_file_path(prefix))
-            os.replace(index_file_path(prefix) + ".partial", index_file_path(prefix))
-    except BaseException:
-        for name, (prefix, _) in streams.items():
-            f = builders[name]._data_file
-            if not f.closed:
-                f.close()
-            for path in (data_file_path(prefix) + ".partial", index_file_path(prefix) + ".partial"):
-                if os.path.exists(path):
-                    os.remove(path)
-        raise
     return {"documents": count, "outputs": [p for p, _ in streams.values()]}

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from megatron.data.document_reader import ReadStats, read_documents
-from megatron.data.indexed_dataset import data_file_path, index_file_path, make_builder
+from megatron.data.indexed_dataset import make_builder
+from megatron.data.staged_output import staged_builders
 from megatron.errors import DataError
 from megatron.logging.progress import progress as progress_bar
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
@@ -181,32 +182,30 @@ def preprocess(
         raise DataError(f"--output-prefix: directory {out_dir} does not exist")
     tokenizer = build_tokenizer(cfg.tokenizer_config())
     final = {key: output_prefix_for(cfg.output_prefix, key) for key in cfg.jsonl_keys}
-    builders: dict[str, Any] = {}
-    partial: list[str] = []
-    for key, prefix in final.items():
-        tmp_bin = data_file_path(prefix) + ".partial"
-        partial += [tmp_bin, index_file_path(prefix) + ".partial"]
-        builders[key] = make_builder(tmp_bin, impl=cfg.dataset_impl, vocab_size=tokenizer.vocab_size)
-    dtype = next(iter(builders.values())).dtype
     stats = ReadStats()
     progress = _Progress(cfg.log_interval, cfg.num_docs, progress_stream or sys.stderr)
     tokens = nbytes = 0
 
-    def write(result: tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]) -> None:
-        nonlocal tokens, nbytes
-        per_key, batch_bytes = result
-        ndocs = 0
-        for key, (flat, lengths) in per_key.items():
-            _write_documents(builders[key], flat, lengths)
-            tokens += len(flat)
-            ndocs = len(lengths)
-        nbytes += batch_bytes
-        progress.update(ndocs, int(sum(len(f) for f, _ in per_key.values())), batch_bytes)
-        if on_batch is not None:
-            on_batch(ndocs)
+    def make(_key: str, partial_bin: str) -> Any:
+        return make_builder(partial_bin, impl=cfg.dataset_impl, vocab_size=tokenizer.vocab_size)
 
     start = time.perf_counter()
-    try:
+    with staged_builders(final, make) as builders:
+        dtype = next(iter(builders.values())).dtype
+
+        def write(result: tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]) -> None:
+            nonlocal tokens, nbytes
+            per_key, batch_bytes = result
+            ndocs = 0
+            for key, (flat, lengths) in per_key.items():
+                _write_documents(builders[key], flat, lengths)
+                tokens += len(flat)
+                ndocs = len(lengths)
+            nbytes += batch_bytes
+            progress.update(ndocs, int(sum(len(f) for f, _ in per_key.values())), batch_bytes)
+            if on_batch is not None:
+                on_batch(ndocs)
+
         if cfg.workers == 1:
             _init_worker(cfg, dtype.name, single_thread=False)
             for batch in _batches(cfg, stats):
@@ -226,18 +225,6 @@ def preprocess(
                 f"no documents in {', '.join(cfg.inputs)} ({stats.skipped} invalid lines skipped, "
                 f"{stats.empty} empty documents); nothing written"
             )
-        for key, prefix in final.items():
-            builders[key].finalize(index_file_path(prefix) + ".partial")
-        for prefix in final.values():
-            os.replace(data_file_path(prefix) + ".partial", data_file_path(prefix))
-            os.replace(index_file_path(prefix) + ".partial", index_file_path(prefix))
-    except BaseException:
-        for b in builders.values():
-            _close_quietly(b)
-        for path in partial:
-            if os.path.exists(path):
-                os.remove(path)
-        raise
     progress.close()
     return PreprocessResult(
         outputs=final,
@@ -261,9 +248,3 @@ def _write_documents(builder: Any, flat: np.ndarray, lengths: np.ndarray) -> Non
             builder.add_item(flat[offset : offset + n])
         offset += n
         builder.end_document()
-
-
-def _close_quietly(builder: Any) -> None:
-    f = getattr(builder, "_data_file", None) or getattr(builder, "_out", None)
-    if f is not None and not f.closed:
-        f.close()

@@ -14,7 +14,7 @@ Under the training layout on N ranks (``model_parallel_size`` / ``pipe_parallel_
 its part of the model (:meth:`~megatron.generation.parallel.StageForward.score`: the last stage's logits on every
 rank), each data-parallel replica takes its rows of a batch of ``train_micro_batch_size_per_gpu x DP`` documents,
 and global rank 0 alone writes (and decides whether an output already exists). The output appears atomically: it
-is written under a temporary name and renamed (``.bin`` first, ``.idx`` last), and removed on an error.
+is written under a ``.partial`` name and renamed (``.bin`` first, ``.idx`` last), and removed on an error.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from megatron import mpu
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
+from megatron.data.staged_output import staged_builders
 from megatron.mpu.dp_split import DataParallelSplit
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,6 @@ def precompute_logprobs(
     ``score`` maps tokens ``[b, s]`` to logits ``[b, s, V]`` (the sequential model, or ``StageForward.score``);
     ``dp`` is given on the ranks of the training layout (see the module docstring), None on one process.
     """
-    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
 
     parallel = dp is not None
     dp = dp or DataParallelSplit()
@@ -91,9 +92,11 @@ def precompute_logprobs(
         dataset = make_dataset(path, args.data_impl or "infer")
         if dataset is None:
             raise ValueError(f"precompute: dataset {path} (.bin/.idx) not found")
-        tmp = f"{out}.tmp{os.getpid()}"
-        builder = MMapIndexedDatasetBuilder(tmp + ".bin", dtype=np.float32) if writes else None
-        try:
+        staged: contextlib.AbstractContextManager[dict[str, Any]] = contextlib.nullcontext({})
+        if writes:
+            staged = staged_builders({out: out}, lambda _, bin_path: MMapIndexedDatasetBuilder(bin_path, np.float32))
+        with staged as builders:
+            builder = builders.get(out)
             for first in range(0, len(dataset), micro * dp.size):
                 batch = range(first, min(first + micro * dp.size, len(dataset)))
                 mine = [batch[i] for i in dp.my_rows(len(batch))]
@@ -101,15 +104,8 @@ def precompute_logprobs(
                     if builder is not None:
                         builder.add_item(row)
                         builder.end_document()
-            if builder is not None:
-                builder.finalize(tmp + ".idx")
-                os.replace(tmp + ".bin", out + ".bin")  # the .idx last: its existence means complete
-                os.replace(tmp + ".idx", out + ".idx")
-                logger.info("precompute: wrote %d documents of %d log-probs to %s.bin/.idx", len(dataset), seq, out)
-        finally:
-            for suffix in (".bin", ".idx") if builder is not None else ():
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp + suffix)
+        if writes:
+            logger.info("precompute: wrote %d documents of %d log-probs to %s.bin/.idx", len(dataset), seq, out)
     return outputs
 
 

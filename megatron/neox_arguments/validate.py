@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from megatron.neox_arguments.compile_checks import torch_compile_problems
 from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
@@ -215,6 +216,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
+    ("torch_compile", lambda c: torch_compile_problems(c.v)),
 ]
 
 

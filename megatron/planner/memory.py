@@ -6,8 +6,9 @@ Bytes per parameter follow what DeepSpeed allocates for the configured precision
   states; ZeRO-1 shards master + states over the DP ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard,
   when there is more than one DP rank).
-* fp32: the optimizer steps the weights themselves at ZeRO-0; ZeRO-1/2/3 still keep an fp32 copy of the rank's
-  partition (measured with DeepSpeed's CPU accelerator).
+* fp32: the optimizer steps the weights themselves at ZeRO-0 and (``megatron/training/zero3_fp32_master.py``)
+  the rank's parameter partition at ZeRO-3; ZeRO-1/2 still keep an fp32 copy of the rank's partition (measured
+  with DeepSpeed's CPU accelerator).
 * bf16 with a pipeline and ZeRO-0, or ZeRO-1 with fp32 gradient accumulation: DeepSpeed's BF16 optimizer (fp32
   master and states sharded over DP, fp32 gradients); without a pipeline ZeRO-0 bf16 is like fp16.
 
@@ -48,7 +49,7 @@ def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
     bf16_optimizer = (zero == 0 and setup.pp >= 1) or (zero == 1 and setup.grad_accum_fp32)
     if setup.precision == "bfloat16" and bf16_optimizer:  # DeepSpeed's BF16_Optimizer
         return BytesPerParam(w, FP32, FP32, floats * FP32, False, True)
-    master = 0 if setup.precision == "fp32" and zero == 0 else FP32
+    master = 0 if setup.precision == "fp32" and zero in (0, 3) else FP32
     return BytesPerParam(w, w, master, floats * FP32, zero >= 2, zero >= 1)
 
 

@@ -51,6 +51,8 @@ from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
+from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
+from megatron.training.zero3_fp32_master import share_fp32_zero3_partitions
 
 logger = logging.getLogger("megatron.train")
 
@@ -101,8 +103,11 @@ def setup_model_and_optimizer(
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
     model, _ = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
+    if args.torch_compile:
+        compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
+    share_fp32_zero3_partitions()  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
@@ -253,6 +258,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
         train_iter, valid_iter, test_iter = build_data_iterators(args, iteration * tbs, consumed_valid)
         step = build_step(plan, args, engine, tokenizer.eod, timers)
+        if args.torch_compile:
+            time_compiled_steps(step, loop_cfg.train_iters - iteration)
         result = PretrainResult(
             iteration=iteration,
             start_iteration=iteration,

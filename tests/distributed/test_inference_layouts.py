@@ -241,7 +241,8 @@ def test_precompute_on_tp_and_pp_ranks_matches_one_rank(precompute_reference, la
 
 def test_a_stage_reads_only_its_own_files(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
     """``read_checkpoint(keep_for=...)``, what each generation rank runs: only the kept specs' layer files are
-    loaded (plus layer 00's TP-rank-0 file for the vocabulary size) and the kept tensors equal a full read's."""
+    loaded (plus layer 00's TP-rank-0 file, memory-mapped, for the vocabulary size) and the kept tensors equal a
+    full read's."""
     import torch
 
     import megatron.checkpoint.reader as reader
@@ -250,11 +251,16 @@ def test_a_stage_reads_only_its_own_files(tiny, monkeypatch: pytest.MonkeyPatch)
     assert full.layout.is_pipe and full.layout.tp == 2
     loaded: list[str] = []
     load = reader.load_torch
-    monkeypatch.setattr(reader, "load_torch", lambda path: loaded.append(Path(path).name) or load(path))
+
+    def recording_load(path: Path, mmap: bool = False) -> object:
+        loaded.append(Path(path).name + (" (mmap)" if mmap else ""))
+        return load(path, mmap)
+
+    monkeypatch.setattr(reader, "load_torch", recording_load)
     part = reader.read_checkpoint(tiny.neox, keep_for=lambda cfg: lambda key: key.startswith("sequential.3."))
     assert part.cfg == full.cfg
     assert sorted(part.state_dict) == sorted(k for k in full.state_dict if k.startswith("sequential.3."))
     assert part.state_dict and all(torch.equal(part.state_dict[k], full.state_dict[k]) for k in part.state_dict)
     layer_files = sorted(n for n in loaded if n.startswith("layer_"))
-    assert layer_files == ["layer_00-model_00-model_states.pt", "layer_03-model_00-model_states.pt",
+    assert layer_files == ["layer_00-model_00-model_states.pt (mmap)", "layer_03-model_00-model_states.pt",
                            "layer_03-model_01-model_states.pt"], loaded  # fmt: skip

@@ -14,7 +14,7 @@ import torch
 from megatron.checkpoint import CheckpointError, cli, read_checkpoint, resolve_checkpoint_dir
 from megatron.checkpoint.hf_io import read_hf_weights
 from megatron.checkpoint.manifest import MANIFEST, write_manifest
-from megatron.checkpoint.safe_load import TRUST_ENV, safe_torch_load
+from megatron.checkpoint.safe_load import TRUST_ENV, UnsafeCheckpointError, safe_torch_load
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, tiny_config
 from tests.harness import DistributedTestError, load_tool, run_distributed
 
@@ -114,3 +114,16 @@ def test_latest_and_weight_map_are_confined(tmp_path: Path) -> None:
     (hf / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="outside"):
         read_hf_weights(hf)
+
+
+def test_mmap_reads_keep_the_allow_list_and_accept_pre_zip_files(tmp_path: Path) -> None:
+    """The memory-mapped read (pipeline layer 00's embedding shape) refuses a payload like a full read does."""
+    marker = tmp_path / "pwned"
+    torch.save({"w": torch.ones(2), "x": Payload(marker)}, tmp_path / "bad.pt")
+    with pytest.raises(UnsafeCheckpointError, match="allow-list"):
+        safe_torch_load(tmp_path / "bad.pt", mmap=True)
+    assert not marker.exists()
+    torch.save({"w": torch.arange(3.0)}, tmp_path / "zip.pt")
+    torch.save({"w": torch.arange(3.0)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    for name in ("zip.pt", "old.pt"):
+        assert safe_torch_load(tmp_path / name, mmap=True)["w"].tolist() == [0.0, 1.0, 2.0], name

@@ -1,6 +1,6 @@
-"""eval_tasks during training (TP=2, and PP=2 through the training PipelineModule's stages): validation/<task>_<metric>
-at every eval_interval in TensorBoard, equal to eval.py on one process on the checkpoint saved at the same
-iteration; char_level_ppl adds validation/lm_loss_char_lvl_ppl."""
+"""eval_tasks during training (TP=2, and PP=2 through the training PipelineModule's stages, also with DP=2):
+validation/<task>_<metric> at every eval_interval in TensorBoard, equal to eval.py on one process on the checkpoint
+saved at the same iteration; char_level_ppl adds validation/lm_loss_char_lvl_ppl."""
 
 from __future__ import annotations
 
@@ -16,8 +16,14 @@ pytestmark = pytest.mark.distributed
 TASKS = str(Path(__file__).resolve().parents[2] / "configs" / "eval")
 
 
-@pytest.mark.parametrize("layout", [{"model_parallel_size": 2}, {"pipe_parallel_size": 2}], ids=["tp2", "pp2"])
-def test_eval_tasks_every_eval_interval(layout: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("layout", "world"),
+    [({"model_parallel_size": 2}, 2), ({"pipe_parallel_size": 2}, 2), ({"pipe_parallel_size": 2}, 4)],
+    ids=["tp2", "pp2", "pp2-dp2"],
+)
+def test_eval_tasks_every_eval_interval(
+    layout: dict, world: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from megatron.evaluation.standalone import evaluate_checkpoint
@@ -28,7 +34,7 @@ def test_eval_tasks_every_eval_interval(layout: dict, tmp_path: Path, monkeypatc
     data = make_tiny_data(tmp_path / "data")
     cfg = tiny_config(
         data,
-        world=2,
+        world=world,
         **layout,
         eval_tasks=[TASKS],
         eval_limit=3,
@@ -37,9 +43,9 @@ def test_eval_tasks_every_eval_interval(layout: dict, tmp_path: Path, monkeypatc
         checkpoint_factor=100,
         tensorboard_dir=str(tmp_path / "tb"),
     )
-    runs = run_distributed(run_pretrain, 2, cfg, env, timeout=400)
+    runs = run_distributed(run_pretrain, world, cfg, env, timeout=400)
     valid = runs[0]["valid"]
-    assert all(r["valid"] == valid for r in runs[1:])  # every rank (every pipeline stage) has the same results
+    assert all(r["valid"] == valid for r in runs[1:])  # every rank (every stage and replica) has the same results
     assert {
         "validation/forge_mc_acc",
         "validation/forge_ppl_word_perplexity",

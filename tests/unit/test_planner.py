@@ -67,8 +67,9 @@ def test_bytes_per_param_follow_deepspeed() -> None:
         return (b.weights, b.grads, b.master, b.states, b.grads_sharded, b.master_sharded)
 
     assert layout(precision="fp32", zero_stage=0) == (4, 4, 0, 8, False, False)
-    assert layout(precision="fp32", zero_stage=1) == (4, 4, 4, 8, False, True)  # ZeRO >= 1 copies the partition
-    assert layout(precision="fp32", zero_stage=3) == (4, 4, 4, 8, True, True)
+    assert layout(precision="fp32", zero_stage=1) == (4, 4, 4, 8, False, True)  # ZeRO-1/2 copy the partition
+    # ZeRO-3 steps the fp32 parameter partition itself (megatron/training/zero3_fp32_master.py)
+    assert layout(precision="fp32", zero_stage=3) == (4, 4, 0, 8, True, True)
     assert layout(precision="fp16", zero_stage=0) == (2, 2, 4, 8, False, False)
     assert layout(precision="fp16", zero_stage=2) == (2, 2, 4, 8, True, True)
     assert layout(precision="bfloat16", zero_stage=0) == (2, 2, 4, 8, False, False)  # DeepSpeed's fp16 wrapper

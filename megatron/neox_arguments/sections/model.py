@@ -111,6 +111,12 @@ class ModelArgs:
     bias_dropout_fusion: bool = arg(False, "Fused bias + dropout + residual add.")
     rope_fusion: bool = arg(False, "Fused rotary-embedding kernel (CUDA only).")
     fp16_lm_cross_entropy: bool = arg(False, "Compute the unreduced language-model loss in fp16 (needs fp16).")
+    torch_compile: bool = arg(
+        False,
+        "neox-forge: compile each transformer layer with `torch.compile` (inductor) for training; the first step "
+        "includes the compilation and the log reports its time. Sequential models (pipe_parallel_size 0) at "
+        "model_parallel_size 1 with ZeRO stage 0-2 and dense layers (activation checkpointing included); other layouts are refused.",
+    )
     init_method_std: float = arg(0.02, "Standard deviation of the normal initialisers.")
     apply_query_key_layer_scaling: bool = arg(
         False, "Scale attention scores by 1/layer_number (forces attention_softmax_in_fp32)."

@@ -1,0 +1,52 @@
+"""Datasets written all-or-nothing.
+
+Writers (preprocessing, chat-template preprocessing, log-prob precompute) stream into ``<prefix>.bin.partial`` and
+``<prefix>.idx.partial``; only when the whole run succeeded are the files renamed onto ``<prefix>.bin`` and then
+``<prefix>.idx`` (the index last: its existence means the dataset is complete). On any error, interrupts included,
+the partial files are closed and removed, and an existing dataset of the same name is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from megatron.data.index_format import data_file_path, index_file_path
+
+PARTIAL = ".partial"
+
+
+@contextlib.contextmanager
+def staged_builders(prefixes: Mapping[str, str], make: Callable[[str, str], Any]) -> Iterator[dict[str, Any]]:
+    """Yield ``{name: builder}`` with ``make(name, partial_bin_path)`` for each ``name -> final prefix``.
+
+    On a clean exit of the ``with`` block every builder is finalised into its partial ``.idx`` and the pairs are
+    renamed into place; if the block raises, nothing named like a final output is created or changed.
+    """
+    builders: dict[str, Any] = {}
+    try:
+        for name, prefix in prefixes.items():
+            builders[name] = make(name, data_file_path(prefix) + PARTIAL)
+        yield builders
+        for name, prefix in prefixes.items():
+            builders[name].finalize(index_file_path(prefix) + PARTIAL)
+        for prefix in prefixes.values():
+            os.replace(data_file_path(prefix) + PARTIAL, data_file_path(prefix))
+            os.replace(index_file_path(prefix) + PARTIAL, index_file_path(prefix))
+    except BaseException:
+        for builder in builders.values():
+            _close_quietly(builder)
+        for prefix in prefixes.values():
+            for path in (data_file_path(prefix) + PARTIAL, index_file_path(prefix) + PARTIAL):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+        raise
+
+
+def _close_quietly(builder: Any) -> None:
+    """Close a builder's open ``.bin`` (mmap builders hold ``_data_file``, legacy ones ``_out``)."""
+    f = getattr(builder, "_data_file", None) or getattr(builder, "_out", None)
+    if f is not None and not f.closed:
+        f.close()
