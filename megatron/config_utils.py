@@ -5,7 +5,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments.neox_args import NeoXArgs
+
+# What ``XConfig.from_neox_args`` reads: the validated ``NeoXArgs``, or a namespace holding every key
+# (``megatron.neox_arguments.neox_namespace``: offline readers of a saved config, tests).
+NeoXValues: TypeAlias = "NeoXArgs | SimpleNamespace"
 
 
 @functools.cache
@@ -37,13 +45,32 @@ def check_neox_field_names(cls: type) -> None:
         raise TypeError(f"{cls.__name__}: fields that are not NeoX config keys: {'; '.join(hints)}")
 
 
-def neox_overrides(cls: type, args: Any) -> dict[str, Any]:
-    """The fields of the dataclass ``cls`` that ``args`` sets under the same (GPT-NeoX) names.
+def neox_values(cls: type, args: NeoXValues) -> dict[str, Any]:
+    """Every field of the dataclass ``cls`` read strictly from ``args`` under the same (GPT-NeoX) name.
 
-    Every field must be a NeoX config key (see :func:`check_neox_field_names`) except ``NOT_NEOX_KEYS``, which are
-    not read. ``None`` or a missing attribute counts as unset, so ``cls(**neox_overrides(cls, args))`` keeps the
-    dataclass's own defaults for those fields (which equal the schema's, tests/unit/test_module_configs.py).
+    ``args`` is a ``NeoXArgs`` or any object that holds every key (``neox_namespace``): a key it lacks raises
+    ``TypeError`` naming the key, it never falls back to a default. Every field must be a NeoX config key (see
+    :func:`check_neox_field_names`) except ``NOT_NEOX_KEYS``, which are not read.
     """
     check_neox_field_names(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in not_neox_keys(cls)]
-    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in not_neox_keys(cls):
+            continue
+        try:
+            out[f.name] = getattr(args, f.name)
+        except AttributeError:
+            raise TypeError(
+                f"{cls.__name__}.from_neox_args: the arguments have no key {f.name!r} "
+                "(pass a NeoXArgs, or neox_namespace(...) which holds every key)"
+            ) from None
+    return out
+
+
+def neox_overrides(cls: type, args: NeoXValues) -> dict[str, Any]:
+    """:func:`neox_values` without the keys whose value is ``None`` (unset).
+
+    ``cls(**neox_overrides(cls, args))`` then keeps the dataclass's own default for those fields, which equals the
+    schema's (tests/unit/test_module_configs.py lists the few that are derived or required instead).
+    """
+    return {name: value for name, value in neox_values(cls, args).items() if value is not None}

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from megatron.cluster.worker_env import discover_rank_env
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,7 +37,6 @@ def init_distributed(backend: str | None = None) -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    from megatron.cluster.worker_env import discover_rank_env
 
     discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
     if on_cpu():

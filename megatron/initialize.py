@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from megatron.config_utils import neox_overrides
+from megatron import mpu
+from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.distributed import init_distributed, on_cpu
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -27,8 +29,8 @@ class InitConfig:
     distributed_backend: str = "nccl"  # GPT-NeoX's default; gloo is used instead on CPU
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> InitConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
+    def from_neox_args(cls, args: NeoXValues) -> InitConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)
 
@@ -39,8 +41,6 @@ def set_random_seed(seed: int, *, pipe_rank: int = 0, pipe_size: int = 1, model_
     As GPT-NeoX, interior pipeline stages offset the seed by ``1138 + stage · mp`` (the first and last stage,
     which hold the tied embeddings, keep ``seed``).
     """
-    from megatron import mpu
-
     if not isinstance(seed, int) or isinstance(seed, bool) or seed <= 0:
         raise ConfigError(f"seed must be a positive integer, got {seed!r}")
     if 0 < pipe_rank < pipe_size - 1:
@@ -54,12 +54,8 @@ def set_random_seed(seed: int, *, pipe_rank: int = 0, pipe_size: int = 1, model_
 
 def initialize_megatron(args: Any) -> InitConfig:
     """``torch.distributed`` (gloo on CPU, nccl on CUDA; SLURM/MPI env discovery), mpu groups, seeds."""
-    from megatron import mpu
-    from megatron.distributed import init_distributed
-
     cfg = InitConfig.from_neox_args(args)
     backend = cfg.distributed_backend
-    from megatron.distributed import on_cpu
 
     if on_cpu() and backend != "gloo":
         logger.info("distributed_backend %s is not available on CPU: using gloo", backend)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # parallel_config imports no other megatron layer at run time
+    from megatron.config_utils import NeoXValues
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +60,14 @@ class ParallelConfig:
         return self.pipe_parallel_size >= 1
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> ParallelConfig:
-        """Read GPT-NeoX's flat attribute names (``zero_optimization`` is the DeepSpeed dict)."""
-        zero = getattr(args, "zero_optimization", None) or {}
-        stage = zero.get("stage", 0) if isinstance(zero, dict) else getattr(zero, "stage", 0)
+    def from_neox_args(cls, args: NeoXValues) -> ParallelConfig:
+        """Read every field strictly under its NeoX key (``zero_stage`` from the ``zero_optimization`` dict)."""
+        zero = args.zero_optimization or {}
+        stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
         return cls(
-            model_parallel_size=int(getattr(args, "model_parallel_size", None) or 1),
-            pipe_parallel_size=int(getattr(args, "pipe_parallel_size", None) or 0),
-            sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+            model_parallel_size=int(args.model_parallel_size or 1),
+            pipe_parallel_size=int(args.pipe_parallel_size or 0),
+            sequence_parallel=bool(args.sequence_parallel),
             zero_stage=int(stage or 0),
         )
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError, detect_layout
 from megatron.checkpoint.manifest import MANIFEST
 from megatron.checkpoint.reader import engine_state, is_neox_forge, load_torch
 from megatron.checkpoint.reshard import DROPPED_KEY, WEIGHTS_ONLY_KEY, reshard_checkpoint
 from megatron.checkpoint.writer import TargetLayout
+from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +57,15 @@ def plan_load(
     *,
     tp: int,
     pp: int,
-    args: Any,
-    padded_vocab_size: int | None,
+    model: GPTModelConfig,
     is_writer: bool,
     barrier: Callable[[], None],
     reads_zero3: bool = True,
 ) -> LoadPlan:
     """Decide where to load ``root/tag`` from for the current ``(tp, pp)``; reshard (on the writer rank) if needed.
 
-    ``pp`` is ``pipe_parallel_size`` (0 = sequential model). ``args`` carries the model keys (GPT-NeoX names).
+    ``pp`` is ``pipe_parallel_size`` (0 = sequential model); ``model`` is this run's model config (a resharded copy
+    gets its padded vocabulary).
     A resharded copy holds ZeRO-0 optimizer state (ZeRO-1/2/3 and bf16 runs carry it over: ``optimizer_carry``).
     ``reads_zero3`` is False for a run that is not ZeRO-3: DeepSpeed then cannot read a ZeRO-3 checkpoint's weights
     (they live in the ZeRO-3 shards), so one is rewritten in ZeRO-0 form even at the same layout.
@@ -73,11 +75,7 @@ def plan_load(
     layout = detect_layout(directory)
     src = (layout.tp, layout.pp if layout.is_pipe else 0)
     # A GPT-NeoX-written parallel-residual checkpoint stores row-parallel biases per TP rank (effective = sum).
-    gpt_neox_biases = (
-        layout.tp > 1
-        and bool(getattr(args, "gpt_j_residual", False))
-        and not is_neox_forge(layout, engine_state(layout))
-    )
+    gpt_neox_biases = layout.tp > 1 and model.gpt_j_residual and not is_neox_forge(layout, engine_state(layout))
     zero3_to_other = bool(layout.zero3_files) and not reads_zero3
     if src == (tp, pp) and not gpt_neox_biases and not zero3_to_other:
         return LoadPlan(str(root), tag)
@@ -107,8 +105,8 @@ def plan_load(
                 directory,
                 out_root,
                 TargetLayout(tp=tp, pp=pp),
-                args=args,
-                padded_vocab_size=padded_vocab_size,
+                model=model,
+                padded_vocab_size=model.padded_vocab_size,
                 overwrite=True,
                 weights_only_fallback=True,
             )
@@ -123,13 +121,9 @@ def plan_load(
     return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only, optimizer_dropped=dropped)
 
 
-def plan_load_for_engine(
-    engine: Any, root: str | Path, tag: str, *, args: Any, padded_vocab_size: int | None
-) -> LoadPlan:
+def plan_load_for_engine(engine: Any, root: str | Path, tag: str, *, model: GPTModelConfig) -> LoadPlan:
     """:func:`plan_load` for a DeepSpeed ``engine`` of this run (layout from ``megatron.mpu`` and the module type)."""
     from deepspeed.pipe import PipelineModule
-
-    from megatron import mpu
 
     tp = mpu.get_model_parallel_world_size()
     pp = mpu.get_pipe_parallel_world_size() if isinstance(getattr(engine, "module", None), PipelineModule) else 0
@@ -138,8 +132,7 @@ def plan_load_for_engine(
         tag,
         tp=tp,
         pp=pp,
-        args=args,
-        padded_vocab_size=padded_vocab_size,
+        model=model,
         is_writer=mpu.world_rank() == 0,
         barrier=mpu.barrier,
         reads_zero3=int(engine.zero_optimization_stage()) >= 3 if hasattr(engine, "zero_optimization_stage") else False,

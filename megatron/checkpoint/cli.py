@@ -8,7 +8,8 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.layout import CheckpointError, detect_layout, resolve_checkpoint_dir
+from megatron.checkpoint.safe_load import trust_checkpoints
 from megatron.logging.progress import progress
 
 
@@ -33,8 +34,6 @@ def progress_bar(desc: str, total: int | None = None) -> Iterator[Callable[[str]
 
 def shard_count(path: str, iteration: int | None = None) -> int | None:
     """Number of shard files a read of ``path`` goes through (for a progress bar total), None if unknown."""
-    from megatron.checkpoint.layout import detect_layout, resolve_checkpoint_dir
-
     try:
         layout = detect_layout(resolve_checkpoint_dir(path, iteration))
     except (CheckpointError, OSError):
@@ -56,8 +55,6 @@ def add_trust_flag(parser: argparse.ArgumentParser) -> None:
 def apply_trust_flag(args: argparse.Namespace) -> None:
     """Honour ``--trust-checkpoint`` for this process (logged as a warning)."""
     if getattr(args, "trust_checkpoint", False):
-        from megatron.checkpoint.safe_load import trust_checkpoints
-
         trust_checkpoints()
 
 

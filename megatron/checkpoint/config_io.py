@@ -7,10 +7,11 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from megatron.checkpoint.layout import CheckpointError
 from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments import KNOWN_KEYS, default_values
+from megatron.neox_arguments.loader import merge_config_files
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,6 @@ def load_neox_args(config_files: Sequence[str | Path]) -> SimpleNamespace:
     Unlike ``NeoXArgs.from_ymls`` nothing is checked against a launch (world size, data paths, ``seq_length``):
     offline tools read model configs on one process. The model keys are validated by ``GPTModelConfig``.
     """
-    from megatron.neox_arguments import KNOWN_KEYS, default_values
-    from megatron.neox_arguments.loader import merge_config_files
-
     for path in config_files:
         if not Path(path).is_file():
             raise CheckpointError(f"config file {path} does not exist")
@@ -33,12 +31,15 @@ def load_neox_args(config_files: Sequence[str | Path]) -> SimpleNamespace:
     return SimpleNamespace(**{**default_values(), **merged.values})
 
 
-def checkpoint_config_args(directory: str | Path) -> Any | None:
-    """The resolved config saved with a checkpoint (``configs/resolved_config.json`` or its YAML files), or None."""
+def checkpoint_config_args(directory: str | Path) -> SimpleNamespace | None:
+    """The resolved config saved with a checkpoint (``configs/resolved_config.json`` or its YAML files), or None.
+
+    Keys a ``resolved_config.json`` of an older version lacks get their defaults, so every key can be read strictly.
+    """
     configs = Path(directory) / "configs"
     resolved = configs / RESOLVED
     if resolved.is_file():
-        return SimpleNamespace(**json.loads(resolved.read_text()))
+        return SimpleNamespace(**{**default_values(), **json.loads(resolved.read_text())})
     ymls = sorted(p for p in configs.glob("*") if p.suffix in (".yml", ".yaml", ".json")) if configs.is_dir() else []
     if ymls:
         try:
@@ -56,32 +57,6 @@ def config_files_text(directory: str | Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(configs.iterdir()) if p.is_file()}
 
 
-def model_config(args: Any, padded_vocab_size: int | None = None) -> GPTModelConfig:
-    """``GPTModelConfig`` for ``args`` (GPT-NeoX attribute names); ``padded_vocab_size`` overrides the config's."""
-    if padded_vocab_size is not None:
-        values = dict(vars(args)) if isinstance(args, SimpleNamespace) else None
-        if values is not None:
-            values["padded_vocab_size"] = padded_vocab_size
-            args = SimpleNamespace(**values)
-        else:
-            args = _Override(args, padded_vocab_size=padded_vocab_size)
-    return GPTModelConfig.from_neox_args(args)
-
-
-class _Override:
-    """Attribute view of ``base`` with a few values replaced."""
-
-    def __init__(self, base: Any, **values: Any) -> None:
-        self._base, self._values = base, values
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._values:
-            return self._values[name]
-        return getattr(self._base, name)
-
-
-def parallel_sizes(args: Any) -> tuple[int, int]:
-    """``(model_parallel_size, pipe_parallel_size)`` of a config (defaults 1, 1 like GPT-NeoX)."""
-    tp = getattr(args, "model_parallel_size", None)
-    pp = getattr(args, "pipe_parallel_size", None)
-    return int(tp if tp is not None else 1), int(pp if pp is not None else 1)
+def model_config(config: SimpleNamespace, padded_vocab_size: int) -> GPTModelConfig:
+    """``GPTModelConfig`` for ``config`` (every GPT-NeoX key, see :func:`load_neox_args`) with ``padded_vocab_size``."""
+    return GPTModelConfig.from_neox_args(SimpleNamespace(**{**vars(config), "padded_vocab_size": padded_vocab_size}))

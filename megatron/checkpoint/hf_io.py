@@ -16,11 +16,13 @@ from typing import Any
 import torch
 import yaml
 
-from megatron.checkpoint.layout import CheckpointError
-from megatron.checkpoint.safe_load import UnsafeCheckpointError, confined, safe_torch_load
+from megatron.checkpoint.layout import CheckpointError, confined
+from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
 from megatron.model.config import GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
+from megatron.model.moe.hf_mixtral import mixtral_disk_names
+from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +43,9 @@ def resolve_precision(precision: str, cfg: GPTModelConfig) -> torch.dtype:
 # export
 
 
-def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
+def hf_tokenizer(config: TokenizerConfig, vocab_is_hf_tokenizer: bool = False) -> Any | None:
     """A ``PreTrainedTokenizerFast`` for the config's tokenizer, or None when it has no Hugging Face form."""
-
-    kind = str(getattr(args, "tokenizer_type", "") or "")
-    vocab_file = getattr(args, "vocab_file", None)
+    kind, vocab_file = str(config.tokenizer_type or ""), config.vocab_file
     if vocab_is_hf_tokenizer:
         if not vocab_file or not Path(vocab_file).exists():
             raise CheckpointError(f"--vocab-is-hf-tokenizer: vocab_file {vocab_file!r} does not exist")
@@ -57,15 +57,13 @@ def hf_tokenizer(args: Any, vocab_is_hf_tokenizer: bool = False) -> Any | None:
 
         return _fast_tokenizer(Tokenizer.from_file(str(vocab_file)))
     if kind.lower() in ("hftokenizer", "gpt2bpetokenizer", "hfgpt2tokenizer"):
-        from megatron.tokenizer import TokenizerConfig, build_tokenizer
-
-        missing = [f for f in (vocab_file, getattr(args, "merge_file", None)) if f and not Path(f).exists()]
+        missing = [f for f in (vocab_file, config.merge_file) if f and not Path(f).exists()]
         if not vocab_file or missing:
             what = f"{missing[0]} does not exist" if missing else "the config names no vocab_file"
             logger.warning("%s tokenizer: %s; no tokenizer files written", kind, what)
             return None
 
-        tok: Any = build_tokenizer(TokenizerConfig.from_neox_args(args))  # these kinds wrap an HF .tokenizer
+        tok: Any = build_tokenizer(config)  # these kinds wrap an HF .tokenizer
         if kind.lower() == "hfgpt2tokenizer":
             return tok.tokenizer
         return _fast_tokenizer(tok.tokenizer)
@@ -120,8 +118,6 @@ def export_hf(
     if cfg.tied_embeddings:
         hf_sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
     if architecture == "mixtral":
-        from megatron.model.moe.hf_mixtral import mixtral_disk_names
-
         hf_sd = mixtral_disk_names(hf_sd)  # the per-expert names HF itself writes (and other tools read)
     tensors = {}
     for name, tensor in hf_sd.items():

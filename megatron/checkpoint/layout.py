@@ -32,6 +32,15 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be read or written as asked (names the file and what would be valid)."""
 
 
+def confined(root: str | Path, name: str, what: str) -> Path:
+    """``root / name`` when it stays inside ``root`` (no ``..``, no absolute path, no symlink escape), else an error."""
+    base = Path(root).resolve()
+    target = (base / name).resolve()
+    if not name or Path(name).is_absolute() or (target != base and base not in target.parents):
+        raise CheckpointError(f"{what} names {name!r}, which is outside {root}; refusing to follow it")
+    return Path(root) / name
+
+
 def mp_rank_file(mp_rank: int) -> str:
     """DeepSpeed's name of the engine-state file of model-parallel slice ``mp_rank``."""
     return f"mp_rank_{mp_rank:02d}_model_states.pt"
@@ -56,8 +65,6 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
         return path
     latest = path / "latest"
     if latest.is_file():
-        from megatron.checkpoint.safe_load import confined
-
         tag = latest.read_text().strip()
         target = confined(path, tag, str(latest))
         if not target.is_dir():

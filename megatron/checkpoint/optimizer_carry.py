@@ -20,7 +20,8 @@ import torch
 
 from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError, detect_layout
-from megatron.checkpoint.optimizer_state import FullOptimizerState, scatter_optimizer_state
+from megatron.checkpoint.optimizer_state import FullOptimizerState, is_torch_optimizer_state, scatter_optimizer_state
+from megatron.checkpoint.reader import load_torch
 from megatron.checkpoint.rules import split_tensor
 from megatron.checkpoint.zero_state import ZERO_OPTIM_RE, full_param_name
 
@@ -126,9 +127,6 @@ def carry_optimizer_state(
 def _mp_rank_optimizer_kind(directory: Path) -> str:
     """``"torch"`` (a torch optimizer state dict), ``"wrapped"`` (a DeepSpeed wrapper's, e.g. the fp16/bf16
     optimizer of ZeRO-0) or ``"none"``: the optimizer state in the ``mp_rank`` files."""
-    from megatron.checkpoint.optimizer_state import is_torch_optimizer_state
-    from megatron.checkpoint.reader import load_torch
-
     files = sorted(directory.glob("mp_rank_*_model_states.pt"))
     opt = load_torch(files[0]).get("optimizer") if files else None
     return "none" if opt is None else "torch" if is_torch_optimizer_state(opt) else "wrapped"

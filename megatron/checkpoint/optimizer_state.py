@@ -25,14 +25,13 @@ import torch
 from megatron.checkpoint.layout import CheckpointError, stage_bounds
 from megatron.checkpoint.rules import merge_tensor, resize_vocab, split_tensor
 from megatron.model.config import GPTModelConfig
+from megatron.model.meta import meta_param_shapes
 
 logger = logging.getLogger(__name__)
 
 
 def model_param_names(cfg: GPTModelConfig) -> list[str]:
     """Full-layout parameter names in registration order (the tied output layer adds none)."""
-    from megatron.model.meta import meta_param_shapes
-
     return list(meta_param_shapes(cfg))
 
 

@@ -17,12 +17,16 @@ from typing import Any
 
 import torch
 
+from megatron import mpu
 from megatron.checkpoint import config_io
 from megatron.checkpoint.bias_layout import SPLIT, stored_layout
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
+from megatron.model import build_sequential_model
 from megatron.model.config import GPTModelConfig
+from megatron.model.tp_sharding import partition_spec
+from megatron.tokenizer.tokenizer import TokenizerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +54,7 @@ class NeoXCheckpoint:
     cfg: GPTModelConfig
     layout: CheckpointLayout
     client_state: dict[str, Any]
-    args: Any = None
+    tokenizer: TokenizerConfig | None = None  # from the config files read (None when the caller gave the model)
     config_files: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -200,10 +204,6 @@ def merge_shards(
 
 def full_shapes(cfg: GPTModelConfig) -> dict[str, tuple[int, ...]]:
     """Name → full (tp=1) shape of every tensor of the model, also inside a run whose ``mpu`` is initialised."""
-    from megatron import mpu
-    from megatron.model import build_sequential_model
-    from megatron.model.tp_sharding import partition_spec
-
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
     with torch.device("meta"):
         local = {k: list(v.shape) for k, v in build_sequential_model(cfg).state_dict().items()}
@@ -254,7 +254,7 @@ def read_checkpoint(
     path: str | Path,
     *,
     config_files: list[str | Path] | None = None,
-    args: Any = None,
+    model: GPTModelConfig | Callable[[int], GPTModelConfig] | None = None,
     iteration: int | None = None,
     row_bias: str = "auto",
     progress: Callable[[str], None] | None = None,
@@ -262,8 +262,8 @@ def read_checkpoint(
 ) -> NeoXCheckpoint:
     """Read the checkpoint at ``path`` (root with ``latest`` or a ``global_stepN`` dir) into a full state dict.
 
-    The model config comes from ``args`` (GPT-NeoX attribute names), else ``config_files``, else the checkpoint's
-    own ``configs/``. ``row_bias``: ``auto`` (the checkpoint's recorded layout, else GPT-NeoX's rule: summed over TP
+    The model config is ``model`` (its ``padded_vocab_size`` replaced by the checkpoint's; a function builds it for
+    the checkpoint's padded vocabulary), else read from ``config_files``, else from the checkpoint's own ``configs/``. ``row_bias``: ``auto`` (the checkpoint's recorded layout, else GPT-NeoX's rule: summed over TP
     when ``gpt_j_residual``; see ``megatron.checkpoint.bias_layout``), ``effective`` or ``sum``.
 
     ``keep_for(model config)`` returns a key filter (see :func:`read_tp_shards`): only those tensors are read and
@@ -288,19 +288,24 @@ def read_checkpoint(
             f"mp_rank files; missing: {', '.join(missing) or 'none (extra files?)'}"
         )
     client = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
-    if args is None and config_files:
-        args = config_io.load_neox_args(config_files)
-    if args is None:
-        args = config_io.checkpoint_config_args(directory)
-    if args is None:
-        raise CheckpointError(f"{directory} has no configs/ to read the model from: pass the config file(s)")
+    config = None
+    if model is None:
+        config = config_io.load_neox_args(config_files) if config_files else config_io.checkpoint_config_args(directory)
+        if config is None:
+            raise CheckpointError(f"{directory} has no configs/ to read the model from: pass the config file(s)")
     selective = keep_for is not None and not layout.zero3_files
     shards = [] if selective else read_tp_shards(layout, progress)[0]
     rows = _embedding_rows(layout, state) if selective else _rows(shards[0].get(EMBEDDING_KEY))
     if rows is None:
         raise CheckpointError(f"{directory}: no word embedding ({EMBEDDING_KEY}) found")
     try:
-        cfg = config_io.model_config(args, padded_vocab_size=rows * layout.tp)
+        if isinstance(model, GPTModelConfig):
+            cfg = model.replace(padded_vocab_size=rows * layout.tp)
+        elif model is not None:
+            cfg = model(rows * layout.tp)
+        else:
+            assert config is not None
+            cfg = config_io.model_config(config, padded_vocab_size=rows * layout.tp)
     except ValueError as e:
         raise CheckpointError(f"model config for {directory}: {e}") from None
     keep = keep_for(cfg) if keep_for is not None else None
@@ -325,6 +330,6 @@ def read_checkpoint(
         cfg=cfg,
         layout=layout,
         client_state=client,
-        args=args,
+        tokenizer=None if config is None else TokenizerConfig.from_neox_args(config),
         config_files=config_io.config_files_text(directory),
     )

@@ -19,8 +19,8 @@ from megatron.checkpoint.optimizer_state import (
 from megatron.checkpoint.reader import NeoXCheckpoint, load_torch, read_checkpoint
 from megatron.checkpoint.rules import resize_vocab, split_tensor
 from megatron.checkpoint.writer import TargetLayout, write_checkpoint
-from megatron.checkpoint.zero_state import gather_zero_optimizer_state
-from megatron.model.config import pad_vocab_size
+from megatron.checkpoint.zero_state import ZERO_OPTIM_RE, gather_zero_optimizer_state
+from megatron.model.config import GPTModelConfig, pad_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +75,6 @@ def gather_full_optimizer_state(ckpt: NeoXCheckpoint) -> tuple[FullOptimizerStat
 
 def _has_optimizer_state(ckpt: NeoXCheckpoint) -> bool:
     """True when the checkpoint holds optimizer state of any kind (a converted HF model holds none)."""
-    from megatron.checkpoint.zero_state import ZERO_OPTIM_RE
-
     layout = ckpt.layout
     if layout.zero3_files or any(ZERO_OPTIM_RE.match(p.name) for p in layout.directory.iterdir()):
         return True
@@ -106,7 +104,7 @@ def reshard_checkpoint(
     dst: str | Path,
     target: TargetLayout,
     *,
-    args: Any = None,
+    model: GPTModelConfig | None = None,
     config_files: list[str | Path] | None = None,
     iteration: int | None = None,
     padded_vocab_size: int | None = None,
@@ -120,7 +118,7 @@ def reshard_checkpoint(
     When the optimizer state cannot be carried (e.g. a ZeRO-0 fp16/bf16 wrapper's) this is an error naming why, unless
     ``weights_only`` asks for the weights alone or ``weights_only_fallback`` accepts a weights-only copy (marked
     as such; loading it with optimizer state is refused later)."""
-    ckpt = read_checkpoint(src, args=args, config_files=config_files, iteration=iteration, progress=progress)
+    ckpt = read_checkpoint(src, model=model, config_files=config_files, iteration=iteration, progress=progress)
     rows = target_vocab(ckpt, target.tp, padded_vocab_size)
     cfg = ckpt.cfg.replace(padded_vocab_size=rows)
     state = {k: resize_vocab(k, v, rows) for k, v in ckpt.state_dict.items()}

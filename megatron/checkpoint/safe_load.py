@@ -105,14 +105,3 @@ def safe_torch_load(path: str | Path, mmap: bool = False) -> Any:
             if is_unsafe_error(e):
                 raise UnsafeCheckpointError(unsafe_message(path, e)) from None
             raise
-
-
-def confined(root: str | Path, name: str, what: str) -> Path:
-    """``root / name`` when it stays inside ``root`` (no ``..``, no absolute path, no symlink escape), else an error."""
-    from megatron.checkpoint.layout import CheckpointError
-
-    base = Path(root).resolve()
-    target = (base / name).resolve()
-    if not name or Path(name).is_absolute() or (target != base and base not in target.parents):
-        raise CheckpointError(f"{what} names {name!r}, which is outside {root}; refusing to follow it")
-    return Path(root) / name

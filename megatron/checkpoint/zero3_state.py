@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.reader import load_torch
 
 MASTER_KEY = "fp32_master"  # the fp32 weights, in the result of zero3_rank_state only (the weights come elsewhere)
 
@@ -33,8 +34,6 @@ def zero3_rank_state(
 ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """``({DeepSpeed parameter name: {state key: flat tensor of numel values or scalar, MASTER_KEY: weights}},
     [hyper-parameters of each sub-group])`` of one MP rank from its DP ranks' ``optimizer_state_dict``s."""
-    from megatron.checkpoint.reader import load_torch
-
     dp = len(optim_states)
     model_path = _model_states(paths[0])
     if not model_path.is_file():

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from megatron.config_utils import check_neox_field_names
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
 from megatron.data.indexed_dataset import make_dataset
@@ -68,25 +68,13 @@ class DataConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("micro_batch_size", "label_data_paths", "weighted_document_limit")
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> DataConfig:
-        """Read the flat GPT-NeoX attribute names (``batch_size`` = micro batch per GPU) with getattr."""
-        check_neox_field_names(cls)
-        micro = getattr(args, "train_micro_batch_size_per_gpu", None) or getattr(args, "batch_size", None)
-        kwargs: dict[str, Any] = {
-            "seq_length": args.seq_length,
-            "train_batch_size": args.train_batch_size,
-            "micro_batch_size": micro,
-        }
-        for name, field in cls.__dataclass_fields__.items():
-            if name in kwargs or name in cls.NOT_NEOX_KEYS:
-                continue
-            value = getattr(args, name, None)
-            if value is not None:
-                kwargs[name] = value
-            elif field.default is None:
-                kwargs[name] = None
-        if kwargs.get("train_iters") is None:
-            kwargs["train_iters"] = 0
+    def from_neox_args(cls, args: NeoXValues) -> DataConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default; ``batch_size`` is GPT-NeoX's
+        older name of the micro batch per GPU)."""
+        kwargs: dict[str, Any] = neox_overrides(cls, args)
+        kwargs["seq_length"], kwargs["train_batch_size"] = args.seq_length, args.train_batch_size
+        kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu or args.batch_size
+        kwargs.setdefault("train_iters", 0)  # unset until train_epochs is converted: DataConfig counts it as 0
         return cls(**kwargs)
 
     def validate(self) -> None:

@@ -21,22 +21,22 @@ import numpy as np
 import torch
 
 from megatron import mpu
+from megatron.evaluation.config import EvalConfig
+from megatron.evaluation.pipe_stage import TrainingPipeStage
+from megatron.evaluation.tasks import resolve_tasks
+from megatron.generation.parallel import StageForward
+from megatron.mpu.dp_split import DataParallelSplit
 
 
-def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict[str, float]] | None:
+def build_task_eval(engine: Any, tokenizer: Any, cfg: EvalConfig) -> Callable[[], dict[str, float]] | None:
     """The ``eval_tasks`` callable for the loop, or None when no tasks are configured (tasks resolved now)."""
-    if not getattr(args, "eval_tasks", None):
+    if not cfg.eval_tasks:
         return None
-    from megatron.evaluation.tasks import resolve_tasks
-
-    pp = int(getattr(args, "pipe_parallel_size", 0) or 0)
-    resolve_tasks(args.eval_tasks)  # a bad task name fails before training starts
+    pp = int(cfg.pipe_parallel_size or 0)
+    resolve_tasks(cfg.eval_tasks)  # a bad task name fails before training starts
     module = engine.module
     stages = None
     if pp > 1:
-        from megatron.evaluation.pipe_stage import TrainingPipeStage
-        from megatron.generation.parallel import StageForward
-
         stages = StageForward(TrainingPipeStage(module))
 
     def logits(tokens: torch.Tensor, cache: Any = None) -> torch.Tensor:
@@ -54,7 +54,8 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
         return logits(tokens, cache)
 
     def run() -> dict[str, float]:
-        from megatron.evaluation.adapter import DataParallelSplit, NeoXEvalAdapter
+        # lm_eval (a heavy optional dependency) is imported only by runs that evaluate tasks
+        from megatron.evaluation.adapter import NeoXEvalAdapter
         from megatron.evaluation.runner import flatten_metrics, run_eval_harness
 
         group = mpu.get_data_parallel_group() if mpu.model_parallel_is_initialized() else None
@@ -62,12 +63,12 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
             tokenizer=tokenizer,
             score_fn=stages.score if stages is not None else logits,
             forward=stages if stages is not None else forward,
-            max_length=int(args.max_position_embeddings or args.seq_length),
-            micro_batch_size=int(args.train_micro_batch_size_per_gpu or 1),
+            max_length=cfg.max_length,
+            micro_batch_size=cfg.micro_batch_size,
             vocab_size=tokenizer.vocab_size,
             device=next(module.parameters()).device,
             dp=DataParallelSplit(group),
-            seed=int(args.seed),
+            seed=int(cfg.seed),
             recompute=pp >= 1,
         )
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
@@ -75,7 +76,7 @@ def build_task_eval(engine: Any, tokenizer: Any, args: Any) -> Callable[[], dict
         module.eval()
         try:
             with torch.no_grad():
-                return flatten_metrics(run_eval_harness(adapter, args))
+                return flatten_metrics(run_eval_harness(adapter, cfg))
         finally:
             module.train(was_training)
             random.setstate(states[0])
@@ -113,8 +114,8 @@ class CharCounter:
         return float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")
 
 
-def char_counter_factory(tokenizer: Any, args: Any) -> Callable[[Iterator[Any] | None], CharCounter] | None:
+def char_counter_factory(tokenizer: Any, char_level_ppl: bool) -> Callable[[Iterator[Any] | None], CharCounter] | None:
     """``CharCounter`` builder for the loop when ``char_level_ppl`` is set, else None."""
-    if not getattr(args, "char_level_ppl", False):
+    if not char_level_ppl:
         return None
     return lambda data_iter: CharCounter(data_iter, tokenizer)

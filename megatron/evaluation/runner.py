@@ -20,19 +20,19 @@ from typing import Any
 import torch
 
 from megatron.evaluation.adapter import DataParallelSplit, NeoXEvalAdapter
+from megatron.evaluation.config import EvalConfig
 from megatron.evaluation.tasks import resolve_tasks
+from megatron.generation.loading import inference_device
 from megatron.generation.sampling import kv_cache_forward
 
 logger = logging.getLogger(__name__)
 
 
 def build_adapter(
-    model: Any, tokenizer: Any, args: Any, dp: DataParallelSplit | None = None, *, forward: Any = None
+    model: Any, tokenizer: Any, cfg: EvalConfig, dp: DataParallelSplit | None = None, *, forward: Any = None
 ) -> Any:
     """An lm-eval ``LM`` over a sequential neox-forge model, or over a scoring function (``tokens -> logits``) and
     a generation ``forward`` (logits of the full vocabulary)."""
-    from megatron.generation.text_generation import inference_device
-
     device = inference_device()
 
     def score(tokens: torch.Tensor) -> torch.Tensor:
@@ -43,35 +43,35 @@ def build_adapter(
         tokenizer=tokenizer,
         score_fn=score,
         forward=forward if forward is not None else kv_cache_forward(model),
-        max_length=int(args.max_position_embeddings or args.seq_length),
-        micro_batch_size=int(args.train_micro_batch_size_per_gpu or 1),
+        max_length=cfg.max_length,
+        micro_batch_size=cfg.micro_batch_size,
         vocab_size=getattr(tokenizer, "vocab_size", None),
         device=device,
         dp=dp,
-        seed=int(args.seed),
+        seed=int(cfg.seed),
     )
 
 
-def run_eval_harness(adapter: Any, args: Any, tasks: list[str] | None = None) -> dict[str, Any]:
+def run_eval_harness(adapter: Any, cfg: EvalConfig, tasks: list[str] | None = None) -> dict[str, Any]:
     """lm-eval's ``simple_evaluate`` over ``eval_tasks`` with ``eval_limit`` / ``eval_num_fewshot``."""
-    import lm_eval
+    import lm_eval  # optional heavy dependency: imported only when tasks are evaluated
 
-    resolved = resolve_tasks(tasks if tasks is not None else args.eval_tasks)
-    limit = getattr(args, "eval_limit", None)
+    resolved = resolve_tasks(tasks if tasks is not None else cfg.eval_tasks)
+    limit, seed = cfg.eval_limit, int(cfg.seed)
     try:
         with _every_rank_reports():
             results = lm_eval.simple_evaluate(
                 model=adapter,
                 tasks=resolved.specs(),
                 task_manager=resolved.manager,
-                num_fewshot=getattr(args, "eval_num_fewshot", None),
+                num_fewshot=cfg.eval_num_fewshot,
                 limit=int(limit) if limit else None,
                 bootstrap_iters=0,
                 log_samples=False,
-                random_seed=int(args.seed),
-                numpy_random_seed=int(args.seed),
-                torch_random_seed=int(args.seed),
-                fewshot_random_seed=int(args.seed),
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
             )
     except ConnectionError as e:
         raise ValueError(f"eval_tasks: a task's dataset could not be downloaded ({e}); use a local task YAML") from e
@@ -122,9 +122,8 @@ def results_path(prefix: str | None, now: datetime | None = None) -> str:
     return f"{prefix}_{name}" if prefix else name
 
 
-def write_results(results: dict[str, Any], args: Any, path: str) -> None:
-    """Results, lm-eval's versions / n-shot, the resolved config and the git hash, as JSON."""
-    config = args.to_dict() if hasattr(args, "to_dict") else {}
+def write_results(results: dict[str, Any], config: dict[str, Any], path: str) -> None:
+    """Results, lm-eval's versions / n-shot, the resolved ``config`` (every key) and the git hash, as JSON."""
     payload = {
         "results": results.get("results", {}),
         "versions": results.get("versions", {}),

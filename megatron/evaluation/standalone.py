@@ -6,8 +6,15 @@ import logging
 import os
 from typing import Any
 
+from megatron import mpu
+from megatron.distributed import init_distributed
 from megatron.evaluation.adapter import DataParallelSplit
+from megatron.evaluation.config import EvalConfig
 from megatron.evaluation.runner import build_adapter, flatten_metrics, results_path, run_eval_harness, write_results
+from megatron.evaluation.tasks import resolve_tasks
+from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
+from megatron.generation.text_generation import setup_for_inference
+from megatron.logging.metrics import LoggingConfig, Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -20,38 +27,29 @@ def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
     every request batch; otherwise each rank loads the whole model (any TP/PP layout merged on read) and scores its
     share. Rank 0 writes the results and the ``eval/<task>_<metric>`` scalars.
     """
-    from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
-    from megatron.generation.text_generation import setup_for_inference
-    from megatron.logging.metrics import LoggingConfig, Metrics
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg = EvalConfig.from_neox_args(args)
     if not args.eval_tasks:  # checked before the checkpoint is read
-        from megatron.evaluation.tasks import resolve_tasks
-
         resolve_tasks(args.eval_tasks)
-    if runs_model_parallel(args):
-        from megatron import mpu
-
+    if runs_model_parallel(args.model_parallel_size, args.pipe_parallel_size):
         stage, tokenizer = setup_stage_for_inference(args)
         forward = StageForward(stage)
         dp = DataParallelSplit(mpu.get_data_parallel_group())
-        adapter = build_adapter(forward.score, tokenizer, args, dp, forward=forward)
+        adapter = build_adapter(forward.score, tokenizer, cfg, dp, forward=forward)
     else:
         if world > 1:
-            from megatron.distributed import init_distributed
-
             init_distributed()
         model, tokenizer = setup_for_inference(args)
-        adapter = build_adapter(model, tokenizer, args, DataParallelSplit())
-    results = run_eval_harness(adapter, args)
+        adapter = build_adapter(model, tokenizer, cfg, DataParallelSplit())
+    results = run_eval_harness(adapter, cfg)
     metrics = flatten_metrics(results)
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
         return None, metrics
     path = results_path(args.eval_results_prefix)
-    write_results(results, args, path)
+    write_results(results, args.to_dict(), path)
     sink = Metrics.create(LoggingConfig.from_neox_args(args), rank=rank, run_config=args.to_dict())
-    sink.log({f"eval/{k}": v for k, v in metrics.items()}, step=int(getattr(args, "iteration", None) or 0))
+    sink.log({f"eval/{k}": v for k, v in metrics.items()}, step=int(args.iteration or 0))
     sink.close()
     logger.info("wrote evaluation results to %s", path)
     return path, metrics

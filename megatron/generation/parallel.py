@@ -17,23 +17,23 @@ from typing import Any, Protocol
 import torch
 
 from megatron import mpu
+from megatron.generation.loading import inference_device, inference_dtype, load_checkpoint_for_inference
+from megatron.initialize import initialize_megatron
 from megatron.model.inference_stage import InferenceStage
+from megatron.model.tp_sharding import shard_state_dict
 from megatron.neox_arguments.errors import ConfigError
+from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
 
-def model_parallel_sizes(args: Any) -> tuple[int, int]:
-    """``(model_parallel_size, pipe stages)`` of the config (``pipe_parallel_size`` 0 counts as one stage)."""
-    return int(args.model_parallel_size or 1), max(int(args.pipe_parallel_size or 0), 1)
-
-
-def runs_model_parallel(args: Any) -> bool:
-    """True when this launch generates under the training layout: several ranks and TP or PP in the config.
+def runs_model_parallel(model_parallel_size: int | None, pipe_parallel_size: int | None) -> bool:
+    """True when this launch generates under the training layout: several ranks and TP or PP in the config
+    (``pipe_parallel_size`` 0 counts as one stage).
 
     On one process a TP/PP checkpoint is merged into the sequential model instead.
     """
-    tp, pp = model_parallel_sizes(args)
+    tp, pp = int(model_parallel_size or 1), max(int(pipe_parallel_size or 0), 1)
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and tp * pp > 1
 
 
@@ -48,17 +48,12 @@ def stage_key_filter(cfg: Any) -> Callable[[str], bool]:
 def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
     """Start the process groups (as training does), build this rank's stage (in ``inference_dtype``) and load its
     weights."""
-    from megatron.generation.text_generation import inference_device, inference_dtype, load_checkpoint_for_inference
-    from megatron.initialize import initialize_megatron
-    from megatron.model.tp_sharding import shard_state_dict
-    from megatron.tokenizer import TokenizerConfig, build_tokenizer
-
     initialize_megatron(args)
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     # this rank reads and merges only its stage's tensors, never the whole model
     sd, ckpt_cfg, tag = load_checkpoint_for_inference(args, keep_for=stage_key_filter)
     args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
-    dtype = inference_dtype(args, ckpt_cfg)
+    dtype = inference_dtype(args.inference_precision, ckpt_cfg)
     cfg = ckpt_cfg.replace(params_dtype=dtype)
     stage = InferenceStage(cfg)
     shards = shard_state_dict(sd, cfg, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())

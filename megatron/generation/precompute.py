@@ -50,13 +50,13 @@ def precompute_paths(args: Any) -> list[str]:
     groups: tuple[str, ...]
     if args.train_data_paths:
         groups = ("train_data_paths", "test_data_paths", "valid_data_paths")
-    elif getattr(args, "pos_train_data_paths", None):
+    elif args.pos_train_data_paths:
         groups = tuple(f"{kind}_{split}_data_paths" for split in ("train", "valid", "test") for kind in ("pos", "neg"))
     else:
         groups = ("data_path",)
     paths: list[str] = []
     for key in groups:
-        value = getattr(args, key, None)
+        value = getattr(args, key)  # every group is a config key
         paths += [value] if isinstance(value, str) else list(value or [])
     if not paths:
         raise ValueError("text_gen_type precompute needs data: set train_data_paths (or data_path)")
@@ -76,7 +76,6 @@ def precompute_logprobs(
     ``score`` maps tokens ``[b, s]`` to logits ``[b, s, V]`` (the sequential model, or ``StageForward.score``);
     ``dp`` is given on the ranks of the training layout (see the module docstring), None on one process.
     """
-
     parallel = dp is not None
     dp = dp or DataParallelSplit()
     writes = not parallel or mpu.world_rank() == 0

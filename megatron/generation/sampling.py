@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.model.kv_cache import KVCache
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
 # then also has share_tokens / share_logits (megatron.generation.parallel.StageForward)
@@ -44,8 +45,8 @@ class SamplingConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("stop_tokens",)  # callers' stop sequences, not a config key
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> SamplingConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
+    def from_neox_args(cls, args: NeoXValues) -> SamplingConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         cfg = cls(**values)
         cfg.validate()
@@ -161,8 +162,6 @@ def generate_tokens_batch(
     padding ever sits inside a row. Each row gets ``maximum_tokens`` new tokens (within ``seq_length``) and its own
     stop rules; the batch ends when every row is done. Greedy rows equal their batch-1 result.
     """
-    from megatron.model.kv_cache import KVCache
-
     contexts = [list(p) or [eod_token] for p in prompts]
     lengths = [len(c) for c in contexts]
     if max(lengths) >= cfg.seq_length:

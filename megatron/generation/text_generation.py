@@ -12,83 +12,35 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
+from megatron import mpu
+from megatron.generation import parallel as parallel_lib  # called through the module: tests wrap its setup
+from megatron.generation.api import generate_samples_from_prompt
+from megatron.generation.loading import inference_device, inference_dtype, load_checkpoint_for_inference
+from megatron.generation.precompute import precompute_logprobs
 from megatron.generation.sampling import ForwardFn, SamplingConfig, kv_cache_forward
+from megatron.initialize import set_random_seed
+from megatron.model import build_sequential_model
+from megatron.mpu import broadcast_object
+from megatron.mpu.dp_split import DataParallelSplit
 from megatron.neox_arguments.errors import ConfigError
+from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-def load_checkpoint_for_inference(
-    args: Any, keep_for: Callable[[Any], Callable[[str], bool]] | None = None
-) -> tuple[dict[str, torch.Tensor], Any, str]:
-    """``(full state dict, GPTModelConfig, tag)`` of the checkpoint in ``load``, whatever its TP/PP/ZeRO layout.
-
-    Uses ``megatron.checkpoint.reader`` (TP shards merged, pipeline layer files renamed to the sequential model's
-    names, ZeRO-3 fp32 shards gathered); the vocabulary padding comes from the checkpoint. ``keep_for``: see
-    :func:`megatron.checkpoint.reader.read_checkpoint` (read only part of the model).
-    """
-    from megatron.checkpoint.reader import read_checkpoint
-
-    values = args.to_dict() if hasattr(args, "to_dict") else vars(args)
-    load = values.get("save") if values.get("load") == "auto" else values.get("load")
-    if not load:
-        raise ConfigError("load: generation needs the checkpoint directory to load")
-    ckpt = read_checkpoint(load, args=args, iteration=getattr(args, "iteration", None), keep_for=keep_for)
-    return ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
-
-
-def load_module_state(load_dir: str, iteration: int | None = None) -> tuple[dict[str, torch.Tensor], str]:
-    """The full state dict of a checkpoint (model config from its own ``configs/``); returns ``(sd, tag)``."""
-    from megatron.checkpoint.reader import read_checkpoint
-
-    ckpt = read_checkpoint(load_dir, iteration=iteration)
-    return ckpt.state_dict, ckpt.layout.tag
-
-
-def inference_dtype(args: Any, cfg: Any) -> torch.dtype:
-    """The dtype generation and evaluation run in: ``inference_precision`` if set (``fp32`` upcasts half-precision
-    weights), else the config's ``precision`` (bf16/fp16 weights are kept, not upcast)."""
-    from megatron.model.config import PRECISIONS
-
-    precision = getattr(args, "inference_precision", None)
-    if precision is None:
-        dtype = cfg.params_dtype
-    elif str(precision).lower() in PRECISIONS:
-        dtype = PRECISIONS[str(precision).lower()]
-    else:
-        raise ConfigError(f"inference_precision={precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
-    half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
-    if half is not None and inference_device().type == "cpu":
-        from megatron.cpu_features import cpu_has_native
-
-        if not cpu_has_native(half):
-            logger.warning(
-                "%s inference on a CPU without native %s matrix products (emulated, about 20-50x slower than fp32); "
-                "set inference_precision: fp32 to upcast",
-                half,
-                half,
-            )
-    return dtype
 
 
 def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     """Tokenizer and the sequential model with the checkpoint's weights (any training layout merged) in
     :func:`inference_dtype`."""
-    from megatron.initialize import set_random_seed
-    from megatron.model import build_sequential_model
-    from megatron.tokenizer import TokenizerConfig, build_tokenizer
-
     set_random_seed(int(args.seed))
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     sd, ckpt_cfg, tag = load_checkpoint_for_inference(args)
     args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
-    dtype = inference_dtype(args, ckpt_cfg)
+    dtype = inference_dtype(args.inference_precision, ckpt_cfg)
     # no activation checkpointing at inference
     cfg = dataclasses.replace(ckpt_cfg, params_dtype=dtype, checkpoint_activations=False)
     model = build_sequential_model(cfg)
@@ -99,13 +51,6 @@ def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     model.eval().to(inference_device())
     logger.info("loaded checkpoint %s for generation (%s)", tag, dtype)
     return model, tokenizer
-
-
-def inference_device() -> torch.device:
-    """CUDA when a GPU is used, else the CPU."""
-    from megatron.distributed import on_cpu
-
-    return torch.device("cpu") if on_cpu() else torch.device("cuda", torch.cuda.current_device())
 
 
 def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
@@ -147,8 +92,6 @@ def output_path(args: Any, mode: str) -> str:
 def run_generation(args: Any) -> list[dict[str, Any]]:
     """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
     reference log-probs of ``precompute``."""
-    from megatron.generation.api import generate_samples_from_prompt
-
     mode = args.text_gen_type or ("input-file" if args.sample_input_file else "unconditional")
     if mode not in ("unconditional", "input-file", "interactive", "precompute"):
         raise ConfigError(
@@ -156,26 +99,19 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
         )
     if mode == "input-file" and not args.sample_input_file:
         raise ConfigError("text_gen_type input-file needs sample_input_file")
-    from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
-    from megatron.mpu import broadcast_object
-
-    parallel = runs_model_parallel(args)
+    parallel = parallel_lib.runs_model_parallel(args.model_parallel_size, args.pipe_parallel_size)
     rank = int(os.environ.get("RANK", "0"))
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
     forward: ForwardFn
     if parallel:
-        stage, tokenizer = setup_stage_for_inference(args)
-        forward = StageForward(stage)
+        stage, tokenizer = parallel_lib.setup_stage_for_inference(args)
+        forward = parallel_lib.StageForward(stage)
         score: Any = forward.score
     else:
         model, tokenizer = setup_for_inference(args)
         forward, score = kv_cache_forward(model), model
     if mode == "precompute":  # every rank scores, rank 0 writes
-        from megatron import mpu
-        from megatron.generation.precompute import precompute_logprobs
-        from megatron.mpu.dp_split import DataParallelSplit
-
         dp = DataParallelSplit(mpu.get_data_parallel_group()) if parallel else None
         outputs = precompute_logprobs(score, args, inference_device(), dp=dp)
         return [{"precomputed": out} for out in outputs] if rank == 0 else []

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from megatron.launcher.multinode import ClusterCommand
-from megatron.launcher.secrets import redact
+from megatron.launcher.secrets import redact, write_env_file
 from megatron.launcher.threads import threads_per_rank
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
@@ -56,6 +56,7 @@ def default_run_dir(args: NeoXArgs) -> str:
 
 
 def _is_cpu() -> bool:
+    # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
     from megatron.distributed import on_cpu
 
     return on_cpu()
@@ -156,8 +157,6 @@ def run_cluster(cmd: ClusterCommand) -> int:
     The hostfile for mpirun and pdsh's 0600 environment file are written first; the environment file is removed
     when the launch ends.
     """
-    from megatron.launcher.secrets import write_env_file
-
     if cmd.hostfile:
         with open(cmd.hostfile[0], "w", encoding="utf-8") as f:
             f.write(cmd.hostfile[1])

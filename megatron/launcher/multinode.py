@@ -208,6 +208,7 @@ def cluster_command(
 
 
 def _is_cpu() -> bool:
+    # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
     from megatron.distributed import on_cpu
 
     return on_cpu()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from megatron.neox_arguments.errors import ConfigError
+
 
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity, which respects cgroups/taskset)."""
@@ -23,8 +25,6 @@ def threads_per_rank(local_ranks: int, environ: Mapping[str, str], cores: int | 
     user = (environ.get("OMP_NUM_THREADS") or "").strip()
     if user:
         if not user.isdigit() or int(user) < 1:
-            from megatron.neox_arguments.errors import ConfigError
-
             raise ConfigError(f"OMP_NUM_THREADS={user!r} in the environment: must be a positive integer")
         return int(user), "OMP_NUM_THREADS set in the environment"
     cores = usable_cores() if cores is None else cores

@@ -9,7 +9,8 @@ checkpointing (hardware FLOPs, HFU). Per device: divide by ``iteration_time · w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from megatron.config_utils import NeoXValues
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
 
@@ -27,16 +28,16 @@ class FlopsConfig:
     peak_theoretical_tflops: float | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> FlopsConfig:
-        """Read the flat GPT-NeoX attribute names."""
+    def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
             train_batch_size=int(args.train_batch_size),
             seq_length=int(args.seq_length),
             num_layers=int(args.num_layers),
             hidden_size=int(args.hidden_size),
-            padded_vocab_size=int(getattr(args, "padded_vocab_size", None) or 0),
-            checkpoint_activations=bool(getattr(args, "checkpoint_activations", False)),
-            peak_theoretical_tflops=getattr(args, "peak_theoretical_tflops", None),
+            padded_vocab_size=int(args.padded_vocab_size or 0),
+            checkpoint_activations=bool(args.checkpoint_activations),
+            peak_theoretical_tflops=args.peak_theoretical_tflops,
         )
 
 

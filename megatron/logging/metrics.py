@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.logging.run_observer import format_duration, memory_text
 
 logger = logging.getLogger("megatron.train")
@@ -25,7 +25,7 @@ class LoggingConfig:
     log_interval: int = 100
     tensorboard_dir: str | None = None
     log_dir: str | None = None
-    use_wandb: bool = False
+    use_wandb: bool | None = None  # unset (None) means off, as False does
     wandb_project: str = "neox"
     wandb_group: str | None = None
     wandb_team: str | None = None
@@ -38,8 +38,8 @@ class LoggingConfig:
     peak_theoretical_tflops: float | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> LoggingConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
+    def from_neox_args(cls, args: NeoXValues) -> LoggingConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)
 

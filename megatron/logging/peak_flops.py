@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from megatron.distributed import on_cpu
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig
 
 logger = logging.getLogger("megatron.train")
@@ -82,8 +83,6 @@ def resolve_peak(configured: float | None, dtype: torch.dtype, on_cpu: bool) -> 
 def flops_config_with_peak(cfg: FlopsConfig, params_dtype: torch.dtype, rank: int = 0) -> FlopsConfig:
     """``cfg`` with the peak resolved (calibrated in ``params_dtype`` on the CPU); logs formula, peak and source
     once (rank 0)."""
-    from megatron.distributed import on_cpu
-
     peak, source = resolve_peak(cfg.peak_theoretical_tflops, params_dtype, on_cpu())
     if rank == 0:
         shown = f"{peak:.4g} TFLOP/s per rank" if peak else "unknown (MFU not logged)"

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from megatron.config_utils import neox_overrides
+from megatron import mpu
+from megatron.config_utils import NeoXValues, neox_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class ActivationCheckpointConfig:
             )
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> ActivationCheckpointConfig:
-        """Read GPT-NeoX's flat attribute names (None = default)."""
+    def from_neox_args(cls, args: NeoXValues) -> ActivationCheckpointConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         values = neox_overrides(cls, args)
         return cls(**values)
 
@@ -95,8 +95,6 @@ def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> bool:
     configured and checkpoints are kept unpartitioned in memory.
     """
     import deepspeed
-
-    from megatron import mpu
 
     if not mpu.is_distributed():
         logger.debug("torch.distributed is not initialised: DeepSpeed activation checkpointing left unconfigured")

@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from megatron.config_utils import check_neox_field_names
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.derive import padded_vocab_size
+from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
@@ -387,7 +388,6 @@ class GPTModelConfig:
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
         )
-        from megatron.neox_arguments.moe_checks import moe_problems
 
         for problem in moe_problems(self):
             raise ValueError(problem)
@@ -395,33 +395,30 @@ class GPTModelConfig:
     # ------------------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> GPTModelConfig:
-        """Build from any object with GPT-NeoX's flat attribute names (``padded_vocab_size`` must be set)."""
-        check_neox_field_names(cls)
-        padded = getattr(args, "padded_vocab_size", None)
-        if not padded:
+    def from_neox_args(cls, args: NeoXValues) -> GPTModelConfig:
+        """Build from a ``NeoXArgs`` (or ``neox_namespace``): every field is read strictly under its key.
+
+        ``padded_vocab_size`` must be set; ``None`` (a key the config derives or requires) keeps the field's default.
+        """
+        values = neox_values(cls, args)
+        if not values["padded_vocab_size"]:
             raise ValueError("padded_vocab_size is not set: build the tokenizer (or pad the vocab) before the model")
-        missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if getattr(args, k, None) is None]
+        missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if values[k] is None]
         if missing:
             raise ValueError(f"model config is missing required key(s): {', '.join(missing)}")
-        kwargs: dict[str, Any] = {"padded_vocab_size": int(padded)}
-        for f in dataclasses.fields(cls):
-            if f.name in ("padded_vocab_size", "attention_config", "sparsity_config") or f.name in cls.NOT_NEOX_KEYS:
-                continue
-            value = getattr(args, f.name, None)
-            if value is not None:
-                kwargs[f.name] = value
+        kwargs: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
+        kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
         kwargs["attention_config"] = tuple(
-            expand_attention_config(getattr(args, "attention_config", None), int(getattr(args, "num_layers", 0) or 0))
+            expand_attention_config(values["attention_config"], int(values["num_layers"]))
         )
-        kwargs["sparsity_config"] = dict(getattr(args, "sparsity_config", None) or {})
+        kwargs["sparsity_config"] = dict(values["sparsity_config"] or {})
         kwargs["params_dtype"] = _params_dtype(args)
-        kwargs["fused_kernels"] = {k: bool(getattr(args, k, False)) for k in FUSION_KEYS if getattr(args, k, False)}
-        if getattr(args, "output_layer_parallelism", "column") != "column":
+        kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
+        if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
-        if getattr(args, "use_mup", False):
+        if args.use_mup:
             logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
-        soft = getattr(args, "soft_prompt_tuning", None)
+        soft = args.soft_prompt_tuning
         if isinstance(soft, dict) and soft.get("enabled"):
             raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
         if str(kwargs.get("norm", "")).startswith("te_"):
@@ -430,10 +427,9 @@ class GPTModelConfig:
 
 
 def _params_dtype(args: Any) -> torch.dtype:
-    precision = getattr(args, "precision", None)
+    precision = args.precision
     if precision is None:
-        fp16 = getattr(args, "fp16", None)
-        bf16 = getattr(args, "bf16", None)
+        fp16, bf16 = args.fp16, args.bf16
         if isinstance(fp16, dict) and fp16.get("enabled"):
             precision = "fp16"
         elif isinstance(bf16, dict) and bf16.get("enabled"):

@@ -21,10 +21,12 @@ from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentra
 from torch import nn
 
 from megatron import mpu
+from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
 from megatron.model.config import GPTModelConfig
 from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
+from megatron.model.moe import with_aux_loss
 from megatron.model.positional_embeddings import RelativePositionBias
 from megatron.model.seeding import seeded
 from megatron.model.transformer import (
@@ -211,11 +213,6 @@ def configure_checkpoint_storage(cfg: GPTModelConfig, pipe_parallel_size: int) -
     """
     if not cfg.checkpoint_activations:
         return
-    from megatron.model.activation_checkpointing import (
-        ActivationCheckpointConfig,
-        configure_activation_checkpointing,
-    )
-
     configure_activation_checkpointing(
         ActivationCheckpointConfig(
             checkpoint_activations=True,
@@ -300,7 +297,6 @@ class GPT2ModelPipe(PipelineModule):
         if cfg.is_moe:
             if self.num_stages > 1:
                 raise ValueError("not supported yet: MoE layers with more than one pipeline stage")
-            from megatron.model.moe import with_aux_loss
 
             self.loss_fn: Callable[..., torch.Tensor] = with_aux_loss(self.loss_fn, self)
         if ckpt:

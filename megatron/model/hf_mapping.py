@@ -28,6 +28,12 @@ from typing import Any
 import torch
 
 from megatron.model.config import GPTModelConfig
+from megatron.model.moe.hf_mixtral import (
+    mixtral_config,
+    mixtral_moe_keys,
+    mixtral_to_neox_experts,
+    neox_to_mixtral_experts,
+)
 
 ARCHITECTURES = ("neox", "llama", "mistral", "mixtral")
 _TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
@@ -151,8 +157,6 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         problems.append("biases in attention/MLP (Mistral has none; set use_bias_in_attn_linear/use_bias_in_mlp false)")
     window = None if cfg.sliding_window_width is None else cfg.sliding_window_width + 1
     if architecture == "mixtral":
-        from megatron.model.moe.hf_mixtral import mixtral_config
-
         return mixtral_config(cfg, kwargs, window, problems, **extra)
     if problems:
         raise ValueError(f"no exact MistralForCausalLM equivalent: {'; '.join(problems)}")
@@ -226,8 +230,6 @@ def hf_config_to_neox(hf_config: Any, **overrides: Any) -> tuple[GPTModelConfig,
             use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
         )
     if arch == "mixtral":
-        from megatron.model.moe.hf_mixtral import mixtral_moe_keys
-
         kw.update(mixtral_moe_keys(hf_config))
     kw.update(overrides)
     return GPTModelConfig(**kw), arch
@@ -340,8 +342,6 @@ def neox_to_hf_state_dict(
                     out[f"{dst}mlp.up_proj.{kind}"] = up
                     out[f"{dst}mlp.gate_proj.{kind}"] = gate
         if architecture == "mixtral":
-            from megatron.model.moe.hf_mixtral import neox_to_mixtral_experts
-
             out.update(neox_to_mixtral_experts(sd, src, dst, cfg))
     return out
 
@@ -392,7 +392,5 @@ def hf_to_neox_state_dict(
                     up, gate = take(f"{src}mlp.up_proj.{kind}"), take(f"{src}mlp.gate_proj.{kind}")
                     out[f"{dst}mlp.linear1.{kind}"] = torch.cat((up, gate), dim=0)
         if architecture == "mixtral":
-            from megatron.model.moe.hf_mixtral import mixtral_to_neox_experts
-
             out.update(mixtral_to_neox_experts(sd, src, dst, cfg))
     return out

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from megatron import mpu
 from megatron.model.config import GPTModelConfig
 
 _CACHE: dict[str, dict[str, tuple[int, ...]]] = {}  # by the config's repr and the TP world size
@@ -17,7 +18,6 @@ def meta_param_shapes(cfg: GPTModelConfig) -> dict[str, tuple[int, ...]]:
     Full (tp=1) shapes unless ``mpu`` is initialised with tensor parallelism, where the layers build this rank's
     shards.
     """
-    from megatron import mpu
     from megatron.model.gpt2_model import build_sequential_model
 
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1

@@ -12,6 +12,7 @@ from megatron.model.config import GPTModelConfig
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
+from megatron.model.moe.layer import ParallelDroplessMoE
 from megatron.model.norms import build_norm
 from megatron.model.seeding import seeded
 from megatron.model.word_embeddings import EmbeddingPipe
@@ -46,8 +47,6 @@ class ParallelTransformerLayer(nn.Module):
         self.post_attention_layernorm = build_norm(cfg)
         self.is_moe = cfg.is_moe_layer(layer_index)
         if self.is_moe:
-            from megatron.model.moe.layer import ParallelDroplessMoE
-
             self.mlp: nn.Module = ParallelDroplessMoE(cfg, layer_index, init_method, output_init)
         else:
             self.mlp = ParallelMLP(cfg, init_method, output_init)

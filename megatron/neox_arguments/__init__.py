@@ -2,6 +2,14 @@
 
 from megatron.neox_arguments.derive import LaunchEnv, padded_vocab_size
 from megatron.neox_arguments.errors import ConfigError
-from megatron.neox_arguments.neox_args import KNOWN_KEYS, NeoXArgs, default_values
+from megatron.neox_arguments.neox_args import KNOWN_KEYS, NeoXArgs, default_values, neox_namespace
 
-__all__ = ["KNOWN_KEYS", "ConfigError", "LaunchEnv", "NeoXArgs", "default_values", "padded_vocab_size"]
+__all__ = [
+    "KNOWN_KEYS",
+    "ConfigError",
+    "LaunchEnv",
+    "NeoXArgs",
+    "default_values",
+    "neox_namespace",
+    "padded_vocab_size",
+]

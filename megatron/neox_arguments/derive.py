@@ -41,6 +41,7 @@ class LaunchEnv:
     @classmethod
     def capture(cls, hostfile: str | None) -> LaunchEnv:
         """Read WORLD_SIZE, the accelerator and the hostfile (``hostfile`` or $DLTS_HOSTFILE if it exists)."""
+        # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
         from megatron.distributed import on_cpu
 
         ws = os.environ.get("WORLD_SIZE")
@@ -54,8 +55,6 @@ class LaunchEnv:
         try:
             hosts = read_hostfile(path) if path and os.path.isfile(path) else None
         except (ValueError, UnicodeDecodeError) as e:
-            from megatron.neox_arguments.errors import ConfigError
-
             raise ConfigError(f"bad hostfile: {e}") from None
         return cls(world_size=int(ws) if ws and ws.isdigit() else None, on_cpu=cpu, gpu_count=gpus, hosts=hosts)
 

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from megatron.cluster.worker_env import describe_ranks, discover_rank_env
@@ -43,6 +44,20 @@ def default_values() -> dict[str, Any]:
     for cls in SECTIONS.values():
         out.update(dataclasses.asdict(cls()))
     return out
+
+
+def neox_namespace(values: dict[str, Any] | None = None, /, **more: Any) -> SimpleNamespace:
+    """Every key with its GPT-NeoX default, then ``values`` and ``more`` over it, as plain attributes.
+
+    Not validated or derived (unlike ``NeoXArgs``): for offline readers of a saved config (a checkpoint's
+    ``resolved_config.json`` from an older version may lack newer keys) and for module configs built from a few keys.
+    A name that is not a key raises ``ValueError`` naming the closest keys.
+    """
+    given = {**(values or {}), **more}
+    for key in given:
+        if key not in KNOWN_KEYS and key not in RUNTIME_ATTRS:
+            raise ValueError(unknown_key_message(key, "neox_namespace", KNOWN_KEYS))
+    return SimpleNamespace(**{**default_values(), **given})
 
 
 def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dict[str, Any], list[str]]:

@@ -7,6 +7,10 @@ import types
 import typing
 from typing import Any, Literal
 
+import yaml
+
+from megatron.neox_arguments.loader import yaml_value
+
 # PyYAML (YAML 1.1) loads `1e-4` or `5e8` as strings; they are accepted as numbers.
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
@@ -102,10 +106,6 @@ def coerce_value(value: Any, tp: Any) -> tuple[bool, Any]:
 
 def parse_cli_value(text: str, tp: Any) -> Any:
     """Interpret a command-line string for a key of type ``tp`` (YAML syntax, but strings stay strings)."""
-    import yaml
-
-    from megatron.neox_arguments.loader import yaml_value
-
     if _accepts_str(tp):
         try:
             parsed = yaml_value(text)

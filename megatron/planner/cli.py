@@ -13,6 +13,7 @@ from megatron.neox_arguments.neox_args import KNOWN_KEYS
 from megatron.planner.inputs import Hardware, parse_bytes
 from megatron.planner.plan import build_plan
 from megatron.planner.report import format_plan, plan_to_json
+from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
 FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX configs use
 
@@ -55,8 +56,6 @@ def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
     A tokenizer that cannot be read (e.g. a vocab_file path on the training cluster) falls back to the
     GPT-NeoX-20B tokenizer's size; the returned note says so.
     """
-    from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
-
     notes = []
     if vocab_size is not None and vocab_size <= 0:
         raise ConfigError(f"--vocab-size {vocab_size}: must be > 0")

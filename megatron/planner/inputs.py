@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
+from megatron.config_utils import NeoXValues
 from megatron.neox_arguments.errors import ConfigError
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
@@ -93,12 +93,12 @@ class TrainingSetup:
         return 4 if self.precision == "fp32" else 2
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> TrainingSetup:
+    def from_neox_args(cls, args: NeoXValues) -> TrainingSetup:
         """Read a resolved NeoXArgs (``padded_vocab_size`` set)."""
         zero = dict(args.zero_optimization or {})
         heads = int(args.num_attention_heads)
-        attention = [str(t) for t in (getattr(args, "attention_config", None) or [])]
-        data_types = getattr(args, "data_types", None) or {}
+        attention = [str(t) for t in (args.attention_config or [])]
+        data_types = args.data_types or {}
         return cls(
             precision=str(args.precision),
             zero_stage=int(args.zero_stage),
@@ -112,12 +112,12 @@ class TrainingSetup:
             hidden_size=int(args.hidden_size),
             num_layers=int(args.num_layers),
             num_heads=heads,
-            num_kv_heads=int(getattr(args, "num_kv_heads", None) or heads),
+            num_kv_heads=int(args.num_kv_heads or heads),
             padded_vocab_size=int(args.padded_vocab_size),
             checkpoint_activations=bool(args.checkpoint_activations),
             checkpoint_num_layers=max(int(args.checkpoint_num_layers or 1), 1),
             partition_activations=bool(args.partition_activations),
-            sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+            sequence_parallel=bool(args.sequence_parallel),
             flash_attention=bool(attention) and all(t == "flash" for t in attention),
             optimizer_type=str(args.optimizer_type or "adam").lower(),
             grad_accum_fp32=str(data_types.get("grad_accum_dtype", "")).lower() in ("fp32", "float32"),

@@ -6,9 +6,8 @@ Their cross-key rules live with the other config rules: ``megatron.neox_argument
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 
 
 @dataclass
@@ -43,8 +42,8 @@ class PostTrainingConfig:
     test_reward_data_paths: list[str] | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> PostTrainingConfig:
-        """Read the flat GPT-NeoX attribute names."""
+    def from_neox_args(cls, args: NeoXValues) -> PostTrainingConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(**neox_overrides(cls, args))
 
     @property

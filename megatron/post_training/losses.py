@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megatron import mpu
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, fp32: bool = True) -> torch.Tensor:
     """``log p(target)`` per token, ``[b, s]``, from vocab-parallel logits ``[b, s, V/tp]``."""
-    from megatron import mpu
-
     logits = logits.float() if fp32 else logits
     return -mpu.vocab_parallel_cross_entropy(logits.contiguous(), targets)
 

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from deepspeed.accelerator import get_accelerator
 
+from megatron import mpu
+from megatron.model import get_ltor_masks_and_position_ids
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.losses import dpo_loss, kto_kl, kto_loss, rm_loss, sequence_logprobs, token_logprobs
 
@@ -37,16 +39,12 @@ class SequenceBatch:
 
 
 def _broadcast(data: dict[str, torch.Tensor] | None, keys: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    from megatron import mpu
-
     device = get_accelerator().current_device_name()
     return {k: v.to(device) for k, v in mpu.broadcast_data(keys, data, dtype).items()}
 
 
 def sequence_batch(text: torch.Tensor, label: torch.Tensor, eod: int) -> SequenceBatch:
     """GPT-NeoX's shift: the model reads ``text[:, :-1]`` and is scored on ``label[:, 1:]`` where it is >= 0."""
-    from megatron.model import get_ltor_masks_and_position_ids
-
     tokens = text[:, :-1].contiguous()
     shifted = label[:, 1:].contiguous()
     attention_mask, _, position_ids = get_ltor_masks_and_position_ids(tokens, eod)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ class TokenizerConfig:
     model_parallel_size: int = 1
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> TokenizerConfig:
-        """Read GPT-NeoX's flat attribute names with getattr (missing ones keep the defaults)."""
+    def from_neox_args(cls, args: NeoXValues) -> TokenizerConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(**neox_overrides(cls, args))
 
 

@@ -17,9 +17,8 @@ import re
 import shutil
 from pathlib import Path
 
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.layout import CheckpointError, confined
 from megatron.checkpoint.manifest import atomic_write_text, fsync_path, verify_checkpoint
-from megatron.checkpoint.safe_load import confined
 
 logger = logging.getLogger(__name__)
 

@@ -35,11 +35,16 @@ import numpy as np
 import torch
 
 from megatron import mpu
+from megatron.checkpoint.autoreshard import plan_load_for_engine
 from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, stored_layout, written_layout
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.layout import ZERO3_RE, CheckpointError
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
+from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimizer_state, load_mode
+from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
-from megatron.config_utils import check_neox_field_names
+from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.model.config import GPTModelConfig
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
 
@@ -79,17 +84,12 @@ class CheckpointConfig:
     load_verify_checksums: bool = False
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> CheckpointConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
-        check_neox_field_names(cls)
-        defaults = cls()
-        values = {}
-        for name in cls.__dataclass_fields__:
-            value = getattr(args, name, None)
-            if callable(value):  # NeoXArgs.save() is a method: read the key from the resolved values
-                value = args.to_dict().get(name)
-            values[name] = getattr(defaults, name) if value is None else value
-        values["extra_save_iters"] = [int(i) for i in values["extra_save_iters"]]
+    def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        values = neox_overrides(cls, args)
+        if "save" in values:
+            values["save"] = str(values["save"])  # NeoXArgs' save is also callable (args.save(path)): keep the str
+        values["extra_save_iters"] = [int(i) for i in values.get("extra_save_iters", [])]
         cfg = cls(**values)
         cfg.validate()
         return cfg
@@ -315,19 +315,16 @@ def resolve_load_dir(cfg: CheckpointConfig) -> CheckpointConfig:
     )
 
 
-def _carry_optimizer_state(engine: Any, directory: Path, args: Any) -> None:
+def _carry_optimizer_state(engine: Any, directory: Path, model: GPTModelConfig | None) -> None:
     """Load the checkpoint's optimizer state into a run of another DP size or ZeRO stage (optimizer_carry)."""
-    from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT as HINT
-    from megatron.checkpoint.optimizer_carry import carry_optimizer_state
-    from megatron.checkpoint.reader import read_checkpoint
-    from megatron.checkpoint.reshard import gather_full_optimizer_state
-
     with safe_loading():
-        ckpt = read_checkpoint(directory, args=args)
+        ckpt = read_checkpoint(directory, model=model)
         try:
             full, _ = gather_full_optimizer_state(ckpt)
         except CheckpointError as e:
-            raise CheckpointError(f"the optimizer state of {directory} cannot be carried over ({e}); {HINT}") from None
+            raise CheckpointError(
+                f"the optimizer state of {directory} cannot be carried over ({e}); {NO_LOAD_OPTIM_HINT}"
+            ) from None
     tp = mpu.get_model_parallel_world_size()
     carry_optimizer_state(engine, full, ckpt.cfg, tp, mpu.get_model_parallel_rank(), 0, 0)
     if mpu.world_rank() == 0:
@@ -352,8 +349,6 @@ def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: boo
     with tempfile.TemporaryDirectory(prefix="neox-zero3-load-") as scratch:
         view = Path(scratch) / tag
         view.mkdir()
-        from megatron.checkpoint.layout import ZERO3_RE
-
         mp_rank = mpu.get_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
         for item in source.iterdir():
             m = ZERO3_RE.match(item.name)
@@ -384,7 +379,7 @@ def load_checkpoint(
     cfg: CheckpointConfig,
     *,
     checkpoint_args: dict[str, Any],
-    args: Any = None,
+    model: GPTModelConfig | None = None,
     load_module_strict: bool = True,
 ) -> LoadResult:
     """Load ``cfg.load`` into ``engine``; a directory without ``latest`` means a fresh start (iteration 0).
@@ -392,7 +387,7 @@ def load_checkpoint(
     ``load_module_strict`` False lets the module lack parameters of the checkpoint and have new ones (a reward
     model, ``train_impl: rm``, starts from a language model: its rm_linear head is new, the LM head is dropped).
 
-    With ``args`` (the run's NeoXArgs), a checkpoint of another TP/PP layout is resharded on load
+    With ``model`` (the run's model config), a checkpoint of another TP/PP layout is resharded on load
     (``megatron.checkpoint.autoreshard``); a weights-only reshard restores everything but the optimizer state.
     """
     if not cfg.load:
@@ -407,20 +402,14 @@ def load_checkpoint(
         logger.info("no checkpoint in %s yet: starting from iteration 0", cfg.load)
         return LoadResult(0, None)
     root, resharded, optimizer_missing, dropped = cfg.load, False, False, False
-    if args is not None:
-        from megatron.checkpoint.autoreshard import plan_load_for_engine
-
-        plan = plan_load_for_engine(
-            engine, cfg.load, tag, args=args, padded_vocab_size=checkpoint_args.get("padded_vocab_size")
-        )
+    if model is not None:
+        plan = plan_load_for_engine(engine, cfg.load, tag, model=model)
         root, tag, resharded, optimizer_missing = plan.root, plan.tag, plan.resharded, plan.weights_only
         dropped = plan.optimizer_dropped
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
     carry = False
     if not weights_only and not (optimizer_missing and not dropped):  # (a copy of a source without any state)
-        from megatron.checkpoint.optimizer_carry import load_mode
-
         carry = load_mode(engine, Path(root) / tag, weights_only_copy=dropped) == "carry"
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
@@ -449,7 +438,7 @@ def load_checkpoint(
         raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
     path = str(Path(root) / tag / Path(path).name) if load_root != root else path
     if carry:
-        _carry_optimizer_state(engine, Path(root) / tag, args)
+        _carry_optimizer_state(engine, Path(root) / tag, model)
     saved_args = dict(client.get("args", {}))
     if resharded:  # the layout (and with it the vocab padding) was converted on purpose
         saved_args.pop("model_parallel_size", None)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from megatron.config_utils import check_neox_field_names
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -44,15 +44,9 @@ class LRScheduleConfig:
     use_mup: bool = False
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> LRScheduleConfig:
-        """Read the flat GPT-NeoX attribute names."""
-        check_neox_field_names(cls)
-        defaults = cls()
-        values = {name: getattr(args, name, getattr(defaults, name)) for name in cls.__dataclass_fields__}
-        for name in ("lr", "min_lr", "warmup"):
-            if values[name] is None:
-                values[name] = getattr(defaults, name)
-        return cls(**values)
+    def from_neox_args(cls, args: NeoXValues) -> LRScheduleConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        return cls(**neox_overrides(cls, args))
 
     def decay_iters(self) -> int:
         """``T``: ``lr_decay_iters``, else ``floor(train_iters · lr_decay_fraction)``, else ``train_iters`` (≥ 1)."""

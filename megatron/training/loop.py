@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.config_utils import neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.errors import UserError
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
@@ -47,9 +47,9 @@ class LoopConfig:
     memory_profiling_path: str | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> LoopConfig:
-        """Read the flat GPT-NeoX attribute names (None means the default)."""
-        if getattr(args, "train_iters", None) is None:
+    def from_neox_args(cls, args: NeoXValues) -> LoopConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        if args.train_iters is None:
             raise ConfigError("train_iters must be set (train_epochs is converted to train_iters by the config)")
         values = neox_overrides(cls, args)
         return cls(**values)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from megatron.config_utils import NeoXValues
 from megatron.distributed import on_cpu
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
@@ -59,25 +60,20 @@ class OptimizerConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu")
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> OptimizerConfig:
-        """Read the flat GPT-NeoX attribute names (and the DeepSpeed config for ZeRO keys)."""
-        ds = getattr(args, "deepspeed_config", None) or {}
-        zero = getattr(args, "zero_optimization", None) or ds.get("zero_optimization") or {}
-        stage = getattr(args, "zero_stage", None)
-        if stage is None:
+    def from_neox_args(cls, args: NeoXValues) -> OptimizerConfig:
+        """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args)."""
+        stage = args.zero_stage
+        if stage is None:  # set by derive(); a config that was not derived (an offline reader) has only the section
+            zero = args.zero_optimization or {}
             stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-        allow = ds.get("zero_allow_untested_optimizer", False)  # a DeepSpeed key (deepspeed_extra_args)
-        opt = getattr(args, "optimizer", None) or {
-            "type": getattr(args, "optimizer_type", None) or "Adam",
-            "params": {},
-        }
-        wd = getattr(args, "weight_decay", None)
+        allow = (args.deepspeed_extra_args or {}).get("zero_allow_untested_optimizer", False)  # a DeepSpeed-only key
+        opt = args.optimizer or {"type": args.optimizer_type or "Adam", "params": {}}
         return cls(
             optimizer=opt,
-            weight_decay=0.1 if wd is None else float(wd),
+            weight_decay=0.1 if args.weight_decay is None else float(args.weight_decay),
             zero_stage=int(stage or 0),
             zero_allow_untested_optimizer=bool(allow),
-            use_mup=bool(getattr(args, "use_mup", False)),
+            use_mup=bool(args.use_mup),
             on_cpu=on_cpu(),
         )
 

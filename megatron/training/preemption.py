@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from megatron import mpu
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
@@ -34,13 +35,10 @@ class PreemptionConfig:
     exit_duration_in_mins: float | None = None
 
     @classmethod
-    def from_neox_args(cls, args: Any) -> PreemptionConfig:
-        """Read the flat attribute names (None means the default)."""
-        signals = getattr(args, "preemption_signals", None)
-        cfg = cls(
-            preemption_signals=list(cls().preemption_signals if signals is None else signals),
-            exit_duration_in_mins=getattr(args, "exit_duration_in_mins", None),
-        )
+    def from_neox_args(cls, args: NeoXValues) -> PreemptionConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        cfg = cls(**neox_overrides(cls, args))
+        cfg.preemption_signals = list(cfg.preemption_signals)
         problems = check_preemption_keys(cfg.preemption_signals, cfg.exit_duration_in_mins)
         if problems:
             raise ConfigError(problems)

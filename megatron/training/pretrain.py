@@ -24,6 +24,7 @@ from megatron.checkpoint.layout import CheckpointError
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
+from megatron.evaluation.config import EvalConfig
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
 from megatron.initialize import initialize_megatron
 from megatron.logging.flops import FlopsConfig
@@ -38,7 +39,6 @@ from megatron.parallel_config import ParallelConfig
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.data import build_post_training_loaders
 from megatron.post_training.reward_head import with_reward_head
-from megatron.post_training.step import build_post_training_step
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
@@ -47,6 +47,7 @@ from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import install_nonfinite_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
+from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.single_rank import skip_single_rank_allreduce
@@ -102,7 +103,7 @@ def setup_model_and_optimizer(
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, _ = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
+    model, model_cfg = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
     if args.torch_compile:
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
@@ -123,7 +124,11 @@ def setup_model_and_optimizer(
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
     result = ckpt.load_checkpoint(
-        engine, load_cfg, checkpoint_args=checkpoint_args(args), args=args, load_module_strict=not plan.reward_head
+        engine,
+        load_cfg,
+        checkpoint_args=checkpoint_args(args),
+        model=model_cfg,
+        load_module_strict=not plan.reward_head,
     )
     if result.path and plan.validate_with_forward:
         check_validation_logits(engine, plan, int(args.padded_vocab_size), result.client_state, result.path)
@@ -299,8 +304,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             save_fn=save if save_cfg.save else None,
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
-            task_eval=build_task_eval(engine, tokenizer, args),
-            char_counter=char_counter_factory(tokenizer, args),
+            task_eval=build_task_eval(engine, tokenizer, EvalConfig.from_neox_args(args)),
+            char_counter=char_counter_factory(tokenizer, bool(args.char_level_ppl)),
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid

@@ -16,6 +16,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from megatron import mpu
+from megatron.config_utils import NeoXValues
 from megatron.logging.timers import Timers
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
@@ -38,14 +39,14 @@ class BatchConfig:
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("eod_token", "with_labels")
 
     @classmethod
-    def from_neox_args(cls, args: Any, eod_token: int) -> BatchConfig:
-        """Read the flat GPT-NeoX attribute names."""
+    def from_neox_args(cls, args: NeoXValues, eod_token: int) -> BatchConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
             eod_token=int(eod_token),
-            eod_mask_loss=bool(getattr(args, "eod_mask_loss", False)),
-            reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
-            reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
-            with_labels=bool(getattr(args, "train_label_data_paths", None)),
+            eod_mask_loss=bool(args.eod_mask_loss),
+            reset_position_ids=bool(args.reset_position_ids),
+            reset_attention_mask=bool(args.reset_attention_mask),
+            with_labels=bool(args.train_label_data_paths),
         )
 
 

@@ -14,7 +14,7 @@ from tests.distributed.fns_train import run_pretrain
 def run_recorded(config: dict[str, Any]) -> dict[str, Any]:
     """``run_pretrain`` + ``metrics`` (one dict per iteration) + ``sft_batch`` (targets/mask of the first SFT loss)."""
     import megatron.model
-    from megatron.post_training.step import PostTrainStep
+    from megatron.training.post_training_step import PostTrainStep
 
     metrics: list[dict[str, float]] = []
     first_batch: dict[str, list] = {}

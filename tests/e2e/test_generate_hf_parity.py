@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments import NeoXArgs, neox_namespace
 from tests.e2e.eval_fixture import build_tiny_model
 
 PROMPTS = ["The quick brown", "Q: What is 2 plus 2?\nA:", "To", "All the world's a stage, and"]
@@ -116,8 +116,6 @@ def test_precompute_writes_float32_logprobs(tmp_path: Path) -> None:
 def test_precompute_output_is_atomic(tmp_path: Path) -> None:
     """An error while scoring leaves neither the output nor temporary files; a complete run writes both files and
     the next run keeps them (an existing .idx means a complete output)."""
-    from types import SimpleNamespace
-
     import numpy as np
     import pytest
 
@@ -130,8 +128,8 @@ def test_precompute_output_is_atomic(tmp_path: Path) -> None:
         builder.add_item(doc)
         builder.end_document()
     builder.finalize(prefix + ".idx")
-    args = SimpleNamespace(seq_length=4, train_micro_batch_size_per_gpu=1, precompute_model_name="m", load=None,
-                           train_data_paths=[prefix], test_data_paths=None, valid_data_paths=None, data_impl="mmap")  # fmt: skip
+    args = neox_namespace(seq_length=4, train_micro_batch_size_per_gpu=1, precompute_model_name="m", load=None,
+                          train_data_paths=[prefix], test_data_paths=None, valid_data_paths=None, data_impl="mmap")  # fmt: skip
     calls: list[int] = []
 
     def failing(tokens: torch.Tensor) -> torch.Tensor:

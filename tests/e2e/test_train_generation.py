@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from megatron.generation.sampling import SamplingConfig, filter_logits, generate_tokens, sample_next
+from megatron.neox_arguments import neox_namespace
 
 
 def test_filter_logits_top_k_and_top_p() -> None:
@@ -67,12 +68,10 @@ def test_generate_tokens_stops_and_budget() -> None:
 
 
 def test_kv_cache_matches_recompute_on_the_real_model() -> None:
-    from types import SimpleNamespace
-
     from megatron.generation.sampling import kv_cache_forward
     from megatron.model import GPTModelConfig, KVCache, build_sequential_model
 
-    args = SimpleNamespace(
+    args = neox_namespace(
         num_layers=2,
         hidden_size=32,
         num_attention_heads=4,

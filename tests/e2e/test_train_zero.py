@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.generation.text_generation import load_module_state
+from megatron.generation.loading import load_module_state
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
 from tests.harness import DistributedTestError, run_distributed
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from megatron.neox_arguments import neox_namespace
 from megatron.training.checkpointing import (
     CheckpointConfig,
     check_checkpoint_args,
@@ -37,14 +36,14 @@ def test_extra_save_iters_only_and_step_zero() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="checkpoint_factor nor extra_save_iters"):
-        CheckpointConfig.from_neox_args(SimpleNamespace(save="ckpt"))
+        CheckpointConfig.from_neox_args(neox_namespace(save="ckpt"))
     with pytest.raises(ValueError, match="positive integer"):
-        CheckpointConfig.from_neox_args(SimpleNamespace(save="ckpt", checkpoint_factor=2.5))
+        CheckpointConfig.from_neox_args(neox_namespace(save="ckpt", checkpoint_factor=2.5))
     with pytest.raises(ValueError, match="> 1 with log"):
-        CheckpointConfig.from_neox_args(SimpleNamespace(save="c", checkpoint_factor=1, checkpoint_scale="log"))
+        CheckpointConfig.from_neox_args(neox_namespace(save="c", checkpoint_factor=1, checkpoint_scale="log"))
     with pytest.raises(ValueError, match="checkpoint_scale"):
-        CheckpointConfig.from_neox_args(SimpleNamespace(checkpoint_scale="exp"))
-    cfg = CheckpointConfig.from_neox_args(SimpleNamespace(save="c", checkpoint_factor=10, extra_save_iters=None))
+        CheckpointConfig.from_neox_args(neox_namespace(checkpoint_scale="exp"))
+    cfg = CheckpointConfig.from_neox_args(neox_namespace(save="c", checkpoint_factor=10, extra_save_iters=None))
     assert cfg.extra_save_iters == [] and cfg.checkpoint_scale == "linear"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatron.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
+from megatron.neox_arguments import neox_namespace
 from megatron.training.checkpoint_commit import (
     clean_partials,
     commit,
@@ -110,7 +111,7 @@ def test_load_verify_checksums_skips_a_corrupted_checkpoint(tmp_path: Path, capl
     bad = _save(tmp_path, 8) / "mp_rank_00_model_states.pt"
     bad.write_bytes(b"X" * bad.stat().st_size)
     assert resolve_tag(CheckpointConfig(load=str(tmp_path))) == "global_step8"  # sizes only: not noticed
-    cfg = CheckpointConfig.from_neox_args(type("A", (), {"load": str(tmp_path), "load_verify_checksums": True})())
+    cfg = CheckpointConfig.from_neox_args(neox_namespace(load=str(tmp_path), load_verify_checksums=True))
     with caplog.at_level(logging.WARNING):
         assert resolve_tag(cfg) == "global_step4"
     assert f"{bad} does not match its sha256" in caplog.text

@@ -3,9 +3,7 @@ GPT-NeoX conventions (legacy names, summed row biases), optimizer-state reshardi
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,10 +39,6 @@ CONFIGS = {
 LAYOUTS = [(1, 0), (2, 0), (1, 2), (2, 2), (4, 1)]
 
 
-def args_of(cfg: GPTModelConfig) -> SimpleNamespace:
-    return SimpleNamespace(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-
-
 def random_state(cfg: GPTModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {k: torch.randn(v.shape, generator=g) for k, v in build_sequential_model(cfg).state_dict().items()}
@@ -67,7 +61,7 @@ def test_write_then_read_is_bit_identical(name: str, tp: int, pp: int, tmp_path:
         assert ("layer_06-model_00-model_states.pt" in names) == (not cfg.tied_embeddings)
     layout = detect_layout(directory)
     assert (layout.tp, layout.pp, layout.is_pipe) == (tp, pp if pp else 0, pp > 0)
-    back = read_checkpoint(tmp_path / "ck", args=args_of(cfg))
+    back = read_checkpoint(tmp_path / "ck", model=cfg)
     assert back.iteration == 7 and set(back.state_dict) == set(full)
     for key, value in full.items():
         assert torch.equal(back.state_dict[key], value), key
@@ -103,10 +97,10 @@ def test_legacy_names_and_gpt_neox_row_biases(tmp_path: Path) -> None:
     key = "sequential.2.attention.dense.bias"
     for path in sorted((tmp_path / "neox" / "global_step1").glob("mp_rank_*")):  # each rank holds half
         assert torch.allclose(torch.load(path, weights_only=False)["module"][key], full[key] / 2)
-    back = read_checkpoint(tmp_path / "neox", args=args_of(cfg))
+    back = read_checkpoint(tmp_path / "neox", model=cfg)
     for name, value in full.items():
         assert torch.allclose(back.state_dict[name], value, atol=1e-6), name
-    ours = read_checkpoint(tmp_path / "neox", args=args_of(cfg), row_bias="effective")
+    ours = read_checkpoint(tmp_path / "neox", model=cfg, row_bias="effective")
     assert torch.allclose(ours.state_dict[key], full[key] / 2)
 
 
@@ -167,18 +161,18 @@ def test_bad_inputs_leave_nothing_behind(tmp_path: Path) -> None:
         write_checkpoint(full, cfg, tmp_path / "ok", TargetLayout(1, 0))
     (tmp_path / "ok" / "global_step0" / "layer_03-model_01-model_states.pt").unlink()
     with pytest.raises(CheckpointError, match=r"layer 03 lacks TP shard\(s\) \[1\]"):
-        read_checkpoint(tmp_path / "ok", args=args_of(cfg))
+        read_checkpoint(tmp_path / "ok", model=cfg)
     write_checkpoint(full, cfg, tmp_path / "seq", TargetLayout(2, 0))
     with pytest.raises(CheckpointError, match="saved with hidden_size=32 but the config says 64"):
-        read_checkpoint(tmp_path / "seq", args=args_of(cfg.replace(hidden_size=64)))
+        read_checkpoint(tmp_path / "seq", model=cfg.replace(hidden_size=64))
     with pytest.raises(CheckpointError, match=r"does not match the model config: shape mismatch .*mlp\.linear1"):
-        read_checkpoint(tmp_path / "seq", args=args_of(cfg.replace(intermediate_size=256)))
+        read_checkpoint(tmp_path / "seq", model=cfg.replace(intermediate_size=256))
     (tmp_path / "seq" / "global_step0" / "mp_rank_01_model_states.pt").unlink()
     (tmp_path / "seq" / "global_step0" / "mp_rank_02_model_states.pt").write_bytes(b"junk")
     with pytest.raises(CheckpointError, match=r"mp_rank shard.* 01 missing"):
-        read_checkpoint(tmp_path / "seq", args=args_of(cfg))
+        read_checkpoint(tmp_path / "seq", model=cfg)
     with pytest.raises(CheckpointError, match="not a checkpoint"):
-        read_checkpoint(tmp_path, args=args_of(cfg))
+        read_checkpoint(tmp_path, model=cfg)
 
 
 def test_plan_load_reshards_for_another_layout(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -188,16 +182,16 @@ def test_plan_load_reshards_for_another_layout(tmp_path: Path, caplog: pytest.Lo
     full = random_state(cfg, seed=4)
     write_checkpoint(full, cfg, tmp_path / "ck", TargetLayout(2, 2), iteration=3)
     calls = []
-    same = plan_load(tmp_path / "ck", "global_step3", tp=2, pp=2, args=args_of(cfg), padded_vocab_size=64,
+    same = plan_load(tmp_path / "ck", "global_step3", tp=2, pp=2, model=cfg,
                      is_writer=True, barrier=lambda: calls.append(1))  # fmt: skip
     assert (same.root, same.resharded, calls) == (str(tmp_path / "ck"), False, [])
     with caplog.at_level("WARNING"):
-        plan = plan_load(tmp_path / "ck", "global_step3", tp=1, pp=0, args=args_of(cfg), padded_vocab_size=64,
+        plan = plan_load(tmp_path / "ck", "global_step3", tp=1, pp=0, model=cfg,
                          is_writer=True, barrier=lambda: calls.append(1))  # fmt: skip
     assert "was saved with tp=2 pp=2 but this run uses tp=1 pp=0: resharding" in caplog.text
     assert plan.resharded and plan.weights_only and calls == [1]  # no optimizer state in the source
     assert plan.root == str(tmp_path / "ck" / ".resharded" / "global_step3-tp1-pp0")
-    back = read_checkpoint(Path(plan.root), args=args_of(cfg))
+    back = read_checkpoint(Path(plan.root), model=cfg)
     assert back.layout.tp == 1 and not back.layout.is_pipe and back.iteration == 3
     assert all(torch.equal(back.state_dict[k], v) for k, v in full.items())
 
@@ -213,7 +207,7 @@ def test_reads_a_gpt_neox_written_pipe_checkpoint(tmp_path: Path) -> None:
                   for k, v in sd.items()}  # fmt: skip
         legacy["attention.rotary_emb.inv_freq"] = torch.ones(cfg.rotary_ndims // 2)
         torch.save(legacy, path)
-    back = read_checkpoint(tmp_path / "neox", args=args_of(cfg))
+    back = read_checkpoint(tmp_path / "neox", model=cfg)
     assert set(back.state_dict) == set(full) and back.iteration == 9
     for key, value in full.items():
         assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
@@ -225,10 +219,10 @@ def test_plan_load_converts_gpt_neox_row_biases(tmp_path: Path) -> None:
     cfg = CONFIGS["neox"]
     full = random_state(cfg, seed=6)
     gpt_neox_checkpoint(full, cfg, tmp_path / "ck")
-    plan = plan_load(tmp_path / "ck", "global_step1", tp=2, pp=0, args=args_of(cfg), padded_vocab_size=64,
+    plan = plan_load(tmp_path / "ck", "global_step1", tp=2, pp=0, model=cfg,
                      is_writer=True, barrier=lambda: None)  # fmt: skip
     assert plan.resharded
-    back = read_checkpoint(Path(plan.root), args=args_of(cfg))
+    back = read_checkpoint(Path(plan.root), model=cfg)
     assert back.layout.tp == 2
     for key, value in full.items():
         assert torch.allclose(back.state_dict[key], value, atol=1e-6), key
@@ -242,7 +236,7 @@ def test_plan_load_reuses_a_fresh_copy_only(tmp_path: Path) -> None:
 
     cfg = CONFIGS["neox"]
     write_checkpoint(random_state(cfg, seed=7), cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=1)
-    kw = dict(tp=1, pp=0, args=args_of(cfg), padded_vocab_size=64, is_writer=True, barrier=lambda: None)
+    kw = dict(tp=1, pp=0, model=cfg, is_writer=True, barrier=lambda: None)
     plan = plan_load(tmp_path / "ck", "global_step1", **kw)
     manifest = Path(plan.root) / "global_step1" / "manifest.json"
     first = manifest.stat().st_mtime_ns
@@ -255,7 +249,7 @@ def test_plan_load_reuses_a_fresh_copy_only(tmp_path: Path) -> None:
         shutil.copy(path, tmp_path / "ck" / "global_step1" / path.name)
         os.utime(tmp_path / "ck" / "global_step1" / path.name, (future, future))
     plan = plan_load(tmp_path / "ck", "global_step1", **kw)
-    back = read_checkpoint(Path(plan.root), args=args_of(cfg))
+    back = read_checkpoint(Path(plan.root), model=cfg)
     assert all(torch.equal(back.state_dict[k], v) for k, v in newer.items())
     # a failing reshard still reaches the barrier (other ranks must not hang), then raises everywhere
     calls: list[int] = []
@@ -274,6 +268,6 @@ def test_plan_load_optimizer_state_only_for_zero0_runs(tmp_path: Path) -> None:
         full.per_param[name] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(value)}
     write_checkpoint(random_state(cfg), cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=1,
                      optimizer_state=scatter_optimizer_state(full, cfg, 2, 0))  # fmt: skip
-    kw = dict(tp=1, pp=1, args=args_of(cfg), padded_vocab_size=64, is_writer=True, barrier=lambda: None)
+    kw = dict(tp=1, pp=1, model=cfg, is_writer=True, barrier=lambda: None)
     plan = plan_load(tmp_path / "ck", "global_step1", **kw)
     assert plan.resharded and not plan.weights_only  # ZeRO-0 state came along

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import torch
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders, build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.data.samplers import iterate_forever
+from megatron.neox_arguments import neox_namespace
 from tests.harness import run_distributed
 
 
@@ -42,7 +42,7 @@ def config(**overrides) -> DataConfig:
 
 
 def test_from_neox_args_reads_flat_names():
-    args = SimpleNamespace(
+    args = neox_namespace(
         seq_length=32,
         train_batch_size=8,
         train_micro_batch_size_per_gpu=2,
@@ -52,7 +52,6 @@ def test_from_neox_args_reads_flat_names():
         pack_impl="packed",
         data_impl="mmap",
         eval_interval=None,
-        unrelated_key=3,
     )
     cfg = DataConfig.from_neox_args(args)
     assert (cfg.seq_length, cfg.train_batch_size, cfg.micro_batch_size, cfg.train_iters) == (32, 8, 2, 10)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +11,7 @@ from megatron.logging.flops import FlopsConfig, flops_per_iteration, throughput_
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.timers import Timers
 from megatron.logging.wandb_reader import find_run_files, read_wandb_history
+from megatron.neox_arguments import neox_namespace
 
 
 def _read_tb(path: str) -> dict[str, list[tuple[int, float]]]:
@@ -39,7 +39,7 @@ def test_flops_formula_by_hand() -> None:
 
 
 def test_tensorboard_sink_roundtrip(tmp_path) -> None:
-    cfg = LoggingConfig.from_neox_args(SimpleNamespace(tensorboard_dir=str(tmp_path / "tb"), log_interval=None))
+    cfg = LoggingConfig.from_neox_args(neox_namespace(tensorboard_dir=str(tmp_path / "tb"), log_interval=None))
     assert cfg.log_interval == 100
     metrics = Metrics.create(cfg, rank=0, config_text="{}")
     for step in range(1, 6):

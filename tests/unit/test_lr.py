@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from megatron.neox_arguments import neox_namespace
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 
 # T = 100, warmup 0.1 → W = 10, D = 90, lr_max 1e-3, min_lr 1e-4.
@@ -75,7 +75,7 @@ def test_decay_iters_sources() -> None:
 def test_writes_lr_into_param_groups_and_from_neox_args() -> None:
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([{"params": [p]}, {"params": [], "weight_decay": 0.0}], lr=123.0)
-    args = SimpleNamespace(lr=LR, min_lr=None, lr_decay_style="cosine", train_iters=100, warmup=0.1)
+    args = neox_namespace(lr=LR, min_lr=None, lr_decay_style="cosine", train_iters=100, warmup=0.1)
     s = AnnealingLR(opt, LRScheduleConfig.from_neox_args(args))
     assert s.min_lr == 0.0
     assert opt.param_groups[0]["lr"] == pytest.approx(LR / 10)

@@ -3,8 +3,6 @@ masks, activation checkpointing, per-layer seeding and the loss."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,6 +19,7 @@ from megatron.model import (
 )
 from megatron.model.config import expand_attention_config
 from megatron.model.meta import count_parameters, meta_param_shapes
+from megatron.neox_arguments import neox_namespace
 
 V = 128
 
@@ -100,7 +99,7 @@ LLAMA2_7B = dict(
 
 
 def _count_on_meta(args: dict) -> int:
-    return count_parameters(meta_param_shapes(GPTModelConfig.from_neox_args(SimpleNamespace(**args))))
+    return count_parameters(meta_param_shapes(GPTModelConfig.from_neox_args(neox_namespace(args))))
 
 
 def test_parameter_counts_on_meta() -> None:
@@ -112,21 +111,21 @@ def test_parameter_counts_on_meta() -> None:
 
 
 def test_from_neox_args_reads_flat_keys() -> None:
-    cfg = GPTModelConfig.from_neox_args(SimpleNamespace(**NEOX_20B))
+    cfg = GPTModelConfig.from_neox_args(neox_namespace(**NEOX_20B))
     assert cfg.params_dtype == torch.float16
     assert cfg.fused_kernels == {"scaled_upper_triang_masked_softmax_fusion": True}
     assert cfg.gpt_j_residual and cfg.no_weight_tying and cfg.bias_gelu_fusion
     assert cfg.rotary_ndims == 24 and cfg.mlp_sizes == (24576, 24576)
-    pythia = GPTModelConfig.from_neox_args(SimpleNamespace(**PYTHIA_160M, precision="bfloat16"))
+    pythia = GPTModelConfig.from_neox_args(neox_namespace(**PYTHIA_160M, precision="bfloat16"))
     assert pythia.attention_config == ("flash",) * 12 and pythia.params_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="padded_vocab_size"):
-        GPTModelConfig.from_neox_args(SimpleNamespace(num_layers=2, hidden_size=32, num_attention_heads=4))
+        GPTModelConfig.from_neox_args(neox_namespace(num_layers=2, hidden_size=32, num_attention_heads=4))
     with pytest.raises(ValueError, match=r"missing required key.*hidden_size"):
-        GPTModelConfig.from_neox_args(SimpleNamespace(num_layers=2, num_attention_heads=4, padded_vocab_size=64))
+        GPTModelConfig.from_neox_args(neox_namespace(num_layers=2, num_attention_heads=4, padded_vocab_size=64))
 
 
 def test_gpt_neox_mlp_sizing() -> None:
-    assert GPTModelConfig.from_neox_args(SimpleNamespace(**LLAMA2_7B)).mlp_sizes == (22016, 11008)
+    assert GPTModelConfig.from_neox_args(neox_namespace(**LLAMA2_7B)).mlp_sizes == (22016, 11008)
     assert tiny().mlp_sizes == (128, 128)
     assert tiny(expansion_factor=2.5).mlp_sizes == (80, 80)
     assert tiny(intermediate_size=100, mlp_multiple_of=64).mlp_sizes == (128, 128)

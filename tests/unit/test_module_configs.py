@@ -8,13 +8,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 
 from megatron.config_utils import check_neox_field_names, neox_overrides, not_neox_keys
-from megatron.neox_arguments import KNOWN_KEYS, default_values
+from megatron.logging.metrics import LoggingConfig
+from megatron.neox_arguments import KNOWN_KEYS, default_values, neox_namespace
 from megatron.neox_arguments.neox_args import RUNTIME_ATTRS, NeoXArgs
 from tests.harness import REPO_ROOT
 
@@ -39,7 +41,6 @@ DIVERGENT_DEFAULTS: dict[tuple[str, str], str] = {
     ("ParallelConfig", "zero_stage"): _ZERO_STAGE,
     ("LRScheduleConfig", "lr"): "derived: derive() sets DEFAULT_LR (0.001) when neither lr nor optimizer.params.lr is",
     ("OptimizerConfig", "optimizer"): "None = no optimizer section: from_neox_args builds {type: optimizer_type}",
-    ("LoggingConfig", "use_wandb"): "None (unset) means off, as False does",
     ("DataConfig", "train_iters"): "None until train_epochs is converted; DataConfig counts unset as 0 (epochs)",
 }
 
@@ -105,26 +106,37 @@ def test_defaults_equal_the_schema_defaults() -> None:
     assert not stale, f"DIVERGENT_DEFAULTS entries that no longer differ (remove them): {sorted(stale)}"
 
 
+def _nodes_in_from_neox_args(source: str) -> Iterator[tuple[ast.AST, str]]:
+    """Every AST node inside a ``from_neox_args`` body, with the name of its argument-object parameter."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1:
+            args = node.args.args[1].arg
+            yield from ((n, args) for n in ast.walk(node))
+
+
+def _getattr_call_on(n: ast.AST, args: str) -> ast.Call | None:
+    """``n`` when it is ``getattr(args, ...)`` / ``hasattr(args, ...)``, else None."""
+    if (
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("getattr", "hasattr")
+        and len(n.args) >= 2
+        and isinstance(n.args[0], ast.Name)
+        and n.args[0].id == args
+    ):
+        return n
+    return None
+
+
 def keys_read_in_from_neox_args(source: str) -> list[tuple[int, str]]:
     """``(line, name)`` of every ``getattr(args, "name", ...)`` / ``args.name`` in ``from_neox_args`` bodies."""
     out = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.FunctionDef) and node.name == "from_neox_args" and len(node.args.args) > 1):
-            continue
-        args = node.args.args[1].arg
-        for n in ast.walk(node):
-            if (
-                isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Name)
-                and n.func.id in ("getattr", "hasattr")
-                and len(n.args) >= 2
-                and isinstance(n.args[0], ast.Name)
-                and n.args[0].id == args
-                and isinstance(n.args[1], ast.Constant)
-            ):
-                out.append((n.lineno, str(n.args[1].value)))
-            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == args:
-                out.append((n.lineno, n.attr))
+    for n, args in _nodes_in_from_neox_args(source):
+        call = _getattr_call_on(n, args)
+        if call is not None and isinstance(call.args[1], ast.Constant):
+            out.append((call.lineno, str(call.args[1].value)))
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == args:
+            out.append((n.lineno, n.attr))
     return out
 
 
@@ -141,13 +153,44 @@ def test_from_neox_args_reads_only_schema_keys() -> None:
     )
 
 
+def getattr_fallbacks_in_from_neox_args(source: str) -> list[int]:
+    """Lines of ``getattr(args, name, default)`` in ``from_neox_args`` bodies: a fallback that hides a missing key."""
+    calls = [call for n, args in _nodes_in_from_neox_args(source) if (call := _getattr_call_on(n, args))]
+    return [
+        call.lineno
+        for call in calls
+        if isinstance(call.func, ast.Name) and call.func.id == "getattr" and len(call.args) == 3
+    ]
+
+
+def test_from_neox_args_has_no_getattr_fallback() -> None:
+    found = []
+    for path in sorted((REPO_ROOT / "megatron").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if "from_neox_args" in source:
+            found += [f"{path.relative_to(REPO_ROOT)}:{line}" for line in getattr_fallbacks_in_from_neox_args(source)]
+    assert not found, (
+        "from_neox_args must read keys strictly (args.key), not getattr(args, key, default):\n" + "\n".join(found)
+    )
+
+
+def test_a_missing_key_raises_instead_of_defaulting() -> None:
+    with pytest.raises(TypeError, match=r"LoggingConfig.from_neox_args: the arguments have no key 'log_interval'"):
+        LoggingConfig.from_neox_args(SimpleNamespace(tensorboard_dir=None))
+    assert LoggingConfig.from_neox_args(neox_namespace(log_interval=7)).log_interval == 7
+    with pytest.raises(ValueError, match=r"unknown key 'log_intervall' in neox_namespace; did you mean 'log_interval'"):
+        neox_namespace(log_intervall=7)
+    source = "class C:\n    @classmethod\n    def from_neox_args(cls, a):\n        return getattr(a, 'x', 1), getattr(a, 'y')\n"
+    assert getattr_fallbacks_in_from_neox_args(source) == [4]
+
+
 def test_a_misspelt_key_is_caught() -> None:
     @dataclasses.dataclass
     class Misspelt:
         seq_lenght: int = 2048
 
     with pytest.raises(TypeError, match=r"Misspelt: fields that are not NeoX config keys: seq_lenght \(closest key: "):
-        neox_overrides(Misspelt, SimpleNamespace(seq_length=64))
+        neox_overrides(Misspelt, neox_namespace(seq_length=64))
 
     @dataclasses.dataclass
     class Declared:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from megatron.launcher.launch import plan_launch
 from megatron.launcher.threads import threads_per_rank, usable_cores
 from megatron.logging.flops import FlopsConfig, throughput_metrics
 from megatron.logging.peak_flops import calibrate_gemm_tflops, flops_config_with_peak, gpu_table_peak, resolve_peak
-from megatron.neox_arguments import LaunchEnv, NeoXArgs
+from megatron.neox_arguments import LaunchEnv, NeoXArgs, neox_namespace
 from megatron.neox_arguments.errors import ConfigError
 from tests.unit.test_launcher import TINY
 
@@ -49,8 +48,8 @@ def test_peak_sources():
 
 
 def test_flops_config_with_peak_logs_once_and_feeds_mfu(caplog):
-    args = SimpleNamespace(train_batch_size=8, seq_length=256, num_layers=6, hidden_size=128, padded_vocab_size=50304,
-                           checkpoint_activations=False, peak_theoretical_tflops=None, params_dtype=torch.float32)  # fmt: skip
+    args = neox_namespace(train_batch_size=8, seq_length=256, num_layers=6, hidden_size=128, padded_vocab_size=50304,
+                          checkpoint_activations=False, peak_theoretical_tflops=None)  # fmt: skip
     with caplog.at_level(logging.INFO, logger="megatron.train"):
         cfg = flops_config_with_peak(FlopsConfig.from_neox_args(args), torch.float32, rank=0)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("MFU:")]

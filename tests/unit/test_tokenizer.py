@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from megatron.neox_arguments import neox_namespace
 from megatron.tokenizer import (
     CharLevelTokenizer,
     GPT2BPETokenizer,
@@ -159,7 +159,7 @@ def test_padded_vocab_size_rule():
 
 
 def test_config_from_neox_args_and_errors(tmp_path):
-    args = SimpleNamespace(tokenizer_type="CharLevelTokenizer", vocab_file=None, make_vocab_size_divisible_by=64)
+    args = neox_namespace(tokenizer_type="CharLevelTokenizer", vocab_file=None, make_vocab_size_divisible_by=64)
     cfg = TokenizerConfig.from_neox_args(args)
     assert cfg.tokenizer_type == "CharLevelTokenizer" and cfg.make_vocab_size_divisible_by == 64
     assert cfg.model_parallel_size == 1

@@ -4,7 +4,6 @@ checkpointing settings, and the single-process full-weights gather."""
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from megatron import mpu
 from megatron.model import GPTModelConfig, build_sequential_model
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig
 from megatron.model.full_weights import gather_full_state_dict, neox_parameter_name
+from megatron.neox_arguments import neox_namespace
 from megatron.parallel_config import ParallelConfig
 
 MATRIX = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 4, 1), (4, 1, 1)]
@@ -70,17 +70,17 @@ def test_neox_parameter_name_rejects_foreign_names() -> None:
 
 
 def test_activation_checkpoint_config() -> None:
-    class Args:
-        checkpoint_activations = True
-        checkpoint_num_layers = 2
-        partition_activations = True
-        contiguous_checkpointing = True
-        num_layers = 5
-        pipe_parallel_size = 4
-        gradient_accumulation_steps = 8
-        checkpoint_in_cpu = None  # None = default
-
-    cfg = ActivationCheckpointConfig.from_neox_args(Args())
+    args = neox_namespace(
+        checkpoint_activations=True,
+        checkpoint_num_layers=2,
+        partition_activations=True,
+        contiguous_checkpointing=True,
+        num_layers=5,
+        pipe_parallel_size=4,
+        gradient_accumulation_steps=8,
+        checkpoint_in_cpu=None,  # None = default
+    )
+    cfg = ActivationCheckpointConfig.from_neox_args(args)
     assert cfg.partition_activations and cfg.contiguous_checkpointing and not cfg.checkpoint_in_cpu
     # ceil(5 / 2) chunks per forward, up to 4 micro-batches in flight on the first stage.
     assert cfg.num_checkpoints == 3 * 4
@@ -116,7 +116,7 @@ def test_parallel_config_refuses_zero2_3_with_any_pipe_engine() -> None:
             ParallelConfig(pipe_parallel_size=pipe, zero_stage=2)
     ParallelConfig(pipe_parallel_size=0, zero_stage=3, model_parallel_size=2)  # ZeRO-3 with TP is allowed
 
-    args = SimpleNamespace(
+    args = neox_namespace(
         model_parallel_size=2, pipe_parallel_size=1, sequence_parallel=False, zero_optimization={"stage": 3}
     )
     with pytest.raises(ValueError, match="pipe_parallel_size 1"):

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--output_dir {args.output_dir} already exists (pass --overwrite to replace it)")
     with cli.progress_bar("reading shards", cli.shard_count(args.input_dir)) as step:
         ckpt = read_checkpoint(args.input_dir, config_files=args.config_file, row_bias=args.row_bias, progress=step)
-    tokenizer = None if args.no_save_tokenizer else hf_tokenizer(ckpt.args, args.vocab_is_hf_tokenizer)
+    assert ckpt.tokenizer is not None  # read with the config files (or the checkpoint's own configs/)
+    tokenizer = None if args.no_save_tokenizer else hf_tokenizer(ckpt.tokenizer, args.vocab_is_hf_tokenizer)
     with cli.progress_bar("writing tensors", len(ckpt.state_dict)) as step:
         export_hf(
             ckpt.state_dict,

@@ -1,4 +1,8 @@
-"""The post-training step: :class:`SequentialStep` with the batch and loss of an objective chosen once at setup."""
+"""The post-training step: :class:`SequentialStep` with the batch and loss of an objective chosen once at setup.
+
+It lives in ``training`` (which composes the run and may import ``post_training``), not in ``post_training``, so that
+``post_training`` (config, data, objectives) never imports ``training``: the two packages form no cycle.
+"""
 
 from __future__ import annotations
 

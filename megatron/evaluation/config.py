@@ -1,0 +1,36 @@
+"""The config keys lm-eval evaluation reads (``eval.py`` and ``eval_tasks`` during training)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.config_utils import NeoXValues, neox_values
+
+
+@dataclass
+class EvalConfig:
+    """What the evaluation adapter and lm-eval's ``simple_evaluate`` need (GPT-NeoX key names)."""
+
+    eval_tasks: list | None = None
+    eval_limit: int | None = None
+    eval_num_fewshot: int | None = None
+    seed: int = 1234
+    seq_length: int | None = None
+    max_position_embeddings: int | None = None
+    train_micro_batch_size_per_gpu: int | None = None
+    pipe_parallel_size: int = 0
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXValues) -> EvalConfig:
+        """Read every field strictly under its NeoX key (values as set, ``None`` included)."""
+        return cls(**neox_values(cls, args))
+
+    @property
+    def max_length(self) -> int:
+        """The longest request in tokens: ``max_position_embeddings``, else ``seq_length``."""
+        return int(self.max_position_embeddings or self.seq_length or 0)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Requests scored per forward."""
+        return int(self.train_micro_batch_size_per_gpu or 1)

@@ -1,0 +1,72 @@
+"""A trained checkpoint's weights for generation and evaluation, and the device and dtype they run in.
+
+Below both the single-process (``text_generation``) and the N-rank (``parallel``) generation paths, which share it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from megatron.checkpoint import config_io
+from megatron.checkpoint.reader import read_checkpoint
+from megatron.cpu_features import cpu_has_native
+from megatron.distributed import on_cpu
+from megatron.model.config import PRECISIONS, GPTModelConfig
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def load_checkpoint_for_inference(
+    args: NeoXArgs, keep_for: Callable[[GPTModelConfig], Callable[[str], bool]] | None = None
+) -> tuple[dict[str, torch.Tensor], GPTModelConfig, str]:
+    """``(full state dict, GPTModelConfig, tag)`` of the checkpoint in ``load``, whatever its TP/PP/ZeRO layout.
+
+    Uses ``megatron.checkpoint.reader`` (TP shards merged, pipeline layer files renamed to the sequential model's
+    names, ZeRO-3 fp32 shards gathered); the model keys come from ``args``, the vocabulary padding from the
+    checkpoint. ``keep_for``: see :func:`megatron.checkpoint.reader.read_checkpoint` (read only part of the model).
+    """
+    load = args.save if args.load == "auto" else args.load
+    if not load:
+        raise ConfigError("load: generation needs the checkpoint directory to load")
+    model_for = functools.partial(config_io.model_config, SimpleNamespace(**args.to_dict()))
+    ckpt = read_checkpoint(str(load), model=model_for, iteration=args.iteration, keep_for=keep_for)
+    return ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
+
+
+def load_module_state(load_dir: str, iteration: int | None = None) -> tuple[dict[str, torch.Tensor], str]:
+    """The full state dict of a checkpoint (model config from its own ``configs/``); returns ``(sd, tag)``."""
+    ckpt = read_checkpoint(load_dir, iteration=iteration)
+    return ckpt.state_dict, ckpt.layout.tag
+
+
+def inference_dtype(inference_precision: str | None, cfg: Any) -> torch.dtype:
+    """The dtype generation and evaluation run in: ``inference_precision`` if set (``fp32`` upcasts half-precision
+    weights), else the model config's ``params_dtype`` (bf16/fp16 weights are kept, not upcast)."""
+    if inference_precision is None:
+        dtype = cfg.params_dtype
+    elif str(inference_precision).lower() in PRECISIONS:
+        dtype = PRECISIONS[str(inference_precision).lower()]
+    else:
+        raise ConfigError(f"inference_precision={inference_precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
+    half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if half is not None and inference_device().type == "cpu" and not cpu_has_native(half):
+        logger.warning(
+            "%s inference on a CPU without native %s matrix products (emulated, about 20-50x slower than fp32); "
+            "set inference_precision: fp32 to upcast",
+            half,
+            half,
+        )
+    return dtype
+
+
+def inference_device() -> torch.device:
+    """CUDA when a GPU is used, else the CPU."""
+    return torch.device("cpu") if on_cpu() else torch.device("cuda", torch.cuda.current_device())
