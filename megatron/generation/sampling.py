@@ -191,6 +191,7 @@ def generate_tokens_batch(
         if picked is None:
             raise ValueError("the forward returned no logits and cannot share tokens (not a StageForward)")
         sampled = picked.tolist()
+        column = None  # this position's tokens, written in one go when a row got a new one
         for i in range(b):
             if done[i] or pos < lengths[i]:
                 continue  # finished, or still inside its prompt (the prompt token stays)
@@ -202,12 +203,16 @@ def generate_tokens_batch(
                 done[i] = finished[i] = True
                 continue
             new[i].append(token)
-            tokens[i, pos] = token
+            if column is None:
+                column = [c[pos] if pos < len(c) else eod_token for c in contexts]
+            column[i] = token
             stop_fn = None if stop_fns is None else stop_fns[i]
             if stop_fn is not None and stop_fn(new[i]):
                 done[i] = finished[i] = True
             elif len(new[i]) >= cfg.maximum_tokens:
                 done[i] = True
+        if column is not None:
+            tokens[:, pos] = torch.tensor(column, dtype=tokens.dtype, device=tokens.device)
         if all(done):
             break
         pos += 1

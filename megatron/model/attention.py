@@ -21,7 +21,7 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import Norm, RMSNorm, ScaleNorm, build_norm
-from megatron.model.positional_embeddings import AliBi, RotaryEmbedding, apply_rotary
+from megatron.model.positional_embeddings import AliBi, RotaryEmbedding, apply_rotary, rotate_in_place
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class ParallelSelfAttention(nn.Module):
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s, b = mixed.shape[:2]
         if not self.cfg.is_gqa:  # [s, b, np * 3 * hn] -> per-head [q|k|v]
-            q, k, v = mixed.view(s, b, self.np, 3 * self.hn).split(self.hn, dim=-1)
+            q, k, v = mixed.view(s, b, self.np, 3, self.hn).unbind(3)
             return q, k, v
         q, k, v = mixed.split([self.np * self.hn, self.nkv * self.hn, self.nkv * self.hn], dim=-1)
         return q.view(s, b, self.np, self.hn), k.view(s, b, self.nkv, self.hn), v.view(s, b, self.nkv, self.hn)
@@ -176,20 +176,31 @@ class ParallelSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden`` [s(/tp with SP), b, h], ``position_ids`` [b, s], ``attention_mask`` bool (True = masked)."""
         mixed, _ = self.query_key_value(hidden)  # [s, b, qkv/tp]
+        rope = None if torch.is_grad_enabled() else self.rotary_emb  # inference: rotate in place (bitwise equal)
+        if rope is not None and not self.cfg.is_gqa and not self.cfg.use_qk_layernorm:
+            # q and k together inside the fresh QKV output ([s, b, np, q|k|v, hn])
+            s, b = mixed.shape[:2]
+            cos, sin = rope.signed_tables(position_ids, mixed.dtype)  # [s, b, 1, rot]
+            rotate_in_place(mixed.view(s, b, self.np, 3, self.hn)[:, :, :, :2], cos.unsqueeze(2), sin.unsqueeze(2))
+            rope = None
         q, k, v = self._split_qkv(mixed)  # [s, b, heads, hn]
         if self.cfg.use_qk_layernorm:
             k_norm = self.k_layernorm if self.cfg.is_gqa else self.qk_layernorm
             q, k = qk_norm(self.qk_layernorm, q), qk_norm(k_norm, k)
+        if rope is not None:  # GQA or QK norm: q and k rotated where they are
+            cos, sin = rope.signed_tables(position_ids, q.dtype)
+            rotate_in_place(q, cos, sin)
+            rotate_in_place(k, cos, sin)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
-        if self.rotary_emb is not None:
+        if self.rotary_emb is not None and torch.is_grad_enabled():
             cos, sin = self.rotary_emb(position_ids, q.dtype)  # [b, s, rot]
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         sq = q.shape[2]
         past = 0
-        if kv_cache is not None:
+        if kv_cache is not None:  # the cache copies k and v into its storage: no contiguous copies first
             past = kv_cache.past_length(self.layer_index)
-            k, v = kv_cache.update(self.layer_index, k.contiguous(), v.contiguous())
+            k, v = kv_cache.update(self.layer_index, k, v)
         context = self._attend(q, k, v, attention_mask, past)  # [b, np, sq, hn]
         b = context.shape[0]
         context = context.permute(2, 0, 1, 3).reshape(sq, b, self.np * self.hn)  # [s, b, h/tp]
@@ -201,16 +212,16 @@ class ParallelSelfAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, past: int
     ) -> torch.Tensor:
         sq, sk = q.shape[2], k.shape[2]
-        device = q.device
-        q_pos = torch.arange(past, past + sq, device=device)
-        k_pos = torch.arange(sk, device=device)
-        allowed = self._allowed(mask, q_pos, k_pos, past)  # bool [b|1, 1, sq, sk] or None = plain causal
-        bias = None
-        if self.alibi is not None:
-            bias = self.alibi(q_pos, k_pos)
-        if self.rpe is not None:
-            rpe = self.rpe(q_pos, k_pos)
-            bias = rpe if bias is None else bias + rpe
+        allowed, bias = None, None  # allowed: bool [b|1, 1, sq, sk] or None = plain causal
+        self._plain_causal = True
+        if not self._always_causal(mask):
+            q_pos, k_pos = self._positions(past, sq, sk, q.device)
+            allowed = self._allowed(mask, q_pos, k_pos, past)
+            if self.alibi is not None:
+                bias = self.alibi(q_pos, k_pos)
+            if self.rpe is not None:
+                rpe = self.rpe(q_pos, k_pos)
+                bias = rpe if bias is None else bias + rpe
         dropout = self.cfg.attention_dropout if self.training else 0.0
 
         if self._use_flash(q, past, bias):  # pragma: no cover - CUDA + flash-attn only
@@ -228,7 +239,7 @@ class ParallelSelfAttention(nn.Module):
         if low_precision and (
             self.cfg.attention_softmax_in_fp32 or self.cfg.apply_query_key_layer_scaling or bias is not None
         ):
-            return self._math_attention(q, k, v, allowed, bias, dropout, q_pos, k_pos)
+            return self._math_attention(q, k, v, allowed, bias, dropout, past)
         if allowed is None and bias is None and past == 0 and sq == sk:
             with model_parallel_rng_fork(dropout):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
@@ -236,7 +247,7 @@ class ParallelSelfAttention(nn.Module):
             with model_parallel_rng_fork(dropout):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
         if allowed is None:
-            allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+            allowed = self._causal(past, sq, sk, q.device)
         # Additive mask with finfo.min (as GPT-NeoX's masked_fill): a fully masked row (e.g. a padding query)
         # gets uniform weights instead of NaN, so padding can never poison real tokens.
         attn_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(
@@ -255,8 +266,7 @@ class ParallelSelfAttention(nn.Module):
         allowed: torch.Tensor | None,
         bias: torch.Tensor | None,
         dropout: float,
-        q_pos: torch.Tensor,
-        k_pos: torch.Tensor,
+        past: int,
     ) -> torch.Tensor:
         """Explicit attention: scores in the param dtype, softmax in fp32 (``attention_softmax_in_fp32``)."""
         coeff = self.layer_scale
@@ -265,13 +275,33 @@ class ParallelSelfAttention(nn.Module):
         if bias is not None:
             scores = scores + bias.unsqueeze(0)
         if allowed is None:
-            allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+            allowed = self._causal(past, q.shape[2], k.shape[2], q.device)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         if dropout > 0.0:
             with model_parallel_rng_fork(dropout):
                 probs = F.dropout(probs, p=dropout)
         return torch.matmul(probs, v)
+
+    def _always_causal(self, mask: torch.Tensor | None) -> bool:
+        """True when nothing but causality restricts attention (no mask, ALiBi, RPE, window or local blocks)."""
+        return (
+            mask is None
+            and self.alibi is None
+            and self.rpe is None
+            and self.cfg.sliding_window_width is None
+            and self.attention_type != "local"
+        )
+
+    @staticmethod
+    def _positions(past: int, sq: int, sk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query positions ``[past, past + sq)`` and key positions ``[0, sk)``."""
+        return torch.arange(past, past + sq, device=device), torch.arange(sk, device=device)
+
+    def _causal(self, past: int, sq: int, sk: int, device: torch.device) -> torch.Tensor:
+        """The plain causal ``allowed`` mask ``[1, 1, sq, sk]``."""
+        q_pos, k_pos = self._positions(past, sq, sk, device)
+        return (k_pos[None, :] <= q_pos[:, None])[None, None]
 
     def _allowed(
         self, mask: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor, past: int

@@ -35,25 +35,54 @@ class RotaryEmbedding(nn.Module):
         equal ``inv_freq`` values: every layer of one forward asks for the same tables (identical values; only
         the recomputation per layer is saved).
         """
-        key = (positions, 0 if positions.is_inference() else positions._version, dtype, self.dim)
-        last = _LAST_ROTARY.get("entry")
+        return self._tables(positions, dtype, signed=False)
+
+    def signed_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin')`` with the first half of ``sin'`` negated, sequence-first ``[s, b, 1, dim]`` for
+        :func:`rotate_in_place` on ``[s, b, heads, hn]`` (cached alike)."""
+        return self._tables(positions, dtype, signed=True)
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (positions, 0 if positions.is_inference() else positions._version, dtype, self.dim, signed)
+        last = _LAST_ROTARY.get(signed)
         if (
             last is not None
             and not torch.is_grad_enabled()
             and last[0][0] is positions
             and last[0][1:] == key[1:]
-            and torch.equal(last[1], self.inv_freq)
+            and _same_values(last[1], self.inv_freq)
         ):
             return last[2]
         freqs = positions[..., None].float() * self.inv_freq.float().to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
-        out = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if signed:
+            sin = torch.cat((-sin[..., : freqs.shape[-1]], sin[..., freqs.shape[-1] :]), dim=-1)
+            cos, sin = cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
+        out = cos.to(dtype), sin.to(dtype)
         if not torch.is_grad_enabled():
-            _LAST_ROTARY["entry"] = (key, self.inv_freq, out)
+            _LAST_ROTARY[signed] = (key, self.inv_freq, out)
         return out
 
 
-_LAST_ROTARY: dict[str, tuple] = {}  # the last no-grad (positions, inv_freq, (cos, sin)) of RotaryEmbedding
+_LAST_ROTARY: dict[bool, tuple] = {}  # per ``signed``: the last no-grad (key, inv_freq, (cos, sin)) of RotaryEmbedding
+# inv_freq pairs found equal, by ids: (a, a's version, b, b's version); holding them keeps the ids unique
+_EQUAL_BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, int, torch.Tensor, int]] = {}
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal(a, b)``, remembered per pair of unchanged buffers (each layer has its own equal ``inv_freq``)."""
+    if a is b:
+        return True
+    known = _EQUAL_BUFFERS.get((id(a), id(b)))
+    if known is not None and known[1] == a._version and known[3] == b._version:
+        return True
+    if not torch.equal(a, b):
+        return False
+    if len(_EQUAL_BUFFERS) >= 256:
+        _EQUAL_BUFFERS.clear()
+    _EQUAL_BUFFERS[(id(a), id(b))] = (a, a._version, b, b._version)
+    return True
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -69,6 +98,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         return x * cos + rotate_half(x) * sin
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+def rotate_in_place(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+    """:func:`apply_rotary` written into ``x`` itself (no autograd): the same products and sums, so bitwise equal.
+
+    ``signed_sin`` comes from :meth:`RotaryEmbedding.signed_tables`; ``rotate_half(x) * sin`` equals
+    ``roll(x, half) * signed_sin`` exactly (a sign flip is exact), which saves the slices, negation and concatenations.
+    """
+    rot = cos.shape[-1]
+    x_rot = x[..., :rot]
+    turned = x_rot.roll(rot // 2, dims=-1).mul_(signed_sin)
+    x_rot.mul_(cos).add_(turned)
 
 
 class SinusoidalPositionalEmbedding(nn.Module):

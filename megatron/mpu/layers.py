@@ -101,7 +101,9 @@ class ColumnParallelLinear(nn.Module):
     output is put back in the full layout, so it equals the unsharded layer's output.
 
     forward(x) returns ``(output, bias)``; ``bias`` is None unless ``skip_bias_add`` (then not added; it is
-    the full bias when ``gather_output``, else this rank's shard, matching the output). With ``sequence_parallel`` the input is sequence-sharded along ``seq_dim`` and all-gathered first.
+    the full bias when ``gather_output``, else this rank's shard, matching the output). Without autograd
+    (inference) a skipped bias is added inside the GEMM instead and None returned: the same sum with one op
+    fewer. With ``sequence_parallel`` the input is sequence-sharded along ``seq_dim`` and all-gathered first.
     """
 
     def __init__(
@@ -158,8 +160,9 @@ class ColumnParallelLinear(nn.Module):
             x = gather_from_sequence_parallel_region(x, self.seq_dim)
         else:
             x = copy_to_model_parallel_region(x)
-        out = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)  # [..., out/tp]
-        bias: torch.Tensor | None = self.bias if self.skip_bias_add else None
+        skip = self.skip_bias_add and torch.is_grad_enabled()  # without autograd the bias goes into the GEMM
+        out = F.linear(x, self.weight, None if skip else self.bias)  # [..., out/tp]
+        bias: torch.Tensor | None = self.bias if skip else None
         if self.gather_output:
             out = self._gather(out)  # [..., out]
             if bias is not None:
@@ -191,7 +194,8 @@ class RowParallelLinear(nn.Module):
     return the per-rank partial sums unreduced; a non-skipped bias is then included so that the caller's later
     sum over TP contains it exactly once (a skipped bias must likewise be added once, after that sum).
     ``sequence_parallel``: reduce-scatter along ``seq_dim`` instead of all-reduce (needs ``input_is_parallel``).
-    forward(x) returns ``(output, bias)``; ``bias`` is None unless ``skip_bias_add``.
+    forward(x) returns ``(output, bias)``; ``bias`` is None unless ``skip_bias_add`` and not (inference without
+    autograd at TP size 1, where the bias goes into the GEMM).
     """
 
     def __init__(
@@ -233,6 +237,9 @@ class RowParallelLinear(nn.Module):
         """``x`` ``[..., in/tp]`` (or ``[..., in]``) -> ``([..., out], bias)`` (seq-sharded with SP)."""
         if not self.input_is_parallel:
             x = scatter_to_model_parallel_region(x)
+        if self.bias is not None and not torch.is_grad_enabled() and get_model_parallel_world_size() == 1:
+            # inference on one TP rank: the bias goes into the GEMM (skip_bias_add callers accept bias None)
+            return F.linear(x, self.weight, self.bias), None
         partial = F.linear(x, self.weight)  # [..., out], this rank's partial sum
         if self.parallel_output:
             out = partial

@@ -41,3 +41,17 @@ def test_benchmarks_doc_is_generated_from_results(tmp_path):
     assert run_command([*gen, "--check"], check=False).returncode == 1
     # the committed page is up to date with the committed results
     assert run_command([PYTHON, str(REPO_ROOT / "benchmarks" / "gen_docs.py"), "--check"], check=False).returncode == 0
+
+
+def test_decode_benchmark_gate_and_json_fp32_and_bf16():
+    """Greedy tokens identical to HF generate at batch 1 and 8 (the gate), in fp32 and in bf16."""
+    tiny = ["--layers", "2", "--hidden", "64", "--vocab", "256", "--new-tokens", "4", "--rounds", "1"]
+    for flags, name in (([], "decode"), (["--bf16"], "decode_bf16")):
+        out = run_command([PYTHON, str(REPO_ROOT / "benchmarks" / "bench_decode.py"), *tiny, *flags], timeout=300)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert out.stdout.count("identical)") == 2 and f"ratio={result['ratio']}" in out.stdout
+        assert result["benchmark"] == name and result["precision"] == ("bf16" if flags else "fp32")
+        assert result["ratio"] == min(result["batch1"]["ratio"], result["batch8"]["ratio"]) > 0
+        assert result["batch8"]["tokens"] > result["batch1"]["tokens"] > 0
+        assert len(result["batch1"]["per_round_ratios"]) == 1 and len(result["load_after"]) == 3
+        assert ("batch1_vs_hf_fp32" in result) == bool(flags)

@@ -127,3 +127,45 @@ def test_kv_cache_storage_grows_and_returns_the_concatenation() -> None:
     assert cache.past_length(0) == 0
     cache.reset()
     assert cache.past_length(7) == 0 and cache.seq_len == 0
+
+
+def test_rotate_in_place_is_bitwise_apply_rotary() -> None:
+    from megatron.model.positional_embeddings import RotaryEmbedding, apply_rotary, rotate_in_place
+
+    rope = RotaryEmbedding(8)
+    pos = torch.arange(3, 8)[None].expand(2, 5)
+    x = torch.randn(5, 2, 4, 12, generator=torch.Generator().manual_seed(0))  # [s, b, heads, hn]
+    cos, sin = rope(pos, x.dtype)  # [b, s, rot]
+    with torch.no_grad():
+        scos, ssin = rope.signed_tables(pos, x.dtype)  # [s, b, 1, rot]
+    want = apply_rotary(x, cos.transpose(0, 1)[:, :, None], sin.transpose(0, 1)[:, :, None])
+    got = x.clone()
+    rotate_in_place(got, scos, ssin)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, x)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(rotary_pct=0.25, gpt_j_residual=True),  # MHA: q and k rotated together inside the QKV output
+        dict(num_kv_heads=2),  # GQA: q and k rotated separately
+        dict(use_qk_layernorm=True),  # QK norm before the rotation
+        dict(params_dtype=torch.bfloat16, rotary_pct=0.5),
+    ],
+)
+def test_inference_forward_equals_the_autograd_forward(changes: dict) -> None:
+    """No-grad forwards rotate q/k in place, skip copies and put biases into the GEMMs: same logits up to rounding."""
+    model = build_sequential_model(tiny(**changes)).eval()
+    ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.enable_grad():
+        reference = model(ids).detach()
+    with torch.no_grad():
+        plain = model(ids)
+        cache = KVCache()
+        model(ids[:, :5], kv_cache=cache)
+        step = model(ids[:, 5:6], kv_cache=cache)
+    tol = 1e-5 if changes.get("params_dtype") is None else 5e-2
+    assert (plain - reference).abs().max() <= tol
+    assert (step - reference[:, 5:6]).abs().max() <= tol
+    assert plain.argmax(-1).equal(reference.argmax(-1))
