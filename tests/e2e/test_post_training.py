@@ -111,7 +111,8 @@ def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any], tmp_path: Path) -> None:
     # DPO: exactly log 2 at step 0 (reference = policy), then the margin rises
     assert dpo["train_losses"][0] == pytest.approx(math.log(2.0), abs=1e-6)
     margins = [m["train/margins"] for m in dpo["metrics"]]
-    assert margins[0] == 0.0 and margins[-1] > 0.5 and dpo["train_losses"][-1] < dpo["train_losses"][0]
+    # the reference runs without autograd (biases fused into the GEMM): equal to the policy up to rounding
+    assert abs(margins[0]) < 1e-6 and margins[-1] > 0.5 and dpo["train_losses"][-1] < dpo["train_losses"][0]
     assert {"train/chosen_rewards", "train/rejected_rewards", "train/reward_acc"} <= set(dpo["metrics"][0])
     # RM: accuracy on the training pairs above chance by the end
     acc = [m["train/reward_acc"] for m in rm["metrics"]]
