@@ -213,10 +213,10 @@ class ParallelSelfAttention(nn.Module):
     ) -> torch.Tensor:
         sq, sk = q.shape[2], k.shape[2]
         allowed, bias = None, None  # allowed: bool [b|1, 1, sq, sk] or None = plain causal
-        self._plain_causal = True
+        mask_is_causal = True  # the given mask adds nothing to causality (a window or local blocks may still)
         if not self._always_causal(mask):
             q_pos, k_pos = self._positions(past, sq, sk, q.device)
-            allowed = self._allowed(mask, q_pos, k_pos, past)
+            allowed, mask_is_causal = self._allowed(mask, q_pos, k_pos, past)
             if self.alibi is not None:
                 bias = self.alibi(q_pos, k_pos)
             if self.rpe is not None:
@@ -224,7 +224,7 @@ class ParallelSelfAttention(nn.Module):
                 bias = rpe if bias is None else bias + rpe
         dropout = self.cfg.attention_dropout if self.training else 0.0
 
-        if self._use_flash(q, past, bias):  # pragma: no cover - CUDA + flash-attn only
+        if self._use_flash(q, past, bias, mask_is_causal):  # pragma: no cover - CUDA + flash-attn only
             window = (self.cfg.sliding_window_width, -1) if self.cfg.sliding_window_width else (-1, -1)
             with model_parallel_rng_fork(dropout):
                 out = flash_attn_func(
@@ -305,8 +305,9 @@ class ParallelSelfAttention(nn.Module):
 
     def _allowed(
         self, mask: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor, past: int
-    ) -> torch.Tensor | None:
-        """Boolean ``True = may attend`` mask ``[b|1, 1, sq, sk]``, or None when it is exactly plain causal."""
+    ) -> tuple[torch.Tensor | None, bool]:
+        """Boolean ``True = may attend`` mask ``[b|1, 1, sq, sk]`` (None when it is exactly plain causal), and
+        whether ``mask`` itself was plain causal (before a sliding window or local blocks are applied)."""
         sq, sk = q_pos.numel(), k_pos.numel()
         allowed = None
         if mask is not None:
@@ -329,13 +330,13 @@ class ParallelSelfAttention(nn.Module):
             reach = int(self.cfg.sparsity_config.get("num_sliding_window_blocks", 3)) // 2
             local = (q_pos[:, None] // block - k_pos[None, :] // block) <= reach
             extra = local if extra is None else extra & local
-        self._plain_causal = allowed is None
+        mask_is_causal = allowed is None
         if extra is not None:
             base = allowed if allowed is not None else (k_pos[None, :] <= q_pos[:, None])[None, None]
             allowed = base & extra[None, None]
-        return allowed
+        return allowed, mask_is_causal
 
-    def _use_flash(self, q: torch.Tensor, past: int, bias: torch.Tensor | None) -> bool:
+    def _use_flash(self, q: torch.Tensor, past: int, bias: torch.Tensor | None, mask_is_causal: bool) -> bool:
         """flash-attn 2 only for CUDA half precision with a plain causal (optionally windowed) mask."""
         return (
             flash_attn_func is not None
@@ -344,5 +345,5 @@ class ParallelSelfAttention(nn.Module):
             and q.dtype in (torch.float16, torch.bfloat16)
             and bias is None
             and past == 0
-            and self._plain_causal
+            and mask_is_causal
         )

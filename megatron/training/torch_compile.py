@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from megatron import mpu
+from megatron.model.transformer import ParallelTransformerLayerPipe
 
 logger = logging.getLogger("megatron.train")
 
@@ -27,8 +28,6 @@ STEPS_TIMED = 3  # the first step and up to two more before the log line
 
 def compile_transformer_layers(model: nn.Module) -> int:
     """Compile every transformer layer of ``model`` in place; returns how many."""
-    from megatron.model.transformer import ParallelTransformerLayerPipe
-
     layers = [m for m in model.modules() if isinstance(m, ParallelTransformerLayerPipe)]
     for layer in layers:
         layer.compile()
