@@ -191,15 +191,20 @@ def zero3_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in sd.items() if torch.is_tensor(v)}
 
 
+def _check_same_keys(shards: list[dict[str, torch.Tensor]], rank: int, where: str) -> None:
+    """Every TP rank holds the same tensor names as ``rank``."""
+    for other, sd in enumerate(shards):
+        if set(sd) != set(shards[rank]):
+            extra = sorted(set(sd) ^ set(shards[rank]))[:5]
+            raise CheckpointError(f"{where}: TP rank {other} has different tensors than rank {rank} (e.g. {extra})")
+
+
 def merge_shards(
     shards: list[dict[str, torch.Tensor]], cfg: GPTModelConfig, *, sum_row_biases: bool, where: str
 ) -> dict[str, torch.Tensor]:
     """Merge per-TP-rank tensors into the full layout with each tensor's rule."""
+    _check_same_keys(shards, 0, where)
     keys = list(shards[0])
-    for rank, sd in enumerate(shards[1:], start=1):
-        if set(sd) != set(keys):
-            extra = sorted(set(sd) ^ set(keys))[:5]
-            raise CheckpointError(f"{where}: TP rank {rank} has different tensors than rank 0 (e.g. {extra})")
     full = {}
     for key in keys:
         try:
@@ -214,11 +219,8 @@ def own_shard(
 ) -> dict[str, torch.Tensor]:
     """TP rank ``rank``'s tensors as its model holds them: its own file's, except row-parallel biases stored as
     per-rank shares (``sum_row_biases``), which hold the sum over the ranks (as :func:`merge_shards` gives)."""
+    _check_same_keys(shards, rank, where)
     mine = shards[rank]
-    for other, sd in enumerate(shards):
-        if set(sd) != set(mine):
-            extra = sorted(set(sd) ^ set(mine))[:5]
-            raise CheckpointError(f"{where}: TP rank {other} has different tensors than rank {rank} (e.g. {extra})")
     out = dict(mine)
     if sum_row_biases:
         for key in (k for k in mine if is_row_bias(k)):

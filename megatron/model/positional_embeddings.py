@@ -50,7 +50,7 @@ class RotaryEmbedding(nn.Module):
             and not torch.is_grad_enabled()
             and last[0][0] is positions
             and last[0][1:] == key[1:]
-            and _same_values(last[1], self.inv_freq)
+            and (last[1] is self.inv_freq or torch.equal(last[1], self.inv_freq))
         ):
             return last[2]
         freqs = positions[..., None].float() * self.inv_freq.float().to(positions.device)
@@ -66,23 +66,6 @@ class RotaryEmbedding(nn.Module):
 
 
 _LAST_ROTARY: dict[bool, tuple] = {}  # per ``signed``: the last no-grad (key, inv_freq, (cos, sin)) of RotaryEmbedding
-# inv_freq pairs found equal, by ids: (a, a's version, b, b's version); holding them keeps the ids unique
-_EQUAL_BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, int, torch.Tensor, int]] = {}
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``torch.equal(a, b)``, remembered per pair of unchanged buffers (each layer has its own equal ``inv_freq``)."""
-    if a is b:
-        return True
-    known = _EQUAL_BUFFERS.get((id(a), id(b)))
-    if known is not None and known[1] == a._version and known[3] == b._version:
-        return True
-    if not torch.equal(a, b):
-        return False
-    if len(_EQUAL_BUFFERS) >= 256:
-        _EQUAL_BUFFERS.clear()
-    _EQUAL_BUFFERS[(id(a), id(b))] = (a, a._version, b, b._version)
-    return True
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
