@@ -33,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Report, free_port, median, median_ratio, now, spawn_ranks
+from common import SHARED_DIR, Report, free_port, median, median_ratio, now, spawn_ranks
 
-CORPUS = "/work/shared/data/corpora/tinyshakespeare.txt"
-TOKENIZER = "/work/shared/data/tokenizers/20B_tokenizer.json"
+CORPUS = os.path.join(SHARED_DIR, "data", "corpora", "tinyshakespeare.txt")
+TOKENIZER = os.path.join(SHARED_DIR, "data", "tokenizers", "20B_tokenizer.json")
 
 
 def prepare_data(tmp: str, corpus: str, vocab: str) -> str:

@@ -20,6 +20,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+# The shared reference files (tokenizers, corpora) some benchmarks read by default: $NEOX_FORGE_SHARED, else
+# shared/ beside the clone. A benchmark given explicit --corpus/--vocab-file paths does not need them.
+SHARED_DIR = os.environ.get("NEOX_FORGE_SHARED") or os.path.join(os.path.dirname(REPO), "shared")
 
 
 def load_average() -> list[float]:

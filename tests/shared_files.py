@@ -14,7 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _find() -> Path:
-    candidates = [os.environ.get("NEOX_FORGE_SHARED"), REPO_ROOT.parent / "shared", "/work/shared"]
+    candidates = [os.environ.get("NEOX_FORGE_SHARED"), REPO_ROOT.parent / "shared"]
     for candidate in candidates:
         if candidate and all((Path(candidate) / sub).is_dir() for sub in ("data", "reference")):
             return Path(candidate)

@@ -81,6 +81,10 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "weight_server_port",
         )
     },
+    **{
+        k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
+        for k in ("adlr_autoresume", "adlr_autoresume_interval")
+    },
     "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "autotuning": "DeepSpeed autotuning",

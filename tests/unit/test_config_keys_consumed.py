@@ -28,16 +28,6 @@ NOT_CONSUMERS = (
     "megatron/neox_arguments/validate.py",
 )
 
-# Keys other helpers are implementing right now, in their own branches (each either wires the key or lists it in
-# one of the tables above when it lands). Remove an entry once its owner's change is on main.
-OWNED_ELSEWHERE: dict[str, str] = {
-    "char_level_ppl": "issue 14 (evaluation)",
-    "eval_limit": "issue 14 (evaluation)",
-    "return_logits": "issue 14 (evaluation)",
-    "adlr_autoresume": "issue 12 (reliability: auto-resume)",
-    "adlr_autoresume_interval": "issue 12 (reliability: auto-resume)",
-}
-
 
 def _names_in(source: str) -> set[str]:
     """Identifiers the code uses: names, attributes, keyword and parameter names, and string constants that are a
@@ -72,9 +62,7 @@ def test_every_key_is_used_refused_or_warned() -> None:
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             key = f.name
-            if key in words or key in passed_to_deepspeed or key in UNSUPPORTED_KEYS:
-                continue
-            if key in IGNORED_KEYS or key in OWNED_ELSEWHERE:
+            if key in words or key in passed_to_deepspeed or key in UNSUPPORTED_KEYS or key in IGNORED_KEYS:
                 continue
             orphans.append(f"{section}.{key}")
     assert not orphans, f"keys nothing reads and no table lists (use, refuse or warn): {orphans}"
@@ -82,7 +70,7 @@ def test_every_key_is_used_refused_or_warned() -> None:
 
 def test_tables_do_not_overlap_and_name_real_keys() -> None:
     known = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-    for table in (IGNORED_KEYS, UNSUPPORTED_KEYS, OWNED_ELSEWHERE):
+    for table in (IGNORED_KEYS, UNSUPPORTED_KEYS):
         assert set(table) <= known, set(table) - known
     assert not set(IGNORED_KEYS) & set(UNSUPPORTED_KEYS)
 
@@ -106,6 +94,7 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
         ("kl_impl", "abs", "REINFORCE"),
         ("num_unique_layers", 1, "parameter sharing"),
         ("s3_chunk_size", 5, "S3"),
+        ("adlr_autoresume", True, "ADLR auto-resume"),
     ],
 )
 def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> None:
