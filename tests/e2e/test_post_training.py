@@ -115,11 +115,13 @@ def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any], tmp_path: Path) -> None:
     assert abs(margins[0]) < 1e-6 and margins[-1] > 0.5 and dpo["train_losses"][-1] < dpo["train_losses"][0]
     assert {"train/chosen_rewards", "train/rejected_rewards", "train/reward_acc"} <= set(dpo["metrics"][0])
     # RM: accuracy on the training pairs above chance by the end
-    acc = [m["train/reward_acc"] for m in rm["metrics"]]
+    acc = [m["train/accuracy"] for m in rm["metrics"]]
     assert sum(acc[-5:]) / 5 > 0.8 and rm["train_losses"][-1] < rm["train_losses"][0]
+    assert {"train/pos_values", "train/neg_values", "train/margin"} <= set(rm["metrics"][0])  # GPT-NeoX's names
     # KTO: runs, starts at 0.5 per example (log-ratio 0, KL 0), and moves
     assert kto["train_losses"][0] == pytest.approx(0.5, abs=1e-6)
     assert all(math.isfinite(x) for x in kto["train_losses"]) and kto["train_losses"][-1] < 0.5
+    assert {"train/kl", "train/policy_rewards", "train/pos_policy_logp"} <= set(kto["metrics"][0])
     assert dpo["valid"] and rm["test"]
     # The reward model exports as GPTNeoXForSequenceClassification and still prefers the chosen answers
     hf_dir = tmp_path / "rm_hf"
