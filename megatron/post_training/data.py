@@ -28,7 +28,7 @@ import torch
 
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, weighted_num_samples
-from megatron.data.indexed_dataset import make_dataset
+from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
 from megatron.errors import DataError
 from megatron.post_training.config import PostTrainingConfig
 
@@ -104,7 +104,7 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
         for name, text in (("label", "text"), ("pos_label", "pos"), ("neg_label", "neg")):
             ds = self.streams.get(name)
             if ds is not None and ds is not self.streams.get(text):  # a text stream as labels has no -100
-                ok &= np.array([bool(np.any(ds.get(i)[: self.seq_length] != -100)) for i in range(n)], dtype=bool)
+                ok &= _any_label_in_window(ds, n, self.seq_length)
         return ok
 
     def __len__(self) -> int:
@@ -123,6 +123,26 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
             arr[: len(values)] = values
             out[name] = arr
         return out
+
+
+def _any_label_in_window(ds: Any, n: int, window: int, chunk: int = 1 << 16) -> np.ndarray:
+    """Per document of a label stream: any value other than -100 among its first ``window`` (vectorised over
+    contiguous slices of ``.bin`` where the dataset supports them, one document at a time otherwise)."""
+    if not isinstance(ds, MMapIndexedDataset):
+        return np.array([bool(np.any(ds.get(i)[:window] != -100)) for i in range(n)], dtype=bool)
+    out = np.zeros(n, dtype=bool)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        sizes = np.asarray(ds.sizes[start:stop], dtype=np.int64)
+        docs = ds[start:stop]
+        if not sizes.sum():
+            continue
+        flat = np.concatenate(docs)
+        doc_of = np.repeat(np.arange(stop - start), sizes)
+        position = np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        trained = (position < window) & (flat != -100)
+        out[start:stop] = np.bincount(doc_of[trained], minlength=stop - start) > 0
+    return out
 
 
 def _stream_prefixes(pt: PostTrainingConfig, data: DataConfig, split: str) -> list[dict[str, str]]:

@@ -78,3 +78,14 @@ def test_documents_without_trained_labels_are_skipped(tmp_path: Path) -> None:
         AlignedDocumentsDataset(
             {"text": text, "label": _write(tmp_path / "l0", [[-100] * 3] * 3)}, {"text": "t", "label": "l0"}, 2, 3, 1
         )
+
+
+def test_trained_label_check_is_the_same_vectorised_and_per_document(tmp_path: Path) -> None:
+    from megatron.post_training.data import _any_label_in_window
+
+    rng = np.random.RandomState(0)
+    docs = [[-100] * int(rng.randint(0, 5)) + [7] * int(rng.randint(0, 3)) for _ in range(40)]
+    ds = _write(tmp_path / "l", docs)
+    for window in (1, 2, 4, 9):
+        want = [any(v != -100 for v in d[:window]) for d in docs]
+        assert _any_label_in_window(ds, len(docs), window, chunk=7).tolist() == want
