@@ -162,7 +162,10 @@ def test_tp2_and_dp2_match_one_rank(data: dict[str, Any]) -> None:
     kto_gas = {**one["kto"], "gradient_accumulation_steps": 2}
     # DPO in bf16 with ZeRO-1 runs too (the DPO loss itself is computed in fp32: dpo_fp32)
     bf16 = {**one["dpo"], "precision": "bfloat16", "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
-    ref = run_distributed(run_recorded_many, 1, [*one.values(), kto_gas, bf16], timeout=600)[0]
+    # eod_mask_loss holds for DPO too (as in GPT-NeoX): the trained newline after each EOS leaves the log-prob sums
+    eod = {**one["dpo"], "eod_mask_loss": True}
+    ref = run_distributed(run_recorded_many, 1, [*one.values(), kto_gas, bf16, eod], timeout=600)[0]
+    assert ref[5]["metrics"][0]["train/chosen_pos"] > ref[0]["metrics"][0]["train/chosen_pos"]  # fewer log-probs
     assert ref[4]["params_dtype"] == "bfloat16" and ref[4]["zero_stage"] == 1
     assert ref[4]["train_losses"][0] == pytest.approx(math.log(2.0), abs=1e-6)
     assert all(math.isfinite(x) for x in ref[4]["train_losses"])

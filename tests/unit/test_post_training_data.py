@@ -30,6 +30,8 @@ def test_samples_are_whole_documents_padded_and_aligned(tmp_path: Path) -> None:
     by_doc = {int(ds.order[i]): ds[i] for i in range(2)}
     assert by_doc[0]["pos"].tolist() == [1, 2, 3, 0] and by_doc[0]["pos_label"].tolist() == [-100, 2, 3, -100]
     assert by_doc[0]["neg"].tolist() == [11, 12, 0, 0] and by_doc[1]["pos"].tolist() == [4, 5, 6, 7]  # cut
+    # no label stream: the tokens are the labels and the padding is not trained (GPT-NeoX trains on it)
+    assert by_doc[0]["neg_label"].tolist() == [11, 12, -100, -100]
     short = AlignedDocumentsDataset(streams, {"pos": "p", "neg": "n"}, 2, seq_length=3, seed=1, allow_chopped=False)
     assert short.order.tolist() == [0, 0]  # the 6-token document does not fit seq_length + 1
 
@@ -89,3 +91,18 @@ def test_trained_label_check_is_the_same_vectorised_and_per_document(tmp_path: P
     for window in (1, 2, 4, 9):
         want = [any(v != -100 for v in d[:window]) for d in docs]
         assert _any_label_in_window(ds, len(docs), window, chunk=7).tolist() == want
+
+
+def test_data_without_label_streams_trains_the_document() -> None:
+    """Pairwise and KTO data without label streams: each text stream doubles as its labels (GPT-NeoX's unpacked
+    index builder crashes on such data)."""
+    from megatron.post_training.data import _with_default_labels
+
+    assert _with_default_labels({"text": "T", "reward": "R"}) == {"text": "T", "reward": "R", "label": "T"}
+    assert _with_default_labels({"pos": "P", "neg": "N", "pos_label": "PL", "neg_label": "NL"})["pos_label"] == "PL"
+    assert _with_default_labels({"pos": "P", "neg": "N"}) == {
+        "pos": "P",
+        "neg": "N",
+        "pos_label": "P",
+        "neg_label": "N",
+    }
