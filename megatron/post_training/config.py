@@ -24,6 +24,7 @@ class PostTrainingConfig:
     kto_desirable_weight: float = 1.0
     kto_undesirable_weight: float = 1.0
     z_loss: float = 0.0
+    eod_mask_loss: bool = False
     precompute_model_name: str | None = None
     pos_train_data_paths: list[str] | None = None
     neg_train_data_paths: list[str] | None = None

@@ -1,12 +1,17 @@
 """Post-training datasets: several streams (text, labels, rewards, chosen/rejected) aligned by document index.
 
 One document per sample (``pack_impl: unpacked``): sample ``i`` reads document ``order[i]`` from every stream,
-cut or padded to ``seq_length + 1`` (tokens padded with 0, labels with -100, rewards with 0). The order is a
-seeded permutation per epoch. With ``allow_chopped: false`` documents longer than ``seq_length + 1`` in any
-stream are dropped. Streams:
+cut or padded to ``seq_length + 1`` (tokens padded with 0, labels with -100, rewards with 0). The order is GPT-NeoX's
+(golden-tested): the kept documents are laid out in order, repeated cyclically to ``num_samples``, and shuffled once
+with ``RandomState(seed)``. Kept are the documents with a label other than -100 among their first ``seq_length``
+labels (GPT-NeoX's check) and, with ``allow_chopped: false``, no longer than ``seq_length + 1`` in any stream.
+Streams:
 
-* pairwise (DPO/RM): ``pos``, ``neg``, ``pos_label``, ``neg_label`` (a missing label stream trains every token);
-* KTO: ``text``, ``label``, ``reward`` (a float per token; the document's reward is its first value);
+* pairwise (DPO/RM): ``pos``, ``neg``, ``pos_label``, ``neg_label`` (a missing label stream trains every token of
+  the document, not its padding);
+* KTO: ``text``, ``label`` (missing: every token of the document), ``reward``: the document's reward is the first value of its reward document (GPT-NeoX's
+  chat-template tool writes one int32 value per document, ours one float32 per token; both are read) and fills the
+  document's positions of the sample's reward row (0 on padding);
 * with ``precompute_model_name`` (DPO/KTO): ``pos_ref``/``neg_ref`` or ``ref``, the reference model's per-token
   log-probs that ``text_gen_type: precompute`` wrote to ``<prefix>_<precompute_model_name>`` (float32, value ``t``
   = log p(token ``t+1``); padded with 0).
@@ -23,7 +28,7 @@ import torch
 
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, weighted_num_samples
-from megatron.data.indexed_dataset import make_dataset
+from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
 from megatron.errors import DataError
 from megatron.post_training.config import PostTrainingConfig
 
@@ -52,7 +57,12 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
                     f"{prefixes[name]} has {len(ds.sizes)} documents but {prefixes[first]} has {n}: the streams of "
                     "one dataset must be aligned document by document"
                 )
+        if "reward" in streams and np.any(np.asarray(streams["reward"].sizes) == 0):
+            empty = int(np.flatnonzero(np.asarray(streams["reward"].sizes) == 0)[0])
+            raise DataError(f"{prefixes['reward']}: document {empty} has no reward value (one per document needed)")
         for name, base in (("pos_label", "pos"), ("neg_label", "neg"), ("label", "text"), ("reward", "text")):
+            if name == "reward" and name in streams and np.all(np.asarray(streams[name].sizes) == 1):
+                continue  # one reward per document (GPT-NeoX's chat-template tool)
             if name in streams and base in streams and not np.array_equal(streams[name].sizes, streams[base].sizes):
                 raise ValueError(
                     f"{prefixes.get(name, prefixes[base])} does not match {prefixes[base]} token for token (document "
@@ -68,21 +78,34 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
                         f"log-probs but {prefixes[base]} scores {int(needed[short[0]])} tokens there (written with "
                         f"another seq_length than this run's {seq_length}?); precompute them again with this config"
                     )
-        keep = np.arange(n)
+        keep = np.flatnonzero(self._has_trained_label(n))
+        if len(keep) < n:
+            logger.info("%s: %d of %d documents without a trained label skipped", prefixes[first], n - len(keep), n)
         if not allow_chopped:
             longest = np.max(np.stack([np.asarray(ds.sizes) for ds in streams.values()]), axis=0)
-            keep = keep[longest <= seq_length + 1]
-            if len(keep) < n:
+            fits = keep[longest[keep] <= seq_length + 1]
+            if len(fits) < len(keep):
                 logger.info(
-                    "%s: %d of %d documents longer than seq_length+1 dropped", prefixes[first], n - len(keep), n
+                    "%s: %d of %d documents longer than seq_length+1 dropped", prefixes[first], len(keep) - len(fits), n
                 )
+            keep = fits
         if len(keep) == 0:
             raise ValueError(
-                f"{prefixes[first]}: no document fits seq_length+1={seq_length + 1} (allow_chopped: false)"
+                f"{prefixes[first]}: no document has a trained label (a label other than -100 in its first "
+                f"seq_length={seq_length})" + ("" if allow_chopped else f" and fits seq_length+1={seq_length + 1}")
             )
-        rng = np.random.RandomState(seed)
-        epochs = -(-num_samples // len(keep))
-        self.order = np.concatenate([keep[rng.permutation(len(keep))] for _ in range(epochs)])[:num_samples]
+        # one shuffle over all epochs: the kept documents repeated in order, permuted once
+        self.order = keep[np.random.RandomState(seed).permutation(num_samples) % len(keep)]
+
+    def _has_trained_label(self, n: int) -> np.ndarray:
+        """Per document: whether a label stream has a value other than -100 among its first ``seq_length``
+        (GPT-NeoX skips the others: they would train nothing)."""
+        ok = np.ones(n, dtype=bool)
+        for name, text in (("label", "text"), ("pos_label", "pos"), ("neg_label", "neg")):
+            ds = self.streams.get(name)
+            if ds is not None and ds is not self.streams.get(text):  # a text stream as labels has no -100
+                ok &= _any_label_in_window(ds, n, self.seq_length)
+        return ok
 
     def __len__(self) -> int:
         return len(self.order)
@@ -94,9 +117,32 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
             pad = PADS[name]
             arr = np.full(self.seq_length + 1, pad, dtype=np.float32 if name in FLOAT_STREAMS else np.int64)
             values = ds.get(doc)[: self.seq_length + 1]
+            if name == "reward":  # the document's reward on each of its positions
+                base = self.streams.get("text", ds)
+                values = np.full(min(int(base.sizes[doc]), self.seq_length + 1), values[0], dtype=np.float32)
             arr[: len(values)] = values
             out[name] = arr
         return out
+
+
+def _any_label_in_window(ds: Any, n: int, window: int, chunk: int = 1 << 16) -> np.ndarray:
+    """Per document of a label stream: any value other than -100 among its first ``window`` (vectorised over
+    contiguous slices of ``.bin`` where the dataset supports them, one document at a time otherwise)."""
+    if not isinstance(ds, MMapIndexedDataset):
+        return np.array([bool(np.any(ds.get(i)[:window] != -100)) for i in range(n)], dtype=bool)
+    out = np.zeros(n, dtype=bool)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        sizes = np.asarray(ds.sizes[start:stop], dtype=np.int64)
+        docs = ds[start:stop]
+        if not sizes.sum():
+            continue
+        flat = np.concatenate(docs)
+        doc_of = np.repeat(np.arange(stop - start), sizes)
+        position = np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        trained = (position < window) & (flat != -100)
+        out[start:stop] = np.bincount(doc_of[trained], minlength=stop - start) > 0
+    return out
 
 
 def _stream_prefixes(pt: PostTrainingConfig, data: DataConfig, split: str) -> list[dict[str, str]]:
@@ -146,9 +192,11 @@ def _with_reference_streams(pt: PostTrainingConfig, groups: list[dict[str, str]]
 
 
 def _with_default_labels(streams: dict[str, Any]) -> dict[str, Any]:
-    """Pairwise data without label streams trains every token: the text stream doubles as its label stream."""
-    for side in ("pos", "neg"):
-        streams.setdefault(f"{side}_label", streams[side])
+    """Data without label streams trains every token of the document (not its padding): each text stream doubles
+    as its label stream."""
+    for text, label in (("pos", "pos_label"), ("neg", "neg_label"), ("text", "label")):
+        if text in streams:
+            streams.setdefault(label, streams[text])
     return streams
 
 
@@ -170,8 +218,7 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
             streams = {
                 s: make_dataset(p, data.data_impl, skip_warmup=not data.mmap_warmup) for s, p in prefixes.items()
             }
-            if pt.pairwise:
-                streams = _with_default_labels(streams)
+            streams = _with_default_labels(streams)
             datasets.append(
                 AlignedDocumentsDataset(streams, prefixes, n, data.seq_length, data.seed, data.allow_chopped)
             )

@@ -5,8 +5,8 @@
   streams (``precompute_model_name``), or 0 (``dpo_reference_free``).
 * :class:`RewardModelObjective` — pairwise; the model's ``rm_linear`` head scores each sequence at its last trained
   position (the final EOS written by ``--for-rm``).
-* :class:`KTOObjective` — single sequences with a reward each; the KL reference point of each half of the
-  micro-batch is estimated on the other half; reference log-probs from a frozen copy or the precomputed ``ref``
+* :class:`KTOObjective` — single sequences with a reward each, GPT-NeoX's formula (β scaled by the mean reward of
+  the row); the KL reference point of each half of the micro-batch is estimated on the other half; reference log-probs from a frozen copy or the precomputed ``ref``
   stream.
 """
 
@@ -22,7 +22,7 @@ from deepspeed.accelerator import get_accelerator
 from megatron import mpu
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.post_training.config import PostTrainingConfig
-from megatron.post_training.losses import dpo_loss, kto_kl, kto_loss, rm_loss, sequence_logprobs, token_logprobs
+from megatron.post_training.losses import dpo_loss, kto_loss, rm_loss, sequence_logprobs, token_logprobs
 
 Metrics = dict[str, torch.Tensor]
 
@@ -34,7 +34,7 @@ class SequenceBatch:
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # tokens, position_ids, attention_mask
     targets: torch.Tensor  # [n, s]
     mask: torch.Tensor  # [n, s], 1 where trained
-    reward: torch.Tensor | None = None  # [n] (KTO)
+    reward: torch.Tensor | None = None  # [n, s] (KTO): the document's reward on its positions, 0 on padding
     reference: torch.Tensor | None = None  # [n, s] precomputed reference log-prob of each target
 
 
@@ -43,12 +43,20 @@ def _broadcast(data: dict[str, torch.Tensor] | None, keys: list[str], dtype: tor
     return {k: v.to(device) for k, v in mpu.broadcast_data(keys, data, dtype).items()}
 
 
-def sequence_batch(text: torch.Tensor, label: torch.Tensor, eod: int) -> SequenceBatch:
-    """GPT-NeoX's shift: the model reads ``text[:, :-1]`` and is scored on ``label[:, 1:]`` where it is >= 0."""
+def sequence_batch(text: torch.Tensor, label: torch.Tensor, eod: int, eod_mask_loss: bool = False) -> SequenceBatch:
+    """The model reads ``text[:, :-1]`` and is scored on ``label[:, 1:]`` where it is >= 0 and, with
+    ``eod_mask_loss``, where the input token is not EOD (GPT-NeoX's batch: golden-tested)."""
     tokens = text[:, :-1].contiguous()
     shifted = label[:, 1:].contiguous()
-    attention_mask, _, position_ids = get_ltor_masks_and_position_ids(tokens, eod)
-    return SequenceBatch((tokens, position_ids, attention_mask), shifted.clamp(min=0), (shifted >= 0).float())
+    attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(tokens, eod, eod_mask_loss)
+    mask = (shifted >= 0).float() * loss_mask.float()
+    return SequenceBatch((tokens, position_ids, attention_mask), shifted.clamp(min=0), mask)
+
+
+def kto_reward_rows(reward: torch.Tensor) -> torch.Tensor:
+    """The reward rows ``[n, s]`` of KTO samples ``[n, s + 1]``: the last value is dropped, as GPT-NeoX does (the
+    reward at input position ``t`` goes with the target ``t+1``)."""
+    return reward[:, :-1].contiguous().float()
 
 
 def precomputed_reference(data: dict[str, torch.Tensor] | None, keys: list[str]) -> torch.Tensor:
@@ -77,7 +85,10 @@ class PairwiseObjective:
     def batch(self, data: dict[str, torch.Tensor] | None) -> SequenceBatch:
         """Chosen rows first, then rejected rows (and their precomputed reference log-probs, when read)."""
         d = _broadcast(data, list(self.keys), torch.int64)
-        b = sequence_batch(torch.cat([d["pos"], d["neg"]]), torch.cat([d["pos_label"], d["neg_label"]]), self.eod)
+        b = sequence_batch(
+            torch.cat([d["pos"], d["neg"]]), torch.cat([d["pos_label"], d["neg_label"]]), self.eod,
+            self.cfg.eod_mask_loss,
+        )  # fmt: skip
         if self.cfg.reads_precomputed_reference:
             b.reference = precomputed_reference(data, ["pos_ref", "neg_ref"])
         return b
@@ -123,7 +134,8 @@ class RewardModelObjective(PairwiseObjective):
 
 
 class KTOObjective:
-    """KTO on ``text``/``label`` streams with a ``reward`` stream (reward > 0: desirable)."""
+    """KTO on ``text``/``label`` streams with a ``reward`` stream (reward > 0: desirable, < 0: undesirable, 0: no
+    weight)."""
 
     def __init__(self, cfg: PostTrainingConfig, eod: int, reference: torch.nn.Module | None) -> None:
         self.cfg, self.eod, self.reference = cfg, eod, reference
@@ -131,36 +143,32 @@ class KTOObjective:
     def batch(self, data: dict[str, torch.Tensor] | None) -> SequenceBatch:
         """Token/label streams broadcast as int64, the reward stream as float32."""
         d = _broadcast(data, ["text", "label"], torch.int64)
-        reward = _broadcast(data, ["reward"], torch.float32)["reward"][:, 0]
-        b = sequence_batch(d["text"], d["label"], self.eod)
+        reward = kto_reward_rows(_broadcast(data, ["reward"], torch.float32)["reward"])
+        b = sequence_batch(d["text"], d["label"], self.eod, self.cfg.eod_mask_loss)
         b.reward = reward
         if self.cfg.reads_precomputed_reference:
             b.reference = precomputed_reference(data, ["ref"])
         return b
 
     def _logprobs(self, model: Any, b: SequenceBatch) -> torch.Tensor:
-        return sequence_logprobs(token_logprobs(model(b.inputs), b.targets, self.cfg.kto_fp32), b.mask)
+        """Masked per-token log-probs ``[n, s]``."""
+        return token_logprobs(model(b.inputs), b.targets, self.cfg.kto_fp32) * b.mask
 
     def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
         """The KTO loss; each half's KL reference point comes from the other half of the micro-batch."""
         policy = self._logprobs(engine, b)
         if b.reference is not None:
-            ref = sequence_logprobs(b.reference, b.mask)
+            ref = b.reference * b.mask
         else:
             assert self.reference is not None, "KTO needs a reference model or precomputed reference log-probs"
             with torch.no_grad():
                 ref = self._logprobs(self.reference, b)
-        n = policy.shape[0]
-        half = n // 2
-        kl = torch.cat(
-            [kto_kl(policy[half:], ref[half:]).expand(half), kto_kl(policy[:half], ref[:half]).expand(n - half)]
-        )
         assert b.reward is not None
         return kto_loss(
             policy,
             ref,
-            kl,
-            b.reward > 0,
+            b.reward,
+            b.mask,
             self.cfg.kto_beta,
             self.cfg.kto_desirable_weight,
             self.cfg.kto_undesirable_weight,

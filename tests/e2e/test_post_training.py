@@ -115,11 +115,13 @@ def test_sft_dpo_rm_kto_one_rank(data: dict[str, Any], tmp_path: Path) -> None:
     assert abs(margins[0]) < 1e-6 and margins[-1] > 0.5 and dpo["train_losses"][-1] < dpo["train_losses"][0]
     assert {"train/chosen_rewards", "train/rejected_rewards", "train/reward_acc"} <= set(dpo["metrics"][0])
     # RM: accuracy on the training pairs above chance by the end
-    acc = [m["train/reward_acc"] for m in rm["metrics"]]
+    acc = [m["train/accuracy"] for m in rm["metrics"]]
     assert sum(acc[-5:]) / 5 > 0.8 and rm["train_losses"][-1] < rm["train_losses"][0]
+    assert {"train/pos_values", "train/neg_values", "train/margin"} <= set(rm["metrics"][0])  # GPT-NeoX's names
     # KTO: runs, starts at 0.5 per example (log-ratio 0, KL 0), and moves
     assert kto["train_losses"][0] == pytest.approx(0.5, abs=1e-6)
     assert all(math.isfinite(x) for x in kto["train_losses"]) and kto["train_losses"][-1] < 0.5
+    assert {"train/kl", "train/policy_rewards", "train/pos_policy_logp"} <= set(kto["metrics"][0])
     assert dpo["valid"] and rm["test"]
     # The reward model exports as GPTNeoXForSequenceClassification and still prefers the chosen answers
     hf_dir = tmp_path / "rm_hf"
@@ -160,7 +162,10 @@ def test_tp2_and_dp2_match_one_rank(data: dict[str, Any]) -> None:
     kto_gas = {**one["kto"], "gradient_accumulation_steps": 2}
     # DPO in bf16 with ZeRO-1 runs too (the DPO loss itself is computed in fp32: dpo_fp32)
     bf16 = {**one["dpo"], "precision": "bfloat16", "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
-    ref = run_distributed(run_recorded_many, 1, [*one.values(), kto_gas, bf16], timeout=600)[0]
+    # eod_mask_loss holds for DPO too (as in GPT-NeoX): the trained newline after each EOS leaves the log-prob sums
+    eod = {**one["dpo"], "eod_mask_loss": True}
+    ref = run_distributed(run_recorded_many, 1, [*one.values(), kto_gas, bf16, eod], timeout=600)[0]
+    assert ref[5]["metrics"][0]["train/chosen_pos"] > ref[0]["metrics"][0]["train/chosen_pos"]  # fewer log-probs
     assert ref[4]["params_dtype"] == "bfloat16" and ref[4]["zero_stage"] == 1
     assert ref[4]["train_losses"][0] == pytest.approx(math.log(2.0), abs=1e-6)
     assert all(math.isfinite(x) for x in ref[4]["train_losses"])

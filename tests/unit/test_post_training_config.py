@@ -51,3 +51,9 @@ def test_valid_dpo_config_reads_every_post_training_key() -> None:
     cfg = PostTrainingConfig.from_neox_args(args)
     assert (cfg.train_impl, cfg.dpo_beta, cfg.dpo_reference_free, cfg.pairwise) == ("dpo", 0.5, True, True)
     assert cfg.paths("train", "pos") == ["c"] and cfg.paths("train", "neg_label") is None
+
+
+def test_eod_mask_loss_reaches_the_post_training_objectives() -> None:
+    """``eod_mask_loss`` is read for dpo/kto/rm too (GPT-NeoX applies it in their batch function)."""
+    args = NeoXArgs({**TINY, **PAIRS, "train_impl": "dpo", "eod_mask_loss": True}, env=CPU1)
+    assert PostTrainingConfig.from_neox_args(args).eod_mask_loss is True

@@ -26,10 +26,12 @@ def test_samples_are_whole_documents_padded_and_aligned(tmp_path: Path) -> None:
     neg = _write(tmp_path / "n", [[11, 12], [13]])
     streams = {"pos": pos, "pos_label": lab, "neg": neg, "neg_label": neg}
     ds = AlignedDocumentsDataset(streams, {"pos": "p", "pos_label": "pl", "neg": "n"}, 4, seq_length=3, seed=1)
-    assert len(ds) == 4 and sorted(ds.order.tolist()) == [0, 0, 1, 1]  # two epochs of a 2-document permutation
+    assert len(ds) == 4 and sorted(ds.order.tolist()) == [0, 0, 1, 1]  # the 2 documents twice, shuffled once
     by_doc = {int(ds.order[i]): ds[i] for i in range(2)}
     assert by_doc[0]["pos"].tolist() == [1, 2, 3, 0] and by_doc[0]["pos_label"].tolist() == [-100, 2, 3, -100]
     assert by_doc[0]["neg"].tolist() == [11, 12, 0, 0] and by_doc[1]["pos"].tolist() == [4, 5, 6, 7]  # cut
+    # no label stream: the tokens are the labels and the padding is not trained (GPT-NeoX trains on it)
+    assert by_doc[0]["neg_label"].tolist() == [11, 12, -100, -100]
     short = AlignedDocumentsDataset(streams, {"pos": "p", "neg": "n"}, 2, seq_length=3, seed=1, allow_chopped=False)
     assert short.order.tolist() == [0, 0]  # the 6-token document does not fit seq_length + 1
 
@@ -61,3 +63,46 @@ def test_precomputed_reference_streams_are_float_aligned_and_checked(tmp_path: P
     short = _write(tmp_path / "p_short", [[-0.5, -1.5], [-3.5]], dtype=np.float32)  # written with seq_length 2
     with pytest.raises(DataError, match=r"p_short: document 0 has 2 reference log-probs but p scores 3 tokens"):
         AlignedDocumentsDataset({"pos": pos, "pos_ref": short}, {**prefixes, "pos_ref": "p_short"}, 2, 3, 1)
+
+
+def test_documents_without_trained_labels_are_skipped(tmp_path: Path) -> None:
+    """A document whose first ``seq_length`` labels are all -100 trains nothing: skipped, as GPT-NeoX does; when no
+    document is left the error names the data (GPT-NeoX loops forever)."""
+    text = _write(tmp_path / "t", [[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    label = _write(tmp_path / "l", [[-100, 2, 3], [-100, -100, -100], [-100, -100, 9]])
+    reward = _write(tmp_path / "r", [[1], [-1], [2]])  # one value per document (GPT-NeoX's chat-template tool)
+    streams = {"text": text, "label": label, "reward": reward}
+    ds = AlignedDocumentsDataset(streams, {"text": "t", "label": "l", "reward": "r"}, 6, seq_length=3, seed=2)
+    assert sorted(ds.order.tolist()) == [0, 0, 0, 2, 2, 2]
+    sample = ds[next(i for i in range(6) if int(ds.order[i]) == 2)]
+    assert sample["reward"].tolist() == [2.0, 2.0, 2.0, 0.0]  # the document's reward on its positions
+    with pytest.raises(ValueError, match=r"^t: no document has a trained label"):
+        AlignedDocumentsDataset(
+            {"text": text, "label": _write(tmp_path / "l0", [[-100] * 3] * 3)}, {"text": "t", "label": "l0"}, 2, 3, 1
+        )
+
+
+def test_trained_label_check_is_the_same_vectorised_and_per_document(tmp_path: Path) -> None:
+    from megatron.post_training.data import _any_label_in_window
+
+    rng = np.random.RandomState(0)
+    docs = [[-100] * int(rng.randint(0, 5)) + [7] * int(rng.randint(0, 3)) for _ in range(40)]
+    ds = _write(tmp_path / "l", docs)
+    for window in (1, 2, 4, 9):
+        want = [any(v != -100 for v in d[:window]) for d in docs]
+        assert _any_label_in_window(ds, len(docs), window, chunk=7).tolist() == want
+
+
+def test_data_without_label_streams_trains_the_document() -> None:
+    """Pairwise and KTO data without label streams: each text stream doubles as its labels (GPT-NeoX's unpacked
+    index builder crashes on such data)."""
+    from megatron.post_training.data import _with_default_labels
+
+    assert _with_default_labels({"text": "T", "reward": "R"}) == {"text": "T", "reward": "R", "label": "T"}
+    assert _with_default_labels({"pos": "P", "neg": "N", "pos_label": "PL", "neg_label": "NL"})["pos_label"] == "PL"
+    assert _with_default_labels({"pos": "P", "neg": "N"}) == {
+        "pos": "P",
+        "neg": "N",
+        "pos_label": "P",
+        "neg_label": "N",
+    }

@@ -45,7 +45,7 @@ def test_dpo_loss_reference_free_uses_zero_reference() -> None:
     c, r = torch.tensor([-1.0]), torch.tensor([-3.0])
     loss, m = dpo_loss(c, r, None, None, beta=0.1)
     assert loss.item() == pytest.approx(_log1pexp(-0.2), abs=1e-6)
-    assert m["chosen_rewards"].item() == pytest.approx(-0.1)
+    assert sorted(m) == ["chosen_neg", "chosen_pos"]  # GPT-NeoX logs no rewards without a reference
 
 
 def test_dpo_loss_is_log2_when_policy_equals_reference() -> None:
@@ -64,29 +64,36 @@ def test_dpo_loss_gradient_reaches_policy_only() -> None:
     assert c.grad.item() == pytest.approx(-0.5) and r.grad.item() == pytest.approx(0.5)
 
 
-def test_kto_kl_is_clamped_mean_and_detached() -> None:
-    assert kto_kl(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -2.0])).item() == 0.0
+def test_kto_kl_clamps_each_sequence_then_averages_and_is_detached() -> None:
+    # log-ratios [1, -1]: per-sequence clamp then mean = 0.5 (mean then clamp would give 0)
+    assert kto_kl(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -2.0])).item() == 0.5
     assert kto_kl(torch.tensor([-1.0]), torch.tensor([-2.0])).item() == 1.0
     assert kto_kl(torch.tensor([-3.0]), torch.tensor([-1.0])).item() == 0.0
     assert not kto_kl(torch.tensor([1.0], requires_grad=True), torch.tensor([0.0])).requires_grad
 
 
-def test_kto_loss_weights_desirable_and_undesirable() -> None:
-    policy, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
-    kl = torch.tensor(0.2)
-    loss, m = kto_loss(policy, ref, kl, torch.tensor([True, False]), beta=1.0, undesirable_weight=2.0)
+def test_kto_loss_by_hand() -> None:
+    """Two rows of length 2; each half's KL is the other row's clamped log-ratio; β scaled by the mean reward of
+    the row; weights averaged per half; a zero reward weighs 0."""
+    policy = torch.tensor([[-1.0, 0.0], [-2.0, -1.0]])
+    ref = torch.tensor([[-1.5, 0.0], [-1.0, -1.0]])
+    mask = torch.ones(2, 2)
+    rewards = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])  # row means 1.0 and -0.5
+    loss, m = kto_loss(policy, ref, rewards, mask, beta=1.0, undesirable_weight=2.0)
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
-    # logratio = [0.5, -1]: desirable 1 - σ(0.5 - 0.2); undesirable 2·(1 - σ(0.2 + 1))
-    assert loss.item() == pytest.approx(((1 - sig(0.3)) + 2 * (1 - sig(1.2))) / 2, abs=1e-6)
-    assert m["chosen_rewards"].item() == pytest.approx(0.5)
-    assert m["rejected_rewards"].item() == pytest.approx(-1.0)
+    # log-ratios [0.5, -1]; KL of row 0's half = max(0, -1) = 0, of row 1's half = 0.5
+    want = 0.5 * 1.0 * (1 - sig(1.0 * (0.5 - 0.0))) + 0.5 * 2.0 * (1 - sig(-0.5 * (-1.0 - 0.5)))
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+    assert m["kl"].item() == pytest.approx(-0.5 / 4) and m["reward_acc"].item() == 1.0
+    zero, _ = kto_loss(policy, ref, torch.zeros(2, 2), mask, beta=1.0)
+    assert zero.item() == 0.0
 
 
 def test_rm_loss_with_z_loss() -> None:
     loss, m = rm_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0]), z_loss=0.1)
     expected = (_log1pexp(-1.0) + _log1pexp(1.0)) / 2 + 0.1 * ((4 + 1) + (0 + 1)) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-6)
-    assert m["reward_acc"].item() == 0.5
+    assert m["accuracy"].item() == 0.5
     plain, _ = rm_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0]))
     assert plain.item() == pytest.approx((_log1pexp(-1.0) + _log1pexp(1.0)) / 2, abs=1e-6)
 
