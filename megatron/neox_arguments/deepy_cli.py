@@ -77,7 +77,10 @@ def _parse_overrides(extra: list[str]) -> dict[str, Any]:
         if key not in KNOWN_KEYS:
             problems.append(unknown_key_message(f"--{raw}", "the command line", {f"--{k}" for k in KNOWN_KEYS}))
             continue
-        out[key] = parse_cli_value(text, HINTS[key])
+        try:
+            out[key] = parse_cli_value(text, HINTS[key])
+        except ConfigError as e:  # a value the parser refuses (an integer too long to convert, an alias bomb)
+            problems.append(f"--{raw} on the command line: {e}")
     if problems:
         raise ConfigError(problems)
     return out
