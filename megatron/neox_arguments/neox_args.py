@@ -228,9 +228,10 @@ class NeoXArgs:
             d = parse_json_text(text, f"{flag} {path}")
         elif known.megatron_config:
             try:
-                d = json.loads(base64.urlsafe_b64decode(known.megatron_config).decode("utf-8"))
+                text = base64.urlsafe_b64decode(known.megatron_config).decode("utf-8")
             except ValueError as e:
                 raise ConfigError(f"--megatron_config: neither a JSON file nor base64-encoded JSON: {e}") from None
+            d = parse_json_text(text, "--megatron_config")
         elif files:
             merged = merge_config_files(files, KNOWN_KEYS)
             d = merged.values
