@@ -56,6 +56,12 @@ def test_numbers_inside_dict_values_are_checked(overrides: dict, fragment: str) 
     assert any(fragment in p for p in problems(**overrides)), problems(**overrides)
 
 
+def test_learning_rate_given_as_a_string_is_checked_after_conversion() -> None:
+    assert problems(optimizer={**ADAM, "params": {"lr": "inf"}}) == [
+        "optimizer.params.lr='inf' must be a finite number >= 0"
+    ]
+
+
 def test_nested_problem_names_the_file(tmp_path: Path) -> None:
     text = "optimizer: {type: Adam, params: {lr: .inf}}\n"
     msg = _error(tmp_path, "a.yml", "".join(f"{k}: {v}\n" for k, v in TINY.items()) + text)
