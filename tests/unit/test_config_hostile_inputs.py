@@ -189,3 +189,13 @@ def test_directory_as_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         merge_config_files([str(folder)], KNOWN_KEYS)
     assert str(e.value) == f"{folder} is a directory, not a config file"
+
+
+def test_fifty_thousand_digit_iteration_option(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_deepy_args(["train.py", "configs/cpu/tiny.yml", "--iteration", "1" * 50_000])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert e.value.code == 2 and err == (
+        "deepy.py: error: argument --iteration: expected a checkpoint iteration (an integer), got "
+        "'11111111111111111111... (50000 characters)'"
+    )
