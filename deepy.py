@@ -27,6 +27,7 @@ from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
+from megatron.neox_arguments.size_checks import check_fits_machine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             return plan_main(argv)
         cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
+        # Sized against this machine only when its ranks start here now (a dry run may check a GPU config on a laptop).
+        here = not (cli.dry_run or is_multinode(args) or args.deepspeed_slurm or args.launcher == "slurm")
+        check_fits_machine(args, training=os.path.basename(cli.user_script) == "train.py", local=here)
         prepare_for_launch(args)
         if args.log_dir:
             os.makedirs(args.log_dir, exist_ok=True)  # an unwritable log_dir fails here, not on every rank

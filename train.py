@@ -21,12 +21,14 @@ def main() -> int:
     from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
     from megatron.neox_arguments import NeoXArgs
+    from megatron.neox_arguments.size_checks import check_fits_machine
     from megatron.training.preemption import REQUEUE_EXIT_CODE
     from megatron.training.pretrain import pretrain
 
     code = 0
     try:
-        args = NeoXArgs.consume_neox_args()
+        args = NeoXArgs.consume_neox_args()  # validated as deepy.py validates, whatever started this rank
+        check_fits_machine(args)  # before any model is built: an impossible size is one line, not a failed allocation
         if args.log_dir:
             try:
                 tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))

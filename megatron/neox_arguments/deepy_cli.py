@@ -24,6 +24,14 @@ class DeepyArgs:
     run_dir: str | None = None
 
 
+def _iteration(text: str) -> int:
+    """``--iteration``: an integer, refused in a short message when too long to be one (argparse would echo it)."""
+    if len(text.strip()) > 20 or not text.strip().lstrip("+-").isdigit():
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"expected a checkpoint iteration (an integer), got {shown!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="deepy.py",
@@ -41,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb_run_name", default=None)
     p.add_argument("--wandb_team", default=None)
     p.add_argument("--eval_tasks", nargs="+", default=None, help="lm-eval tasks or local task directories")
-    p.add_argument("--iteration", type=int, default=None, help="checkpoint iteration to load")
+    p.add_argument("--iteration", type=_iteration, default=None, help="checkpoint iteration to load")
     p.add_argument("--eval_results_prefix", default=None)
     p.add_argument("--autotuning", choices=["tune", "run"], default=None, help="(not supported yet)")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="validate, print, don't launch")
@@ -77,7 +85,10 @@ def _parse_overrides(extra: list[str]) -> dict[str, Any]:
         if key not in KNOWN_KEYS:
             problems.append(unknown_key_message(f"--{raw}", "the command line", {f"--{k}" for k in KNOWN_KEYS}))
             continue
-        out[key] = parse_cli_value(text, HINTS[key])
+        try:
+            out[key] = parse_cli_value(text, HINTS[key])
+        except ConfigError as e:  # a value the parser refuses (an integer too long to convert, an alias bomb)
+            problems.append(f"--{raw} on the command line: {e}")
     if problems:
         raise ConfigError(problems)
     return out

@@ -7,6 +7,7 @@ arguments. ``LaunchEnv.capture`` gathers the few facts about the machine it need
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -238,6 +239,9 @@ def _optimizer(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> N
         out["lr"] = float(lr)
     except ValueError:
         problems.append(f"optimizer.params.lr={lr!r}: expected a number")
+        return
+    if not (math.isfinite(out["lr"]) and out["lr"] >= 0):  # e.g. the string "inf", which float() reads
+        problems.append(f"optimizer.params.lr={lr!r} must be a finite number >= 0")
 
 
 def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[dict[str, Any], list[str]]:

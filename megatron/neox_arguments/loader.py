@@ -6,12 +6,14 @@ import difflib
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.parse_guards import json_int, json_object, json_tree_problems, yaml_graph_problem
 
 # YAML 1.1 only reads `1.0e-5` as a float; GPT-NeoX users also write `1e-5`, `5e8`, `.5E3`.
 _FLOAT_RE = re.compile(
@@ -42,9 +44,30 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
 
 
+def _load_yaml(text: str) -> Any:
+    """Compose, check the node graph (``parse_guards``), then construct; ConfigError for a refused graph."""
+    loader = _ConfigLoader(text)  # a SafeLoader
+    try:
+        loader._root_node = loader.get_single_node()
+        if loader._root_node is None:
+            return None
+        problem = yaml_graph_problem(loader._root_node)
+        if problem:
+            raise ConfigError(problem)
+        return loader.construct_document(loader._root_node)
+    finally:
+        loader.dispose()
+
+
 def yaml_value(text: str) -> Any:
-    """Parse a YAML scalar/flow value (command-line override) with the config files' number rules."""
-    return yaml.load(text, Loader=_ConfigLoader)  # _ConfigLoader is a SafeLoader
+    """Parse a YAML scalar/flow value (command-line override) with the config files' number rules.
+
+    Raises yaml.YAMLError for bad syntax, ConfigError for a value refused by ``parse_guards`` (an alias bomb, an
+    integer too long to convert) or nested too deeply."""
+    try:
+        return _load_yaml(text)
+    except RecursionError:
+        raise ConfigError(f"nested more deeply than {sys.getrecursionlimit()} levels") from None
 
 
 def normalize_key(key: str) -> str:
@@ -55,15 +78,14 @@ def normalize_key(key: str) -> str:
 def parse_config_text(text: str, path: str) -> dict:
     """Parse one config file's text (YAML, or JSON for ``.json``) into its top-level mapping."""
     if path.endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON: {e.msg}") from None
+        data = parse_json_text(text, path)
     else:
-        loader = _ConfigLoader(text)
         try:
-            loader._root_node = loader.get_single_node()
-            data = loader.construct_document(loader._root_node) if loader._root_node is not None else None
+            data = _load_yaml(text)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nested more deeply than {sys.getrecursionlimit()} levels") from None
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -71,8 +93,6 @@ def parse_config_text(text: str, path: str) -> dict:
             raise ConfigError(f"{path}: {where}invalid YAML: {what}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        finally:
-            loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -80,6 +100,28 @@ def parse_config_text(text: str, path: str) -> dict:
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
         raise ConfigError(f"{path}: keys must be strings, got {bad[0]!r}")
+    return data
+
+
+def parse_json_text(text: str, path: str) -> Any:
+    """Parse JSON refusing what ``json.loads`` lets through: a key repeated in one object (the last would win), an
+    integer too long to convert; at the top level `-` and `_` spellings of a key count as one (as in YAML)."""
+    try:
+        data = json.loads(text, parse_int=json_int, object_pairs_hook=json_object)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: line {e.lineno}, column {e.colno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested more deeply than {sys.getrecursionlimit()} levels") from None
+    problems = json_tree_problems(data)
+    if isinstance(data, dict):
+        seen: dict[str, str] = {}
+        for key in data:
+            norm = normalize_key(key)
+            if norm in seen:
+                problems.append(f"keys {seen[norm]!r} and {key!r} are the same key (- and _ are equal); keep one")
+            seen.setdefault(norm, key)
+    if problems:
+        raise ConfigError([f"{path}: {p}" for p in problems])
     return data
 
 
@@ -110,6 +152,9 @@ def merge_config_files(paths: list[str], known: set[str]) -> MergedConfig:
     merged = MergedConfig()
     problems: list[str] = []
     for path in paths:
+        if os.path.isdir(path):
+            problems.append(f"{path} is a directory, not a config file")
+            continue
         if not os.path.isfile(path):
             problems.append(f"config file not found: {path}")
             continue

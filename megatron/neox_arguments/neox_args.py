@@ -19,7 +19,14 @@ from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.keys import HINTS, KEY_SECTION, KNOWN_KEYS
-from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files, unknown_key_message
+from megatron.neox_arguments.loader import (
+    MergedConfig,
+    apply_overrides,
+    merge_config_files,
+    parse_json_text,
+    unknown_key_message,
+)
+from megatron.neox_arguments.number_checks import huge_int_problems, short_repr
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.types import coerce_value, describe
 from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
@@ -68,7 +75,7 @@ def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dic
             checked[key] = coerced
         else:
             where = origins.get(key, "the configuration")
-            problems.append(f"{key}={value!r} in {where}: expected {describe(HINTS[key])}")
+            problems.append(f"{key}={short_repr(value)} in {where}: expected {describe(HINTS[key])}")
     return checked, problems
 
 
@@ -124,6 +131,9 @@ class NeoXArgs:
             raise ConfigError(
                 [unknown_key_message(k, origins.get(k, "the configuration"), KNOWN_KEYS) for k in unknown]
             )
+        problems = huge_int_problems(values, origins)  # first: nothing below can even print such a number
+        if problems:
+            raise ConfigError(problems)
         checked, problems = _type_problems(values, origins)
         problems += value_problems(checked, origins)  # ranges and syntax of the given values, before deriving
         if problems:
@@ -208,16 +218,20 @@ class NeoXArgs:
         )
         if path:
             flag = "--neox_config" if known.neox_config else "--megatron_config"
+            if os.path.isdir(path):
+                raise ConfigError(f"{flag} {path} is a directory, not a config file")
             try:
                 with open(path, encoding="utf-8") as f:
-                    d = json.load(f)
-            except (OSError, json.JSONDecodeError) as e:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
                 raise ConfigError(f"{flag} {path}: cannot read the resolved config: {e}") from None
+            d = parse_json_text(text, f"{flag} {path}")
         elif known.megatron_config:
             try:
-                d = json.loads(base64.urlsafe_b64decode(known.megatron_config).decode("utf-8"))
+                text = base64.urlsafe_b64decode(known.megatron_config).decode("utf-8")
             except ValueError as e:
                 raise ConfigError(f"--megatron_config: neither a JSON file nor base64-encoded JSON: {e}") from None
+            d = parse_json_text(text, "--megatron_config")
         elif files:
             merged = merge_config_files(files, KNOWN_KEYS)
             d = merged.values
@@ -226,6 +240,8 @@ class NeoXArgs:
                 "no config given: expected --neox_config PATH (as passed by deepy.py), --megatron_config or "
                 "config files (train.py a.yml b.yml)"
             )
+        if not isinstance(d, dict):
+            raise ConfigError(f"the resolved config must be a mapping of keys to values, got {type(d).__name__}")
         if overwrite_values:
             d = {**d, **overwrite_values}
         # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them first, the world size resolves the config.

@@ -168,5 +168,6 @@ def range_problems(values: dict[str, Any], origins: dict[str, str]) -> list[str]
             where = origins.get(key)
             shown = value if not isinstance(value, list) else bad[0]
             suffix = f" (set in {where})" if where else ""
-            out.append(f"{key}={shown!r} must be {rng.describe()}{suffix}")
+            finite = " and finite" if not all(math.isfinite(float(x)) for x in bad) else ""
+            out.append(f"{key}={shown!r} must be {rng.describe()}{finite}{suffix}")
     return out

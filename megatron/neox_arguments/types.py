@@ -10,6 +10,7 @@ from typing import Any, Literal
 import yaml
 
 from megatron.neox_arguments.loader import yaml_value
+from megatron.neox_arguments.parse_guards import max_int_digits
 
 # PyYAML (YAML 1.1) loads `1e-4` or `5e8` as strings; they are accepted as numbers.
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -37,6 +38,8 @@ def _coerce_number(value: Any, want: type) -> Any:
     if isinstance(value, bool):
         raise _Mismatch
     if isinstance(value, str) and _NUMBER.match(value.strip()):
+        if len(value.strip()) > max_int_digits():  # int() would raise; such a number is never a valid value
+            raise _Mismatch
         value = float(value) if want is float or not value.strip().lstrip("+-").isdigit() else int(value)
     if want is float and isinstance(value, (int, float)):
         return float(value)

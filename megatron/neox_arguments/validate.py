@@ -13,6 +13,7 @@ from typing import Any
 from megatron.neox_arguments.compile_checks import torch_compile_problems
 from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
+from megatron.neox_arguments.size_checks import tensor_limit_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("generation", _generation),
     ("reliability", _reliability),
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
+    ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),
 ]
 
 

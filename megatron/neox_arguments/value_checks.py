@@ -14,6 +14,7 @@ from typing import Any
 
 from megatron.cluster.hostfile import parse_filter
 from megatron.errors import DataError
+from megatron.neox_arguments.number_checks import nested_problems
 from megatron.neox_arguments.ranges import range_problems
 
 Check = Callable[[Any], "str | None"]
@@ -56,6 +57,8 @@ def _weights(value: list) -> str | None:
     for x in value:
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
             return f"entry {x!r} is not a finite number >= 0"
+    if not math.isfinite(sum(float(x) for x in value)):  # [1e308, 1e308]: normalising would give [0.0, 0.0]
+        return "weights must be finite and their sum must be finite; scale them down (only their ratios matter)"
     return None if any(x > 0 for x in value) or not value else "needs at least one weight > 0"
 
 
@@ -176,7 +179,7 @@ SYNTAX: dict[str, Check] = {
 
 def value_problems(values: dict[str, Any], origins: dict[str, str]) -> list[str]:
     """Every problem of the given (type-checked) values, each naming its key (and the file that set it)."""
-    problems = range_problems(values, origins)
+    problems = range_problems(values, origins) + nested_problems(values, origins)
     for key, value in values.items():
         check = SYNTAX.get(key)
         problem = check(value) if check is not None and value is not None else None

@@ -153,7 +153,7 @@ def test_defaults_are_in_range_and_messages_are_readable() -> None:
     assert e.value.problems == [
         "top_p=1.5 must be between 0 and 1",
         "num_nodes=0 must be -1 or >= 1",
-        "lr=inf must be >= 0",
+        "lr=inf must be >= 0 and finite",
         "hidden_dropout=1.0 must be in [0, 1)",
     ]
 
