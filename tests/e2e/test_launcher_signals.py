@@ -115,8 +115,18 @@ def assert_committed(step_dir: Path) -> None:
     assert verify_checkpoint(step_dir, checksums=True) is None
 
 
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes still running (a zombie has ended: a container's PID 1 may never reap it)."""
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
 def assert_gone(procs: list[psutil.Process]) -> None:
-    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = _alive(procs)
     assert not alive, f"ranks outlived deepy.py: {[p.pid for p in alive]}"
 
 
@@ -172,6 +182,21 @@ def test_second_interrupt_stops_now(data: dict[str, str], tmp_path: Path) -> Non
     assert "interrupt: asking the ranks to save and stop" in err
     assert "second interrupt: stopping now, killing the ranks" in err
     assert not (ck / "latest").exists()
+
+
+def test_sigkill_of_deepy_takes_the_ranks_along(data: dict[str, str], tmp_path: Path) -> None:
+    """SIGKILL to deepy's pid alone (it cannot be relayed): the launch's process group dies with deepy."""
+    config = write_config(data, tmp_path / "c.yml", train_iters=100000)
+    run = Deepy(config, tmp_path / "run")
+    run.wait_for(r"^iteration\s+2/")
+    ranks = run.ranks()
+    assert len(ranks) == 2
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while _alive(ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert_gone(ranks)
 
 
 def test_second_run_on_the_same_save_folder_is_refused(data: dict[str, str], tmp_path: Path) -> None:
