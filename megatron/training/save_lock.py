@@ -38,15 +38,19 @@ class SaveLock:
 
     path: Path | None
     run_id: str
+    created_folder: bool = False  # the lock created ``save``: removed again on release if still empty
 
     def release(self) -> None:
-        """Remove the lock file if it is still ours."""
+        """Remove the lock file if it is still ours (and the save folder if the lock created it and it is empty)."""
         if self.path is None:
             return
         holder = _read(self.path)
         if holder is not None and holder.get("run_id") == self.run_id:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+            if self.created_folder:
+                with contextlib.suppress(OSError):  # not empty: the run saved something
+                    self.path.parent.rmdir()
         self.path = None
 
 
@@ -83,6 +87,7 @@ def _is_gone(holder: dict[str, Any]) -> bool:
 def acquire(save: str) -> SaveLock:
     """Take ``save``'s lock for this process; CheckpointError naming the holder when another run has it."""
     folder = Path(save)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     run_id = secrets.token_hex(4)
@@ -99,7 +104,7 @@ def acquire(save: str) -> SaveLock:
         for _ in range(3):
             try:
                 os.link(tmp, path)
-                return SaveLock(path, run_id)
+                return SaveLock(path, run_id, created)
             except FileExistsError:
                 holder = _read(path)
                 if holder is None:

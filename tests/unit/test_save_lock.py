@@ -31,8 +31,10 @@ def test_second_acquire_is_refused_naming_the_holder_and_release_frees_it(tmp_pa
     assert f"save folder {save} is in use by another run (host {holder['host']}" in str(err.value)
     assert sorted(p.name for p in save.iterdir()) == [LOCK_NAME]  # no temp file left behind
     lock.release()
-    assert not (save / LOCK_NAME).exists()
+    assert not save.exists() and save.parent.is_dir()  # the lock created the folder; nothing was saved in it
+    save.mkdir()
     acquire(str(save)).release()
+    assert save.is_dir() and not list(save.iterdir())  # a folder that was there before stays
 
 
 def test_stale_lock_on_this_host_is_taken_over_with_a_warning(tmp_path: Path, caplog) -> None:
