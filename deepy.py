@@ -4,17 +4,21 @@
 ``python deepy.py --plan train.py a.yml [--gpus N ...] [--json]`` prints a memory and throughput plan instead.
 
 Merges and validates the configs, writes the resolved config to a run folder and starts the script on every
-rank through DeepSpeed's runner. Config errors are printed without a traceback and exit with status 2.
+rank through DeepSpeed's runner. Config errors are printed without a traceback and exit with status 2. SIGTERM,
+SIGUSR1, SIGHUP and Ctrl-C reach every rank, deepy waits for them and exits with their status (42 after a
+preemption save; a second Ctrl-C within 5 s kills them): docs/reliability.md, "Signals to deepy.py".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
 import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+from megatron.console import safe_console
 from megatron.launcher.launch import (
     default_run_dir,
     launch,
@@ -32,14 +36,19 @@ from megatron.neox_arguments.size_checks import check_fits_machine
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    safe_console()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     argv = sys.argv[1:] if argv is None else argv
     try:
         if "--plan" in argv:  # memory and throughput plan, no launch (docs/planner.md)
-            from megatron.planner.cli import plan_main  # imports DeepSpeed: not before deepy has set DS_ACCELERATOR
+            # only the plan goes to stdout (``--json`` is read by machines); DeepSpeed's import-time log lines go to
+            # stderr. DeepSpeed is imported here: not before deepy has set DS_ACCELERATOR.
+            out = sys.stdout
+            with contextlib.redirect_stdout(sys.stderr):
+                from megatron.planner.cli import plan_main
 
-            return plan_main(argv)
+                return plan_main(argv, out)
         cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
         # Sized against this machine only when its ranks start here now (a dry run may check a GPU config on a laptop).

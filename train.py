@@ -8,12 +8,17 @@ import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 
+# what gloo says in a collective when another rank's process has ended
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
 
 def main() -> int:
     """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""
+    from megatron.console import safe_console
     from megatron.launcher.secrets import install_log_redaction
     from megatron.logging.tee import CurrentStdout, tee_output
 
+    safe_console()  # a non-ASCII path on an ASCII console is escaped, not a UnicodeEncodeError
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=CurrentStdout())
     install_log_redaction()
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
@@ -44,8 +49,12 @@ def main() -> int:
     except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
-    except Exception:  # a bug: keep the traceback
-        logging.getLogger("megatron.train").exception("training failed")
+    except Exception as e:
+        lost = [m for m in PEER_LOST if m in str(e)]
+        if lost:  # another rank stopped first and printed why
+            print(f"error: another rank stopped first (its error is above): {lost[0]}", file=sys.stderr, flush=True)
+        else:  # a bug: keep the traceback
+            logging.getLogger("megatron.train").exception("training failed")
         code = 1
     shutdown_and_exit(code)
     return code

@@ -33,7 +33,7 @@ def fsync_path(path: Path) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` so that readers see the old or the new content, never a partial one."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # per process: two writers never share a temp file
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()

@@ -6,15 +6,14 @@ import json
 import logging
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 from megatron.launcher.multinode import ClusterCommand
 from megatron.launcher.secrets import redact, write_env_file
+from megatron.launcher.supervise import Supervisor, local_ranks
 from megatron.launcher.threads import threads_per_rank
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
@@ -138,21 +137,37 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) 
 
 
 def launch(plan: LaunchPlan) -> int:
-    """Run DeepSpeed's runner in this process; returns the ranks' exit status."""
-    os.environ.update(plan.env)  # before DeepSpeed is imported: it picks its accelerator at import
-    from deepspeed.launcher import runner
+    """Run DeepSpeed's runner (``plan.command_line()``) under deepy's supervision; returns the ranks' exit status.
 
-    try:
-        runner.main(plan.runner_argv)
-    except SystemExit as e:
-        return int(e.code) if isinstance(e.code, int) else 1
-    except (ValueError, RuntimeError) as e:  # bad resources, missing pdsh/mpirun, unreachable hosts
-        raise ConfigError(f"launcher: {e}") from None
-    return 0
+    Signals to deepy reach every rank and deepy waits for them (``megatron.launcher.supervise``): 42 after a
+    preemption save.
+    """
+    check_master_port(plan)
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_runner.py")
+    env = {**os.environ, **plan.env}
+    return Supervisor([sys.executable, "-u", runner, *plan.runner_argv], env, ranks=local_ranks).run()
+
+
+def check_master_port(plan: LaunchPlan) -> None:
+    """ConfigError when the local ranks' rendezvous port is taken on this machine (instead of a rank's traceback)."""
+    argv = plan.runner_argv
+    if "--hostfile" in argv or "--master_port" not in argv:
+        return  # the master may be another host
+    port = int(argv[argv.index("--master_port") + 1])
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store does
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise ConfigError(
+                f"master_port {port} is already in use on this machine ({e.strerror}): another run or service holds "
+                "it; set master_port to a free port (on CPU, leave it unset and deepy picks one)"
+            ) from None
 
 
 def run_cluster(cmd: ClusterCommand) -> int:
-    """Start a multi-node launch (srun/mpirun/pdsh) and wait; SIGTERM/SIGINT are passed on to it.
+    """Start a multi-node launch (srun/mpirun/pdsh) and wait; signals are relayed as ``Supervisor`` describes
+    (srun and mpirun pass SIGTERM/SIGUSR1 on to their tasks).
 
     The hostfile for mpirun and pdsh's 0600 environment file are written first; the environment file is removed
     when the launch ends.
@@ -163,16 +178,9 @@ def run_cluster(cmd: ClusterCommand) -> int:
     if cmd.env_file:
         write_env_file(cmd.env_file, cmd.forwarded_env())
     try:
-        proc = subprocess.Popen(cmd.argv, env=cmd.env)
+        return Supervisor(cmd.argv, cmd.env).run()
     except FileNotFoundError:
         raise ConfigError(f"launcher {cmd.backend}: {cmd.argv[0]} is not installed (not on PATH)") from None
-    previous = {
-        s: signal.signal(s, lambda signum, _f: proc.send_signal(signum)) for s in (signal.SIGTERM, signal.SIGINT)
-    }
-    try:
-        return proc.wait()
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if cmd.env_file and os.path.exists(cmd.env_file):
             os.unlink(cmd.env_file)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -70,8 +71,8 @@ def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
     return notes
 
 
-def plan_main(argv: list[str]) -> int:
-    """Parse, plan, print; raises ConfigError for bad input (deepy prints it and exits 2)."""
+def plan_main(argv: list[str], out: TextIO | None = None) -> int:
+    """Parse, plan, print to ``out`` (default stdout); raises ConfigError for bad input (deepy prints it, exits 2)."""
     ns, rest = _parser().parse_known_args(argv)
     cli = parse_deepy_args(rest)
     for flag, value in (("--kv-batch", ns.kv_batch), ("--kv-tokens", ns.kv_tokens or 1), ("--gpus", ns.gpus or 1)):
@@ -93,5 +94,7 @@ def plan_main(argv: list[str]) -> int:
         plan = build_plan(args, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
-    print(json.dumps(plan_to_json(plan), indent=2) if ns.json else format_plan(plan), flush=True)
+    print(
+        json.dumps(plan_to_json(plan), indent=2) if ns.json else format_plan(plan), file=out or sys.stdout, flush=True
+    )
     return 0

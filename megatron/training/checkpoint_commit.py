@@ -12,9 +12,12 @@ deletes the newest valid checkpoint nor the one ``latest`` names.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from megatron.checkpoint.layout import CheckpointError, confined
@@ -27,29 +30,72 @@ TRASH_PREFIX = ".trash-"
 STEP_RE = re.compile(r"^global_step(\d+)$")
 
 
-def partial_tag(tag: str) -> str:
-    """The folder name a checkpoint is written under before its commit."""
-    return f"{PARTIAL_PREFIX}{tag}"
+def partial_tag(tag: str, run_id: str = "") -> str:
+    """The folder name a checkpoint is written under before its commit (``run_id`` makes it this run's own)."""
+    return f"{PARTIAL_PREFIX}{tag}-{run_id}" if run_id else f"{PARTIAL_PREFIX}{tag}"
 
 
-def clean_partials(root: str | Path) -> list[Path]:
-    """Remove folders of interrupted saves (``.partial-*``, ``.trash-*``); returns them."""
+def clean_partials(root: str | Path, run_id: str | None = None) -> list[Path]:
+    """Remove folders of interrupted saves (``.partial-*``, ``.trash-*``); returns them.
+
+    With ``run_id``, only that run's own folders: another run's save in progress is never touched. Without, every
+    such folder (call it only while holding the save folder's lock, when no other run can be writing there).
+    """
     base = Path(root)
     if not base.is_dir():
         return []
-    doomed = [p for p in base.iterdir() if p.is_dir() and p.name.startswith((PARTIAL_PREFIX, TRASH_PREFIX))]
+    doomed = [
+        p
+        for p in base.iterdir()
+        if p.is_dir()
+        and p.name.startswith((PARTIAL_PREFIX, TRASH_PREFIX))
+        and (run_id is None or p.name.endswith(f"-{run_id}"))
+    ]
     for path in doomed:
         logger.warning("removing %s left by an interrupted checkpoint save", path)
         shutil.rmtree(path, ignore_errors=True)
     return doomed
 
 
-def commit(root: str | Path, tag: str) -> Path:
+# torch.save reports a failed write (disk full, quota) as a RuntimeError from its zip writer, without the errno
+_TORCH_WRITE_FAILURE = ("inline_container", "iostream error", "file write failed", "PytorchStreamWriter")
+
+
+@contextlib.contextmanager
+def write_errors(save: str, tag: str) -> Iterator[None]:
+    """Turn a failed write of checkpoint ``tag`` (disk full, quota, read-only) into one CheckpointError line.
+
+    What is on disk stays consistent: the previous checkpoint and ``latest`` are untouched, the partial folder is
+    removed by the next save or load.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not any(m in str(e) for m in _TORCH_WRITE_FAILURE):
+            raise
+        try:
+            free = shutil.disk_usage(save).free
+        except OSError:
+            free = -1
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = "no space left on device"
+        elif isinstance(e, OSError):
+            why = e.strerror or str(e)
+        else:
+            why = "write failed" + (", no space left on device" if 0 <= free < 1 << 20 else "")
+        room = f"{free} bytes free there; " if free >= 0 else ""
+        raise CheckpointError(
+            f"save {save}: cannot write checkpoint {tag}: {why} ({room}the previous checkpoint and 'latest' are "
+            "intact; free space or point save elsewhere, then restart to resume)"
+        ) from None
+
+
+def commit(root: str | Path, tag: str, run_id: str = "") -> Path:
     """Rank 0, after the manifest is written: rename the partial folder into place, then point ``latest`` at it."""
     base = Path(root)
-    staged, final = base / partial_tag(tag), base / tag
+    staged, final = base / partial_tag(tag, run_id), base / tag
     if final.exists():  # the same iteration saved again (e.g. a run resumed from an older step)
-        trash = base / f"{TRASH_PREFIX}{tag}"
+        trash = base / (f"{TRASH_PREFIX}{tag}-{run_id}" if run_id else f"{TRASH_PREFIX}{tag}")
         shutil.rmtree(trash, ignore_errors=True)
         final.rename(trash)
         staged.rename(final)

@@ -209,8 +209,13 @@ def save_checkpoint(
     config_files: dict[str, str] | None = None,
     resolved_config: dict[str, Any] | None = None,
     extra_state: dict[str, Any] | None = None,
+    run_id: str = "",
 ) -> Path:
-    """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call)."""
+    """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call).
+
+    ``run_id`` (from the save folder's lock) names the temporary folder, and the cleanup before the save only
+    removes this run's; without it every leftover temporary folder is removed.
+    """
     if not cfg.save:
         raise CheckpointError("save_checkpoint needs the 'save' directory")
     tag = checkpoint_tag(iteration)
@@ -227,27 +232,28 @@ def save_checkpoint(
     bias_layout = written_layout(cfg.gpt_j_residual, tp, cfg.zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
     rank = mpu.world_rank()
-    directory = Path(cfg.save) / commit_lib.partial_tag(tag)
+    directory = Path(cfg.save) / commit_lib.partial_tag(tag, run_id)
     if rank == 0:
-        commit_lib.clean_partials(cfg.save)
+        commit_lib.clean_partials(cfg.save, run_id or None)
     mpu.barrier()
-    with row_biases_on_disk(engine.module, bias_layout, tp):
-        engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
-    if cfg.no_save_optim:
+    with commit_lib.write_errors(cfg.save, tag):  # disk full: one line, the previous checkpoint stays
+        with row_biases_on_disk(engine.module, bias_layout, tp):
+            engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
+        if cfg.no_save_optim:
+            mpu.barrier()
+            _strip_optimizer_states(directory, cfg.zero_stage)
+        if rank == 0:
+            _write_configs(directory, config_files, resolved_config)
         mpu.barrier()
-        _strip_optimizer_states(directory, cfg.zero_stage)
-    if rank == 0:
-        _write_configs(directory, config_files, resolved_config)
-    mpu.barrier()
-    if rank == 0:
-        world = mpu.world_size()
-        meta = {"tag": tag, "iteration": iteration, "consumed_train_samples": consumed_train_samples}
-        meta.update(consumed_valid_samples=consumed_valid_samples, layout=_layout(engine, world))
-        meta[ROW_BIAS_KEY] = bias_layout
-        write_manifest(directory, **meta, config=resolved_config)
-        directory = commit_lib.commit(cfg.save, tag)
-        if cfg.keep_last_n_checkpoints is not None:
-            delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
+        if rank == 0:
+            world = mpu.world_size()
+            meta = {"tag": tag, "iteration": iteration, "consumed_train_samples": consumed_train_samples}
+            meta.update(consumed_valid_samples=consumed_valid_samples, layout=_layout(engine, world))
+            meta[ROW_BIAS_KEY] = bias_layout
+            write_manifest(directory, **meta, config=resolved_config)
+            directory = commit_lib.commit(cfg.save, tag, run_id)
+            if cfg.keep_last_n_checkpoints is not None:
+                delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
     mpu.barrier()
     directory = Path(cfg.save) / tag
     if rank == 0:

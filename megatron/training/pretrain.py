@@ -50,6 +50,7 @@ from megatron.training.optimizers import OptimizerConfig, build_optimizer, deeps
 from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
+from megatron.training.save_lock import SaveLock, acquire_on_rank0
 from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
@@ -256,6 +257,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         run_config=run_config,
         config_text=args.format_config(),
     )
+    # one run per save folder (refused before anything is written there); its run id names the temporary folders
+    save_lock = acquire_on_rank0(save_cfg.save) if save_cfg.save else SaveLock(None, "")
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
     try:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, plan, save_cfg)
@@ -287,6 +290,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
                 config_files=args.config_files or {},
                 resolved_config=resolved,
                 extra_state=extra,
+                run_id=save_lock.run_id,
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
@@ -339,3 +343,4 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     finally:
         preemption.uninstall()
         metrics.close()
+        save_lock.release()

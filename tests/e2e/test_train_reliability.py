@@ -171,7 +171,8 @@ def test_kill9_during_a_save_and_a_truncated_newest_checkpoint(data: dict[str, s
         assert time.monotonic() < deadline and procs[0].poll() is None, _logs(tmp_path / "run1", 1)
         time.sleep(0.05)
     kill_all(procs)  # SIGKILL in the middle of writing global_step4
-    assert (ck / ".partial-global_step4").is_dir() and not (ck / "global_step4").exists()
+    partial = list(ck.glob(".partial-global_step4-*"))  # named with the run's id (the save folder's lock)
+    assert len(partial) == 1 and partial[0].is_dir() and not (ck / "global_step4").exists()
     assert (ck / "latest").read_text() == "global_step2"
 
     assert _wait(start_train_ranks(config, 1, tmp_path / "run2")) == [0], _logs(tmp_path / "run2", 1)
@@ -180,7 +181,7 @@ def test_kill9_during_a_save_and_a_truncated_newest_checkpoint(data: dict[str, s
     reference = write_neox_config({**cfg, "save": None, "load": None}, tmp_path / "ref.json")
     assert _wait(start_train_ranks(reference, 1, tmp_path / "ref")) == [0], _logs(tmp_path / "ref", 1)
     assert resumed["losses"] == _records(tmp_path / "ref", 1)[0]["losses"][2:]  # the kill cost nothing but time
-    assert not (ck / ".partial-global_step4").exists()
+    assert not list(ck.glob(".partial-*"))
     assert sorted(p.name for p in ck.glob("global_step*")) == ["global_step2", "global_step4", "global_step6"]
 
     newest = ck / "global_step6" / "mp_rank_00_model_states.pt"
