@@ -61,7 +61,15 @@ def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
     """
     if not os.path.isfile(path):
         raise ConfigError(f"sample_input_file {path} does not exist")
-    text = Path(path).read_text(encoding="utf-8")
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"sample_input_file {path}:{line}: invalid UTF-8 (byte {e.start}); prompts must be UTF-8 text"
+        ) from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text gives
     prompts = [p.strip() for p in text.split(prompt_end or "\n")]
     return [p for p in prompts if p]
 
