@@ -101,9 +101,15 @@ def load_or_build_index_maps(
         if cached is None:
             if any(os.path.exists(p) for p in paths.values()):
                 logger.warning("rebuilding the %s index maps of %s: the cached ones are %s", name, data_prefix, why)
-            remove_stamp(map_cache.stamp_path(paths))
             args = (documents, sizes, num_samples, seq_length, seed, pack_impl, allow_chopped, num_epochs, all_masked)
-            _build(paths, name, data_prefix, *args)
+            try:
+                remove_stamp(map_cache.stamp_path(paths))
+                _build(paths, name, data_prefix, *args)
+            except OSError as e:
+                raise DataError(
+                    f"cannot write the {name} index maps next to {data_prefix} ({e}); the data folder must be "
+                    "writable (GPT-NeoX writes its caches there too)"
+                ) from None
             write_stamp(map_cache.stamp_path(paths), stamp)
     if barrier is not None:
         barrier()

@@ -175,7 +175,7 @@ def test_index_map_cache_of_another_split_is_rebuilt_not_reused(tmp_path: Path, 
     # Same cache file names (split name, samples, seq, seed), other document range: GPT-NeoX would reuse them.
     second, logs = maps_of(prefix, "valid", "75,25,0", caplog)  # valid = documents 30..39
     assert int(second.doc_idx.min()) >= 30 and int(second.doc_idx.max()) <= 39
-    assert len(logs) == 1 and "built for other inputs (documents [20, 39, 20" in logs[0]
+    assert len(logs) == 1 and "built for other inputs (documents [20, 39, 20, " in logs[0]
     again, logs = maps_of(prefix, "valid", "75,25,0", caplog)  # now up to date: reused without a word
     assert logs == [] and np.array_equal(again.doc_idx, second.doc_idx)
 
