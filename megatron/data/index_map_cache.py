@@ -49,7 +49,7 @@ def expected_stamp(
         "version": STAMP_VERSION,
         "data": _identity(data_prefix),
         "labels": _identity(label_prefix),
-        "documents": [int(docs.min()), int(docs.max()), len(docs), docs.dtype.name, zlib.crc32(memoryview(docs))],
+        "documents": [int(docs.min()), int(docs.max()), len(docs), docs.dtype.name, zlib.crc32(docs.data)],
         "num_samples": num_samples,
         "seq_length": seq_length,
         "seed": seed,
