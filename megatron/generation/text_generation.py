@@ -112,6 +112,8 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     rank = int(os.environ.get("RANK", "0"))
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
+    # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.
+    file_prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n") if mode == "input-file" else []
     forward: ForwardFn
     if parallel:
         stage, tokenizer = parallel_lib.setup_stage_for_inference(args)
@@ -157,7 +159,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     if mode == "unconditional":
         prompts = [""] * int(args.num_samples or 1)
     else:
-        prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n")
+        prompts = file_prompts
     records = generate(prompts)
     if rank != 0:
         return []
