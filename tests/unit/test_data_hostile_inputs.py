@@ -213,3 +213,22 @@ def test_cached_maps_with_ids_outside_the_split_are_refused_even_with_a_matching
     ds, logs = maps_of(prefix, "valid", "50,50,0", caplog)
     assert len(logs) == 1 and "outside this split's 20..39" in logs[0]
     assert int(ds.doc_idx.min()) >= 20
+
+
+def test_legacy_cached_index_gets_the_same_structural_check(tmp_path: Path) -> None:
+    from megatron.data.legacy_indexed_dataset import IndexedDatasetBuilder
+
+    prefix = str(tmp_path / "legacy")
+    builder = IndexedDatasetBuilder(prefix + ".bin")
+    for doc in DOCS:
+        builder.add_item(np.asarray(doc))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    assert len(make_dataset(prefix, "cached")) == 3
+    raw = bytearray(Path(prefix + ".idx").read_bytes())
+    n = 3
+    data_offsets_at = 56 + 8 * (n + 1)  # header, then dim_offsets[n + 1], then data_offsets[n + 1]
+    raw[data_offsets_at + 8 : data_offsets_at + 16] = struct.pack("<q", 0)  # document 1 starts where 0 does
+    Path(prefix + ".idx").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"legacy\.idx: document 1 starts at byte 0 of the \.bin"):
+        make_dataset(prefix, "cached")
