@@ -121,7 +121,8 @@ def load_or_build_index_maps(
                 f"index map {path} is missing after the build step; with use_shared_fs=True the data directory must "
                 "be on a file system all ranks share (else set use_shared_fs: false)"
             )
-    maps, why = map_cache.load_valid(paths, stamp, documents, sizes, pack_impl)
+    # Checked (or just built) by the building rank before the barrier: the stamp and a clean load suffice here.
+    maps, why = map_cache.load_valid(paths, stamp, documents, sizes, pack_impl, check_contents=False)
     if maps is None:
         raise DataError(f"the {name} index maps {map_cache.stamp_path(paths)[: -len('stamp.json')]}*: {why}")
     doc_idx, sample_idx, shuffle_idx = maps
