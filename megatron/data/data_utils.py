@@ -144,7 +144,7 @@ def _gpt2(
     )
 
 
-def _open(cfg: DataConfig, prefix: str, barrier: Callable[[], None] | None = None, text: bool = True) -> Any:
+def open_dataset(cfg: DataConfig, prefix: str, barrier: Callable[[], None] | None = None, text: bool = True) -> Any:
     """Open a dataset; a text dataset must hold documents and (with ``padded_vocab_size``) only ids the model
     embeds (label/reward datasets hold -100 or floats and are not checked)."""
     ds = make_dataset(prefix, cfg.data_impl, skip_warmup=not cfg.mmap_warmup)
@@ -174,8 +174,8 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
     cfg.validate()
     counts = cfg.num_samples()
     if cfg.data_path:
-        indexed = _open(cfg, cfg.data_path, barrier)
-        labels = _open(cfg, cfg.label_data_paths[0], text=False) if cfg.label_data_paths else None
+        indexed = open_dataset(cfg, cfg.data_path, barrier)
+        labels = open_dataset(cfg, cfg.label_data_paths[0], text=False) if cfg.label_data_paths else None
         bounds = split_boundaries(cfg.split, len(indexed.sizes))
         out: list[Any] = []
         for k, name in enumerate(SPLIT_NAMES):
@@ -196,7 +196,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             result.append(None)
             continue
         label_paths = getattr(cfg, f"{split}_label_data_paths") or [None] * len(paths)
-        indexed = [_open(cfg, p, barrier) for p in paths]
+        indexed = [open_dataset(cfg, p, barrier) for p in paths]
         weights = getattr(cfg, f"{split}_data_weights") or [1.0] * len(paths)
         if cfg.weight_by_num_documents:
             num_docs = [len(d.sizes) for d in indexed]
@@ -211,7 +211,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             per_dataset = list(counted)
         datasets = []
         for i, (prefix, ds, label_path) in enumerate(zip(paths, indexed, label_paths)):
-            labels = _open(cfg, label_path, text=False) if label_path else None
+            labels = open_dataset(cfg, label_path, text=False) if label_path else None
             docs = np.arange(len(ds.sizes), dtype=np.int32)
             datasets.append(
                 _gpt2(cfg, f"{split}_{i}", prefix, docs, ds, per_dataset[i], label_dataset=labels, barrier=barrier)

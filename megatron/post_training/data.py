@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from megatron.data.blendable_dataset import BlendableDataset
-from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, weighted_num_samples
-from megatron.data.indexed_dataset import make_dataset
+from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, open_dataset, weighted_num_samples
 from megatron.errors import DataError
 from megatron.post_training.config import PostTrainingConfig
 
@@ -99,6 +98,9 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
         return out
 
 
+TOKEN_STREAMS = ("pos", "neg", "text")
+
+
 def _stream_prefixes(pt: PostTrainingConfig, data: DataConfig, split: str) -> list[dict[str, str]]:
     """One ``{stream: prefix}`` per dataset of the split (empty when the split has no data)."""
     if pt.pairwise:
@@ -167,9 +169,8 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
         )
         datasets = []
         for prefixes, n in zip(groups, per_dataset):
-            streams = {
-                s: make_dataset(p, data.data_impl, skip_warmup=not data.mmap_warmup) for s, p in prefixes.items()
-            }
+            # token streams are checked like pretraining data (documents, ids within padded_vocab_size)
+            streams = {s: open_dataset(data, p, text=s in TOKEN_STREAMS) for s, p in prefixes.items()}
             if pt.pairwise:
                 streams = _with_default_labels(streams)
             datasets.append(
