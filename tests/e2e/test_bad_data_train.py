@@ -51,7 +51,8 @@ def test_deepy_train_refuses_hostile_data_in_one_line(tmp_path: Path, damage) ->
     cfg["num_gpus"] = 1
     config_file = tmp_path / "bad.yml"
     config_file.write_text(yaml.safe_dump(cfg))
-    result = run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=400, check=False)
+    cmd = [PYTHON, "deepy.py", "train.py", str(config_file), "--run_dir", str(tmp_path / "run")]
+    result = run_command(cmd, timeout=400, check=False)
     assert result.returncode != 0
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "error:" in line]
     assert errors and message in errors[0] and data["data_path"] in errors[0], result.stdout[-3000:] + result.stderr

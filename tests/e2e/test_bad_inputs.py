@@ -89,6 +89,7 @@ def test_generate_reports_an_undecodable_prompt_file_with_its_line(tmp_path: Pat
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes(b"def main():\nimport os\n\xc3\x28 latin-1 junk\n")
     cmd = [PYTHON, "deepy.py", "generate.py", str(config_file), "--sample_input_file", str(prompts)]
+    cmd += ["--run_dir", str(tmp_path / "run")]
     result = run_command(cmd, timeout=300, check=False)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if "error:" in line]

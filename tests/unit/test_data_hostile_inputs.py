@@ -85,7 +85,7 @@ def test_large_index_is_checked_fast_and_names_the_first_bad_document(
     start = time.perf_counter()
     assert len(MMapIndexedDataset(prefix)) == n
     elapsed = time.perf_counter() - start  # ~0.15 s per 10 million items on an idle core (docs/data.md)
-    assert elapsed < 20, elapsed  # generous for a busy machine: a per-item Python loop would take ~10 s idle
+    assert elapsed < 20, elapsed  # generous for a busy machine (vectorised: well under a second here)
     bad = 3 * 300_000 + 12345  # in the fourth chunk
     idx = np.fromfile(prefix + ".idx", dtype=np.uint8)
     pointer_at = MMAP_HEADER_BYTES + 4 * n + 8 * bad
