@@ -1,6 +1,7 @@
 """Hostile datasets through the command users run (``deepy.py train.py``): a ``.idx`` whose pointers all aim at
-document 0 and token ids past the model's vocabulary stop training with one ``error:`` line naming the file; an
-index-map cache of another split is rebuilt for the new document range instead of being reused."""
+document 0, token ids past the model's vocabulary and a dataset without documents stop training with one
+``error:`` line naming the file; an index-map cache of another split is rebuilt for the new document range instead
+of being reused."""
 
 from __future__ import annotations
 
@@ -42,7 +43,15 @@ def _out_of_vocab(prefix: str) -> str:
     return "token id 5000 is outside the model's vocabulary of 512"
 
 
-@pytest.mark.parametrize("damage", [_overlapping, _out_of_vocab], ids=["overlapping_idx", "out_of_vocab"])
+def _no_documents(prefix: str) -> str:
+    """A dataset with no documents (e.g. a filtering step that dropped everything)."""
+    MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16).finalize(prefix + ".idx")
+    return "the dataset has no documents"
+
+
+@pytest.mark.parametrize(
+    "damage", [_overlapping, _out_of_vocab, _no_documents], ids=["overlapping_idx", "out_of_vocab", "no_documents"]
+)
 def test_deepy_train_refuses_hostile_data_in_one_line(tmp_path: Path, damage) -> None:
     data = make_tiny_data(tmp_path / "data")
     message = damage(data["data_path"])
