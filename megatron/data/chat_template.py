@@ -12,10 +12,13 @@ integers; we keep the float). Output goes to ``*.partial`` files renamed only wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +47,7 @@ class ChatPreprocessConfig:
     binary_reward: bool = False
     num_docs: int | None = None
     workers: int = 1
+    render_timeout: float = 10.0  # seconds one conversation may take to render and tokenise; 0 = no limit
 
 
 @dataclass
@@ -69,6 +73,35 @@ def load_chat_tokenizer(path: str) -> Any:
     if tok.eos_token_id is None:
         raise ValueError(f"--tokenizer-path {path}: the tokenizer has no eos_token")
     return tok
+
+
+class RenderTimeout(BaseException):
+    """Raised inside a template render that ran past its time limit (a BaseException: libraries that catch
+    ``Exception`` around the render must not swallow it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`RenderTimeout` in this block after ``seconds`` (wall clock) via ``SIGALRM``.
+
+    Jinja renders in Python, so the alarm interrupts any template loop (transformers' sandbox bounds each ``range``
+    but not nested loops). Only the main thread of a process can take signals: elsewhere (or with ``seconds <= 0``)
+    the block runs unbounded. Preprocessing renders in the main thread of the tool or of its worker processes.
+    """
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise RenderTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _render(tok: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
@@ -165,7 +198,13 @@ def _encode(item: tuple[str, dict[str, Any]]) -> tuple[dict[str, Encoded], float
     for key in _CFG.jsonl_keys:
         msgs = _messages(doc, key, where)
         try:
-            out[key] = encode_conversation(_TOK, msgs, _CFG)
+            with time_limit(_CFG.render_timeout):
+                out[key] = encode_conversation(_TOK, msgs, _CFG)
+        except RenderTimeout:
+            raise ValueError(
+                f"{where}: the chat template took more than {_CFG.render_timeout:g} s to render {key!r} "
+                "(a template with large loops?); stopped (raise the limit with --render-timeout, 0 = none)"
+            ) from None
         except Exception as e:  # jinja errors of the template (e.g. roles it refuses)
             raise ValueError(f"{where}: the chat template failed on {key!r}: {e}") from None
     reward = _reward(doc, _CFG, where) if _CFG.reward_key else None
@@ -181,6 +220,8 @@ def preprocess_chat(cfg: ChatPreprocessConfig) -> dict[str, Any]:
     """Write the streams; returns ``{"documents": n, "outputs": [prefixes]}``. Raises ValueError, leaving nothing."""
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+    if cfg.render_timeout < 0:
+        raise ValueError(f"--render-timeout must be >= 0 seconds (0 = no limit), got {cfg.render_timeout}")
     if cfg.binary_reward and not cfg.reward_key:
         raise ValueError("--binary-reward needs --reward-key")
     out_dir = os.path.dirname(os.path.abspath(cfg.output_prefix))

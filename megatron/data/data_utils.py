@@ -16,11 +16,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from megatron import mpu
 from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
-from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset
+from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset, is_cache_builder
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.samplers import DistributedBatchSampler
+from megatron.data.token_check import check_token_ids
 from megatron.errors import DataError
 from megatron.neox_arguments.value_checks import parse_split
 
@@ -62,6 +64,7 @@ class DataConfig:
     mmap_warmup: bool = False
     use_shared_fs: bool = True
     num_workers: int = 2
+    padded_vocab_size: int | None = None  # set by training from the tokenizer; token ids are checked against it
 
     # not config keys: micro_batch_size is train_micro_batch_size_per_gpu; label_data_paths (labels for data_path)
     # and weighted_document_limit are set only by code that builds a DataConfig itself
@@ -141,21 +144,44 @@ def _gpt2(
     )
 
 
-def _open(cfg: DataConfig, prefix: str) -> Any:
-    return make_dataset(prefix, cfg.data_impl, skip_warmup=not cfg.mmap_warmup)
+def open_dataset(cfg: DataConfig, prefix: str, barrier: Callable[[], None] | None = None, text: bool = True) -> Any:
+    """Open a dataset; a text dataset must hold documents and (with ``padded_vocab_size``) only ids the model
+    embeds (label/reward datasets hold -100 or floats and are not checked)."""
+    ds = make_dataset(prefix, cfg.data_impl, skip_warmup=not cfg.mmap_warmup)
+    if len(ds.sizes) == 0:
+        raise DataError(f"{prefix}: the dataset has no documents ({prefix}.idx lists 0); preprocess it again")
+    if text and cfg.padded_vocab_size:
+        check_token_ids(prefix, ds, cfg.padded_vocab_size, is_cache_builder(cfg.use_shared_fs), barrier or mpu.barrier)
+    return ds
+
+
+def _empty_split(cfg: DataConfig, name: str, size: int, count: int | None) -> None:
+    """A split that asked for a share of the documents but got none: an error for train, else one warning."""
+    share = parse_split(cfg.split)[SPLIT_NAMES.index(name)]
+    if share <= 0 or (count is not None and count <= 0):
+        return  # e.g. split 100,0,0 or eval_iters 0: nothing was asked for
+    message = (
+        f"split {cfg.split!r} leaves the {name} range of data_path {cfg.data_path} empty: {share:.2%} of its {size} "
+        "documents rounds to none"
+    )
+    if name == "train":
+        raise DataError(f"{message}; give the train share more weight or use more data")
+    logger.warning("%s; no %s evaluation will run (use more documents, a larger share, or a zero share)", message, name)
 
 
 def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None] | None = None) -> tuple[Any, Any, Any]:
-    """The three datasets (``None`` where a split is empty or has no samples)."""
+    """The three datasets (``None`` where a split is empty or has no samples; an empty train split is an error)."""
     cfg.validate()
     counts = cfg.num_samples()
     if cfg.data_path:
-        indexed = _open(cfg, cfg.data_path)
-        labels = _open(cfg, cfg.label_data_paths[0]) if cfg.label_data_paths else None
+        indexed = open_dataset(cfg, cfg.data_path, barrier)
+        labels = open_dataset(cfg, cfg.label_data_paths[0], text=False) if cfg.label_data_paths else None
         bounds = split_boundaries(cfg.split, len(indexed.sizes))
         out: list[Any] = []
         for k, name in enumerate(SPLIT_NAMES):
             lo, hi, count = bounds[k], bounds[k + 1], counts[k]
+            if hi <= lo:
+                _empty_split(cfg, name, len(indexed.sizes), count)
             if hi <= lo or (count is not None and count <= 0):
                 out.append(None)
                 continue
@@ -170,7 +196,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             result.append(None)
             continue
         label_paths = getattr(cfg, f"{split}_label_data_paths") or [None] * len(paths)
-        indexed = [_open(cfg, p) for p in paths]
+        indexed = [open_dataset(cfg, p, barrier) for p in paths]
         weights = getattr(cfg, f"{split}_data_weights") or [1.0] * len(paths)
         if cfg.weight_by_num_documents:
             num_docs = [len(d.sizes) for d in indexed]
@@ -185,7 +211,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             per_dataset = list(counted)
         datasets = []
         for i, (prefix, ds, label_path) in enumerate(zip(paths, indexed, label_paths)):
-            labels = _open(cfg, label_path) if label_path else None
+            labels = open_dataset(cfg, label_path, text=False) if label_path else None
             docs = np.arange(len(ds.sizes), dtype=np.int32)
             datasets.append(
                 _gpt2(cfg, f"{split}_{i}", prefix, docs, ds, per_dataset[i], label_dataset=labels, barrier=barrier)

@@ -110,6 +110,19 @@ def check_inputs(paths: Sequence[str]) -> list[str]:
     return list(paths)
 
 
+def _texts(doc: dict[str, Any], keys: Sequence[str], where: str) -> dict[str, str]:
+    """The string value of every key; null, numbers, booleans, lists and objects are refused (GPT-NeoX would store
+    their ``str()``, e.g. ``'None'`` or ``"['a', 'b']"``, as if it were the document's text)."""
+    for k in keys:
+        if not isinstance(doc[k], str):
+            kind = "null" if doc[k] is None else _JSON_KIND.get(type(doc[k]), type(doc[k]).__name__)
+            raise DocumentError(f"{where}: key {k!r} holds {kind}, expected a string (the document's text)")
+    return {k: doc[k] for k in keys}
+
+
+_JSON_KIND = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+
+
 def _starts_with_array(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(4096).lstrip().startswith(b"[")
@@ -126,7 +139,7 @@ def _read_json_array(path: str, keys: Sequence[str], stats: ReadStats) -> Iterat
         if isinstance(item, str):
             texts = dict.fromkeys(keys, item)
         elif isinstance(item, dict) and all(k in item for k in keys):
-            texts = {k: item[k] if isinstance(item[k], str) else json.dumps(item[k]) for k in keys}
+            texts = _texts(item, keys, f"{path}: array element {n}")
         else:
             raise DocumentError(f"{path}: array element {n} is neither a string nor an object with keys {list(keys)}")
         if all(not t for t in texts.values()):
@@ -173,7 +186,7 @@ def read_documents(
                         raise DocumentError(
                             f"{path}:{lineno}: missing key {missing[0]!r} (keys present: {sorted(doc)[:10]})"
                         )
-                    texts = {k: doc[k] if isinstance(doc[k], str) else json.dumps(doc[k]) for k in keys}
+                    texts = _texts(doc, keys, f"{path}:{lineno}")
                 except (UnicodeDecodeError, json.JSONDecodeError, DocumentError) as e:
                     if isinstance(e, UnicodeDecodeError):
                         e = DocumentError(f"{path}:{lineno}: invalid UTF-8")

@@ -5,6 +5,9 @@ cached next to the data under GPT-NeoX's names::
 
     {prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{pack_impl}pi[_ac]_{doc_idx|sample_idx|shuffle_idx}.npy
 
+Next to them a stamp ``…_stamp.json`` records what they were built from (document range, data files, parameters);
+a cache whose stamp or contents do not fit is rebuilt (:mod:`megatron.data.index_map_cache`).
+
 With ``torch.distributed`` initialised, one rank builds (global rank 0, or each node's local rank 0 when
 ``use_shared_fs=False``) while the others wait on a barrier; without it, the single process builds. Files are
 written under temporary names and renamed, so an interrupted build never leaves a half-written cache.
@@ -22,13 +25,15 @@ import numpy as np
 import torch
 
 from megatron import mpu
+from megatron.data import index_map_cache as map_cache
 from megatron.data import index_maps
+from megatron.data.cache_stamps import remove_stamp, write_stamp
 from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
 
 PACK_IMPLS = ("packed", "pack_until_overflow", "unpacked")
-MAP_NAMES = ("doc_idx", "sample_idx", "shuffle_idx")
+MAP_NAMES = map_cache.MAP_NAMES
 
 
 def index_map_paths(
@@ -47,7 +52,8 @@ def index_map_paths(
     return {key: f"{base}_{key}.npy" for key in MAP_NAMES}
 
 
-def _should_build(use_shared_fs: bool) -> bool:
+def is_cache_builder(use_shared_fs: bool) -> bool:
+    """True on the rank that builds caches next to the data (the others wait on a barrier, then read them)."""
     if not mpu.is_distributed():
         return True
     if use_shared_fs:
@@ -75,40 +81,83 @@ def load_or_build_index_maps(
     use_shared_fs: bool = True,
     all_masked: Callable[[int], bool] | None = None,
     barrier: Callable[[], None] | None = None,
+    label_prefix: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Load the cached index maps, building and saving them first where needed (see the module docstring)."""
+    """Load the cached index maps, building and saving them first where needed (see the module docstring).
+
+    A cache is reused only when its stamp matches these inputs and its contents fit them
+    (:mod:`megatron.data.index_map_cache`); a stale, corrupt or unstamped cache is rebuilt, with one log line why.
+    """
     if pack_impl not in PACK_IMPLS:
         raise DataError(f"unknown pack_impl {pack_impl!r}; valid: {', '.join(PACK_IMPLS)}")
     if num_samples is None and (pack_impl != "packed" or not num_epochs):
         raise DataError("num_samples may only be None (epoch-based training) with pack_impl packed and num_epochs")
     paths = index_map_paths(data_prefix, name, num_samples, seq_length, seed, pack_impl, allow_chopped)
-    if _should_build(use_shared_fs) and not all(os.path.isfile(p) for p in paths.values()):
-        start = time.perf_counter()
-        logger.info("building %s index maps for %s (%s samples, seq %d)", name, data_prefix, num_samples, seq_length)
-        if pack_impl == "packed":
-            maps = index_maps.build_packed(documents, sizes, num_samples, seq_length, seed, num_epochs)
-        elif pack_impl == "pack_until_overflow":
-            assert num_samples is not None  # None only with pack_impl packed (checked above)
-            maps = index_maps.build_pack_until_overflow(
-                documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked
-            )
-        else:
-            assert num_samples is not None  # None only with pack_impl packed (checked above)
-            maps = index_maps.build_unpacked(documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked)
-        for key, array in zip(MAP_NAMES, maps):
-            _save_atomic(paths[key], array)
-        logger.info("built %s index maps in %.2f s", name, time.perf_counter() - start)
+    stamp = map_cache.expected_stamp(
+        data_prefix, documents, num_samples, seq_length, seed, pack_impl, allow_chopped, num_epochs, label_prefix
+    )
+    if is_cache_builder(use_shared_fs):
+        cached, why = map_cache.load_valid(paths, stamp, documents, sizes, pack_impl)
+        if cached is None:
+            if any(os.path.exists(p) for p in paths.values()):
+                logger.warning("rebuilding the %s index maps of %s: the cached ones are %s", name, data_prefix, why)
+            args = (documents, sizes, num_samples, seq_length, seed, pack_impl, allow_chopped, num_epochs, all_masked)
+            try:
+                remove_stamp(map_cache.stamp_path(paths))
+                _build(paths, name, data_prefix, *args)
+            except OSError as e:
+                raise DataError(
+                    f"cannot write the {name} index maps next to {data_prefix} ({e}); the data folder must be "
+                    "writable (GPT-NeoX writes its caches there too)"
+                ) from None
+            write_stamp(map_cache.stamp_path(paths), stamp)
     if barrier is not None:
         barrier()
     else:
         mpu.barrier()
     for path in paths.values():
         if not os.path.isfile(path):
-            raise FileNotFoundError(
+            raise DataError(
                 f"index map {path} is missing after the build step; with use_shared_fs=True the data directory must "
                 "be on a file system all ranks share (else set use_shared_fs: false)"
             )
-    return tuple(np.load(paths[k], allow_pickle=False, mmap_mode="r") for k in MAP_NAMES)
+    # Checked (or just built) by the building rank before the barrier: the stamp and a clean load suffice here.
+    maps, why = map_cache.load_valid(paths, stamp, documents, sizes, pack_impl, check_contents=False)
+    if maps is None:
+        raise DataError(f"the {name} index maps {map_cache.stamp_path(paths)[: -len('stamp.json')]}*: {why}")
+    doc_idx, sample_idx, shuffle_idx = maps
+    return doc_idx, sample_idx, shuffle_idx
+
+
+def _build(
+    paths: dict[str, str],
+    name: str,
+    data_prefix: str,
+    documents: np.ndarray,
+    sizes: np.ndarray,
+    num_samples: int | None,
+    seq_length: int,
+    seed: int,
+    pack_impl: str,
+    allow_chopped: bool,
+    num_epochs: int | None,
+    all_masked: Callable[[int], bool] | None,
+) -> None:
+    start = time.perf_counter()
+    logger.info("building %s index maps for %s (%s samples, seq %d)", name, data_prefix, num_samples, seq_length)
+    if pack_impl == "packed":
+        maps = index_maps.build_packed(documents, sizes, num_samples, seq_length, seed, num_epochs)
+    elif pack_impl == "pack_until_overflow":
+        assert num_samples is not None  # None only with pack_impl packed (checked by the caller)
+        maps = index_maps.build_pack_until_overflow(
+            documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked
+        )
+    else:
+        assert num_samples is not None  # None only with pack_impl packed (checked by the caller)
+        maps = index_maps.build_unpacked(documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked)
+    for key, array in zip(MAP_NAMES, maps):
+        _save_atomic(paths[key], array)
+    logger.info("built %s index maps in %.2f s", name, time.perf_counter() - start)
 
 
 class GPT2Dataset(torch.utils.data.Dataset):
@@ -170,6 +219,7 @@ class GPT2Dataset(torch.utils.data.Dataset):
                 use_shared_fs=use_shared_fs,
                 all_masked=all_masked,
                 barrier=barrier,
+                label_prefix=getattr(label_dataset, "path", None),
             )
             self.shuffle_idx_len = self.shuffle_idx.shape[0] - 1
             self.sample_idx_len = self.sample_idx.shape[0] - 1

@@ -35,6 +35,7 @@ from megatron.data.index_format import (
     MMAP_MAGIC,
     IndexedDatasetError,
     best_fitting_dtype,
+    check_index,
     data_file_path,
     dtype_code,
     index_file_path,
@@ -155,28 +156,19 @@ class MMapIndexedDataset:
         return self._path
 
     def __setstate__(self, state: str) -> None:
-        self._do_init(state, True)
+        # A DataLoader worker re-opens a dataset its parent already checked.
+        self._do_init(state, True, check=False)
 
-    def _do_init(self, path: str, skip_warmup: bool) -> None:
+    def _do_init(self, path: str, skip_warmup: bool, check: bool = True) -> None:
         self._path = path
         self._index = MMapIndex(index_file_path(path))
         bin_path = data_file_path(path)
         if not os.path.isfile(bin_path):
             raise IndexedDatasetError(f"data file not found: {bin_path}")
         bin_size = os.path.getsize(bin_path)
-        itemsize = self._index.dtype.itemsize
-        needed = int(self._index.sizes.astype(np.int64).sum()) * itemsize
-        if bin_size != needed:
-            raise IndexedDatasetError(
-                f"{bin_path}: size {bin_size} bytes, but {index_file_path(path)} describes {needed} bytes "
-                f"({needed // itemsize} tokens of {self._index.dtype.name}); the .bin is truncated, or the .idx "
-                "belongs to other data / another dtype"
-            )
-        if len(self._index) and int(self._index.pointers[-1]) + int(self._index.sizes[-1]) * itemsize != needed:
-            raise IndexedDatasetError(
-                f"{index_file_path(path)}: pointers are inconsistent with sizes for dtype {self._index.dtype.name} "
-                "(wrong dtype code or corrupt index)"
-            )
+        if check:
+            idx = self._index
+            check_index(idx.path, bin_path, idx.dtype, idx.sizes, idx.pointers, idx.doc_idx)
         self._bin = np.memmap(bin_path, mode="r", order="C") if bin_size > 0 else np.zeros(0, np.uint8)
         if not skip_warmup:
             # Touch the data once so that the first epoch does not pay the page faults.

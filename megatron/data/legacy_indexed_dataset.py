@@ -20,6 +20,7 @@ from megatron.data.index_format import (
     DTYPES,
     LEGACY_MAGIC,
     IndexedDatasetError,
+    check_index,
     data_file_path,
     dtype_code,
     index_file_path,
@@ -71,6 +72,13 @@ class IndexedDataset:
             raise IndexedDatasetError(
                 f"{bin_path}: size {os.path.getsize(bin_path)} bytes, but {idx_path} describes {needed} bytes"
             )
+        if self.element_size != self.dtype.itemsize:
+            raise IndexedDatasetError(
+                f"{idx_path}: element size {self.element_size} does not match dtype {self.dtype.name} "
+                f"({self.dtype.itemsize} bytes)"
+            )
+        # The same structural check as the mmap format (offsets here count elements, pointers there bytes).
+        check_index(idx_path, bin_path, self.dtype, all_sizes, self.data_offsets[:-1] * self.element_size, self.doc_idx)
 
     def __len__(self) -> int:
         return self._len

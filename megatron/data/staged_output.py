@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -50,3 +51,19 @@ def _close_quietly(builder: Any) -> None:
     f = getattr(builder, "_data_file", None) or getattr(builder, "_out", None)
     if f is not None and not f.closed:
         f.close()
+
+
+def clean_exit_on_sigterm() -> None:
+    """Make ``SIGTERM`` (``kill``, ``timeout``, a batch system) end this process through ``SystemExit(143)``, so
+    :func:`staged_builders` removes its partial files as it does on an error or Ctrl-C. Forked worker processes
+    keep the default action (they hold no output files)."""
+    owner = os.getpid()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -61,7 +61,15 @@ def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
     """
     if not os.path.isfile(path):
         raise ConfigError(f"sample_input_file {path} does not exist")
-    text = Path(path).read_text(encoding="utf-8")
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"sample_input_file {path}:{line}: invalid UTF-8 (byte {e.start}); prompts must be UTF-8 text"
+        ) from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text gives
     prompts = [p.strip() for p in text.split(prompt_end or "\n")]
     return [p for p in prompts if p]
 
@@ -104,6 +112,8 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     rank = int(os.environ.get("RANK", "0"))
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
+    # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.
+    file_prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n") if mode == "input-file" else []
     forward: ForwardFn
     if parallel:
         stage, tokenizer = parallel_lib.setup_stage_for_inference(args)
@@ -149,7 +159,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     if mode == "unconditional":
         prompts = [""] * int(args.num_samples or 1)
     else:
-        prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n")
+        prompts = file_prompts
     records = generate(prompts)
     if rank != 0:
         return []

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from megatron.data.blendable_dataset import BlendableDataset
-from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, weighted_num_samples
-from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
+from megatron.data.data_utils import SPLIT_NAMES, DataConfig, make_data_loader, open_dataset, weighted_num_samples
+from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.errors import DataError
 from megatron.post_training.config import PostTrainingConfig
 
@@ -125,6 +125,9 @@ class AlignedDocumentsDataset(torch.utils.data.Dataset):
         return out
 
 
+TOKEN_STREAMS = ("pos", "neg", "text")
+
+
 def _any_label_in_window(ds: Any, n: int, window: int, chunk: int = 1 << 16) -> np.ndarray:
     """Per document of a label stream: any value other than -100 among its first ``window`` (vectorised over
     contiguous slices of ``.bin`` where the dataset supports them, one document at a time otherwise)."""
@@ -215,9 +218,8 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
         )
         datasets = []
         for prefixes, n in zip(groups, per_dataset):
-            streams = {
-                s: make_dataset(p, data.data_impl, skip_warmup=not data.mmap_warmup) for s, p in prefixes.items()
-            }
+            # token streams are checked like pretraining data (documents, ids within padded_vocab_size)
+            streams = {s: open_dataset(data, p, text=s in TOKEN_STREAMS) for s, p in prefixes.items()}
             streams = _with_default_labels(streams)
             datasets.append(
                 AlignedDocumentsDataset(streams, prefixes, n, data.seq_length, data.seed, data.allow_chopped)

@@ -72,3 +72,28 @@ def test_unwritable_log_dir_is_reported_before_launch(tmp_path: Path, capsys: py
     assert deepy.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("deepy.py: error: ") and str(blocker / "logs") in err and "Traceback" not in err
+
+
+def test_generate_reports_an_undecodable_prompt_file_with_its_line(tmp_path: Path) -> None:
+    """``deepy.py generate.py`` reads the prompts before it loads a model, so no checkpoint is needed to see this."""
+    import yaml
+
+    from tests.distributed.fns_train import make_tiny_data, tiny_config
+    from tests.harness import PYTHON, free_port, run_command
+
+    cfg = tiny_config(make_tiny_data(tmp_path / "data"), world=1, master_port=free_port())
+    cfg.pop("global_num_gpus")
+    cfg["num_gpus"] = 1
+    config_file = tmp_path / "gen.yml"
+    config_file.write_text(yaml.safe_dump(cfg))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"def main():\nimport os\n\xc3\x28 latin-1 junk\n")
+    cmd = [PYTHON, "deepy.py", "generate.py", str(config_file), "--sample_input_file", str(prompts)]
+    cmd += ["--run_dir", str(tmp_path / "run")]
+    result = run_command(cmd, timeout=300, check=False)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors and f"sample_input_file {prompts}:3: invalid UTF-8" in errors[0], (
+        result.stdout[-2000:] + result.stderr
+    )
+    assert "Traceback" not in result.stderr

@@ -109,6 +109,11 @@ def test_several_keys_and_cached_impl(tmp_path):
         ('["a list"]\n', "bad.jsonl:1: expected a JSON object"),
         ("", "no documents in"),
         ('{"text": ""}\n', "no documents in"),
+        # GPT-NeoX stores str(value) ('None', "['a', 'b']", '12345') as if it were text; refused here.
+        ('{"text": "fine"}\n{"text": null}\n', "bad.jsonl:2: key 'text' holds null, expected a string"),
+        ('{"text": ["a", "b"]}\n', "bad.jsonl:1: key 'text' holds a list, expected a string"),
+        ('{"text": 12345}\n', "bad.jsonl:1: key 'text' holds a number, expected a string"),
+        ('{"text": {"body": "x"}}\n', "bad.jsonl:1: key 'text' holds an object, expected a string"),
     ],
 )
 def test_bad_input_fails_cleanly(tmp_path, content, message):

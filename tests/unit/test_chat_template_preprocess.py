@@ -130,3 +130,63 @@ def test_tokenizer_without_chat_template_is_refused(tok_dir: Path, tmp_path: Pat
         "--input", str(data), "--output-prefix", str(tmp_path / "o"), "--tokenizer-path", str(tmp_path / "plain")
     )
     assert r.returncode == 1 and "has no chat_template" in r.stderr
+
+
+LOOPING_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}"
+    "{% if m['content'] == 'spin' %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+    "{% endfor %}{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_template_with_huge_loops_is_stopped_in_bounded_time(tok_dir: Path, tmp_path: Path, workers: str) -> None:
+    """10^10 loop steps (each range is within the jinja sandbox's limit): the render is stopped after
+    --render-timeout, the error names file and line, and no output (partial or final) is left."""
+    import json
+    import shutil
+
+    looping = tmp_path / "looping_tok"
+    shutil.copytree(tok_dir, looping)
+    config_path = looping / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = LOOPING_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    (looping / "chat_template.jinja").unlink(missing_ok=True)  # newer transformers keep the template here
+    (looping / "chat_template.json").unlink(missing_ok=True)
+    rows = [*sft_rows(3), {"messages": [{"role": "user", "content": "spin"}]}, *sft_rows(2)]
+    data = write_jsonl(tmp_path / "loop.jsonl", rows)
+    args = ["--input", str(data), "--output-prefix", str(tmp_path / "o"), "--tokenizer-path", str(looping)]
+    r = run_tool(*args, "--render-timeout", "1", "--workers", workers, subprocess_run=True)
+    assert r.returncode == 1, r.stderr
+    assert f"{data}:4: the chat template took more than 1 s to render 'messages'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("o_*"))  # neither .partial files nor outputs
+
+
+def test_sigterm_during_preprocessing_leaves_no_partial_files(tok_dir: Path, tmp_path: Path) -> None:
+    """A run killed by SIGTERM (e.g. `timeout`, a batch system) removes its .partial files on the way out."""
+    import json
+    import shutil
+    import signal
+    import time
+
+    looping = tmp_path / "looping_tok"
+    shutil.copytree(tok_dir, looping)
+    config = json.loads((looping / "tokenizer_config.json").read_text())
+    config["chat_template"] = LOOPING_TEMPLATE
+    (looping / "tokenizer_config.json").write_text(json.dumps(config))
+    (looping / "chat_template.jinja").unlink(missing_ok=True)
+    data = write_jsonl(tmp_path / "loop.jsonl", [{"messages": [{"role": "user", "content": "spin"}]}])
+    args = ["--input", str(data), "--output-prefix", str(tmp_path / "o"), "--tokenizer-path", str(looping)]
+    proc = subprocess.Popen(
+        [sys.executable, str(TOOL), *args, "--render-timeout", "0"], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("o_*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(tmp_path.glob("o_*.partial")), "the tool never started writing"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert not list(tmp_path.glob("o_*"))

@@ -106,3 +106,15 @@ def test_prompt_file_stripping_and_interactive_prompts(tmp_path: Path) -> None:
         "two",
         None,
     ]
+
+
+def test_undecodable_prompt_file_names_file_and_line(tmp_path) -> None:
+    from megatron.errors import UserError
+
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"first prompt\r\nsecond\n\xff\xfe broken third\nfourth\n")
+    with pytest.raises(UserError) as err:
+        read_prompts(str(path))
+    assert str(err.value).startswith(f"sample_input_file {path}:3: invalid UTF-8") and "\n" not in str(err.value)
+    path.write_bytes(b"first prompt\r\nsecond\rthird\n")  # universal newlines are kept
+    assert read_prompts(str(path)) == ["first prompt", "second", "third"]

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.preprocess import PreprocessConfig, preprocess
+from megatron.data.staged_output import clean_exit_on_sigterm
 from megatron.logging.progress import add_quiet_flag, set_quiet
 from megatron.tokenizer import TOKENIZER_TYPES
 
@@ -87,4 +88,5 @@ def cli() -> int:
 
 
 if __name__ == "__main__":
+    clean_exit_on_sigterm()
     raise SystemExit(cli())

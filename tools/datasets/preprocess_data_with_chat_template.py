@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.chat_template import ChatPreprocessConfig, preprocess_chat
+from megatron.data.staged_output import clean_exit_on_sigterm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-prefix", required=True, help="output prefix (no suffix)")
     p.add_argument("--dataset-impl", default="mmap", choices=["mmap"], help="only mmap")
     p.add_argument("--workers", type=int, default=1, help="tokenising processes")
+    p.add_argument(
+        "--render-timeout",
+        type=float,
+        default=10.0,
+        help="seconds one conversation may take to render with the chat template (0 = no limit)",
+    )
     p.add_argument("--log-interval", type=int, default=100, help="accepted for GPT-NeoX compatibility")
     return p.parse_args(argv)
 
@@ -54,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         binary_reward=a.binary_reward,
         num_docs=a.num_docs,
         workers=a.workers,
+        render_timeout=a.render_timeout,
     )
     try:
         result = preprocess_chat(cfg)
@@ -67,4 +75,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    clean_exit_on_sigterm()
     raise SystemExit(main())
