@@ -14,7 +14,7 @@ from megatron.planner.gpus import GPU_TYPES, gpu_type
 from megatron.planner.inputs import Hardware, parse_bytes
 from megatron.planner.plan import build_plan
 from megatron.planner.report import format_plan, plan_to_json
-from megatron.planner.search import search_layouts
+from megatron.planner.search import DEFAULT_HEADROOM, search_layouts
 from megatron.planner.search_report import format_search
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hbm-GBps", type=float, default=None, help="GPU memory bandwidth in GB/s")
     p.add_argument("--search", action="store_true", help="rank the layouts that fit (docs/planner.md#search)")
     p.add_argument("--top", type=int, default=5, help="with --search: how many layouts to list")
+    p.add_argument(
+        "--memory-headroom", type=float, default=DEFAULT_HEADROOM, help="with --search: fraction of memory kept free"
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: read the tokenizer)")
     p.add_argument("--kv-batch", type=int, default=1, help="sequences for the generation KV-cache estimate")
     p.add_argument("--kv-tokens", type=int, default=None, help="tokens per sequence (default: seq_length)")
@@ -106,7 +109,7 @@ def _search(args: Any, hw: Hardware, vocab: int, ns: argparse.Namespace) -> int:
         raise ConfigError(f"--top {ns.top}: must be > 0")
     hw.check()
     try:
-        result = search_layouts(args, hw, vocab)
+        result = search_layouts(args, hw, vocab, ns.memory_headroom)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
     print(json.dumps(result.to_json(ns.top), indent=2) if ns.json else format_search(result, ns.top), flush=True)

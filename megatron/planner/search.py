@@ -27,6 +27,7 @@ from megatron.planner.throughput import estimate_step
 
 GB = 1e9
 MAX_MICRO_BATCH = 64
+DEFAULT_HEADROOM = 0.10  # of the GPU memory kept free for the CUDA context, NCCL buffers, fragmentation
 SHOWN_REJECTIONS = 50  # rejected layouts listed in full (the rest are counted by reason)
 Reason = tuple[str, str]  # (kind, message); kinds: tp-spans-nodes, heads, layers, zero-pipeline, batch, memory
 
@@ -84,6 +85,7 @@ class SearchResult:
     """Fitting layouts best first, the rejected ones that the upper bound ranks above the best, and counts."""
 
     hardware: Hardware
+    usable_memory_bytes: int
     train_batch: int
     layouts: list[Candidate]
     rejected_better_bound: list[Candidate]
@@ -95,6 +97,7 @@ class SearchResult:
         """Plain data for ``--json``."""
         return {
             "gpus": self.hardware.gpus,
+            "usable_memory_bytes": self.usable_memory_bytes,
             "train_batch_size": self.train_batch,
             "layouts": [c.to_dict() for c in self.layouts[:top]],
             "layouts_that_fit": len(self.layouts),
@@ -134,8 +137,15 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
     return None
 
 
-def search_layouts(args: Any, hw: Hardware, vocab_size: int) -> SearchResult:
-    """Evaluate every candidate layout of the resolved config ``args`` on ``hw`` (``vocab_size``: before padding)."""
+def search_layouts(args: Any, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
+    """Evaluate every candidate layout of the resolved config ``args`` on ``hw`` (``vocab_size``: before padding).
+
+    A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
+    the CUDA context, NCCL's buffers and allocator fragmentation).
+    """
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"--memory-headroom {headroom}: must be >= 0 and < 1")
+    usable = int(hw.gpu_memory_bytes * (1.0 - headroom))
     base = TrainingSetup.from_neox_args(args)
     cfg = GPTModelConfig.from_neox_args(args)
     method = getattr(args, "pipe_partition_method", None)
@@ -162,7 +172,8 @@ def search_layouts(args: Any, hw: Hardware, vocab_size: int) -> SearchResult:
                 per_dp = max(batch // dp, 1)
                 for micro in _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]:
                     for ckpt in (True, False):
-                        out.append(_evaluate(base, hw, counts, total, (tp, pp, dp, zero, micro, ckpt), reason))
+                        layout = (tp, pp, dp, zero, micro, ckpt)
+                        out.append(_evaluate(base, hw, counts, total, layout, reason, usable))
     fits = sorted((c for c in out if c.reason is None), key=lambda c: -c.predicted.tokens_per_s if c.predicted else 0)
     rejected = [c for c in out if c.reason is not None]
     best_bound = fits[0].upper_bound_tokens_per_s if fits else 0.0
@@ -172,7 +183,7 @@ def search_layouts(args: Any, hw: Hardware, vocab_size: int) -> SearchResult:
     configured = (base.tp, base.stages, base.zero_stage, base.micro_batch, base.checkpoint_activations)
     rank = next((i + 1 for i, c in enumerate(fits) if c.key == configured), None)
     reasons = Counter(c.reason_kind for c in rejected if c.reason_kind)
-    return SearchResult(hw, batch, fits, above, dict(reasons), configured, rank)
+    return SearchResult(hw, usable, batch, fits, above, dict(reasons), configured, rank)
 
 
 def _evaluate(
@@ -182,6 +193,7 @@ def _evaluate(
     total: int,
     layout: tuple[int, int, int, int, int, bool],
     reason: Reason | None,
+    usable: int,
 ) -> Candidate:
     tp, pp, dp, zero, micro, ckpt = layout
     stages = max(pp, 1)
@@ -198,8 +210,8 @@ def _evaluate(
     layers = max(s.num_layers for s in params.stages)
     bound = estimate_step(setup, hw, placements, busiest.total, layers).tokens_per_s
     worst = max(rank_memory(setup, i, s).total for i, s in enumerate(params.stages))
-    if worst > hw.gpu_memory_bytes:
-        why = f"does not fit: needs {worst / GB:.1f} GB of {hw.gpu_memory_bytes / GB:.1f} GB"
+    if worst > usable:
+        why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
         return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory")
     predicted = predict(workload(setup, busiest.total, layers), link(hw), placements)
     return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None)

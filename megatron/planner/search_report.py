@@ -18,7 +18,7 @@ def format_search(result: SearchResult, top: int) -> str:
     hw = result.hardware
     lines = [
         "==================== neox-forge layout search ====================",
-        f"{hw.gpus} GPUs ({hw.gpus_per_node} per node, {hw.gpu_memory_bytes / GB:.0f} GB, {hw.peak_tflops:g} TFLOP/s "
+        f"{hw.gpus} GPUs ({hw.gpus_per_node} per node, {result.usable_memory_bytes / GB:.1f} of {hw.gpu_memory_bytes / GB:.0f} GB usable, {hw.peak_tflops:g} TFLOP/s "
         f"peak); global batch {result.train_batch} fixed; {len(result.layouts)} layouts fit",
         "",
         f"{'rank':<5}{'layout':<58}{'memory':>10}{'TFLOP/s/GPU':>13}{'MFU':>7}{'tokens/s':>12}",

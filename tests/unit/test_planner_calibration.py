@@ -50,7 +50,7 @@ def test_search_ranks_fitting_layouts_and_explains_rejections(capsys: pytest.Cap
     result = json.loads(_run(capsys, *argv, "--json", "--top", "100"))
     layouts = result["layouts"]
     assert layouts and len(layouts) == result["layouts_that_fit"]
-    assert all(c["memory_bytes"] <= 2e6 for c in layouts)
+    assert all(c["memory_bytes"] <= 0.9 * 2e6 for c in layouts)
     speeds = [c["tokens_per_s"] for c in layouts]
     assert speeds == sorted(speeds, reverse=True)
     for c in layouts:  # the global batch stays the config's
@@ -65,6 +65,9 @@ def test_search_ranks_fitting_layouts_and_explains_rejections(capsys: pytest.Cap
     assert kinds and kinds <= {"memory", "tp-spans-nodes", "heads", "layers", "zero-pipeline", "batch"}
     messages = {"memory": "does not fit: needs ", "tp-spans-nodes": "exceeds the 4 GPUs per node"}
     assert all(messages.get(c["reason_kind"], "") in c["reason"] for c in above)
+    roomier = json.loads(_run(capsys, *argv, "--json", "--memory-headroom", "0"))
+    assert roomier["layouts_that_fit"] > result["layouts_that_fit"]  # default: 10 % of the memory kept free
+    assert result["usable_memory_bytes"] == int(2e6 * 0.9) and roomier["usable_memory_bytes"] == int(2e6)
     table = _run(capsys, *argv)
     assert "rank layout" in table and "rejected although the upper bound ranks them above #1" in table
 
@@ -86,5 +89,7 @@ def test_bad_search_and_gpu_type_flags(capsys: pytest.CaptureFixture[str]) -> No
     assert "--gpu-type 'B300': unknown; valid: A100-40GB" in capsys.readouterr().err
     assert deepy.main(["--plan", "train.py", *TINY, "--search", "--top", "0"]) == 2
     assert "--top 0: must be > 0" in capsys.readouterr().err
+    assert deepy.main(["--plan", "train.py", *TINY, "--search", "--memory-headroom", "1"]) == 2
+    assert "--memory-headroom 1.0: must be >= 0 and < 1" in capsys.readouterr().err
     h100 = json.loads(_run(capsys, *TINY, "--gpu-type", "h100-80gb", "--json"))
     assert h100["hardware"]["peak_tflops"] == 989.0 and h100["hardware"]["gpu_memory_bytes"] == 80e9
