@@ -8,14 +8,14 @@ import pytest
 
 import deepy
 from megatron.planner.calibrated import Calibration
-from megatron.planner.published_runs import PUBLISHED_RUNS
+from megatron.planner.published_runs import PUBLISHED_RUNS, PublishedRun
 
 TINY = ["configs/cpu/tiny.yml", "--vocab-size", "512"]
 TOLERANCE = 0.15
 
 
 @pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=[r.name for r in PUBLISHED_RUNS])
-def test_published_run_is_predicted_within_15_percent(run) -> None:  # type: ignore[no-untyped-def]
+def test_published_run_is_predicted_within_15_percent(run: PublishedRun) -> None:
     predicted = run.predict().tflops_per_gpu
     assert predicted == pytest.approx(run.published_tflops, rel=TOLERANCE), (run.name, predicted, run.source)
 
