@@ -11,12 +11,16 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
+from megatron.planner.gpus import GPU_TYPES, gpu_type
 from megatron.planner.inputs import Hardware, parse_bytes
 from megatron.planner.plan import build_plan
 from megatron.planner.report import format_plan, plan_to_json
+from megatron.planner.search import DEFAULT_HEADROOM, search_layouts
+from megatron.planner.search_report import format_search
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
 FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX configs use
+GPU_NAMES = [g.name for g in GPU_TYPES.values()]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,10 +33,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true", help="plan instead of launching")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in all (default: the config's, else TP x PP)")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--gpu-memory", default="40GB", help="memory per GPU, e.g. 40GB, 80GiB")
-    p.add_argument("--peak-tflops", type=float, default=312.0, help="peak TFLOP/s per GPU in the training dtype")
-    p.add_argument("--intra-node-GBps", type=float, default=300.0, help="GB/s between GPUs of a node")
-    p.add_argument("--inter-node-GBps", type=float, default=25.0, help="GB/s per GPU between nodes")
+    p.add_argument("--gpu-type", default="A100-40GB", help=f"accelerator preset: {', '.join(GPU_NAMES)}")
+    p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 40GB, 80GiB (default: the preset's)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per GPU in the training dtype")
+    p.add_argument("--intra-node-GBps", type=float, default=None, help="GB/s between GPUs of a node")
+    p.add_argument("--inter-node-GBps", type=float, default=None, help="GB/s per GPU between nodes")
+    p.add_argument("--hbm-GBps", type=float, default=None, help="GPU memory bandwidth in GB/s")
+    p.add_argument("--search", action="store_true", help="rank the layouts that fit (docs/planner.md#search)")
+    p.add_argument("--top", type=int, default=5, help="with --search: how many layouts to list")
+    p.add_argument(
+        "--memory-headroom", type=float, default=DEFAULT_HEADROOM, help="with --search: fraction of memory kept free"
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: read the tokenizer)")
     p.add_argument("--kv-batch", type=int, default=1, help="sequences for the generation KV-cache estimate")
     p.add_argument("--kv-tokens", type=int, default=None, help="tokens per sequence (default: seq_length)")
@@ -51,12 +62,35 @@ def _default_gpus(files: list[str], overrides: dict[str, Any]) -> int:
     return int(v.get("model_parallel_size") or 1) * max(int(v.get("pipe_parallel_size") or 0), 1)
 
 
+def _hardware(ns: argparse.Namespace, gpus: int) -> Hardware:
+    """The preset of ``--gpu-type`` with the explicitly given flags on top."""
+    g = gpu_type(ns.gpu_type)
+
+    def pick(value: float | None, default: float) -> float:
+        return default if value is None else value
+
+    return Hardware(
+        gpus=gpus,
+        gpus_per_node=ns.gpus_per_node,
+        gpu_memory_bytes=g.memory_bytes if ns.gpu_memory is None else parse_bytes(ns.gpu_memory),
+        peak_tflops=pick(ns.peak_tflops, g.peak_tflops),
+        intra_node_GBps=pick(ns.intra_node_GBps, g.intra_node_GBps),
+        inter_node_GBps=pick(ns.inter_node_GBps, g.inter_node_GBps),
+        hbm_GBps=pick(ns.hbm_GBps, g.hbm_GBps),
+    )
+
+
 def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
     """Set ``padded_vocab_size`` as training would (from the tokenizer unless ``vocab_size`` is given).
 
     A tokenizer that cannot be read (e.g. a vocab_file path on the training cluster) falls back to the
     GPT-NeoX-20B tokenizer's size; the returned note says so.
     """
+    return resolve_vocab(args, vocab_size)[1]
+
+
+def resolve_vocab(args: Any, vocab_size: int | None = None) -> tuple[int, list[str]]:
+    """:func:`set_padded_vocab`, also returning the vocabulary size before padding."""
     notes = []
     if vocab_size is not None and vocab_size <= 0:
         raise ConfigError(f"--vocab-size {vocab_size}: must be > 0")
@@ -68,7 +102,19 @@ def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
             vocab_size = FALLBACK_VOCAB
     tp = int(args.model_parallel_size or 1)
     args.update_value("padded_vocab_size", padded_vocab_size(vocab_size, int(args.make_vocab_size_divisible_by), tp))
-    return notes
+    return vocab_size, notes
+
+
+def _search(args: Any, hw: Hardware, vocab: int, ns: argparse.Namespace) -> int:
+    if ns.top <= 0:
+        raise ConfigError(f"--top {ns.top}: must be > 0")
+    hw.check()
+    try:
+        result = search_layouts(args, hw, vocab, ns.memory_headroom)
+    except ValueError as e:  # the model config refuses the shape
+        raise ConfigError(str(e)) from None
+    print(json.dumps(result.to_json(ns.top), indent=2) if ns.json else format_search(result, ns.top), flush=True)
+    return 0
 
 
 def plan_main(argv: list[str], out: TextIO | None = None) -> int:
@@ -80,16 +126,12 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
             raise ConfigError(f"{flag} {value}: must be > 0")
     gpus = ns.gpus or _default_gpus(cli.config_files, cli.overrides)
     args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "global_num_gpus": gpus})
-    hw = Hardware(
-        gpus=gpus,
-        gpus_per_node=ns.gpus_per_node,
-        gpu_memory_bytes=parse_bytes(ns.gpu_memory),
-        peak_tflops=ns.peak_tflops,
-        intra_node_GBps=ns.intra_node_GBps,
-        inter_node_GBps=ns.inter_node_GBps,
-    )
+    hw = _hardware(ns, gpus)
     notes = [] if ns.gpus else [f"--gpus not given: planning for {gpus} GPUs"]
-    notes += set_padded_vocab(args, ns.vocab_size)
+    vocab, vocab_notes = resolve_vocab(args, ns.vocab_size)
+    notes += vocab_notes
+    if ns.search:
+        return _search(args, hw, vocab, ns)
     try:
         plan = build_plan(args, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
     except ValueError as e:  # the model config refuses the shape

@@ -35,6 +35,7 @@ class Hardware:
     peak_tflops: float = 312.0
     intra_node_GBps: float = 300.0
     inter_node_GBps: float = 25.0
+    hbm_GBps: float = 1555.0
 
     def check(self) -> None:
         """Raise ConfigError naming the flag when a value is not positive."""
@@ -44,6 +45,7 @@ class Hardware:
             "--peak-tflops": self.peak_tflops,
             "--intra-node-GBps": self.intra_node_GBps,
             "--inter-node-GBps": self.inter_node_GBps,
+            "--hbm-GBps": self.hbm_GBps,
         }
         bad = [f"{flag} {value}: must be > 0" for flag, value in values.items() if not value > 0]
         if bad:

@@ -7,6 +7,7 @@ from typing import Any
 
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.errors import ConfigError
+from megatron.planner.calibrated import Link, Prediction, Workload, predict
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
@@ -30,6 +31,7 @@ class Plan:
     training_state_bytes: int
     weights_16bit_bytes: int
     kv_cache: dict[str, int]
+    predicted: Prediction
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -80,6 +82,34 @@ def _warnings(plan: Plan) -> list[str]:
     return out
 
 
+def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) -> Workload:
+    """What the calibrated step-time model reads from a training setup (neox-forge runs DeepSpeed's engine)."""
+    return Workload(
+        hidden_size=setup.hidden_size,
+        num_layers=setup.num_layers,
+        num_heads=setup.num_heads,
+        seq_length=setup.seq_length,
+        padded_vocab_size=setup.padded_vocab_size,
+        tp=setup.tp,
+        pp=setup.stages,
+        dp=setup.dp,
+        micro_batch=setup.micro_batch,
+        gas=setup.gas,
+        checkpoint_activations=setup.checkpoint_activations,
+        zero_stage=setup.zero_stage,
+        params_per_rank=params_per_rank,
+        layers_per_stage=layers_per_stage,
+        param_bytes=setup.param_bytes,
+        flash_attention=setup.flash_attention,
+        sequence_parallel=setup.sequence_parallel,
+    )
+
+
+def link(hw: Hardware) -> Link:
+    """The hardware figures the calibrated model reads."""
+    return Link(hw.peak_tflops, hw.hbm_GBps, hw.intra_node_GBps, hw.inter_node_GBps)
+
+
 def build_plan(
     args: Any, hw: Hardware, *, kv_batch: int = 1, kv_tokens: int | None = None, notes: list[str] | None = None
 ) -> Plan:
@@ -92,7 +122,9 @@ def build_plan(
     ranks = [rank_memory(setup, i, stage) for i, stage in enumerate(params.stages)]
     placements = group_placements(setup.tp, setup.stages, setup.dp, hw.gpus_per_node)
     busiest = max(params.stages, key=lambda s: s.total)
-    step = estimate_step(setup, hw, placements, busiest.total, max(s.num_layers for s in params.stages))
+    layers_per_stage = max(s.num_layers for s in params.stages)
+    step = estimate_step(setup, hw, placements, busiest.total, layers_per_stage)
+    predicted = predict(workload(setup, busiest.total, layers_per_stage), link(hw), placements)
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(
@@ -105,6 +137,7 @@ def build_plan(
         training_state_bytes=training_state_bytes(setup, params.total),
         weights_16bit_bytes=2 * params.total,
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
+        predicted=predicted,
     )
     plan.warnings = list(notes or []) + _warnings(plan)
     return plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from megatron.planner.calibrated import Prediction
 from megatron.planner.plan import Plan
 
 GB = 1e9
@@ -50,13 +51,24 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "worst_stage": plan.worst.stage,
             "per_rank": [r.to_dict() for r in plan.ranks],
         },
-        "throughput": plan.step.to_dict(),
+        "throughput": {**plan.step.to_dict(), "predicted": plan.predicted.to_dict()},
         "warnings": plan.warnings,
     }
 
 
 def _gb(n: float) -> str:
     return f"{n / GB:,.2f} GB"
+
+
+def predicted_lines(p: Prediction) -> list[str]:
+    """The calibrated prediction (docs/planner.md#calibration), two lines."""
+    return [
+        f"predicted step      {p.step_s:.2f} s = GEMM {p.gemm_s:.2f} (at {100 * p.gemm_efficiency:.0f}% of peak) + "
+        f"memory-bound {p.memory_bound_s:.2f} + TP {p.tensor_comm_s:.2f} + PP {p.pipe_comm_s:.2f} + bubble "
+        f"{p.bubble_s:.2f} + DP {p.data_comm_s + p.zero3_comm_s - p.zero3_hidden_s:.2f} (calibrated)",
+        f"predicted           {p.tflops_per_gpu:.1f} TFLOP/s per GPU (GPT-NeoX's logged figure), "
+        f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%",
+    ]
 
 
 def format_plan(plan: Plan) -> str:
@@ -95,6 +107,7 @@ def format_plan(plan: Plan) -> str:
         f"{step.tensor_comm_s:.2f} + PP {step.pipe_comm_s:.2f} + DP {step.data_comm_s:.2f} "
         f"(at {hw.peak_tflops:g} TFLOP/s peak, no overlap)",
         f"throughput          {step.tokens_per_s:,.0f} tokens/s, MFU {100 * step.mfu:.1f}% (upper bound)",
+        *predicted_lines(plan.predicted),
     ]
     lines += [
         "",

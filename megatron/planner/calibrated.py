@@ -1,0 +1,206 @@
+"""Calibrated step-time prediction: what the peak-FLOPs upper bound (:mod:`~megatron.planner.throughput`) leaves out.
+
+One step of the busiest pipeline stage's rank takes
+
+* **GEMM time**: its hardware FLOPs (GPT-NeoX's formula, the layers of the busiest stage) at
+  ``peak · GEMM_PEAK_FRACTION · w / (w + GEMM_KNEE)``, ``w = hidden / tp`` being the width of the per-rank GEMMs:
+  wide GEMMs approach a fixed fraction of the peak, narrow ones (large TP) fall off;
+* **memory-bound time**: layer norms, GeLU, softmax, dropout and residual adds move each activation byte
+  (Korthikanti et al. 2022's per-layer activation bytes, the attention scores included unless flash attention)
+  ``ACTIVATION_TRAFFIC`` times per forward + backward over HBM (the recomputed forward a third more);
+* **tensor-parallel all-reduces** (4 per layer and micro-batch, 6 with checkpointing), **pipeline sends**
+  (the activation one way, its gradient back, per micro-batch; Megatron-LM's scatter/gather sends ``1/tp`` of it)
+  and the **data-parallel gradient exchange** once per step, all blocking, at ``BUS_EFFICIENCY`` of the link
+  bandwidth (NVLink inside a node, the per-GPU InfiniBand share across nodes);
+* **the pipeline bubble**: ``(stages - 1)`` micro-batch slots of the stage's per-micro-batch time;
+* **ZeRO-3**: the weights are all-gathered for every micro-batch's forward, backward and recomputed forward and
+  the gradients reduce-scattered after each micro-batch; DeepSpeed prefetches, so ``ZERO3_OVERLAP`` of the shorter
+  of compute and this traffic hides behind the longer.
+
+The five constants are global (the same for every run), fitted once against the published runs in
+:mod:`~megatron.planner.published_runs` (docs/planner.md has the table, the errors and a leave-one-out check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from megatron.planner.layout import GroupPlacement
+
+# Fitted against megatron/planner/published_runs.py (see docs/planner.md, "Calibration").
+GEMM_PEAK_FRACTION = 0.63  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
+GEMM_KNEE = 20.0  # per-rank GEMM width (hidden / tp) at which the GEMMs reach half that fraction
+ACTIVATION_TRAFFIC = 4.8  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
+BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of the link bandwidth
+ZERO3_OVERLAP = 0.80  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
+DEEPSPEED_ENGINE_EFFICIENCY = 0.88  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The global constants (defaults: the fitted values above)."""
+
+    gemm_peak_fraction: float = GEMM_PEAK_FRACTION
+    gemm_knee: float = GEMM_KNEE
+    activation_traffic: float = ACTIVATION_TRAFFIC
+    bus_efficiency: float = BUS_EFFICIENCY
+    zero3_overlap: float = ZERO3_OVERLAP
+    deepspeed_engine_efficiency: float = DEEPSPEED_ENGINE_EFFICIENCY
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the prediction reads: shape, layout and batch of one training step."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    seq_length: int
+    padded_vocab_size: int
+    tp: int
+    pp: int  # pipeline stages (>= 1)
+    dp: int
+    micro_batch: int
+    gas: int
+    checkpoint_activations: bool
+    zero_stage: int
+    params_per_rank: int  # the busiest stage's rank
+    layers_per_stage: int  # the busiest stage
+    param_bytes: int = 2
+    flash_attention: bool = False
+    sequence_parallel: bool = False
+    engine: str = "deepspeed"  # "deepspeed" (GPT-NeoX, neox-forge, Megatron-DeepSpeed) or "megatron-lm"
+
+    @property
+    def train_batch(self) -> int:
+        """Samples per step."""
+        return self.micro_batch * self.gas * self.dp
+
+    def flops(self, k: int) -> float:
+        """GPT-NeoX's FLOPs per step (``k = 3`` model, ``4`` with the recomputed forward)."""
+        b, s, n, h, v = self.train_batch, self.seq_length, self.num_layers, self.hidden_size, self.padded_vocab_size
+        return 24.0 * k * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * n * h))
+
+
+@dataclass(frozen=True)
+class Link:
+    """Bandwidths (GB/s per GPU) and the accelerator's peak."""
+
+    peak_tflops: float
+    hbm_GBps: float
+    intra_node_GBps: float
+    inter_node_GBps: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Seconds per step by part, and the figures a run logs."""
+
+    gemm_s: float
+    memory_bound_s: float
+    tensor_comm_s: float
+    pipe_comm_s: float
+    bubble_s: float
+    data_comm_s: float
+    zero3_comm_s: float
+    zero3_hidden_s: float  # subtracted: overlapped ZeRO-3 traffic
+    gemm_efficiency: float
+    hardware_flops: float
+    model_flops: float
+    gpus: int
+    peak_tflops: float
+    tokens_per_step: int
+
+    @property
+    def step_s(self) -> float:
+        """Predicted seconds per step."""
+        parts = self.gemm_s + self.memory_bound_s + self.tensor_comm_s + self.pipe_comm_s + self.bubble_s
+        return parts + self.data_comm_s + self.zero3_comm_s - self.zero3_hidden_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Hardware TFLOP/s per GPU as GPT-NeoX logs it (``runtime/flops_per_sec_per_gpu``, with the 4/3)."""
+        return self.hardware_flops / (self.step_s * self.gpus) / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation (``K = 3``)."""
+        return self.model_flops / (self.step_s * self.gpus * self.peak_tflops * 1e12)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation."""
+        return self.tflops_per_gpu / self.peak_tflops
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training throughput."""
+        return self.tokens_per_step / self.step_s
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain data, with the derived values."""
+        derived = {"step_s": self.step_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu}
+        return {**asdict(self), **derived, "tokens_per_s": self.tokens_per_s}
+
+
+def _ring(nbytes: float, n: int, gbps: float) -> float:
+    """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks at ``gbps`` achieved (RS + AG: the same)."""
+    return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / (gbps * 1e9)
+
+
+def _activation_bytes(w: Workload) -> float:
+    """Korthikanti et al.'s activation bytes of one layer and micro-batch on one TP rank (16-bit)."""
+    s, b, h, a, t = w.seq_length, w.micro_batch, w.hidden_size, w.num_heads, w.tp
+    scores = 0.0 if w.flash_attention else 5.0 * a * s / (h * t)
+    replicated = 10.0 / t if w.sequence_parallel else 10.0
+    return s * b * h * (replicated + 24.0 / t + scores) * w.param_bytes / 2
+
+
+def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Calibration | None = None) -> Prediction:
+    """The calibrated step time of ``w`` on ``link`` with its groups placed as ``placements``."""
+    cal = cal or Calibration()
+    gpus = w.tp * w.pp * w.dp
+    k = 4 if w.checkpoint_activations else 3
+    hardware, model = w.flops(k), w.flops(3)
+    # The busiest stage carries layers_per_stage of the layers (and its share of the logits).
+    imbalance = w.layers_per_stage * w.pp / w.num_layers
+    width = w.hidden_size / w.tp
+    eff = cal.gemm_peak_fraction * width / (width + cal.gemm_knee)
+    pace = cal.deepspeed_engine_efficiency if w.engine == "deepspeed" else 1.0
+    gemm = hardware / gpus * imbalance / (link.peak_tflops * 1e12 * eff * pace)
+    passes = k / 3.0
+    layer_mb = w.layers_per_stage * w.gas  # layer x micro-batch slots on the rank per step
+    memory = cal.activation_traffic * passes * _activation_bytes(w) * layer_mb / (link.hbm_GBps * 1e9 * pace)
+    bw = {p.axis: link.intra_node_GBps if p.inside_node else link.inter_node_GBps for p in placements}
+    bw = {axis: gbps * cal.bus_efficiency for axis, gbps in bw.items()}
+    act = w.micro_batch * w.seq_length * w.hidden_size * w.param_bytes
+    tensor = layer_mb * (6 if w.checkpoint_activations else 4) * _ring(act, w.tp, bw["tensor"])
+    sent = act / w.tp if w.engine == "megatron-lm" else act  # Megatron-LM's scatter/gather
+    pipe = 0.0 if w.pp == 1 else 2.0 * w.gas * sent / (bw["pipe"] * 1e9)
+    per_micro_batch = (gemm + memory + tensor + pipe) / w.gas
+    bubble = (w.pp - 1) * per_micro_batch
+    grads = w.params_per_rank * w.param_bytes
+    data = zero3 = hidden = 0.0
+    if w.zero_stage == 3 and w.dp > 1:
+        gathers = 3 if w.checkpoint_activations else 2  # forward, backward (+ recomputed forward) ...
+        # ... each an all-gather, plus one reduce-scatter per micro-batch: (n-1)/n of the bytes each.
+        zero3 = w.gas * (gathers + 1) * _ring(grads, w.dp, bw["data"]) / 2
+        hidden = cal.zero3_overlap * min(zero3, gemm + memory)
+    else:
+        data = _ring(grads, w.dp, bw["data"])
+    return Prediction(
+        gemm_s=gemm,
+        memory_bound_s=memory,
+        tensor_comm_s=tensor,
+        pipe_comm_s=pipe,
+        bubble_s=bubble,
+        data_comm_s=data,
+        zero3_comm_s=zero3,
+        zero3_hidden_s=hidden,
+        gemm_efficiency=eff * pace,
+        hardware_flops=hardware,
+        model_flops=model,
+        gpus=gpus,
+        peak_tflops=link.peak_tflops,
+        tokens_per_step=w.train_batch * w.seq_length,
+    )

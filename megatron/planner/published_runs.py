@@ -1,0 +1,264 @@
+"""Published large training runs with their full layouts and measured throughput: the planner's calibration set.
+
+Every figure is from the cited paper, table or training script. ``published_tflops`` is the achieved hardware
+TFLOP/s per GPU as the source reports it; all of them count FLOPs with the same formula GPT-NeoX logs
+(``24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``, ``K = 4`` with activation recomputation, which every run here uses;
+Megatron-LM's Eq. 3 is this formula with ``K = 4``). Hardware per run: A100 (312 TFLOP/s fp16/bf16), HBM 1555 GB/s
+(40 GB) or 2039 GB/s (80 GB), NVLink 300 GB/s per direction, and the per-GPU share of the node's network cards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from megatron.planner.calibrated import Calibration, Link, Prediction, Workload, predict
+from megatron.planner.layout import group_placements
+
+A100_40GB_HBM = 1555.0
+A100_80GB_HBM = 2039.0
+NVLINK = 300.0
+SELENE_IB = 25.0  # 8 x 200 Gb/s HDR InfiniBand per DGX A100 node: 25 GB/s per GPU
+
+NEOX_PAPER = "Black et al. 2022, GPT-NeoX-20B (arXiv:2204.06745), §3 and §3.1 (hardware)"
+MEGATRON_T1 = "Narayanan et al. 2021, Efficient Large-Scale LM Training on GPU Clusters (arXiv:2104.04473), Table 1"
+MEGATRON_T2 = "Narayanan et al. 2021 (arXiv:2104.04473), Table 2 (PTD-P vs ZeRO-3, §5.2)"
+MTNLG = "Smith et al. 2022, Megatron-Turing NLG 530B (arXiv:2201.11990), §2.4"
+BLOOM = (
+    "BigScience 2022, BLOOM (arXiv:2211.05100) §3.4 / BigScience 176B model page ('about 150 TFLOPs'); layout from "
+    "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm"
+)
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run: shape, layout, hardware and its measured hardware TFLOP/s per GPU."""
+
+    name: str
+    source: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    padded_vocab_size: int
+    tp: int
+    pp: int
+    gpus: int
+    micro_batch: int
+    train_batch: int
+    zero_stage: int
+    published_tflops: float
+    hbm_GBps: float
+    inter_node_GBps: float
+    framework: str  # "deepspeed" (GPT-NeoX, Megatron-DeepSpeed) or "megatron-lm"
+    seq_length: int = 2048
+    checkpoint_activations: bool = True
+    micro_batch_stated: bool = True  # False: the source leaves it open (it does not change a TP-only prediction)
+    note: str = ""
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size."""
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def gas(self) -> int:
+        """Micro-batches per step per pipeline."""
+        return self.train_batch // (self.micro_batch * self.dp)
+
+    def workload(self) -> Workload:
+        """The run as the predictor reads it (parameters per rank from the shape: 12·h² per layer + embedding)."""
+        layers = math.ceil(self.num_layers / self.pp)
+        h = self.hidden_size
+        params = (12 * h * h * layers + self.padded_vocab_size * h) // self.tp
+        return Workload(
+            hidden_size=h,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            seq_length=self.seq_length,
+            padded_vocab_size=self.padded_vocab_size,
+            tp=self.tp,
+            pp=self.pp,
+            dp=self.dp,
+            micro_batch=self.micro_batch,
+            gas=self.gas,
+            checkpoint_activations=self.checkpoint_activations,
+            zero_stage=self.zero_stage,
+            params_per_rank=params,
+            layers_per_stage=layers,
+            engine=self.framework,
+        )
+
+    def predict(self, cal: Calibration | None = None) -> Prediction:
+        """The planner's prediction for this run."""
+        link = Link(312.0, self.hbm_GBps, NVLINK, self.inter_node_GBps)
+        return predict(self.workload(), link, group_placements(self.tp, self.pp, self.dp, 8), cal)
+
+
+def _megatron_t1(
+    name: str, h: int, layers: int, heads: int, tp: int, gpus: int, batch: int, tflops: float
+) -> PublishedRun:
+    return PublishedRun(
+        name,
+        MEGATRON_T1,
+        h,
+        layers,
+        heads,
+        51200,
+        tp,
+        1,
+        gpus,
+        1,
+        batch,
+        0,
+        tflops,
+        A100_80GB_HBM,
+        SELENE_IB,
+        "megatron-lm",
+        micro_batch_stated=False,
+    )
+
+
+def _megatron_t2(
+    name: str,
+    shape: tuple[int, int, int],
+    tp_pp: tuple[int, int],
+    gpus: int,
+    mb: int,
+    batch: int,
+    zero: int,
+    tflops: float,
+) -> PublishedRun:
+    h, layers, heads = shape
+    return PublishedRun(
+        name,
+        MEGATRON_T2,
+        h,
+        layers,
+        heads,
+        51200,
+        tp_pp[0],
+        tp_pp[1],
+        gpus,
+        mb,
+        batch,
+        zero,
+        tflops,
+        A100_80GB_HBM,
+        SELENE_IB,
+        "megatron-lm",
+    )
+
+
+GPT3 = (12288, 96, 96)
+MT530 = (20480, 105, 128)
+
+PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
+    PublishedRun(
+        "GPT-NeoX-20B",
+        NEOX_PAPER,
+        6144,
+        44,
+        64,
+        50432,
+        2,
+        4,
+        96,
+        4,
+        1536,
+        1,
+        117.0,
+        A100_40GB_HBM,
+        12.5,
+        "deepspeed",
+        note="12 nodes of 8 A100-SXM4-40GB, 4 ConnectX-6 HDR cards per node (12.5 GB/s per GPU); fp16",
+    ),
+    _megatron_t1("Megatron 1.7B", 2304, 24, 24, 1, 32, 512, 137.0),
+    _megatron_t1("Megatron 3.6B", 3072, 30, 32, 2, 64, 512, 138.0),
+    _megatron_t1("Megatron 7.5B", 4096, 36, 32, 4, 128, 512, 142.0),
+    _megatron_t1("Megatron 18.4B", 6144, 40, 48, 8, 256, 1024, 135.0),
+    _megatron_t2("Megatron 175B PTD-P 384", GPT3, (8, 12), 384, 1, 1536, 0, 153.0),
+    _megatron_t2("Megatron 175B PTD-P 768", GPT3, (8, 12), 768, 1, 1536, 0, 149.0),
+    _megatron_t2("Megatron 175B PTD-P 1536", GPT3, (8, 12), 1536, 1, 1536, 0, 141.0),
+    _megatron_t2("Megatron 530B PTD-P 560", MT530, (8, 35), 560, 1, 2240, 0, 171.0),
+    _megatron_t2("Megatron 530B PTD-P 1120", MT530, (8, 35), 1120, 1, 2240, 0, 167.0),
+    _megatron_t2("Megatron 530B PTD-P 2240", MT530, (8, 35), 2240, 1, 2240, 0, 159.0),
+    _megatron_t2("ZeRO-3 175B 384", GPT3, (1, 1), 384, 4, 1536, 3, 144.0),
+    _megatron_t2("ZeRO-3 175B 768", GPT3, (1, 1), 768, 2, 1536, 3, 88.0),
+    _megatron_t2("ZeRO-3 175B 1536", GPT3, (1, 1), 1536, 1, 1536, 3, 44.0),
+    _megatron_t2("ZeRO-3 530B 640", MT530, (1, 1), 640, 4, 2560, 3, 138.0),
+    _megatron_t2("ZeRO-3 530B 1280", MT530, (1, 1), 1280, 2, 2560, 3, 98.0),
+    _megatron_t2("ZeRO-3 530B 2560", MT530, (1, 1), 2560, 1, 2560, 3, 48.0),
+    PublishedRun(
+        "MT-NLG 530B 2240",
+        MTNLG,
+        20480,
+        105,
+        128,
+        51200,
+        8,
+        35,
+        2240,
+        1,
+        1920,
+        1,
+        126.0,
+        A100_80GB_HBM,
+        SELENE_IB,
+        "deepspeed",
+    ),
+    PublishedRun(
+        "MT-NLG 530B 2800",
+        MTNLG,
+        20480,
+        105,
+        128,
+        51200,
+        8,
+        35,
+        2800,
+        1,
+        1920,
+        1,
+        121.0,
+        A100_80GB_HBM,
+        SELENE_IB,
+        "deepspeed",
+    ),
+    PublishedRun(
+        "MT-NLG 530B 3360",
+        MTNLG,
+        20480,
+        105,
+        128,
+        51200,
+        8,
+        35,
+        3360,
+        1,
+        1920,
+        1,
+        113.0,
+        A100_80GB_HBM,
+        SELENE_IB,
+        "deepspeed",
+    ),
+    PublishedRun(
+        "BLOOM-176B",
+        BLOOM,
+        14336,
+        70,
+        112,
+        250880,
+        4,
+        12,
+        384,
+        2,
+        2048,
+        1,
+        150.0,
+        A100_80GB_HBM,
+        6.25,
+        "deepspeed",
+        note="Jean Zay: 4 x 100 Gb/s Omni-Path per node (6.25 GB/s per GPU); bf16 (DeepSpeed's BF16 optimizer = ZeRO-1)",
+    ),
+)

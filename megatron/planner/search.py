@@ -1,0 +1,217 @@
+"""``deepy.py --plan ... --search``: the layouts that fit, ranked by the calibrated throughput prediction.
+
+Candidates: every TP (powers of two up to the GPUs) x pipeline stages (dividing the rest) x ZeRO stage 0-3 x
+micro-batch (dividing the samples per data-parallel rank) x activation checkpointing on/off, with the global batch
+(``train_batch_size``) fixed, so gradient accumulation follows. Each is either a layout that fits (memory from
+:mod:`~megatron.planner.memory`, exact parameter counts) or rejected with the first reason found (the structural
+checks GPT-NeoX or DeepSpeed would refuse, then memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Any
+
+from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments.derive import padded_vocab_size
+from megatron.planner.calibrated import Prediction, predict
+from megatron.planner.inputs import Hardware, TrainingSetup
+from megatron.planner.layout import group_placements
+from megatron.planner.memory import rank_memory
+from megatron.planner.params import count_params
+from megatron.planner.plan import link, workload
+from megatron.planner.throughput import estimate_step
+
+GB = 1e9
+MAX_MICRO_BATCH = 64
+DEFAULT_HEADROOM = 0.10  # of the GPU memory kept free for the CUDA context, NCCL buffers, fragmentation
+SHOWN_REJECTIONS = 50  # rejected layouts listed in full (the rest are counted by reason)
+Reason = tuple[str, str]  # (kind, message); kinds: tp-spans-nodes, heads, layers, zero-pipeline, batch, memory
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout, its upper bound and (when it is valid) its calibrated prediction and memory."""
+
+    tp: int
+    pp: int  # pipe_parallel_size (0: no pipeline)
+    dp: int
+    zero_stage: int
+    micro_batch: int
+    gas: int
+    checkpoint_activations: bool
+    upper_bound_tokens_per_s: float
+    predicted: Prediction | None
+    memory_bytes: int | None  # the worst rank's
+    reason: str | None  # why rejected; None: fits
+    reason_kind: str | None = None
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages."""
+        return max(self.pp, 1)
+
+    @property
+    def key(self) -> tuple[int, int, int, int, bool]:
+        """(TP, stages, ZeRO, micro-batch, checkpointing): what identifies a layout."""
+        return (self.tp, self.stages, self.zero_stage, self.micro_batch, self.checkpoint_activations)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        out: dict[str, Any] = {
+            "tensor_parallel": self.tp,
+            "pipe_parallel_size": self.pp,
+            "data_parallel": self.dp,
+            "zero_stage": self.zero_stage,
+            "micro_batch": self.micro_batch,
+            "gradient_accumulation_steps": self.gas,
+            "checkpoint_activations": self.checkpoint_activations,
+            "upper_bound_tokens_per_s": self.upper_bound_tokens_per_s,
+            "memory_bytes": self.memory_bytes,
+        }
+        if self.predicted is not None:
+            p = self.predicted
+            out.update(tflops_per_gpu=p.tflops_per_gpu, mfu=p.mfu, tokens_per_s=p.tokens_per_s, step_s=p.step_s)
+        if self.reason is not None:
+            out.update(reason=self.reason, reason_kind=self.reason_kind)
+        return out
+
+
+@dataclass
+class SearchResult:
+    """Fitting layouts best first, the rejected ones that the upper bound ranks above the best, and counts."""
+
+    hardware: Hardware
+    usable_memory_bytes: int
+    train_batch: int
+    layouts: list[Candidate]
+    rejected_better_bound: list[Candidate]
+    rejected_counts: dict[str, int]
+    configured: tuple[int, int, int, int, bool]
+    configured_rank: int | None  # 1-based among the fitting layouts; None: the configured layout does not fit
+
+    def to_json(self, top: int) -> dict[str, Any]:
+        """Plain data for ``--json``."""
+        return {
+            "gpus": self.hardware.gpus,
+            "usable_memory_bytes": self.usable_memory_bytes,
+            "train_batch_size": self.train_batch,
+            "layouts": [c.to_dict() for c in self.layouts[:top]],
+            "layouts_that_fit": len(self.layouts),
+            "configured_layout": dict(
+                zip(("tp", "stages", "zero_stage", "micro_batch", "checkpoint"), self.configured)
+            ),
+            "configured_rank": self.configured_rank,
+            "rejected_above_best": [c.to_dict() for c in self.rejected_better_bound[:SHOWN_REJECTIONS]],
+            "rejected_above_best_count": len(self.rejected_better_bound),
+            "rejected_by_reason": self.rejected_counts,
+        }
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(limit)) + 1)]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, zero: int) -> Reason | None:
+    """(kind, message) of the first structural check the layout fails, if any."""
+    if tp > hw.gpus_per_node:
+        return "tp-spans-nodes", f"TP {tp} exceeds the {hw.gpus_per_node} GPUs per node (all-reduces would cross nodes)"
+    if base.num_heads % tp:
+        return "heads", f"num_attention_heads {base.num_heads} not divisible by TP {tp}"
+    if base.num_kv_heads % tp:
+        return "heads", f"num_kv_heads {base.num_kv_heads} not divisible by TP {tp}"
+    if stages > 1 and base.num_layers % stages:
+        return "layers", f"num_layers {base.num_layers} not divisible by {stages} pipeline stages"
+    if stages > 1 and zero >= 2:
+        return (
+            "zero-pipeline",
+            f"ZeRO-{zero} with {stages} pipeline stages: DeepSpeed's pipeline engine runs ZeRO-0/1 only",
+        )
+    return None
+
+
+def search_layouts(args: Any, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
+    """Evaluate every candidate layout of the resolved config ``args`` on ``hw`` (``vocab_size``: before padding).
+
+    A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
+    the CUDA context, NCCL's buffers and allocator fragmentation).
+    """
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"--memory-headroom {headroom}: must be >= 0 and < 1")
+    usable = int(hw.gpu_memory_bytes * (1.0 - headroom))
+    base = TrainingSetup.from_neox_args(args)
+    cfg = GPTModelConfig.from_neox_args(args)
+    method = getattr(args, "pipe_partition_method", None)
+    divisible_by = int(args.make_vocab_size_divisible_by)
+
+    @cache
+    def counts(tp: int, pp: int) -> Any:
+        padded = padded_vocab_size(vocab_size, divisible_by, tp)
+        return count_params(replace(cfg, padded_vocab_size=padded), tp, pp, method), padded
+
+    total = count_params(cfg, 1, 0, method).total
+    batch = base.train_batch
+    out: list[Candidate] = []
+    for tp in _powers_of_two(hw.gpus):
+        for stages in _divisors(hw.gpus // tp, hw.gpus):
+            dp = hw.gpus // (tp * stages)
+            for zero in range(4):
+                pp = stages if stages > 1 or zero < 2 else 0
+                if base.precision == "fp16" and pp >= 1 and zero == 0:
+                    continue  # GPT-NeoX runs fp16 pipelines with ZeRO-1 anyway (a duplicate of zero == 1)
+                reason = _structural_reason(base, hw, tp, stages, zero)
+                if reason is None and base.train_batch % dp:
+                    reason = ("batch", f"train_batch_size {batch} not divisible by DP {dp}")
+                per_dp = max(batch // dp, 1)
+                for micro in _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]:
+                    for ckpt in (True, False):
+                        layout = (tp, pp, dp, zero, micro, ckpt)
+                        out.append(_evaluate(base, hw, counts, total, layout, reason, usable))
+    fits = sorted((c for c in out if c.reason is None), key=lambda c: -c.predicted.tokens_per_s if c.predicted else 0)
+    rejected = [c for c in out if c.reason is not None]
+    best_bound = fits[0].upper_bound_tokens_per_s if fits else 0.0
+    above = sorted(
+        (c for c in rejected if c.upper_bound_tokens_per_s > best_bound), key=lambda c: -c.upper_bound_tokens_per_s
+    )
+    configured = (base.tp, base.stages, base.zero_stage, base.micro_batch, base.checkpoint_activations)
+    rank = next((i + 1 for i, c in enumerate(fits) if c.key == configured), None)
+    reasons = Counter(c.reason_kind for c in rejected if c.reason_kind)
+    return SearchResult(hw, usable, batch, fits, above, dict(reasons), configured, rank)
+
+
+def _evaluate(
+    base: TrainingSetup,
+    hw: Hardware,
+    counts: Any,
+    total: int,
+    layout: tuple[int, int, int, int, int, bool],
+    reason: Reason | None,
+    usable: int,
+) -> Candidate:
+    tp, pp, dp, zero, micro, ckpt = layout
+    stages = max(pp, 1)
+    gas = max(base.train_batch // (dp * micro), 1)
+    setup = replace(base, tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch=micro, gas=gas, checkpoint_activations=ckpt)
+    placements = group_placements(tp, stages, dp, hw.gpus_per_node)
+    if reason is not None:  # shape refused: bound from an even split of the parameters
+        layers = math.ceil(base.num_layers / stages)
+        bound = estimate_step(setup, hw, placements, total // (tp * stages), layers).tokens_per_s
+        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, None, reason[1], reason[0])
+    params, padded = counts(tp, pp)
+    setup = replace(setup, padded_vocab_size=padded)
+    busiest = max(params.stages, key=lambda s: s.total)
+    layers = max(s.num_layers for s in params.stages)
+    bound = estimate_step(setup, hw, placements, busiest.total, layers).tokens_per_s
+    worst = max(rank_memory(setup, i, s).total for i, s in enumerate(params.stages))
+    if worst > usable:
+        why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
+        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory")
+    predicted = predict(workload(setup, busiest.total, layers), link(hw), placements)
+    return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None)

@@ -1,0 +1,70 @@
+"""Refit the planner's calibrated step-time constants to the published runs, with a leave-one-out check.
+
+    python tools/fit_planner_calibration.py [--loo]
+
+Minimises the mean squared log error plus 0.3 x the squared largest one over the five fitted constants of
+``megatron/planner/calibrated.py`` (``BUS_EFFICIENCY`` stays fixed), starting from the current values; prints the
+fitted constants and every run's error, and with ``--loo`` each run's error when the constants are refitted without
+it. Needs SciPy (installed with the dev requirements' dependencies; not needed by the planner itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+sys.path.insert(0, os.path.abspath(os.path.dirname(os.path.dirname(__file__))))
+
+from megatron.planner.calibrated import Calibration
+from megatron.planner.published_runs import PUBLISHED_RUNS, PublishedRun
+
+FITTED = ("gemm_peak_fraction", "gemm_knee", "activation_traffic", "zero3_overlap", "deepspeed_engine_efficiency")
+BOUNDS = ((0.3, 1.0), (0.0, 2000.0), (0.0, 40.0), (0.0, 1.0), (0.3, 1.0))
+
+
+def _calibration(x: Sequence[float]) -> Calibration:
+    return Calibration(**{**Calibration().__dict__, **dict(zip(FITTED, (float(v) for v in x), strict=True))})
+
+
+def _log_errors(x: Sequence[float], runs: Sequence[PublishedRun]) -> list[float]:
+    cal = _calibration(x)
+    return [math.log(r.predict(cal).tflops_per_gpu / r.published_tflops) for r in runs]
+
+
+def _loss(x: Sequence[float], runs: Sequence[PublishedRun]) -> float:
+    if any(not lo <= v <= hi for v, (lo, hi) in zip(x, BOUNDS, strict=True)):
+        return 1e9
+    e = _log_errors(x, runs)
+    return sum(v * v for v in e) / len(e) + 0.3 * max(abs(v) for v in e) ** 2
+
+
+def fit(runs: Sequence[PublishedRun], start: Sequence[float], iters: int = 1500) -> list[float]:
+    """The constants minimising the loss over ``runs``."""
+    from scipy.optimize import minimize  # type: ignore[import-untyped]  # a tool-only dependency
+
+    opts = {"maxiter": iters, "xatol": 1e-4, "fatol": 1e-9}
+    return [float(v) for v in minimize(_loss, list(start), args=(runs,), method="Nelder-Mead", options=opts).x]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--loo", action="store_true", help="also refit without each run and predict it")
+    ns = p.parse_args()
+    current = Calibration()
+    x = fit(PUBLISHED_RUNS, [getattr(current, n) for n in FITTED])
+    print("fitted: " + ", ".join(f"{n}={v:.4g}" for n, v in zip(FITTED, x, strict=True)))
+    for run, e in zip(PUBLISHED_RUNS, _log_errors(x, PUBLISHED_RUNS), strict=True):
+        print(f"  {run.name:<28} {100 * math.expm1(e):+6.1f}%")
+    if ns.loo:
+        for i, run in enumerate(PUBLISHED_RUNS):
+            rest = PUBLISHED_RUNS[:i] + PUBLISHED_RUNS[i + 1 :]
+            e = _log_errors(fit(rest, x, iters=400), (run,))[0]
+            print(f"  left out {run.name:<28} {100 * math.expm1(e):+6.1f}%", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
