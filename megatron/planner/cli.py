@@ -105,7 +105,7 @@ def resolve_vocab(args: Any, vocab_size: int | None = None) -> tuple[int, list[s
     return vocab_size, notes
 
 
-def _search(args: Any, hw: Hardware, vocab: int, ns: argparse.Namespace) -> int:
+def _search(args: Any, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
     if ns.top <= 0:
         raise ConfigError(f"--top {ns.top}: must be > 0")
     hw.check()
@@ -113,7 +113,9 @@ def _search(args: Any, hw: Hardware, vocab: int, ns: argparse.Namespace) -> int:
         result = search_layouts(args, hw, vocab, ns.memory_headroom)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
-    print(json.dumps(result.to_json(ns.top), indent=2) if ns.json else format_search(result, ns.top), flush=True)
+    print(
+        json.dumps(result.to_json(ns.top), indent=2) if ns.json else format_search(result, ns.top), file=out, flush=True
+    )
     return 0
 
 
@@ -131,7 +133,7 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
     vocab, vocab_notes = resolve_vocab(args, ns.vocab_size)
     notes += vocab_notes
     if ns.search:
-        return _search(args, hw, vocab, ns)
+        return _search(args, hw, vocab, ns, out or sys.stdout)
     try:
         plan = build_plan(args, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
     except ValueError as e:  # the model config refuses the shape

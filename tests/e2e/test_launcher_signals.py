@@ -288,12 +288,15 @@ def test_master_port_in_use_is_one_line(data: dict[str, str], tmp_path: Path) ->
     assert len(lines) == 1 and f"master_port {port} is already in use" in lines[0], res.describe()
 
 
-def test_plan_json_stdout_is_only_json() -> None:
+@pytest.mark.parametrize("search", [False, True], ids=["plan", "search"])
+def test_plan_json_stdout_is_only_json(search: bool) -> None:
     """The planner's ``--json`` goes to machines: stdout parses as JSON, DeepSpeed's log lines go to stderr (run
     without DS_ACCELERATOR, as a user would, so DeepSpeed logs its accelerator choice)."""
     env = {k: v for k, v in subprocess_env().items() if k != "DS_ACCELERATOR"}
     cmd = [PYTHON, "deepy.py", "--plan", "train.py", "configs/20B.yml", "--gpus", "96", "--json"]
-    res = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        cmd + ["--search"] * search, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
-    assert plan["hardware"]["gpus"] == 96
+    assert (plan["gpus"] if search else plan["hardware"]["gpus"]) == 96
