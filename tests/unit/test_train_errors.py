@@ -24,7 +24,9 @@ def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
             raise outcome
         return outcome
 
-    monkeypatch.setattr(NeoXArgs, "consume_neox_args", classmethod(lambda cls: SimpleNamespace(log_dir=None, rank=0)))
+    monkeypatch.setattr(
+        NeoXArgs, "consume_neox_args", classmethod(lambda cls, **kw: SimpleNamespace(log_dir=None, rank=0))
+    )
     monkeypatch.setattr(megatron.training.pretrain, "pretrain", fake_pretrain)
     monkeypatch.setattr(megatron.distributed, "shutdown_and_exit", lambda code: None)
     monkeypatch.syspath_prepend(str(REPO_ROOT))
