@@ -147,6 +147,9 @@ class GptNeoXArgsApi:
         user_script = getattr(self, "user_script", None)
         if not user_script:
             raise ConfigError("get_deepspeed_main_args: user_script is not set (the script deepy.py launches)")
+        if int(os.environ.get("WORLD_SIZE", "1")) == getattr(self, "global_num_gpus", 1):
+            # GPT-NeoX sets this process's rank values here; deepy's side of a multi-rank launch has none to set
+            getattr(self, "configure_distributed_args")()  # noqa: B009 - NeoXArgs' method
         return [
             *args,
             str(user_script),

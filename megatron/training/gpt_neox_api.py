@@ -28,7 +28,7 @@ def setup_model_and_optimizer(
     neox_args: Any, use_cache: bool = False, iteration: int | None = None
 ) -> tuple[Any, Any, Any]:
     """Build the model, optimizer and LR schedule under DeepSpeed and load ``load`` (at ``iteration`` if given);
-    returns ``(model, optimizer, lr_scheduler)`` and sets ``neox_args.iteration`` to the loaded iteration.
+    returns ``(model, optimizer, lr_scheduler)`` and sets the ``iteration`` key to the loaded iteration.
 
     Initialises distributed state and the tokenizer when the caller has not (GPT-NeoX requires both first).
     ``use_cache`` is accepted for GPT-NeoX's signature: our sequential model takes its KV cache per call.
