@@ -56,3 +56,9 @@ class FusedScaleMaskSoftmax(nn.Module):
             x = self.mask_func(x, mask)
         probs = torch.softmax(x, dim=-1)
         return probs.to(dtype) if self.input_in_float16 and self.softmax_in_fp32 else probs
+
+
+def gpt2_attention_mask_func(attention_scores: torch.Tensor, ltor_mask: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX's mask function for ``FusedScaleMaskSoftmax``: masked positions (``True``) get the dtype's lowest
+    value, in place."""
+    return attention_scores.masked_fill_(ltor_mask, torch.finfo(attention_scores.dtype).min)

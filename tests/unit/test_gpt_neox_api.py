@@ -167,3 +167,13 @@ def test_train_tokenizer_plain_text_and_no_output(tmp_path: Path, capsys: pytest
     out = tmp_path / "tok.json"
     size = train_tokenizer.train_tokenizer(str(text), str(out), vocab_size=300)
     assert json.loads(out.read_text())["model"]["type"] == "BPE" and 256 < size <= 300
+
+
+def test_gpt2_attention_mask_func_and_loss_hook_names() -> None:
+    import megatron.training
+    from megatron.model.gpt2_model import gpt2_attention_mask_func
+
+    scores = torch.zeros(1, 1, 2, 2)
+    out = gpt2_attention_mask_func(scores, torch.tensor([[[[False, True], [False, False]]]]))
+    assert out is scores and scores[0, 0, 0, 1] == torch.finfo(torch.float32).min and scores[0, 0, 1, 1] == 0
+    assert megatron.training.collect_loss_for_unit_test(1.0) is None
