@@ -23,6 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+
 REPO = Path(__file__).resolve().parent.parent
 OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
 
