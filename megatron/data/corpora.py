@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from megatron.data.document_reader import SUFFIXES
 from megatron.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
-from megatron.data.remote_corpora import DATASETS, fetch_dataset, fetch_gpt2_tokenizer_files
+from megatron.data.remote_corpora import DATASETS, UNPACKED_MARK, fetch_dataset, fetch_gpt2_tokenizer_files
 from megatron.errors import DataError
 
 # GPT-NeoX's prepare_data.py dataset names, downloaded when missing (megatron.data.remote_corpora)
@@ -126,6 +126,7 @@ def _resolve(dataset: str, data_dir: str, force_redownload: bool, max_docs: int 
                 for stale in (
                     os.path.join(folder, remote.filename),
                     os.path.join(folder, remote.filename + ".partial"),
+                    os.path.join(folder, remote.filename + UNPACKED_MARK),  # unpack the new copy again
                 ):
                     if os.path.isfile(stale):
                         os.remove(stale)

@@ -138,3 +138,17 @@ def test_gpt_neox_names_and_urls() -> None:
     downloaders = load_tool("tools/datasets/corpora.py").DATA_DOWNLOADERS
     assert downloaders["enwik8"].urls == ["http://mattmahoney.net/dc/enwik8.zip"]
     assert len(downloaders["c4"].urls) == 1024 and set(corpora.REMOTE_DATASETS) == set(downloaders)
+
+
+def test_force_redownload_fetches_and_unpacks_again(server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base, handler = server
+    local = remote_corpora.RemoteDataset("enwik8", [f"{base}/dc/enwik8.zip"])
+    monkeypatch.setitem(remote_corpora.DATASETS, "enwik8", local)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    for text in ("first version\n", "second version\n"):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("enwik8", text)
+        handler.files["/dc/enwik8.zip"] = buf.getvalue()
+        corpora.prepare_dataset("enwik8", "CharLevelTokenizer", data_dir=str(tmp_path), force_redownload=True)
+        assert (tmp_path / "enwik8" / "enwik8.txt").read_text() == text
