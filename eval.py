@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 
 
-def main() -> int:
-    """Parse the worker arguments, load the checkpoint, evaluate; returns the exit code."""
+def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
+    """Parse the worker arguments, load the checkpoint, evaluate; returns the exit code.
+
+    GPT-NeoX's signature: called with arguments (``get_deepspeed_main_args()``'s list, key overrides) it runs in
+    this process and raises on errors; as a script it prints them in one line and ends the rank."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     for noisy in ("lm_eval", "lm-eval", "datasets", "DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -25,20 +29,26 @@ def main() -> int:
     from megatron.evaluation.standalone import evaluate_checkpoint
     from megatron.neox_arguments import NeoXArgs
 
+    in_process = input_args is not None or overwrite_values is not None
     code = 0
     try:
-        args = NeoXArgs.consume_neox_args()
+        args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)
         path, metrics = evaluate_checkpoint(args)
         if path:
             print(json.dumps(metrics, indent=2, sort_keys=True), flush=True)
             print(f"wrote {path}", flush=True)
     except ValueError as e:  # configuration, task or checkpoint mistakes
+        if in_process:
+            raise
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
     except Exception:
+        if in_process:
+            raise
         logging.getLogger("megatron.eval").exception("evaluation failed")
         code = 1
-    shutdown_and_exit(code)
+    if not in_process:
+        shutdown_and_exit(code)
     return code
 
 

@@ -14,21 +14,28 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 
 
-def main() -> int:
-    """Parse the worker arguments, generate, print the samples on rank 0; returns the exit code."""
+def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
+    """Parse the worker arguments, generate, print the samples on rank 0; returns the exit code.
+
+    GPT-NeoX's signature: called with arguments (``get_deepspeed_main_args()``'s list, key overrides) it runs in
+    this process and raises on errors; as a script it prints them in one line and ends the rank."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     from megatron.distributed import shutdown_and_exit
     from megatron.generation.text_generation import run_generation
     from megatron.neox_arguments import NeoXArgs
 
+    in_process = input_args is not None or overwrite_values is not None
     try:
-        args = NeoXArgs.consume_neox_args()
+        args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)
         records = run_generation(args)
     except ValueError as e:  # configuration or checkpoint mistakes
+        if in_process:
+            raise
         print(f"error: {e}", file=sys.stderr, flush=True)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             shutdown_and_exit(1)
@@ -39,7 +46,7 @@ def main() -> int:
             continue
         note = f" [{record['message']}]" if record["message"] else ""
         print(f"----- prompt: {record['context']!r}{note}\n{record['context']}{record['text'] or ''}", flush=True)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not in_process:
         shutdown_and_exit(0)
     return 0
 

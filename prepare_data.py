@@ -3,10 +3,11 @@
 
     python prepare_data.py stdlib -t HFTokenizer -v tokenizer.json       # the embedded corpus (no network)
     python prepare_data.py my_docs.jsonl -t HFTokenizer -v tokenizer.json  # a local file or folder
-    python prepare_data.py enwik8 -v gpt2-vocab.json -m gpt2-merges.txt    # GPT-NeoX's names: from data/enwik8/
+    python prepare_data.py enwik8                                          # GPT-NeoX's names: downloaded
 
-neox-forge never downloads: GPT-NeoX's dataset names (enwik8, pile, ...) are read from files already in
-``<data-dir>/<name>/``, and a name with nothing there fails with a message saying so.
+GPT-NeoX's dataset names (enwik8, pile, ...) use the files already in ``<data-dir>/<name>/``, else download them
+(resumable, verified, atomic; GPT-2's vocab/merges too); with ``HF_DATASETS_OFFLINE=1`` a missing dataset is an
+error saying so.
 """
 
 from __future__ import annotations

@@ -1,10 +1,16 @@
-"""Pretrain a GPT model as configured (GPT-NeoX's ``train.py``); launched on every rank by ``deepy.py``."""
+"""Pretrain a GPT model as configured (GPT-NeoX's ``train.py``); launched on every rank by ``deepy.py``.
+
+``main(input_args=None, overwrite_values=None)`` has GPT-NeoX's signature: called with arguments (the list
+``NeoXArgs.get_deepspeed_main_args()`` returns, and key overrides) it trains in this process and raises on errors,
+as GPT-NeoX's own tests use it; run as a script it prints user errors in one line and ends the rank.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 
@@ -12,40 +18,48 @@ import megatron.setup_check  # noqa: F401  (first: a one-line hint when the envi
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
-def main() -> int:
-    """Parse the worker arguments, train, and end the rank cleanly; returns the exit code."""
+def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None, tee: bool) -> int:
+    from megatron.errors import UserError
+    from megatron.logging.tee import tee_output
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.neox_arguments.size_checks import check_fits_machine
+    from megatron.training.preemption import REQUEUE_EXIT_CODE
+    from megatron.training.pretrain import pretrain
+
+    # validated as deepy.py validates, whatever started this rank
+    args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)
+    check_fits_machine(args)  # before any model is built: an impossible size is one line, not a failed allocation
+    if args.log_dir and tee:  # in-process callers keep their own stdout
+        try:
+            tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
+        except OSError as e:
+            raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
+    result = pretrain(args)
+    if args.rank == 0:
+        print(f"training {'stopped' if result.preempted else 'finished'} at iteration {result.iteration}", flush=True)
+    # saved at a step boundary: the job can be requeued and resumes from there
+    return REQUEUE_EXIT_CODE if result.preempted else 0
+
+
+def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
+    """Parse the worker arguments, train; returns the exit code (see the module docstring for the two modes)."""
     from megatron.console import safe_console
     from megatron.launcher.secrets import install_log_redaction
-    from megatron.logging.tee import CurrentStdout, tee_output
+    from megatron.logging.tee import CurrentStdout
 
     safe_console()  # a non-ASCII path on an ASCII console is escaped, not a UnicodeEncodeError
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=CurrentStdout())
     install_log_redaction()
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if input_args is not None or overwrite_values is not None:
+        return _train(input_args, overwrite_values, tee=False)
     from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
-    from megatron.neox_arguments import NeoXArgs
-    from megatron.neox_arguments.size_checks import check_fits_machine
-    from megatron.training.preemption import REQUEUE_EXIT_CODE
-    from megatron.training.pretrain import pretrain
 
     code = 0
     try:
-        args = NeoXArgs.consume_neox_args()  # validated as deepy.py validates, whatever started this rank
-        check_fits_machine(args)  # before any model is built: an impossible size is one line, not a failed allocation
-        if args.log_dir:
-            try:
-                tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
-            except OSError as e:
-                raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
-        result = pretrain(args)
-        if result.preempted:  # saved at a step boundary: the job can be requeued and resumes from there
-            code = REQUEUE_EXIT_CODE
-        if args.rank == 0:
-            print(
-                f"training {'stopped' if result.preempted else 'finished'} at iteration {result.iteration}", flush=True
-            )
+        code = _train(None, None, tee=True)
     except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1

@@ -8,9 +8,18 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """``from megatron import NeoXArgs`` as in GPT-NeoX, without importing the config package for every submodule."""
+    """``from megatron import NeoXArgs`` / ``initialize_megatron`` as in GPT-NeoX, without importing the config
+    package (or torch) for every submodule."""
     if name == "NeoXArgs":
         from megatron.neox_arguments import NeoXArgs
 
         return NeoXArgs
+    if name == "build_neox_args_tokenizer":  # NeoXArgs.build_tokenizer(): the config layer cannot import it
+        from megatron.tokenizer import build_neox_args_tokenizer
+
+        return build_neox_args_tokenizer
+    if name == "initialize_megatron":
+        from megatron.initialize import initialize_megatron
+
+        return initialize_megatron
     raise AttributeError(f"module 'megatron' has no attribute {name!r}")

@@ -52,9 +52,12 @@ def set_random_seed(seed: int, *, pipe_rank: int = 0, pipe_size: int = 1, model_
     return seed
 
 
-def initialize_megatron(args: Any) -> InitConfig:
-    """``torch.distributed`` (gloo on CPU, nccl on CUDA; SLURM/MPI env discovery), mpu groups, seeds."""
-    cfg = InitConfig.from_neox_args(args)
+def initialize_megatron(neox_args: Any, allow_no_cuda: bool = False) -> InitConfig:
+    """``torch.distributed`` (gloo on CPU, nccl on CUDA; SLURM/MPI env discovery), mpu groups, seeds.
+
+    GPT-NeoX's signature; ``allow_no_cuda`` is accepted and needs nothing here (every path runs on CPU)."""
+    del allow_no_cuda
+    cfg = InitConfig.from_neox_args(neox_args)
     backend = cfg.distributed_backend
 
     if on_cpu() and backend != "gloo":

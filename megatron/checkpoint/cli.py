@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
 
 from megatron.checkpoint.layout import CheckpointError, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.safe_load import trust_checkpoints
 from megatron.logging.progress import progress
+from megatron.neox_arguments import KNOWN_KEYS
+from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 
 
 def setup_logging() -> None:
@@ -66,3 +72,14 @@ def run(main: Callable[[], int]) -> int:
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+
+
+def merged_config_file(config_files: list[str], overrides: dict[str, Any], directory: str) -> str:
+    """``config_files`` merged with ``overrides`` over them (GPT-NeoX's ``overwrite_values``), written as one YAML
+    file in ``directory``; returns its path. Unknown keys raise ``ConfigError`` (a ``ValueError``)."""
+    merged = merge_config_files(list(config_files), KNOWN_KEYS)
+    apply_overrides(merged, overrides, KNOWN_KEYS, "overwrite_values")
+    path = os.path.join(directory, "merged_config.yml")
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(merged.values, f, sort_keys=True)
+    return path

@@ -1,5 +1,6 @@
 """Datasets named on ``prepare_data.py``'s command line: the embedded stdlib corpus, local files, and GPT-NeoX's
-downloadable corpora (which neox-forge never downloads: it tokenizes copies already on disk).
+downloadable corpora (files already in ``<data-dir>/<name>/`` are used; otherwise they are downloaded, unless
+``HF_DATASETS_OFFLINE=1``).
 
 The embedded corpus is the Python standard library's own sources on this machine, as JSONL: one line
 ``{"text": <source>, "meta": {"path": <path relative to the stdlib>}}`` per file, in sorted relative-path order, so
@@ -17,29 +18,11 @@ from dataclasses import dataclass
 
 from megatron.data.document_reader import SUFFIXES
 from megatron.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
+from megatron.data.remote_corpora import DATASETS, UNPACKED_MARK, fetch_dataset, fetch_gpt2_tokenizer_files
+from megatron.errors import DataError
 
-# GPT-NeoX's prepare_data.py dataset names (downloaded from the internet there)
-REMOTE_DATASETS = (
-    "enwik8",
-    "enwiki",
-    "pile_subset",
-    "pile",
-    "github",
-    "arxiv",
-    "europarl",
-    "freelaw",
-    "nih",
-    "pubmed",
-    "books1",
-    "books3",
-    "hackernews",
-    "openwebtext2",
-    "stackexchange",
-    "ubuntu_irc",
-    "youtube_subtitles",
-    "c4",
-    "c4_openwebtext",
-)
+# GPT-NeoX's prepare_data.py dataset names, downloaded when missing (megatron.data.remote_corpora)
+REMOTE_DATASETS = tuple(DATASETS)
 EMBEDDED = "stdlib"
 
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "idle_test"}
@@ -104,8 +87,13 @@ def _local_inputs(path: str) -> list[str]:
         os.path.join(dirpath, f)
         for dirpath, _, files in os.walk(path)
         for f in files
-        if f.endswith(SUFFIXES) and not f.endswith(".partial")
+        if f.endswith(SUFFIXES) and not f.endswith((".partial", ".tar.gz", ".tgz"))  # archives are unpacked first
     )
+
+
+def offline() -> bool:
+    """``HF_DATASETS_OFFLINE=1`` (the Hugging Face switch for dataset downloads) forbids downloading corpora."""
+    return os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
 def _resolve(dataset: str, data_dir: str, force_redownload: bool, max_docs: int | None) -> tuple[str, list[str]]:
@@ -128,11 +116,22 @@ def _resolve(dataset: str, data_dir: str, force_redownload: bool, max_docs: int 
         inputs = _local_inputs(folder) if os.path.isdir(folder) else []
         if inputs and not force_redownload:
             return dataset, inputs
-        raise ValueError(
-            f"dataset {dataset!r} has to be downloaded, and neox-forge does not download datasets (this machine may "
-            f"have no network): put its documents ({', '.join(SUFFIXES)}) in {folder}/ and run again, pass a local "
-            f"file or folder instead of the name, or use {EMBEDDED!r} (the embedded corpus)"
-        )
+        if offline():
+            raise DataError(
+                f"dataset {dataset!r} has to be downloaded and downloads are off (HF_DATASETS_OFFLINE=1): put its "
+                f"documents ({', '.join(SUFFIXES)}) in {folder}/, pass a local file or folder, or use {EMBEDDED!r}"
+            )
+        if force_redownload:
+            for remote in DATASETS[dataset].files:
+                for stale in (
+                    os.path.join(folder, remote.filename),
+                    os.path.join(folder, remote.filename + ".partial"),
+                    os.path.join(folder, remote.filename + UNPACKED_MARK),  # unpack the new copy again
+                ):
+                    if os.path.isfile(stale):
+                        os.remove(stale)
+        fetch_dataset(dataset, folder)
+        return dataset, _local_inputs(folder)
     close = difflib.get_close_matches(dataset, [EMBEDDED, *REMOTE_DATASETS], n=3)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     raise ValueError(
@@ -158,10 +157,15 @@ def prepare_dataset(
         vocab_file = vocab_file or os.path.join(data_dir, "gpt2-vocab.json")
         merge_file = merge_file or os.path.join(data_dir, "gpt2-merges.txt")
         missing = [p for p in (vocab_file, merge_file) if not os.path.isfile(p)]
+        defaults = (os.path.join(data_dir, "gpt2-vocab.json"), os.path.join(data_dir, "gpt2-merges.txt"))
+        if missing and (vocab_file, merge_file) == defaults and not offline():
+            fetch_gpt2_tokenizer_files(vocab_file, merge_file)  # GPT-NeoX downloads them too
+            missing = []
         if missing:
+            why = " (downloads are off: HF_DATASETS_OFFLINE=1)" if offline() else ""
             raise ValueError(
-                f"GPT2BPETokenizer needs GPT-2's vocab and merges files, not found: {', '.join(missing)} (neox-forge "
-                "does not download them): pass -v/--vocab-file and -m/--merge-file, or another --tokenizer"
+                f"GPT2BPETokenizer needs GPT-2's vocab and merges files, not found: {', '.join(missing)}{why}: pass "
+                "-v/--vocab-file and -m/--merge-file, or another --tokenizer"
             )
     name, inputs = _resolve(dataset_name, data_dir, force_redownload, max_docs)
     prefix = os.path.join(data_dir, name, name)

@@ -24,6 +24,7 @@ from megatron import mpu
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
 from megatron.model.config import GPTModelConfig
 from megatron.model.fused_loss import fused_lm_cross_entropy
+from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 - GPT-NeoX's name lives here
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.moe import with_aux_loss

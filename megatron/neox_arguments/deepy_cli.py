@@ -101,6 +101,10 @@ def parse_deepy_args(argv: list[str]) -> DeepyArgs:
     if not os.path.isfile(ns.user_script):
         raise ConfigError(f"script not found: {ns.user_script}")
     overrides = _parse_overrides(extra)
+    eval_tasks = ns.eval_tasks
+    if eval_tasks and len(eval_tasks) == 1 and eval_tasks[0].lstrip().startswith("["):
+        # `--eval_tasks '["lambada"]'`: a list literal, as any other list key is written on this command line
+        eval_tasks = parse_cli_value(eval_tasks[0], HINTS["eval_tasks"])
     named = {
         "hostfile": ns.hostfile,
         "sample_input_file": ns.sample_input_file,
@@ -108,7 +112,7 @@ def parse_deepy_args(argv: list[str]) -> DeepyArgs:
         "wandb_group": ns.wandb_group,
         "wandb_run_name": ns.wandb_run_name,
         "wandb_team": ns.wandb_team,
-        "eval_tasks": ns.eval_tasks,
+        "eval_tasks": eval_tasks,
         "iteration": ns.iteration,
         "eval_results_prefix": ns.eval_results_prefix,
         "autotuning_run": ns.autotuning,

@@ -18,6 +18,21 @@ from megatron.cluster.worker_env import describe_ranks, discover_rank_env
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.gpt_neox_api import (  # noqa: F401 - GPT-NeoX's section names live in this module
+    GptNeoXArgsApi,
+    NeoXArgsDeepspeedConfig,
+    NeoXArgsDeepspeedRunner,
+    NeoXArgsLogging,
+    NeoXArgsLRScheduler,
+    NeoXArgsModel,
+    NeoXArgsMoE,
+    NeoXArgsOptimizer,
+    NeoXArgsOther,
+    NeoXArgsParallelism,
+    NeoXArgsTextgen,
+    NeoXArgsTokenizer,
+    NeoXArgsTraining,
+)
 from megatron.neox_arguments.keys import HINTS, KEY_SECTION, KNOWN_KEYS
 from megatron.neox_arguments.loader import (
     MergedConfig,
@@ -109,12 +124,13 @@ class _SaveDir(str):
         return (str, (str(self),))  # copies and pickles are plain strings
 
 
-class NeoXArgs:
+class NeoXArgs(GptNeoXArgsApi):
     """The resolved configuration. Read any GPT-NeoX key as an attribute: ``args.hidden_size``.
 
     Build it with ``from_ymls`` (config files), ``from_dict`` or, on a launched rank, ``consume_neox_args``.
     Construction type-checks every value, runs ``derive()``, the validation rules and the unsupported-feature
-    table, and raises one ``ConfigError`` listing every problem.
+    table, and raises one ``ConfigError`` listing every problem. GPT-NeoX's scripting names (``get_deepspeed_main_args``,
+    ``megatron_config``, ``build_tokenizer``, ...) come from ``GptNeoXArgsApi``.
     """
 
     def __init__(

@@ -117,7 +117,8 @@ RANGES: dict[str, Range] = {
     "num_workers": NON_NEGATIVE,
     "curriculum_seqlen": NON_NEGATIVE,
     # training length, intervals, checkpoints
-    **dict.fromkeys(("train_iters", "train_epochs", "exit_interval", "keep_last_n_checkpoints"), AT_LEAST_ONE),
+    "train_iters": NON_NEGATIVE,  # 0: GPT-NeoX's way to save the initial model (with extra_save_iters: [0])
+    **dict.fromkeys(("train_epochs", "exit_interval", "keep_last_n_checkpoints"), AT_LEAST_ONE),
     **dict.fromkeys(("eval_interval", "log_interval", "steps_per_print", "adlr_autoresume_interval"), AT_LEAST_ONE),
     "eval_iters": NON_NEGATIVE,
     "iteration": NON_NEGATIVE,

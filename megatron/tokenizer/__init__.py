@@ -1,5 +1,7 @@
 """Tokenizers of every GPT-NeoX ``tokenizer_type``, loaded from local files, and ``padded_vocab_size``."""
 
+from typing import Any
+
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.tokenizer.tokenizer import (
     EOD_TOKEN,
@@ -16,6 +18,18 @@ from megatron.tokenizer.tokenizer import (
     build_tokenizer,
 )
 
+
+def build_neox_args_tokenizer(args: Any) -> AbstractTokenizer:
+    """GPT-NeoX's ``neox_args.build_tokenizer()``: build, attach as ``args.tokenizer``, set ``padded_vocab_size``."""
+    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    padded = padded_vocab_size(
+        tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
+    )
+    args.update_value("padded_vocab_size", padded)
+    args.update_value("tokenizer", tokenizer)
+    return tokenizer
+
+
 __all__ = [
     "EOD_TOKEN",
     "PAD_TOKEN",
@@ -28,6 +42,7 @@ __all__ = [
     "SPMTokenizer",
     "TiktokenTokenizer",
     "TokenizerConfig",
+    "build_neox_args_tokenizer",
     "build_tokenizer",
     "padded_vocab_size",
 ]

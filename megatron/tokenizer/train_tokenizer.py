@@ -30,16 +30,30 @@ PRESETS = ("neox", "lossless")
 
 
 def iter_json_texts(input_dir: str, text_key: str = "text", max_docs: int | None = None) -> Iterator[str]:
-    """Texts of every ``*.jsonl``/``*.json`` file in ``input_dir`` (sorted); errors name file and line."""
-    files = sorted(glob.glob(os.path.join(input_dir, "*.jsonl")) + glob.glob(os.path.join(input_dir, "*.json")))
-    files = [f for f in files if not f.endswith("tokenizer.json")]  # do not train on a previous output
+    """Texts of every ``*.jsonl``/``*.json`` file in ``input_dir`` (sorted); errors name file and line.
+
+    ``input_dir`` may also be one file: JSON lines when it ends in ``.jsonl``/``.json``, else plain text with one
+    document per non-empty line (GPT-NeoX's own test passes ``enwik8_first100.txt`` here).
+    """
+    if os.path.isfile(input_dir):
+        files = [input_dir]
+    else:
+        files = sorted(glob.glob(os.path.join(input_dir, "*.jsonl")) + glob.glob(os.path.join(input_dir, "*.json")))
+        files = [f for f in files if not f.endswith("tokenizer.json")]  # do not train on a previous output
     if not files:
         raise DataError(f"--json_input_dir {input_dir!r} holds no *.jsonl or *.json files")
     count = 0
     for path in files:
+        plain = not path.endswith((".jsonl", ".json"))
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
+                    continue
+                if plain:
+                    yield line.rstrip("\r\n")
+                    count += 1
+                    if max_docs is not None and count >= max_docs:
+                        return
                     continue
                 try:
                     doc = json.loads(line)
@@ -62,7 +76,10 @@ def train_tokenizer(
     preset: str = "neox",
     max_docs: int | None = None,
 ) -> int:
-    """Train and save the tokenizer JSON; returns the vocabulary size reached."""
+    """Train and save the tokenizer JSON; returns the vocabulary size reached.
+
+    An empty ``save_path`` trains without saving, as GPT-NeoX does (a dry run of the data and settings).
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     if tokenizer_type != "BPE":
@@ -83,6 +100,9 @@ def train_tokenizer(
         show_progress=bars_enabled(),  # the tokenizers library draws its own bars on stderr
     )
     tok.train_from_iterator(iter_json_texts(input_dir, text_key, max_docs), trainer)
+    if not save_path:
+        logger.info("no --tokenizer_output_path: the tokenizer was trained but not saved")
+        return tok.get_vocab_size()
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
     tmp = save_path + ".tmp"
     tok.save(tmp, pretty=True)
@@ -93,8 +113,10 @@ def train_tokenizer(
 def parse_args(input_args: list[str] | None = None) -> argparse.Namespace:
     """GPT-NeoX's flags (plus ``--text_key``, ``--preset``, ``--max_docs``); ``input_args`` defaults to argv."""
     parser = argparse.ArgumentParser(description="Train a byte-level BPE tokenizer (tokenizers JSON) on JSONL files.")
-    parser.add_argument("--json_input_dir", required=True, help="directory with *.jsonl / *.json documents")
-    parser.add_argument("--tokenizer_output_path", required=True, help="output tokenizer file (.json)")
+    parser.add_argument(
+        "--json_input_dir", required=True, help="directory with *.jsonl / *.json documents, or one such or text file"
+    )
+    parser.add_argument("--tokenizer_output_path", required=True, help="output tokenizer file (.json); '': not saved")
     parser.add_argument("--tokenizer_type", default="BPE", choices=["BPE"])
     parser.add_argument("-v", "--vocab_size", type=int, default=52000)
     parser.add_argument("--text_key", default="text", help="JSON key holding the document text")
@@ -117,9 +139,8 @@ def main(args: argparse.Namespace | None = None) -> None:
         getattr(args, "preset", "neox"),
         getattr(args, "max_docs", None),
     )
-    print(
-        f"Tokenizer saved at {args.tokenizer_output_path} (vocab size {size}, preset {getattr(args, 'preset', 'neox')})"
-    )
+    where = f"saved at {args.tokenizer_output_path}" if args.tokenizer_output_path else "trained (not saved)"
+    print(f"Tokenizer {where} (vocab size {size}, preset {getattr(args, 'preset', 'neox')})")
 
 
 def cli(input_args: list[str] | None = None) -> int:

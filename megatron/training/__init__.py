@@ -1,1 +1,25 @@
-"""Training: the loop, step variants, optimizers, LR schedules and checkpoints."""
+"""Training: the loop, step variants, optimizers, LR schedules and checkpoints.
+
+GPT-NeoX's ``megatron/training.py`` names (``pretrain``, ``setup_model_and_optimizer``) are read from here, as in
+``from megatron.training import setup_model_and_optimizer``. They are resolved on first use: the run composition
+imports DeepSpeed, the model and the data pipeline, which importing a light submodule (``learning_rates``, ...)
+must not pay for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_GPT_NEOX_NAMES = ("pretrain", "setup_model_and_optimizer")
+
+
+def collect_loss_for_unit_test(lm_ss: float) -> None:
+    """Called with the LM loss of every training step (GPT-NeoX's hook: tests patch it to collect the losses)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _GPT_NEOX_NAMES:
+        from megatron.training import gpt_neox_api
+
+        return getattr(gpt_neox_api, name)
+    raise AttributeError(f"module 'megatron.training' has no attribute {name!r}")

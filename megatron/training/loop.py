@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+import megatron.training
 from megatron import mpu
 from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.errors import UserError
@@ -186,6 +187,7 @@ class Trainer:
             interval_iters += 1
             self.profiler.after(state.iteration)
             state.history.append(result.lm_loss)
+            megatron.training.collect_loss_for_unit_test(result.lm_loss)  # GPT-NeoX's hook, read at call time
             self._count(state, result)
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
             scalars.update(result.extra)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -344,3 +346,14 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         preemption.uninstall()
         metrics.close()
         save_lock.release()
+
+
+class _CallableModule(types.ModuleType):
+    """GPT-NeoX's ``from megatron.training import pretrain`` names the function; here the name is this module
+    (imported as ``megatron.training.pretrain``), which therefore calls through to it."""
+
+    def __call__(self, neox_args: NeoXArgs) -> PretrainResult:
+        return pretrain(neox_args)
+
+
+sys.modules[__name__].__class__ = _CallableModule

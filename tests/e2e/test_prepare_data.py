@@ -55,7 +55,7 @@ def test_embedded_stdlib_corpus(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args,expected",
     [
-        (["enwik8", "-t", "CharLevelTokenizer"], "neox-forge does not download datasets"),
+        (["enwik8", "-t", "CharLevelTokenizer"], "has to be downloaded and downloads are off"),
         (["enwik9", "-t", "CharLevelTokenizer"], "unknown dataset 'enwik9'"),
         (["stdlib"], "GPT2BPETokenizer needs GPT-2's vocab and merges files"),
     ],

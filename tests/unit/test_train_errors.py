@@ -27,7 +27,7 @@ def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
     monkeypatch.setattr(
         NeoXArgs,
         "consume_neox_args",
-        classmethod(lambda cls: SimpleNamespace(log_dir=None, rank=0, hidden_size=None, num_layers=None)),
+        classmethod(lambda cls, **kw: SimpleNamespace(log_dir=None, rank=0, hidden_size=None, num_layers=None)),
     )
     monkeypatch.setattr(megatron.training.pretrain, "pretrain", fake_pretrain)
     monkeypatch.setattr(megatron.distributed, "shutdown_and_exit", lambda code: None)

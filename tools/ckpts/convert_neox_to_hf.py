@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from typing import Any
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
@@ -38,9 +40,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Convert; returns the exit code."""
-    args = parse_args(argv)
+def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
+    """Convert; returns the exit code. GPT-NeoX's signature: ``overwrite_values`` (config keys) override the
+    ``--config_file`` values, e.g. ``{"tokenizer_type": ...}``."""
+    args = parse_args(input_args)
+    if not overwrite_values:
+        return _convert(args)
+    if not args.config_file:
+        raise ValueError("overwrite_values needs --config_file (the values it overrides)")
+    with tempfile.TemporaryDirectory() as tmp:
+        args.config_file = [cli.merged_config_file(args.config_file, overwrite_values, tmp)]
+        return _convert(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
     cli.apply_trust_flag(args)
     set_quiet(args.quiet)
     from megatron.checkpoint import read_checkpoint

@@ -6,6 +6,9 @@ Each line is ``{"text": <source>, "meta": {"path": <path relative to the stdlib>
 relative-path order, so the corpus is deterministic for a given Python installation. ``site-packages`` (which
 depends on what is installed) is always excluded; test suites are excluded unless ``--include-tests``.
 No network access.
+
+``DATA_DOWNLOADERS`` maps GPT-NeoX's downloadable dataset names to their URLs (``.name``, ``.urls``), as GPT-NeoX's
+module of this name does; ``prepare_data.py NAME`` downloads them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.data.corpora import build_stdlib_corpus, stdlib_dir
+from megatron.data.remote_corpora import DATASETS as DATA_DOWNLOADERS  # noqa: F401 - GPT-NeoX's name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,138 @@
+"""GPT-NeoX's downloadable corpora (the names and URLs of its ``tools/datasets/corpora.py``) and their download.
+
+``fetch_dataset(name, folder)`` downloads a corpus's files into ``folder`` (``megatron.data.download``: resumable,
+verified, atomic) and unpacks archives (``.zip``, ``.tar``, ``.tar.gz``) next to them, so that the tokenizer finds
+documents it reads (``.jsonl[.zst|.gz]``, ``.json[.gz]``, ``.txt``). GPT-NeoX publishes no checksums for them: each
+file is checked against the length its server announces and archives against their own CRCs; enwik8 is also checked
+to be exactly 10⁸ bytes (its definition: the first 10⁸ bytes of an English Wikipedia dump).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron.data.download import RemoteFile, download_file
+from megatron.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+_EYE = "https://the-eye.eu/public/AI/pile_preliminary_components"
+GPT2_VOCAB_URL = "https://s3.amazonaws.com/models.huggingface.co/bert/gpt2-vocab.json"
+GPT2_MERGE_URL = "https://s3.amazonaws.com/models.huggingface.co/bert/gpt2-merges.txt"
+UNPACKED_MARK = ".unpacked"
+
+
+@dataclass(frozen=True)
+class RemoteDataset:
+    """A corpus GPT-NeoX's ``prepare_data.py`` downloads by name; ``unpacked_sizes`` checks extracted files."""
+
+    name: str
+    urls: list[str]
+    unpacked_sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[RemoteFile]:
+        return [RemoteFile(url) for url in self.urls]
+
+
+def _datasets() -> dict[str, RemoteDataset]:
+    pile = "https://the-eye.eu/public/AI/pile/train"
+    c4 = "https://the-eye.eu/eleuther_staging/c4"
+    table = [
+        RemoteDataset("enron", ["http://eaidata.bmk.sh/data/enron_emails.jsonl.zst"]),
+        RemoteDataset("pile_subset", [f"{pile}/00.jsonl.zst"]),
+        RemoteDataset("pile", [f"{pile}/{i:02}.jsonl.zst" for i in range(30)]),
+        RemoteDataset("github", ["http://eaidata.bmk.sh/data/github_small.jsonl.zst"]),
+        RemoteDataset("arxiv", [f"{_EYE}/2020-09-08-arxiv-extracts-nofallback-until-2007-068.tar.gz"]),
+        RemoteDataset("europarl", [f"{_EYE}/EuroParliamentProceedings_1996_2011.jsonl.zst"]),
+        RemoteDataset("freelaw", [f"{_EYE}/FreeLaw_Opinions.jsonl.zst"]),
+        RemoteDataset("nih", [f"{_EYE}/NIH_ExPORTER_awarded_grant_text.jsonl.zst"]),
+        RemoteDataset("pubmed", [f"{_EYE}/PMC_extracts.tar.gz"]),
+        RemoteDataset("books1", [f"{_EYE}/books1.tar.gz"]),
+        RemoteDataset("books3", [f"{_EYE}/books3.tar.gz"]),
+        RemoteDataset("hackernews", [f"{_EYE}/hn.tar.gz"]),
+        RemoteDataset(
+            "openwebtext2",
+            ["https://huggingface.co/datasets/segyges/OpenWebText2/resolve/main/openwebtext2.jsonl.zst.tar"],
+        ),
+        RemoteDataset("stackexchange", [f"{_EYE}/stackexchange_dataset.tar"]),
+        RemoteDataset("ubuntu_irc", [f"{_EYE}/ubuntu_irc_until_2020_9_1.jsonl.zst"]),
+        RemoteDataset("youtube_subtitles", [f"{_EYE}/yt_subs.jsonl.zst"]),
+        RemoteDataset("c4", [f"{c4}/en/c4-train.{i:05}-of-01024.json.gz" for i in range(1024)]),
+        RemoteDataset("c4_openwebtext", [f"{c4}/realnewslike/c4-train.{i:05}-of-00512.json.gz" for i in range(512)]),
+        RemoteDataset("enwik8", ["http://mattmahoney.net/dc/enwik8.zip"], {"enwik8.txt": 100_000_000}),
+    ]
+    return {d.name: d for d in table}
+
+
+DATASETS: dict[str, RemoteDataset] = _datasets()
+
+
+def _unpack_zip(archive: Path, folder: Path) -> None:
+    with zipfile.ZipFile(archive) as z:
+        bad = z.testzip()
+        if bad is not None:
+            raise DataError(f"{archive}: member {bad} fails its CRC check; delete the file and run again")
+        for info in z.infolist():
+            name = Path(info.filename)
+            if info.is_dir():
+                continue
+            if name.is_absolute() or ".." in name.parts:
+                raise DataError(f"{archive}: member {info.filename!r} points outside the folder; not unpacked")
+            # a member without a document suffix (enwik8) is plain text
+            target = folder / (
+                str(name) if name.suffix in (".jsonl", ".json", ".txt", ".zst", ".gz") else f"{name}.txt"
+            )
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".partial")
+            with z.open(info) as src, open(tmp, "wb") as out:
+                while block := src.read(1 << 20):
+                    out.write(block)
+            os.replace(tmp, target)
+
+
+def _unpack(archive: Path, folder: Path) -> None:
+    """Unpack ``archive`` into ``folder`` once (a marker file records it)."""
+    mark = folder / (archive.name + UNPACKED_MARK)
+    if mark.exists():
+        return
+    logger.info("unpacking %s", archive)
+    try:
+        if archive.suffix == ".zip":
+            _unpack_zip(archive, folder)
+        else:
+            with tarfile.open(archive) as t:
+                t.extractall(folder, filter="data")  # refuses members outside the folder, links, devices
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError) as e:
+        raise DataError(f"{archive}: not a readable archive ({e}); delete it and run again") from None
+    mark.touch()
+
+
+def fetch_dataset(name: str, folder: str | Path) -> list[Path]:
+    """Download (or finish downloading) corpus ``name`` into ``folder`` and unpack its archives; returns the files."""
+    dataset = DATASETS[name]
+    folder = Path(folder)
+    paths = []
+    for remote in dataset.files:
+        path = download_file(remote, folder / remote.filename)
+        if path.name.endswith((".zip", ".tar", ".tar.gz", ".tgz")):
+            _unpack(path, folder)
+        paths.append(path)
+    for member, size in dataset.unpacked_sizes.items():
+        have = (folder / member).stat().st_size if (folder / member).is_file() else None
+        if have != size:
+            raise DataError(
+                f"{name}: {folder / member} should be {size} bytes but is {have}; delete {folder} and rerun"
+            )
+    return paths
+
+
+def fetch_gpt2_tokenizer_files(vocab_file: str, merge_file: str) -> None:
+    """GPT-NeoX's ``maybe_download_gpt2_tokenizer_data``: GPT-2's vocab and merges, when missing."""
+    for url, path in ((GPT2_VOCAB_URL, vocab_file), (GPT2_MERGE_URL, merge_file)):
+        download_file(RemoteFile(url), path)
