@@ -95,6 +95,7 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
         ("num_unique_layers", 1, "parameter sharing"),
         ("s3_chunk_size", 5, "S3"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
+        ("comet_experiment", "run-1", "Comet"),
     ],
 )
 def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> None:
@@ -121,3 +122,28 @@ def test_precompute_model_name_is_read_by_dpo_and_kto() -> None:
             env=CPU1,
         )
         assert PostTrainingConfig.from_neox_args(args).reads_precomputed_reference is reads, (impl, extra)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("scheduler", {"type": "WarmupLR", "params": {}}), ("curriculum_seqlen", 16), ("hysteresis", 4)]
+)
+def test_keys_that_change_nothing_are_warned(key: str, value: object, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        NeoXArgs({**TINY, key: value}, env=CPU1)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{key}=")], key
+
+
+def test_static_loss_scale_reaches_the_fp16_block(caplog: pytest.LogCaptureFixture) -> None:
+    """GPT-NeoX drops a top-level ``loss_scale`` (DeepSpeed then scales dynamically); we hand it to DeepSpeed."""
+    ds = NeoXArgs({**TINY, "precision": "fp16", "loss_scale": 256}, env=CPU1).deepspeed_config
+    assert ds["fp16"] == {"enabled": True, "loss_scale": 256}
+    block = {"enabled": True, "loss_scale": 256, "initial_scale_power": 12}
+    both = NeoXArgs({**TINY, "fp16": block, "loss_scale": 256}, env=CPU1).deepspeed_config
+    assert both["fp16"] == block
+    assert NeoXArgs({**TINY, "fp16": {"enabled": True}}, env=CPU1).deepspeed_config["fp16"] == {"enabled": True}
+    with pytest.raises(ConfigError, match=r"loss_scale=128.0 conflicts with fp16.loss_scale=256"):
+        NeoXArgs({**TINY, "fp16": block, "loss_scale": 128}, env=CPU1)
+    with caplog.at_level(logging.WARNING):
+        ds = NeoXArgs({**TINY, "precision": "bfloat16", "loss_scale": 256}, env=CPU1).deepspeed_config
+    assert "fp16" not in ds or not ds["fp16"].get("enabled")
+    assert any("loss_scale=256.0 is ignored" in r.getMessage() for r in caplog.records)
