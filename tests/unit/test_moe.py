@@ -62,11 +62,19 @@ def reference(layer: ParallelDroplessMoE, x: torch.Tensor, params: dict[str, tor
 
 
 @pytest.mark.parametrize(
-    "router,top_k,activation",
-    [("topk", 2, "gelu"), ("topk", 1, "swiglu"), ("sinkhorn", 1, "gelu"), ("sinkhorn", 2, "swiglu")],
+    "router,top_k,activation,gated",
+    [
+        ("topk", 2, "gelu", False),
+        ("topk", 1, "swiglu", True),
+        ("topk", 2, "swiglu", False),
+        ("sinkhorn", 1, "gelu", False),
+        ("sinkhorn", 2, "swiglu", True),
+        ("sinkhorn", 1, "geglu", False),
+    ],
 )
-def test_layer_equals_dense_expert_loop_values_and_grads(router: str, top_k: int, activation: str) -> None:
-    cfg = tiny(moe_router_type=router, moe_top_k=top_k, activation=activation)
+def test_layer_equals_dense_expert_loop_values_and_grads(router: str, top_k: int, activation: str, gated: bool) -> None:
+    """Gated activations without ``moe_gated_experts`` apply their function (SiLU, GELU) ungated, as GPT-NeoX."""
+    cfg = tiny(moe_router_type=router, moe_top_k=top_k, activation=activation, moe_gated_experts=gated)
     layer = build_layer(cfg).train()
     x = torch.randn(5, 3, H, generator=torch.Generator().manual_seed(1), requires_grad=True)
     grad_out = torch.randn(5, 3, H, generator=torch.Generator().manual_seed(2))
@@ -77,7 +85,8 @@ def test_layer_equals_dense_expert_loop_values_and_grads(router: str, top_k: int
 
     mlp = layer.experts.mlp
     names = {"router": layer.router.layer.weight, "w1": mlp.w1, "w2": mlp.w2}
-    if cfg.is_gated:
+    assert hasattr(mlp, "w3") is gated
+    if cfg.moe_experts_gated:
         names["w3"] = mlp.w3
     params = {n: p.detach().clone().requires_grad_(True) for n, p in names.items()}
     x_ref = x.detach().clone().requires_grad_(True)
@@ -196,7 +205,7 @@ def test_invalid_moe_config_is_refused_with_the_key(change: dict, message: str) 
 def test_tp_sharding_splits_whole_experts_and_merges_back() -> None:
     from megatron.model.tp_sharding import merge_state_dicts, partition_spec, shard_state_dict
 
-    cfg = tiny(num_layers=2, activation="swiglu")
+    cfg = tiny(num_layers=2, activation="swiglu", moe_gated_experts=True)
     full = build_sequential_model(cfg).state_dict()
     assert partition_spec("sequential.2.mlp.experts.mlp.w3", cfg) == (0, None)
     assert partition_spec("sequential.2.mlp.router.layer.weight", cfg) == (None, None)
