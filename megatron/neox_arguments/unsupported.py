@@ -88,6 +88,7 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     },
     "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
+    "load_universal": "loading DeepSpeed universal checkpoints",
     "autotuning": "DeepSpeed autotuning",
     "autotuning_run": "DeepSpeed autotuning",
     # DeepSpeed 0.19 removed these features and rejects their config keys
