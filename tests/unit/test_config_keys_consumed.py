@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.neox_args import _NOT_DS_CONFIG
@@ -143,6 +144,10 @@ def test_static_loss_scale_reaches_the_fp16_block(caplog: pytest.LogCaptureFixtu
     """GPT-NeoX drops a top-level ``loss_scale`` (DeepSpeed then scales dynamically); we hand it to DeepSpeed."""
     ds = NeoXArgs({**TINY, "precision": "fp16", "loss_scale": 256}, env=CPU1).deepspeed_config
     assert ds["fp16"] == {"enabled": True, "loss_scale": 256}
+    parsed = DeepSpeedConfig(dict(ds))  # DeepSpeed itself reads a static scale from it
+    assert parsed.float16_config.enabled and parsed.float16_config.loss_scale == 256
+    dynamic = DeepSpeedConfig(NeoXArgs({**TINY, "precision": "fp16"}, env=CPU1).deepspeed_config)
+    assert dynamic.float16_config.loss_scale == 0
     block = {"enabled": True, "loss_scale": 256, "initial_scale_power": 12}
     both = NeoXArgs({**TINY, "fp16": block, "loss_scale": 256}, env=CPU1).deepspeed_config
     assert both["fp16"] == block
