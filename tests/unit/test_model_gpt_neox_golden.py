@@ -1,21 +1,24 @@
 """Checkpoint tensor names and shapes against GPT-NeoX's own model (``tests/fixtures/gpt-neox/model_tensors.json``,
 see its README): the Pythia shape, tied embeddings with learned positions, the Llama shape (SwiGLU, RMSNorm, no
-biases), grouped-query attention, and MoE layers with a plain and each gated activation."""
+biases), grouped-query attention, and MoE layers with a plain and each gated activation; and which initialiser each
+tensor gets (``model_init_stats.json``: the mean and std of every tensor of GPT-NeoX's freshly built model)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from megatron.model import GPTModelConfig, build_sequential_model
 from megatron.neox_arguments import LaunchEnv, NeoXArgs
 
-FIXTURE = json.loads(
-    (Path(__file__).resolve().parent.parent / "fixtures" / "gpt-neox" / "model_tensors.json").read_text()
-)
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpt-neox"
+FIXTURE = json.loads((FIXTURES / "model_tensors.json").read_text())
+INIT_STATS = json.loads((FIXTURES / "model_init_stats.json").read_text())
 NOT_OURS = ("global_num_gpus", "tokenizer_type", "use_cpu_initialization")
 
 
@@ -51,3 +54,24 @@ def test_gated_experts_are_ours_on_request(activation: str) -> None:
     h, e = case["config"]["hidden_size"], case["config"]["moe_num_experts"]
     assert theirs["2.mlp.experts.mlp.w1"] == [e * 4 * h, h]
     assert ours["2.mlp.experts.mlp.w1"] == ours["2.mlp.experts.mlp.w3"] == [e * 256, h]
+
+
+@pytest.mark.parametrize("case", INIT_STATS["cases"], ids=lambda c: c["name"])
+def test_each_tensor_gets_gpt_neoxs_initialiser(case: dict[str, Any]) -> None:
+    """Same std per tensor within sampling error (the draws differ: GPT-NeoX's RNG order is its own); norms and
+    biases exactly as GPT-NeoX sets them."""
+    torch.manual_seed(0)
+    ours = {
+        k.removeprefix("sequential."): v.float() for k, v in build_sequential_model(_config(case)).state_dict().items()
+    }
+    theirs = case["tensors"]
+    assert sorted(ours) == sorted(theirs)
+    for name, want in theirs.items():
+        t = ours[name]
+        assert list(t.shape) == want["shape"], name
+        if want["std"] == 0.0:
+            assert float(t.std()) == 0.0 and float(t.mean()) == want["mean"], name
+            continue
+        n = t.numel()
+        assert float(t.std()) == pytest.approx(want["std"], rel=8 / math.sqrt(n)), name
+        assert abs(float(t.mean()) - want["mean"]) <= 8 * want["std"] / math.sqrt(n), name
