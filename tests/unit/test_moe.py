@@ -195,11 +195,26 @@ def test_checkpointing_and_loss_scale_keep_moe_grads_exact() -> None:
         (dict(moe_loss_weight=-1.0), "moe_loss_weight=-1.0 must be >= 0"),
         (dict(sequence_parallel=True), "cannot be combined with sequence_parallel"),
         (dict(moe_num_experts=0), "moe_num_experts=0 must be an int >= 1"),
+        (dict(moe_gated_experts=True), "moe_gated_experts needs a gated activation (geglu, *), got 'gelu'"),
+        (dict(moe_gated_experts=True, moe_num_experts=1, activation="swiglu"), "applies to MoE models only"),
     ],
 )
 def test_invalid_moe_config_is_refused_with_the_key(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=".*".join(map(__import__("re").escape, message.split("*")))):
         tiny(**change)
+
+
+def test_moe_gated_experts_is_checked_by_the_config_too() -> None:
+    from megatron.model.config import GATED_ACTIVATIONS
+    from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+    from megatron.neox_arguments.moe_checks import GATED_ACTIVATIONS as CHECKED
+
+    assert CHECKED == GATED_ACTIVATIONS
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32, "moe_gated_experts": True}
+    base.update(max_position_embeddings=32, train_micro_batch_size_per_gpu=2, moe_num_experts=4)
+    with pytest.raises(ConfigError, match="moe_gated_experts needs a gated activation"):
+        NeoXArgs(base, env=LaunchEnv(world_size=1, on_cpu=True))
+    assert NeoXArgs({**base, "activation": "geglu"}, env=LaunchEnv(world_size=1, on_cpu=True)).moe_gated_experts
 
 
 def test_tp_sharding_splits_whole_experts_and_merges_back() -> None:
