@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,20 @@ def test_deepspeed_config_carries_what_gpt_neox_passes(case: dict[str, Any]) -> 
     if "fp16" in theirs:
         theirs["fp16"] = {k: v for k, v in theirs["fp16"].items() if k != "type"}  # DeeperSpeed-only
     assert _same(ours, theirs), (ours, theirs)
+
+
+def test_unpacked_label_data_keeps_a_document_trained_only_at_its_last_position(tmp_path: Path) -> None:
+    """A sample holds ``seq_length + 1`` tokens and trains the labels at positions 1..seq_length. GPT-NeoX skips a
+    document when its first ``seq_length`` labels are -100, dropping one whose only trained label is at position
+    ``seq_length``; we read ``seq_length + 1`` labels and keep it (docs/gpt-neox-differences.md)."""
+    from megatron.data.gpt2_dataset import GPT2Dataset
+    from tests.unit.test_data_blending_splits import corpus
+
+    sizes, seq = [5, 5, 3], 4
+    labels = [[-100, -100, -100, -100, 9], [-100] * 5, [1, 2, 3]]
+    prefix, indexed = corpus(tmp_path, sizes)
+    _, label_ds = corpus(tmp_path, sizes, name="labels", labels=labels)
+    ds = GPT2Dataset("train", prefix, np.arange(3), indexed, 4, seq, 5, pack_impl="unpacked", label_dataset=label_ds)
+    assert sorted(set(ds.doc_idx.tolist())) == [0, 2]  # GPT-NeoX keeps only document 2
+    sample = next(ds[i] for i in range(len(ds)) if ds[i]["text"][0] == 1)
+    assert sample["label"].tolist() == labels[0]
