@@ -225,6 +225,7 @@ MODEL_KEYS = (
     "moe_top_k",
     "moe_router_type",
     "moe_normalize_expert_weights",
+    "moe_gated_experts",
     "moe_jitter_eps",
     "moe_loss_weight",
 )

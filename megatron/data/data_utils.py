@@ -84,10 +84,13 @@ class DataConfig:
         """Raise ValueError naming the key when the data keys are inconsistent."""
         if self.pack_impl not in PACK_IMPLS:
             raise DataError(f"pack_impl {self.pack_impl!r} is not one of {', '.join(PACK_IMPLS)}")
+        if self.train_epochs and self.pack_impl != "packed":
+            raise DataError("train_epochs needs pack_impl packed")
         if self.train_epochs and (
-            self.pack_impl != "packed" or (self.train_data_paths and len(self.train_data_paths) > 1)
+            self.weight_by_num_documents or any(float(w) != 1.0 for w in self.train_data_weights or [])
         ):
-            raise DataError("train_epochs needs pack_impl packed and a single dataset (data_path or one train path)")
+            # GPT-NeoX's rule: an epoch of several datasets is each of them once, which fixes their shares
+            raise DataError("train_epochs with several train_data_paths needs train_data_weights unset or all 1.0")
         if self.data_path and self.train_data_paths:
             raise DataError("set either data_path (with split) or train/valid/test_data_paths, not both")
         if not self.data_path and not self.train_data_paths:
@@ -204,8 +207,8 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
                 num_docs = [min(n, cfg.weighted_document_limit) for n in num_docs]
             weights = weights_by_num_documents(num_docs, cfg.weighted_sampler_alpha)
         per_dataset: list[int | None]
-        if count is None:
-            weights, per_dataset = [float(w) for w in normalize_weights(weights)], [None] * len(paths)
+        if count is None:  # train_epochs: one epoch of every dataset, blended in proportion to its samples
+            weights, per_dataset = [], [None] * len(paths)
         else:
             weights, counted = weighted_num_samples(weights, count)
             per_dataset = list(counted)
@@ -216,6 +219,10 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             datasets.append(
                 _gpt2(cfg, f"{split}_{i}", prefix, docs, ds, per_dataset[i], label_dataset=labels, barrier=barrier)
             )
+        if count is None:
+            # GPT-NeoX blends epochs with equal weights, so a smaller dataset repeats and a larger one is cut short
+            # (docs/gpt-neox-differences.md); in proportion to their lengths each is read exactly once.
+            weights = [float(len(d)) for d in datasets]
         result.append(BlendableDataset(datasets, weights))
     return result[0], result[1], result[2]
 

@@ -222,6 +222,8 @@ class GPTModelConfig:
     """Weight of the load-balancing auxiliary loss (mean over MoE layers) added to the LM loss."""
     moe_lbl_in_fp32: bool = False
     """Compute the router probabilities of the load-balancing loss in fp32."""
+    moe_gated_experts: bool = False
+    """Gated activations: gated experts (w1, w3, w2 at int(8h/3)); False builds GPT-NeoX's ungated w1/w2 at 4h."""
 
     def __post_init__(self) -> None:
         self.attention_config = expand_attention_config(self.attention_config or None, self.num_layers)
@@ -313,12 +315,18 @@ class GPTModelConfig:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
     @property
+    def moe_experts_gated(self) -> bool:
+        """Experts with a gate (``w3``): a gated activation and ``moe_gated_experts``. GPT-NeoX always builds its
+        ungated grouped MLP and applies the gated activation's function to ``w1``'s output alone."""
+        return self.is_gated and self.moe_gated_experts
+
+    @property
     def moe_ffn_size(self) -> int:
-        """Width of one expert (GPT-NeoX's grouped MLP): intermediate_size, else 4h (gated: int(8h/3)) rounded up
-        to a multiple of 256."""
+        """Width of one expert: intermediate_size, else 4h (gated experts: int(8h/3)) rounded up to a multiple of
+        256 (GPT-NeoX's grouped MLPs)."""
         if self.intermediate_size:
             return self.intermediate_size
-        ffn = int(2 * self.hidden_size * 4 / 3) if self.is_gated else 4 * self.hidden_size
+        ffn = int(2 * self.hidden_size * 4 / 3) if self.moe_experts_gated else 4 * self.hidden_size
         return 256 * math.ceil(ffn / 256)
 
     def replace(self, **changes: Any) -> GPTModelConfig:

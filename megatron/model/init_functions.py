@@ -47,8 +47,8 @@ def get_init_method(name: str, sigma: float, num_layers: int, hidden_size: int) 
     """The GPT-NeoX initialiser ``name`` for std ``sigma`` (``init_method_std``), depth L and width h.
 
     normal σ; scaled_normal σ/√(2L); single_residual_scaled_normal σ/√L; small_init √(2/(5h));
-    wang_init 2/(L·√h); orthogonal gain √2 (GPT-NeoX passes a wrong layer count here; we use 1);
-    scaled_orthogonal gain √(2/L); xavier_uniform / xavier_normal.
+    wang_init 2/(L·√h); orthogonal gain √2 (GPT-NeoX's `orthogonal` always raises: it passes use_mup as the
+    layer count; we build its evident intent, L = 1); scaled_orthogonal gain √(2/L); xavier_uniform / xavier_normal.
     """
     if name == "normal":
         return normal_init(sigma)

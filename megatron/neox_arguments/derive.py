@@ -7,6 +7,7 @@ arguments. ``LaunchEnv.capture`` gathers the few facts about the machine it need
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from megatron.cluster.hostfile import count_ranks, read_hostfile
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
+
+logger = logging.getLogger(__name__)
 
 ZERO_DEFAULTS: dict[str, Any] = {
     "stage": 0,
@@ -189,6 +192,26 @@ def _precision(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> N
         out["fp16"] = fp16
     if precision == "bfloat16" and not bf16_on:
         out["bf16"] = {**(v["bf16"] or {}), "enabled": True}
+    _static_loss_scale(v, precision, out, problems)
+
+
+def _static_loss_scale(v: dict[str, Any], precision: str, out: dict[str, Any], problems: list[str]) -> None:
+    """The top-level ``loss_scale`` goes into the fp16 block, where DeepSpeed reads it. GPT-NeoX drops it (DeepSpeed
+    then scales dynamically); docs/gpt-neox-differences.md."""
+    scale = v["loss_scale"]
+    if scale is None:
+        return
+    if precision != "fp16":
+        logger.warning(
+            "loss_scale=%s is ignored: a static loss scale applies to fp16 only (precision %s)", scale, precision
+        )
+        return
+    fp16 = dict(out.get("fp16") or v["fp16"] or {})
+    if fp16.get("loss_scale") is not None and float(fp16["loss_scale"]) != float(scale):
+        problems.append(f"loss_scale={scale} conflicts with fp16.loss_scale={fp16['loss_scale']}; set one of them")
+        return
+    fp16["loss_scale"] = scale
+    out["fp16"] = fp16
 
 
 PIPE_FP16_ZERO_NOTE = (

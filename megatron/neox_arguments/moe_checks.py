@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 ROUTER_TYPES = ("sinkhorn", "topk")
+GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")  # megatron.model.config's (it imports this file)
 
 
 def moe_problems(cfg: Any) -> list[str]:
@@ -14,6 +15,13 @@ def moe_problems(cfg: Any) -> list[str]:
     problems: list[str] = []
     if not isinstance(cfg.moe_num_experts, int) or cfg.moe_num_experts < 1:
         return [f"moe_num_experts={cfg.moe_num_experts!r} must be an int >= 1 (1 = dense MLPs)"]
+    if getattr(cfg, "moe_gated_experts", False):
+        if cfg.moe_num_experts == 1:
+            problems.append("moe_gated_experts applies to MoE models only (moe_num_experts > 1)")
+        elif getattr(cfg, "activation", "swiglu") not in GATED_ACTIVATIONS:
+            problems.append(
+                f"moe_gated_experts needs a gated activation ({', '.join(GATED_ACTIVATIONS)}), got {cfg.activation!r}"
+            )
     if cfg.moe_num_experts == 1:
         return problems
     if not isinstance(cfg.moe_expert_interval, int) or cfg.moe_expert_interval < 1:

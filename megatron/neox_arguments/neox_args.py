@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 
 # Objects attached while running; never serialised.
-RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "comet_experiment", "adlr_autoresume_object")
+RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "adlr_autoresume_object")
 # DeepSpeed-section keys that are NeoX bookkeeping, not DeepSpeed config.
 _NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_seqlen", "load_universal"}
 _DEEPERSPEED_ONLY = {"fp16", "bf16", "type"}

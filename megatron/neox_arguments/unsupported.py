@@ -64,6 +64,7 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "comet_experiment_name",
             "comet_tags",
             "comet_others",
+            "comet_experiment",
         )
     },
     **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
@@ -87,6 +88,7 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     },
     "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
+    "load_universal": "loading DeepSpeed universal checkpoints",
     "autotuning": "DeepSpeed autotuning",
     "autotuning_run": "DeepSpeed autotuning",
     # DeepSpeed 0.19 removed these features and rejects their config keys
@@ -122,6 +124,10 @@ IGNORED_KEYS: dict[str, str] = {
     "do_train": _RUNTIME,
     "do_valid": _RUNTIME,
     "do_test": _RUNTIME,
+    "scheduler": "the learning rate follows lr_decay_style, warmup and min_lr; GPT-NeoX passes this block to "
+    "DeepSpeed with its own scheduler, which DeepSpeed prefers, so it is ignored there too",
+    "curriculum_seqlen": "GPT-NeoX's running sequence length of curriculum learning (curriculum_learning is not "
+    "supported)",
 }
 
 # key -> {value: feature}: values of otherwise supported keys that are refused.

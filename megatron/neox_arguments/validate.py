@@ -163,7 +163,7 @@ def _post_training(c: Ctx) -> list[str]:
 
 def _moe(c: Ctx) -> list[str]:
     keys: tuple[str, ...] = ("moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type", "moe_jitter_eps")
-    keys += ("moe_loss_weight", "moe_normalize_expert_weights")
+    keys += ("moe_loss_weight", "moe_normalize_expert_weights", "moe_gated_experts", "activation")
     cfg = SimpleNamespace(**{k: c.v[k] for k in keys})
     cfg.sequence_parallel = c.v["sequence_parallel"]
     return moe_problems(cfg) + moe_layout_problems(c.v)

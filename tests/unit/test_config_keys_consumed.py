@@ -1,4 +1,6 @@
 """Every config key is used, refused when set, or warned about as ignored: a key nothing reads and no table lists fails.
+Statically (its name is read by code) for every key, and dynamically for every key of a scalar type: set to a
+non-default value it must be refused, warned about, or change the DeepSpeed config, a module config or another key.
 
 "Used" means the key's name occurs as an identifier (or a one-identifier string) in code that acts on it (megatron/, tools/, the entry points), not counting the
 schema (sections/), the refusal and ignore tables, the docs generator and validate.py (checking a key is not using
@@ -9,15 +11,20 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import logging
+import typing
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.neox_args import _NOT_DS_CONFIG
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.unsupported import IGNORED_KEYS, UNSUPPORTED_KEYS
+from tests.unit.test_module_configs import CONFIGS
 from tests.unit.test_neox_args import CPU1, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +102,7 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
         ("num_unique_layers", 1, "parameter sharing"),
         ("s3_chunk_size", 5, "S3"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
+        ("comet_experiment", "run-1", "Comet"),
     ],
 )
 def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> None:
@@ -121,3 +129,147 @@ def test_precompute_model_name_is_read_by_dpo_and_kto() -> None:
             env=CPU1,
         )
         assert PostTrainingConfig.from_neox_args(args).reads_precomputed_reference is reads, (impl, extra)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("scheduler", {"type": "WarmupLR", "params": {}}), ("curriculum_seqlen", 16), ("hysteresis", 4)]
+)
+def test_keys_that_change_nothing_are_warned(key: str, value: object, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        NeoXArgs({**TINY, key: value}, env=CPU1)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{key}=")], key
+
+
+def test_static_loss_scale_reaches_the_fp16_block(caplog: pytest.LogCaptureFixture) -> None:
+    """GPT-NeoX drops a top-level ``loss_scale`` (DeepSpeed then scales dynamically); we hand it to DeepSpeed."""
+    ds = NeoXArgs({**TINY, "precision": "fp16", "loss_scale": 256}, env=CPU1).deepspeed_config
+    assert ds["fp16"] == {"enabled": True, "loss_scale": 256}
+    parsed = DeepSpeedConfig(dict(ds))  # DeepSpeed itself reads a static scale from it
+    assert parsed.float16_config.enabled and parsed.float16_config.loss_scale == 256
+    dynamic = DeepSpeedConfig(NeoXArgs({**TINY, "precision": "fp16"}, env=CPU1).deepspeed_config)
+    assert dynamic.float16_config.loss_scale == 0
+    block = {"enabled": True, "loss_scale": 256, "initial_scale_power": 12}
+    both = NeoXArgs({**TINY, "fp16": block, "loss_scale": 256}, env=CPU1).deepspeed_config
+    assert both["fp16"] == block
+    assert NeoXArgs({**TINY, "fp16": {"enabled": True}}, env=CPU1).deepspeed_config["fp16"] == {"enabled": True}
+    with pytest.raises(ConfigError, match=r"loss_scale=128.0 conflicts with fp16.loss_scale=256"):
+        NeoXArgs({**TINY, "fp16": block, "loss_scale": 128}, env=CPU1)
+    with caplog.at_level(logging.WARNING):
+        ds = NeoXArgs({**TINY, "precision": "bfloat16", "loss_scale": 256}, env=CPU1).deepspeed_config
+    assert "fp16" not in ds or not ds["fp16"].get("enabled")
+    assert any("loss_scale=256.0 is ignored" in r.getMessage() for r in caplog.records)
+
+
+# Keys whose effect is outside what the walk below observes (the DeepSpeed config, the module configs, the derived
+# keys), with the code that reads them (the static test above checks that something does).
+_LAUNCHER = "read by deepy / megatron/launcher before any rank starts"
+_GENERATE = "read by generate.py (megatron/generation)"
+READ_ELSEWHERE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "hostfile",
+            "include",
+            "exclude",
+            "num_gpus",
+            "master_port",
+            "master_addr",
+            "launcher",
+            "force_multi",
+            "comment",
+            "account",
+            "deepspeed_mpi",
+            "deepspeed_slurm",
+            "user_script",
+        ),
+        _LAUNCHER,
+    ),
+    **dict.fromkeys(("world_size", "rank", "local_rank"), "set by the launcher in each rank's environment"),
+    **dict.fromkeys(
+        ("return_logits", "prompt_end", "sample_output_file", "num_samples", "inference_precision"), _GENERATE
+    ),
+    "eval_results_prefix": "read by eval.py (megatron/evaluation)",
+    "padded_vocab_size": "set from the tokenizer; the model reads it (test_model_gpt_neox_golden.py)",
+    "git_hash": "recorded in the saved config and the evaluation results",
+    "torch_compile": "read by pretrain (megatron/training/torch_compile.py)",
+    "char_level_ppl": "read by the training loop and in-training evaluation",
+    "max_consecutive_nonfinite_steps": "read by pretrain's non-finite guard (megatron/training/nonfinite.py)",
+    "loss_spike_skip_zscore": "read by pretrain's loss-spike guard (megatron/training/loss_spike.py)",
+}
+
+
+def _scalar_candidate(hint: Any, default: Any) -> Any:
+    """A valid-looking non-default value for a key of a scalar type (bool, int, float, str, Literal); else None."""
+    options = (
+        [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is not Literal else []
+    )
+    t = options[0] if options else hint
+    if typing.get_origin(t) is Literal:
+        return next((c for c in typing.get_args(t) if c != default), None)
+    if t is bool:
+        return True if default is None else not default
+    if t is int:
+        return (default or 0) + 1
+    if t is float:
+        return default / 2 if default else 0.5
+    if t is str:
+        return "x"
+    return None
+
+
+def _observable(args: NeoXArgs) -> dict[str, str]:
+    """Everything a key can change: the DeepSpeed config, every module config (or its refusal), every key's resolved
+    value."""
+    seen = {"deepspeed": json.dumps(args.deepspeed_config, sort_keys=True, default=str)}
+    for cls in CONFIGS:
+        try:
+            cfg = cls.from_neox_args(args, 0) if cls.__name__ == "BatchConfig" else cls.from_neox_args(args)
+        except ValueError as e:  # refused when the module is built (ConfigError is a ValueError)
+            seen[cls.__name__] = f"refused: {e}"
+            continue
+        seen[cls.__name__] = repr(dataclasses.asdict(cfg))
+    seen.update({f"key {k}": repr(v) for k, v in args.to_dict().items()})
+    return seen
+
+
+def test_every_scalar_key_set_changes_something_or_is_refused_or_warned(caplog: pytest.LogCaptureFixture) -> None:
+    """Walks every schema key of a scalar type, sets a non-default value and checks the config refuses it (an error
+    naming the key), warns about it, or changes something observable besides the key itself; keys read only by
+    entry points are listed in READ_ELSEWHERE. Lists, mappings and paths are covered by the static test above."""
+    base_values = {**TINY, "train_iters": 10}
+
+    def build(values: dict[str, Any]) -> NeoXArgs:
+        args = NeoXArgs(values, env=CPU1)
+        args.update_value("padded_vocab_size", 128)
+        return args
+
+    base = _observable(build(base_values))
+    silent, errors = [], []
+    for cls in SECTIONS.values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f.name
+            if key in UNSUPPORTED_KEYS or key in IGNORED_KEYS or f.metadata.get("derived"):
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            value = _scalar_candidate(hints[key], default)
+            if value is None:
+                continue
+            caplog.clear()
+            with caplog.at_level(logging.WARNING):
+                try:
+                    args = build({**base_values, key: value})
+                except ConfigError as e:
+                    if not any(key in p for p in e.problems):
+                        errors.append(f"{key}={value!r}: {e.problems[0]}")
+                    continue
+            if any(key in r.getMessage() for r in caplog.records):
+                continue
+            changed = [n for n, v in _observable(args).items() if n != f"key {key}" and v != base[n]]
+            if not changed:
+                silent.append(key)
+    assert not errors, f"errors that do not name the key set: {errors}"
+    assert sorted(silent) == sorted(READ_ELSEWHERE), (
+        f"set to a non-default value, these keys change nothing observable, and are not refused, warned about or "
+        f"listed in READ_ELSEWHERE: {sorted(set(silent) - set(READ_ELSEWHERE))}; stale entries: "
+        f"{sorted(set(READ_ELSEWHERE) - set(silent))}"
+    )

@@ -66,6 +66,7 @@ NO_BAD_VALUE: dict[str, str] = {
     "s3_path": PATH,
     **dict.fromkeys(("wandb_group", "wandb_run_name", "wandb_team", "wandb_project", "comet_workspace"), FREE),
     **dict.fromkeys(("comet_project", "comet_experiment_name", "precompute_model_name", "prompt_end"), FREE),
+    "comet_experiment": FREE,
     **dict.fromkeys(("eval_results_prefix", "comment", "account", "master_addr"), FREE),
     "comet_others": "free metadata handed to Comet unchanged",
     **dict.fromkeys(("autotuning", "activation_checkpointing", "sparse_attention", "data_efficiency"), PASS),

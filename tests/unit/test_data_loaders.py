@@ -167,8 +167,22 @@ def test_train_epochs_builds_one_epoch_per_split(tmp_path):
     assert sorted(np.asarray(train.doc_idx).tolist()) == list(range(48))  # every train document exactly once
     assert (tmp_path / "x_text_document_train_indexmap_Nonens_16sl_1234s_packedpi_ac_doc_idx.npy").exists()
     assert valid is not None
-    with pytest.raises(ValueError, match="train_epochs"):
-        config(train_data_paths=["a", "b"], train_epochs=1).validate()
+    with pytest.raises(ValueError, match="train_epochs with several train_data_paths needs train_data_weights"):
+        config(train_data_paths=["a", "b"], train_data_weights=[1.0, 2.0], train_epochs=1).validate()
+
+
+def test_train_epochs_reads_each_of_several_datasets_once(tmp_path):
+    """GPT-NeoX allows train_epochs with several train paths (weights all 1) but blends them equally, repeating the
+    smaller; we blend in proportion to their lengths, so an epoch is every sample of every dataset exactly once."""
+    prefixes = [str(tmp_path / f"d{i}_text_document") for i in range(2)]
+    write_corpus(prefixes[0], 12, seed=1)
+    write_corpus(prefixes[1], 40, seed=2)
+    paths = {"train_data_paths": prefixes, "valid_data_paths": prefixes[:1], "test_data_paths": prefixes[:1]}
+    train, _, _ = build_train_valid_test_datasets(config(data_path=None, **paths, train_iters=None, train_epochs=1))
+    assert len(train) == sum(len(d) for d in train.datasets)
+    for i, ds in enumerate(train.datasets):
+        drawn = sorted(int(j) for d, j in zip(train.dataset_index, train.dataset_sample_index) if d == i)
+        assert drawn == list(range(len(ds))), i
 
 
 def test_starting_an_epoch_leaves_the_global_torch_rng_alone(tmp_path):

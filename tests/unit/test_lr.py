@@ -1,4 +1,6 @@
-"""The annealing LR schedule against GPT-NeoX's formulas, evaluated by hand at chosen iterations."""
+"""The annealing LR schedule against GPT-NeoX's formulas, evaluated by hand at chosen iterations (GPT-NeoX's own outputs at
+every step: tests/unit/test_training_gpt_neox_golden.py); plus what GPT-NeoX lacks (inverse_sqrt) and the checkpoint
+round trip."""
 
 from __future__ import annotations
 

@@ -62,11 +62,19 @@ def reference(layer: ParallelDroplessMoE, x: torch.Tensor, params: dict[str, tor
 
 
 @pytest.mark.parametrize(
-    "router,top_k,activation",
-    [("topk", 2, "gelu"), ("topk", 1, "swiglu"), ("sinkhorn", 1, "gelu"), ("sinkhorn", 2, "swiglu")],
+    "router,top_k,activation,gated",
+    [
+        ("topk", 2, "gelu", False),
+        ("topk", 1, "swiglu", True),
+        ("topk", 2, "swiglu", False),
+        ("sinkhorn", 1, "gelu", False),
+        ("sinkhorn", 2, "swiglu", True),
+        ("sinkhorn", 1, "geglu", False),
+    ],
 )
-def test_layer_equals_dense_expert_loop_values_and_grads(router: str, top_k: int, activation: str) -> None:
-    cfg = tiny(moe_router_type=router, moe_top_k=top_k, activation=activation)
+def test_layer_equals_dense_expert_loop_values_and_grads(router: str, top_k: int, activation: str, gated: bool) -> None:
+    """Gated activations without ``moe_gated_experts`` apply their function (SiLU, GELU) ungated, as GPT-NeoX."""
+    cfg = tiny(moe_router_type=router, moe_top_k=top_k, activation=activation, moe_gated_experts=gated)
     layer = build_layer(cfg).train()
     x = torch.randn(5, 3, H, generator=torch.Generator().manual_seed(1), requires_grad=True)
     grad_out = torch.randn(5, 3, H, generator=torch.Generator().manual_seed(2))
@@ -77,7 +85,8 @@ def test_layer_equals_dense_expert_loop_values_and_grads(router: str, top_k: int
 
     mlp = layer.experts.mlp
     names = {"router": layer.router.layer.weight, "w1": mlp.w1, "w2": mlp.w2}
-    if cfg.is_gated:
+    assert hasattr(mlp, "w3") is gated
+    if cfg.moe_experts_gated:
         names["w3"] = mlp.w3
     params = {n: p.detach().clone().requires_grad_(True) for n, p in names.items()}
     x_ref = x.detach().clone().requires_grad_(True)
@@ -186,6 +195,8 @@ def test_checkpointing_and_loss_scale_keep_moe_grads_exact() -> None:
         (dict(moe_loss_weight=-1.0), "moe_loss_weight=-1.0 must be >= 0"),
         (dict(sequence_parallel=True), "cannot be combined with sequence_parallel"),
         (dict(moe_num_experts=0), "moe_num_experts=0 must be an int >= 1"),
+        (dict(moe_gated_experts=True), "moe_gated_experts needs a gated activation (geglu, *), got 'gelu'"),
+        (dict(moe_gated_experts=True, moe_num_experts=1, activation="swiglu"), "applies to MoE models only"),
     ],
 )
 def test_invalid_moe_config_is_refused_with_the_key(change: dict, message: str) -> None:
@@ -193,10 +204,23 @@ def test_invalid_moe_config_is_refused_with_the_key(change: dict, message: str) 
         tiny(**change)
 
 
+def test_moe_gated_experts_is_checked_by_the_config_too() -> None:
+    from megatron.model.config import GATED_ACTIVATIONS
+    from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
+    from megatron.neox_arguments.moe_checks import GATED_ACTIVATIONS as CHECKED
+
+    assert CHECKED == GATED_ACTIVATIONS
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32, "moe_gated_experts": True}
+    base.update(max_position_embeddings=32, train_micro_batch_size_per_gpu=2, moe_num_experts=4)
+    with pytest.raises(ConfigError, match="moe_gated_experts needs a gated activation"):
+        NeoXArgs(base, env=LaunchEnv(world_size=1, on_cpu=True))
+    assert NeoXArgs({**base, "activation": "geglu"}, env=LaunchEnv(world_size=1, on_cpu=True)).moe_gated_experts
+
+
 def test_tp_sharding_splits_whole_experts_and_merges_back() -> None:
     from megatron.model.tp_sharding import merge_state_dicts, partition_spec, shard_state_dict
 
-    cfg = tiny(num_layers=2, activation="swiglu")
+    cfg = tiny(num_layers=2, activation="swiglu", moe_gated_experts=True)
     full = build_sequential_model(cfg).state_dict()
     assert partition_spec("sequential.2.mlp.experts.mlp.w3", cfg) == (0, None)
     assert partition_spec("sequential.2.mlp.router.layer.weight", cfg) == (None, None)

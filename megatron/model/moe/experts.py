@@ -5,8 +5,8 @@ The experts of a layer are sharded over the tensor-parallel group (expert parall
 computes its own experts' share of every token and the shares are summed by the caller's TP reduction.
 
 Parameters (GPT-NeoX's grouped-MLP layout, no biases), ``E_r = E/tp`` local experts of width ``f``:
-``mlp.w1`` [E_r·f, h] (input projection; the gate for gated activations), ``mlp.w3`` [E_r·f, h] (gated only: the
-up projection) and ``mlp.w2`` [E_r·f, h] (output projection, used as ``y = a @ w2_e``).
+``mlp.w1`` [E_r·f, h] (input projection; the gate of gated experts), ``mlp.w3`` [E_r·f, h] (gated experts only,
+``moe_gated_experts`` with a gated activation: the up projection) and ``mlp.w2`` [E_r·f, h] (output projection, used as ``y = a @ w2_e``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class GroupedExpertMLP(nn.Module):
         self.local_experts = cfg.moe_num_experts // tp
         self.first_expert = mpu.get_model_parallel_rank() * self.local_experts
         self.ffn = cfg.moe_ffn_size
-        self.gated = cfg.is_gated
+        self.gated = cfg.moe_experts_gated
         self.activation = get_activation(cfg)
         shape = (cfg.moe_num_experts * self.ffn, cfg.hidden_size)
         self.w1 = self._weight(shape, init_method, cfg)

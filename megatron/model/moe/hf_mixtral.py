@@ -39,8 +39,11 @@ def mixtral_config(cfg: GPTModelConfig, kwargs: dict[str, Any], window: int | No
                 f"moe_router_type={cfg.moe_router_type!r}, moe_normalize_expert_weights="
                 f"{cfg.moe_normalize_expert_weights} (Mixtral routes with normalised top-k: set topk and true)"
             )
-    if cfg.activation != "swiglu":
-        problems.append(f"activation={cfg.activation!r} (Mixtral experts are SwiGLU)")
+    if cfg.activation != "swiglu" or (cfg.is_moe and not cfg.moe_gated_experts):
+        problems.append(
+            f"activation={cfg.activation!r}, moe_gated_experts={cfg.moe_gated_experts} (Mixtral experts are "
+            "gated SwiGLU MLPs: set swiglu and true)"
+        )
     if problems:
         raise ValueError(f"no exact MixtralForCausalLM equivalent: {'; '.join(problems)}")
     kwargs = {**kwargs, "intermediate_size": cfg.moe_ffn_size}
@@ -66,6 +69,7 @@ def mixtral_moe_keys(hf_config: Any) -> dict[str, Any]:
         "moe_top_k": hf_config.num_experts_per_tok,
         "moe_router_type": "topk",
         "moe_normalize_expert_weights": True,
+        "moe_gated_experts": True,
         "moe_expert_interval": 1,
         "moe_jitter_eps": jitter or None,
         "moe_loss_weight": float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0),

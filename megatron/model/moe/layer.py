@@ -1,5 +1,5 @@
 """``ParallelDroplessMoE``: the MLP of an MoE layer (router + dropless experts), GPT-NeoX's tensor names
-``mlp.router.layer.weight`` and ``mlp.experts.mlp.w1`` / ``w2`` (``w3`` for gated activations).
+``mlp.router.layer.weight`` and ``mlp.experts.mlp.w1`` / ``w2`` (``w3`` with ``moe_gated_experts``).
 
 Same call signature as the dense MLP: ``[s, b, h] → (output [s, b, h], None)`` (no bias). Expert parallelism over
 the TP group goes through ``megatron.mpu``: the tokens and routing weights enter with ``copy_to_model_parallel_region``

@@ -30,6 +30,7 @@ class LoggingArgs:
     comet_experiment_name: str | None = arg(None, "Comet experiment name.")
     comet_tags: list | None = arg(None, "Comet experiment tags.")
     comet_others: dict | None = arg(None, "Extra Comet metadata.")
+    comet_experiment: str | None = arg(None, "The Comet experiment (GPT-NeoX keeps its Comet run object here).")
     log_interval: int = arg(100, "Iterations between training log lines.")
     log_grad_pct_zeros: bool = arg(False, "Log the fraction of zero gradient entries per parameter.")
     log_param_norm: bool = arg(False, "Log parameter norms.")

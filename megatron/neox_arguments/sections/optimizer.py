@@ -88,6 +88,13 @@ class MoEArgs:
         "neox-forge key, topk router only: divide each token's top-k weights by their sum (Mixtral's routing; "
         "needed for export to MixtralForCausalLM). False: GPT-NeoX's unnormalised top-k probabilities.",
     )
+    moe_gated_experts: bool = arg(
+        False,
+        "neox-forge key, gated activations (swiglu, geglu, reglu, glu, bilinear) only: experts are gated MLPs, "
+        "w1 (gate), w3 (up) and w2 of width int(8h/3) rounded up to 256 (Mixtral's expert; needed for export to "
+        "MixtralForCausalLM). False: GPT-NeoX's expert, w1/w2 of width 4h rounded up to 256 with the activation's "
+        "function (e.g. SiLU for swiglu) applied ungated, so checkpoints interchange with GPT-NeoX.",
+    )
     moe_loss_weight: float = arg(
         0.0,
         "neox-forge key: weight of the load-balancing loss E·Σ_e f_e·P_e (mean over MoE layers) added to the "

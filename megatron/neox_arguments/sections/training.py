@@ -110,7 +110,11 @@ class TrainingArgs:
         None, "Micro-batch size per rank (mirrors train_micro_batch_size_per_gpu).", derived=True
     )
     train_iters: int | None = arg(None, "Number of training iterations.")
-    train_epochs: int | None = arg(None, "Number of epochs (alternative to train_iters; packed gpt2 data only).")
+    train_epochs: int | None = arg(
+        None,
+        "Number of epochs (alternative to train_iters; packed gpt2 data only). Several datasets of a split (weights "
+        "unset or all 1.0) are each read once per epoch.",
+    )
     eval_iters: int = arg(100, "Batches per evaluation.")
     keep_last_n_checkpoints: int | None = arg(None, "Delete older checkpoints, keeping this many.")
     eval_interval: int = arg(1000, "Iterations between evaluations.")
