@@ -20,6 +20,7 @@ import torch
 from megatron import mpu
 from megatron.checkpoint import config_io
 from megatron.checkpoint.bias_layout import SPLIT, is_row_bias, stored_layout
+from megatron.checkpoint.finite import check_finite
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
@@ -108,6 +109,8 @@ def read_tp_shards(
             if progress:
                 progress(f"ZeRO-3 mp_rank {tp_rank:02d}")
             shards[tp_rank] = rename_legacy(zero3_state_dict(layout.zero3_files[tp_rank]))
+            where = f"{layout.directory} (ZeRO-3 shards of mp_rank {tp_rank:02d})"
+            check_finite(shards[tp_rank].items(), where)
         return shards, buffers
     if layout.is_pipe:
         for idx, files in layout.layer_files.items():
@@ -119,7 +122,9 @@ def read_tp_shards(
                 sd = load_torch(path, mmap)
                 if not isinstance(sd, dict):
                     raise CheckpointError(f"{path} is not a state dict")
-                for key, value in rename_legacy(sd).items():
+                sd = rename_legacy(sd)
+                check_finite(sd.items(), path)
+                for key, value in sd.items():
                     shards[tp_rank][f"sequential.{idx}.{key}"] = value
         return shards, buffers
     for tp_rank, path in enumerate(layout.mp_files):
@@ -140,6 +145,7 @@ def read_tp_shards(
                     raise CheckpointError(f"{path}: unexpected tensor name {key!r} (expected sequential.<idx>.<name>)")
                 key = f"sequential.{head}.{rest}"
             if keep is None or keep(key):
+                check_finite([(key, value)], path)
                 shards[tp_rank][key] = value
         del state, module  # only the kept tensors of this file stay referenced
     return shards, buffers

@@ -21,6 +21,7 @@ import torch
 from megatron import model as model_lib
 from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.tokenizer_identity import tokenizer_identity
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
@@ -76,8 +77,10 @@ class PretrainResult:
 
 
 def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
-    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load."""
-    return {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
+    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load, plus the tokenizer's identity
+    (``megatron.checkpoint.tokenizer_identity``)."""
+    out = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
+    return {**out, **tokenizer_identity(args.vocab_file, args.merge_file)}
 
 
 def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:

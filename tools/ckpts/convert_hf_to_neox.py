@@ -11,6 +11,7 @@ Reads only safetensors or ``weights_only`` torch files.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from typing import Any
@@ -60,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer:
         extra["tokenizer.yml"] = tokenizer_yaml(tokenizer)
     ckpt_args: dict[str, Any] = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
-    if tokenizer:
-        ckpt_args["tokenizer_type"] = "HFTokenizer"
+    if tokenizer:  # recorded like a training run does, so that a finetune with another tokenizer is refused
+        digest = hashlib.sha256(extra["tokenizer/tokenizer.json"].encode()).hexdigest()
+        ckpt_args.update(tokenizer_type="HFTokenizer", tokenizer_vocab_file=tokenizer, tokenizer_vocab_sha256=digest)
     with cli.progress_bar("writing shards") as step:
         write_checkpoint(
             sd,

@@ -1,0 +1,40 @@
+"""Loaded weights must be finite: a checkpoint holding NaN/inf (saved after a divergence, or damaged with its
+manifest rewritten) is refused with one line naming the file and the tensor, instead of training or generating from
+garbage. One ``torch.isfinite(t).all()`` per floating tensor while loading (measured in docs/reliability.md: a few
+percent of the read time)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from megatron.checkpoint.layout import CheckpointError
+
+SKIPPED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers GPT-NeoX saves, not weights
+ADVICE = "the checkpoint is damaged or was saved after the run diverged; load an earlier one (iteration: N)"
+
+
+def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, int, int] | None:
+    """``(name, non-finite count, numel)`` of the first floating tensor holding NaN/inf, else None."""
+    for name, tensor in named:
+        if not torch.is_tensor(tensor) or not tensor.is_floating_point() or name.endswith(SKIPPED):
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            return name, bad, tensor.numel()
+    return None
+
+
+def nonfinite_message(where: str | Path, found: tuple[str, int, int]) -> str:
+    """One line: which file, which tensor, how much of it, and what to do."""
+    name, bad, numel = found
+    return f"{where}: tensor {name} holds {bad} NaN/inf value(s) of {numel}; {ADVICE}"
+
+
+def check_finite(named: Iterable[tuple[str, torch.Tensor]], where: str | Path) -> None:
+    """Raise :class:`CheckpointError` naming ``where`` and the tensor when any floating tensor is not finite."""
+    found = nonfinite_tensor(named)
+    if found is not None:
+        raise CheckpointError(nonfinite_message(where, found))
