@@ -1,7 +1,7 @@
 """Loaded weights must be finite: a checkpoint holding NaN/inf (saved after a divergence, or damaged with its
 manifest rewritten) is refused with one line naming the file and the tensor, instead of training or generating from
-garbage. One ``torch.isfinite(t).all()`` per floating tensor while loading (measured in docs/reliability.md: a few
-percent of the read time)."""
+garbage. One fp32 sum per floating tensor while loading (measured in docs/checkpoints.md: about a tenth of reading
+the weights from the page cache, less from disk)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, in
     for name, tensor in named:
         if not torch.is_tensor(tensor) or not tensor.is_floating_point() or name.endswith(SKIPPED):
             continue
-        if not bool(torch.isfinite(tensor).all()):
+        # NaN and inf survive a sum (a vectorised reduction, ~10x cheaper than isfinite().all()); only a sum that
+        # is not finite (also a finite overflow, > 3e38 in fp32) pays for the exact elementwise test
+        if not bool(torch.sum(tensor, dtype=torch.float32).isfinite()):
             bad = int((~torch.isfinite(tensor)).sum())
-            return name, bad, tensor.numel()
+            if bad:
+                return name, bad, tensor.numel()
     return None
 
 
