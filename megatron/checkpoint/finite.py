@@ -1,6 +1,6 @@
 """Loaded weights must be finite: a checkpoint holding NaN/inf (saved after a divergence, or damaged with its
 manifest rewritten) is refused with one line naming the file and the tensor, instead of training or generating from
-garbage. One fp32 sum per floating tensor while loading (measured in docs/checkpoints.md: about a tenth of reading
+garbage. One fp32 sum per floating tensor while loading (measured in docs/reliability.md: about a tenth of reading
 the weights from the page cache, less from disk)."""
 
 from __future__ import annotations

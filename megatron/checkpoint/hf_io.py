@@ -58,9 +58,12 @@ def hf_tokenizer(config: TokenizerConfig, vocab_is_hf_tokenizer: bool = False) -
         if not vocab_file or not Path(vocab_file).exists():
             raise CheckpointError(f"--vocab-is-hf-tokenizer: vocab_file {vocab_file!r} does not exist")
         if Path(vocab_file).is_dir():
-            from transformers import AutoTokenizer
+            from megatron.tokenizer.tokenizer import auto_tokenizer
 
-            return AutoTokenizer.from_pretrained(vocab_file, local_files_only=True, trust_remote_code=False)
+            try:
+                return auto_tokenizer(str(vocab_file))  # trust_remote_code=False; auto_map refused
+            except ValueError as e:
+                raise CheckpointError(f"--vocab-is-hf-tokenizer: {e}") from None
         from tokenizers import Tokenizer
 
         return _fast_tokenizer(Tokenizer.from_file(str(vocab_file)))

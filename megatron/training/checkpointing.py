@@ -393,10 +393,7 @@ def check_loaded_weights_finite(engine: Any, directory: Path) -> None:
     zero3 = any(hasattr(p, "ds_tensor") for _, p in module.named_parameters())
     found = nonfinite_tensor(named)
     message = None if found is None else nonfinite_message(_weight_file(directory, found[0], pipe, zero3), found)
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and mpu.world_size() > 1:
-        messages: list[str | None] = [None] * mpu.world_size()
-        torch.distributed.all_gather_object(messages, message)
-        message = next((m for m in messages if m is not None), None)
+    message = next((m for m in mpu.all_gather_objects(message) if m is not None), None)
     if message is not None:
         raise CheckpointError(message)
 
