@@ -268,6 +268,26 @@ def tokenizer_yaml(tokenizer_file: str) -> str:
     return header + yaml.safe_dump({"tokenizer_type": "HFTokenizer", "vocab_file": tokenizer_file}, sort_keys=False)
 
 
+class Vocabulary:
+    """The vocabulary of a HF ``tokenizer.json`` as a training run's tokenizer exposes it (``vocab``, ``vocab_size``),
+    for ``megatron.checkpoint.tokenizer_identity``."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed files
+            raise CheckpointError(f"cannot read {path}: {e}") from None
+        self.vocab: dict[str, int] = tok.get_vocab()
+        self.vocab_size = int(tok.get_vocab_size())
+
+
+def hf_tokenizer_vocab(hf_dir: str | Path) -> Vocabulary:
+    """The vocabulary of ``hf_dir/tokenizer.json``."""
+    return Vocabulary(Path(hf_dir) / "tokenizer.json")
+
+
 def tokenizer_files(hf_dir: str | Path) -> dict[str, str]:
     """``{"tokenizer/<name>": text}`` for the HF folder's ``tokenizer.json`` and its configs (empty if none)."""
     hf_dir = Path(hf_dir)

@@ -2,16 +2,19 @@
 
 Two tokenizers of the same padded size load into the same embedding shapes, so only the tokenizer's identity shows
 that token ids would mean other tokens after a resume or finetune. Recorded: ``tokenizer_vocab_file`` (the path, for
-the message) and ``tokenizer_vocab_sha256`` (the sha256 of ``vocab_file``, as ``sha256sum`` prints it; with a
-``merge_file`` also ``tokenizer_merge_sha256``; a tokenizer folder: its ``tokenizer.json`` or vocabulary files).
-``tokenizer_type`` is one of GPT-NeoX's own checkpoint args. A checkpoint without these keys (GPT-NeoX's, older
-ones) is not compared.
+the message), ``tokenizer_vocab_size`` and ``tokenizer_vocab_sha256``: the sha256 of the vocabulary itself (the
+id → token table, added tokens included), so the same vocabulary serialised differently (GPT-NeoX's
+``20B_tokenizer.json`` and a Hugging Face ``tokenizer.json`` of it) or stored elsewhere is the same tokenizer. A
+tokenizer without a string vocabulary (``CharLevelTokenizer``) has the sha256 of its ``vocab_file`` (None without
+one). ``tokenizer_type`` is one of GPT-NeoX's own checkpoint args. A checkpoint without these keys (GPT-NeoX's,
+older ones) is not compared.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -21,13 +24,20 @@ from megatron.checkpoint.layout import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-FILE_KEY, VOCAB_KEY, MERGE_KEY = "tokenizer_vocab_file", "tokenizer_vocab_sha256", "tokenizer_merge_sha256"
-FOLDER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model")
+FILE_KEY, VOCAB_KEY, SIZE_KEY = "tokenizer_vocab_file", "tokenizer_vocab_sha256", "tokenizer_vocab_size"
 ALLOW_KEY = "load_allow_tokenizer_change"
 
 
-@functools.lru_cache(maxsize=8)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
+def vocab_digest(vocab: dict[str, int]) -> str:
+    """sha256 of an id → token table (independent of the file it came from)."""
+    table = sorted((int(i), str(token)) for token, i in vocab.items())
+    return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode()).hexdigest()
+
+
+def file_sha256(path: str | None) -> str | None:
+    """sha256 of a file (None for no file or a folder)."""
+    if not path or not os.path.isfile(path):
+        return None
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -35,37 +45,33 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: str | Path | None) -> str | None:
-    """sha256 of a tokenizer file, or of a tokenizer folder's vocabulary files; None when there is no such file."""
-    if not path or not os.path.exists(path):
-        return None
-    if os.path.isdir(path):
-        parts = [f"{name}:{file_sha256(os.path.join(path, name))}" for name in FOLDER_FILES]
-        present = [p for p in parts if not p.endswith(":None")]
-        return hashlib.sha256("\n".join(present).encode()).hexdigest() if present else None
-    stat = os.stat(path)
-    return _sha256(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+@functools.lru_cache(maxsize=4)  # once per tokenizer object: every save records it
+def _identity(tokenizer: Any) -> tuple[str | None, int]:
+    try:
+        digest = vocab_digest(tokenizer.vocab)
+    except NotImplementedError:  # no string vocabulary
+        digest = None
+    return digest, int(tokenizer.vocab_size)
 
 
-def tokenizer_identity(vocab_file: str | None, merge_file: str | None = None) -> dict[str, Any]:
-    """The keys recorded in a checkpoint's ``args`` for the run's tokenizer files."""
-    out: dict[str, Any] = {FILE_KEY: vocab_file, VOCAB_KEY: file_sha256(vocab_file)}
-    if merge_file:
-        out[MERGE_KEY] = file_sha256(merge_file)
-    return out
+def tokenizer_identity(tokenizer: Any, vocab_file: str | None) -> dict[str, Any]:
+    """The keys recorded in a checkpoint's ``args`` for the run's tokenizer (built from ``vocab_file``)."""
+    digest, size = _identity(tokenizer)
+    return {FILE_KEY: vocab_file, VOCAB_KEY: digest or file_sha256(vocab_file), SIZE_KEY: size}
 
 
 def _describe(args: dict[str, Any]) -> str:
     digest = args.get(VOCAB_KEY)
-    return f"{args.get('tokenizer_type')} {args.get(FILE_KEY)} (sha256 {str(digest)[:12] if digest else 'none'})"
+    size = args.get(SIZE_KEY)
+    return f"{args.get('tokenizer_type')} {args.get(FILE_KEY)} ({size} tokens, vocabulary sha256 {str(digest)[:12]})"
 
 
 def check_tokenizer(saved: dict[str, Any], current: dict[str, Any], path: str | Path, allow: bool) -> None:
     """Refuse (or with ``allow`` warn about) a checkpoint saved with another tokenizer than the run's.
 
-    Compared: ``tokenizer_type`` and, where the checkpoint recorded them, the sha256 of the vocabulary / merge files.
+    Compared: ``tokenizer_type`` and, where the checkpoint recorded them, the vocabulary's sha256 and size.
     """
-    differs = [k for k in ("tokenizer_type", VOCAB_KEY, MERGE_KEY) if k in saved and saved[k] != current.get(k)]
+    differs = [k for k in ("tokenizer_type", VOCAB_KEY, SIZE_KEY) if k in saved and saved[k] != current.get(k)]
     if not differs:
         return
     message = (

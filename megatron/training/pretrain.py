@@ -80,7 +80,9 @@ def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
     """The model-shape values GPT-NeoX stores in every checkpoint and checks on load, plus the tokenizer's identity
     (``megatron.checkpoint.tokenizer_identity``)."""
     out = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
-    return {**out, **tokenizer_identity(args.vocab_file, args.merge_file)}
+    if args.tokenizer is not None:
+        out.update(tokenizer_identity(args.tokenizer, args.vocab_file))
+    return out
 
 
 def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:
@@ -225,6 +227,7 @@ def build_data_iterators(
 def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
     """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``)."""
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    args.update_value("tokenizer", tokenizer)  # as GPT-NeoX; its identity goes into every checkpoint
     padded = padded_vocab_size(
         tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
     )

@@ -13,8 +13,10 @@ import pytest
 import torch
 import yaml
 
+from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.manifest import MANIFEST, checkpoint_files
 from megatron.checkpoint.tokenizer_identity import check_tokenizer, tokenizer_identity
+from megatron.tokenizer.tokenizer import HFTokenizer
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, tiny_config
 from tests.harness import PYTHON, CommandResult, free_port, run_command, run_distributed
 from tests.unit.test_ckpt_hf import TO_HF, _run
@@ -106,11 +108,14 @@ def test_another_tokenizer_is_refused_unless_allowed(trained: dict[str, Any], tm
     assert result.returncode == 0 and "training finished at iteration 2" in result.stdout, result.describe()
     assert "its token ids would mean other tokens; loading anyway" in result.stdout + result.stderr
 
-    same = tmp_path / "same_tokenizer.json"  # the same content elsewhere is the same tokenizer
-    same.write_bytes(original.read_bytes())
+    # the same vocabulary serialised otherwise and stored elsewhere is the same tokenizer; the swapped one is not
+    same = tmp_path / "same_tokenizer.json"
+    same.write_text(json.dumps(json.loads(original.read_text()), indent=4))
     saved = torch.load(trained["ckpt"] / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)["args"]
-    assert saved["tokenizer_vocab_sha256"] == tokenizer_identity(str(same))["tokenizer_vocab_sha256"]
-    check_tokenizer(saved, {**saved, **tokenizer_identity(str(same))}, "ckpt", allow=False)
+    assert saved["tokenizer_vocab_size"] == 512 and saved["tokenizer_vocab_file"] == str(original)
+    check_tokenizer(saved, {**saved, **tokenizer_identity(HFTokenizer(str(same)), str(same))}, "ckpt", allow=False)
+    with pytest.raises(CheckpointError, match="tokenizer_vocab_sha256 differ"):
+        check_tokenizer(saved, {**saved, **tokenizer_identity(HFTokenizer(str(other)), str(other))}, "c", allow=False)
 
 
 def test_step_folder_symlinked_out_of_load_is_refused(trained: dict[str, Any], tmp_path: Path) -> None:

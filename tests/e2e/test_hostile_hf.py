@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import transformers
+import yaml
 
 from tests.harness import PYTHON, REPO_ROOT, run_command
 from tests.unit.test_ckpt_hf import CASES, TO_HF, TO_NEOX, _hf_model, _run, _tokenizer
@@ -180,3 +181,21 @@ def test_exported_files_follow_the_umask(hf_folder: Path, tmp_path: Path) -> Non
     modes = {p.name: p.stat().st_mode & 0o777 for p in back.iterdir()}
     assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
     assert transformers.AutoConfig.from_pretrained(str(back), trust_remote_code=False).model_type == "llama"
+
+
+def test_converted_checkpoint_records_its_tokenizer(hf_folder: Path, tmp_path: Path) -> None:
+    """The identity a training run compares on finetune: that of the copied tokenizer.json (tokenizer.yml)."""
+    import torch
+
+    from megatron.checkpoint.tokenizer_identity import tokenizer_identity
+    from megatron.tokenizer.tokenizer import HFTokenizer
+
+    folder = _copy(hf_folder, tmp_path / "with-tok")
+    _tokenizer(folder)
+    neox = tmp_path / "neox"
+    assert _run(TO_NEOX, ["--input_dir", str(folder), "--output_dir", str(neox)]) == 0
+    args = torch.load(neox / "global_step0" / "mp_rank_00_model_states.pt", weights_only=False)["args"]
+    copied = yaml.safe_load((neox / "tokenizer.yml").read_text())["vocab_file"]
+    assert {k: args[k] for k in ("tokenizer_vocab_file", "tokenizer_vocab_sha256", "tokenizer_vocab_size")} == (
+        tokenizer_identity(HFTokenizer(copied), copied)
+    )

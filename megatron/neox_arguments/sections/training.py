@@ -180,6 +180,6 @@ class TrainingArgs:
     load_allow_tokenizer_change: bool = arg(
         False,
         "neox-forge: load (resume or finetune from) a checkpoint saved with another tokenizer (another "
-        "tokenizer_type, or vocab_file / merge_file content by sha256), with a warning instead of an error; for "
-        "changing the tokenizer on purpose (its token ids then mean other tokens).",
+        "tokenizer_type, vocabulary size or id -> token table, compared by sha256) with a warning instead of an "
+        "error; for changing the tokenizer on purpose (its token ids then mean other tokens).",
     )
