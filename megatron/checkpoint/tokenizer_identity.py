@@ -71,7 +71,9 @@ def check_tokenizer(saved: dict[str, Any], current: dict[str, Any], path: str | 
 
     Compared: ``tokenizer_type`` and, where the checkpoint recorded them, the vocabulary's sha256 and size.
     """
-    differs = [k for k in ("tokenizer_type", VOCAB_KEY, SIZE_KEY) if k in saved and saved[k] != current.get(k)]
+    keys = ("tokenizer_type", VOCAB_KEY, SIZE_KEY)
+    # a side that does not know a key (an older checkpoint, a caller without the tokenizer) is not compared
+    differs = [k for k in keys if k in saved and k in current and saved[k] != current[k]]
     if not differs:
         return
     message = (
