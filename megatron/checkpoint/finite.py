@@ -10,8 +10,6 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint.layout import CheckpointError
-
 SKIPPED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers GPT-NeoX saves, not weights
 ADVICE = "the checkpoint is damaged or was saved after the run diverged; load an earlier one (iteration: N)"
 
@@ -34,10 +32,3 @@ def nonfinite_message(where: str | Path, found: tuple[str, int, int]) -> str:
     """One line: which file, which tensor, how much of it, and what to do."""
     name, bad, numel = found
     return f"{where}: tensor {name} holds {bad} NaN/inf value(s) of {numel}; {ADVICE}"
-
-
-def check_finite(named: Iterable[tuple[str, torch.Tensor]], where: str | Path) -> None:
-    """Raise :class:`CheckpointError` naming ``where`` and the tensor when any floating tensor is not finite."""
-    found = nonfinite_tensor(named)
-    if found is not None:
-        raise CheckpointError(nonfinite_message(where, found))

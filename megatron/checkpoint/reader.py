@@ -20,7 +20,7 @@ import torch
 from megatron import mpu
 from megatron.checkpoint import config_io
 from megatron.checkpoint.bias_layout import SPLIT, is_row_bias, stored_layout
-from megatron.checkpoint.finite import check_finite
+from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
@@ -109,8 +109,6 @@ def read_tp_shards(
             if progress:
                 progress(f"ZeRO-3 mp_rank {tp_rank:02d}")
             shards[tp_rank] = rename_legacy(zero3_state_dict(layout.zero3_files[tp_rank]))
-            where = f"{layout.directory} (ZeRO-3 shards of mp_rank {tp_rank:02d})"
-            check_finite(shards[tp_rank].items(), where)
         return shards, buffers
     if layout.is_pipe:
         for idx, files in layout.layer_files.items():
@@ -122,9 +120,7 @@ def read_tp_shards(
                 sd = load_torch(path, mmap)
                 if not isinstance(sd, dict):
                     raise CheckpointError(f"{path} is not a state dict")
-                sd = rename_legacy(sd)
-                check_finite(sd.items(), path)
-                for key, value in sd.items():
+                for key, value in rename_legacy(sd).items():
                     shards[tp_rank][f"sequential.{idx}.{key}"] = value
         return shards, buffers
     for tp_rank, path in enumerate(layout.mp_files):
@@ -145,7 +141,6 @@ def read_tp_shards(
                     raise CheckpointError(f"{path}: unexpected tensor name {key!r} (expected sequential.<idx>.<name>)")
                 key = f"sequential.{head}.{rest}"
             if keep is None or keep(key):
-                check_finite([(key, value)], path)
                 shards[tp_rank][key] = value
         del state, module  # only the kept tensors of this file stay referenced
     return shards, buffers
@@ -291,6 +286,31 @@ def check_against_config(
     return state_dict
 
 
+def _source_file(layout: CheckpointLayout, key: str, tp_rank: int) -> str:
+    """The file TP rank ``tp_rank``'s tensor ``key`` (``sequential.<idx>.<name>``) was read from."""
+    if layout.zero3_files:
+        return f"{layout.directory} (ZeRO-3 shards of mp_rank {tp_rank:02d})"
+    if layout.is_pipe:
+        return str(layout.layer_files[int(key.split(".")[1])][tp_rank])
+    return str(layout.mp_files[tp_rank])
+
+
+def check_finite_weights(
+    full: dict[str, torch.Tensor], shards: list[dict[str, torch.Tensor]], layout: CheckpointLayout
+) -> None:
+    """The tensors returned hold no NaN/inf (merging keeps them); a bad one is traced to its file. Only what the
+    caller gets is tested, so a selective (memory-mapped) read still touches only its own tensors."""
+    found = nonfinite_tensor(full.items())
+    if found is None:
+        return
+    key = found[0]
+    for tp_rank, shard in enumerate(shards):
+        in_file = nonfinite_tensor([(key, shard[key])]) if key in shard else None
+        if in_file is not None:
+            raise CheckpointError(nonfinite_message(_source_file(layout, key, tp_rank), in_file))
+    raise CheckpointError(nonfinite_message(layout.directory, found))
+
+
 def read_checkpoint(
     path: str | Path,
     *,
@@ -378,6 +398,7 @@ def read_checkpoint(
     if keep is not None:
         full = {k: v for k, v in full.items() if keep(k)}
     full = check_against_config(full, cfg, str(directory), keep, tp=layout.tp if own is not None else 1)
+    check_finite_weights(full, shards, layout)
     return NeoXCheckpoint(
         tp_shard=own,
         state_dict=full,
