@@ -199,3 +199,20 @@ def test_converted_checkpoint_records_its_tokenizer(hf_folder: Path, tmp_path: P
     assert {k: args[k] for k in ("tokenizer_vocab_file", "tokenizer_vocab_sha256", "tokenizer_vocab_size")} == (
         tokenizer_identity(HFTokenizer(copied), copied)
     )
+
+
+def test_nonfinite_weight_in_a_pipeline_shard_is_traced_to_its_file(
+    hf_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    neox, out = tmp_path / "neox", tmp_path / "back"
+    assert _run(TO_NEOX, ["--input_dir", str(hf_folder), "--output_dir", str(neox), "--tp", "2", "--pp", "1"]) == 0
+    shard = neox / "global_step0" / "layer_03-model_01-model_states.pt"
+    state = torch.load(shard, weights_only=True)
+    state["attention.dense.weight"][0, 1] = float("inf")
+    torch.save(state, shard)
+    capsys.readouterr()
+    assert _run(TO_HF, ["--input_dir", str(neox), "--output_dir", str(out), "--architecture", "llama"]) == 1
+    _one_line_error(capsys.readouterr().err, f"{shard}: tensor sequential.3.attention.dense.weight holds 1 NaN/inf")
+    assert not out.exists()
