@@ -49,7 +49,7 @@ def build(args: argparse.Namespace, folder: str, dtype: torch.dtype) -> tuple[to
     )  # fmt: skip
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).float().save_pretrained(folder)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()  # as a user loads it
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False).eval()
     sd, cfg, _, _ = import_hf(folder, "fp32")
     ours = build_sequential_model(cfg.replace(params_dtype=dtype)).eval()
     ours.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)

@@ -7,8 +7,8 @@ folder. Import reads only safetensors or ``weights_only`` torch files.
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import yaml
 
-from megatron.checkpoint.layout import CheckpointError, confined
+from megatron.checkpoint import hf_checks
+from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
 from megatron.model.config import GPTModelConfig
@@ -43,6 +44,13 @@ def resolve_precision(precision: str, cfg: GPTModelConfig) -> torch.dtype:
 # export
 
 
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (0644 under umask 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def hf_tokenizer(config: TokenizerConfig, vocab_is_hf_tokenizer: bool = False) -> Any | None:
     """A ``PreTrainedTokenizerFast`` for the config's tokenizer, or None when it has no Hugging Face form."""
     kind, vocab_file = str(config.tokenizer_type or ""), config.vocab_file
@@ -50,9 +58,12 @@ def hf_tokenizer(config: TokenizerConfig, vocab_is_hf_tokenizer: bool = False) -
         if not vocab_file or not Path(vocab_file).exists():
             raise CheckpointError(f"--vocab-is-hf-tokenizer: vocab_file {vocab_file!r} does not exist")
         if Path(vocab_file).is_dir():
-            from transformers import AutoTokenizer
+            from megatron.tokenizer.tokenizer import auto_tokenizer
 
-            return AutoTokenizer.from_pretrained(vocab_file, local_files_only=True)
+            try:
+                return auto_tokenizer(str(vocab_file))  # trust_remote_code=False; auto_map refused
+            except ValueError as e:
+                raise CheckpointError(f"--vocab-is-hf-tokenizer: {e}") from None
         from tokenizers import Tokenizer
 
         return _fast_tokenizer(Tokenizer.from_file(str(vocab_file)))
@@ -126,6 +137,7 @@ def export_hf(
             progress(name)
     with staged_output(output_dir, overwrite) as staging:
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        (staging / "model.safetensors").chmod(file_mode())  # safetensors writes 0600 whatever the umask
         hf_config.save_pretrained(str(staging))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging))
@@ -148,25 +160,21 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
 
 def read_hf_weights(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a HF folder: (sharded) safetensors, else (sharded) ``pytorch_model.bin`` (weights_only)."""
-    from safetensors.torch import load_file
-
     hf_dir = Path(hf_dir)
     for index_name, loader in (
-        ("model.safetensors.index.json", lambda p: load_file(str(p))),
+        ("model.safetensors.index.json", hf_checks.load_safetensors),
         ("pytorch_model.bin.index.json", _load_bin),
     ):
         index = hf_dir / index_name
         if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             out: dict[str, torch.Tensor] = {}
-            for name in files:
-                confined(hf_dir, name, f"{index} weight_map")
+            for name in hf_checks.index_files(index, hf_dir):
                 if not (hf_dir / name).is_file():
                     raise CheckpointError(f"{index} lists {name} but {hf_dir / name} is missing")
                 out.update(loader(hf_dir / name))
             return out
     if (hf_dir / "model.safetensors").is_file():
-        return load_file(str(hf_dir / "model.safetensors"))
+        return hf_checks.load_safetensors(hf_dir / "model.safetensors")
     if (hf_dir / "pytorch_model.bin").is_file():
         return _load_bin(hf_dir / "pytorch_model.bin")
     raise CheckpointError(f"{hf_dir} has no model.safetensors, pytorch_model.bin or their sharded index")
@@ -177,14 +185,21 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
     from transformers import AutoConfig
 
     hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
+    config_json = hf_dir / "config.json"
+    if not config_json.is_file():
         raise CheckpointError(f"{hf_dir} is not a Hugging Face model folder (no config.json)")
-    hf_config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    hf_checks.refuse_custom_code(config_json, "model")
+    try:
+        hf_config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError) as e:  # transformers' errors for configs it cannot read
+        raise CheckpointError(f"{config_json}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     try:
         cfg, arch = hf_config_to_neox(hf_config)
-    except ValueError as e:
-        raise CheckpointError(f"{hf_dir / 'config.json'}: {e}") from None
+    except (ValueError, TypeError, AttributeError) as e:  # a field of the wrong type or missing
+        raise CheckpointError(f"{config_json}: {e}") from None
+    hf_checks.check_tokenizer_fits(hf_dir, cfg.padded_vocab_size)
     weights = read_hf_weights(hf_dir)
+    hf_checks.check_weights_against_config(weights, cfg, arch, config_json, hf_config)
     stored = next(iter(weights.values())).dtype if weights else torch.float32
     dtype = stored if precision == "auto" else resolve_precision(precision, cfg)
     cfg = cfg.replace(params_dtype=dtype)
@@ -252,6 +267,26 @@ def tokenizer_yaml(tokenizer_file: str) -> str:
     """The tokenizer keys for the copied HF ``tokenizer.json`` (a separate file: setup files often set them)."""
     header = "# Tokenizer of the converted Hugging Face model; use instead of the tokenizer keys of your setup file\n"
     return header + yaml.safe_dump({"tokenizer_type": "HFTokenizer", "vocab_file": tokenizer_file}, sort_keys=False)
+
+
+class Vocabulary:
+    """The vocabulary of a HF ``tokenizer.json`` as a training run's tokenizer exposes it (``vocab``, ``vocab_size``),
+    for ``megatron.checkpoint.tokenizer_identity``."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed files
+            raise CheckpointError(f"cannot read {path}: {e}") from None
+        self.vocab: dict[str, int] = tok.get_vocab()
+        self.vocab_size = int(tok.get_vocab_size())
+
+
+def hf_tokenizer_vocab(hf_dir: str | Path) -> Vocabulary:
+    """The vocabulary of ``hf_dir/tokenizer.json``."""
+    return Vocabulary(Path(hf_dir) / "tokenizer.json")
 
 
 def tokenizer_files(hf_dir: str | Path) -> dict[str, str]:

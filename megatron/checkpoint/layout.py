@@ -41,6 +41,38 @@ def confined(root: str | Path, name: str, what: str) -> Path:
     return Path(root) / name
 
 
+def checkpoint_folder(root: str | Path, tag: str, what: str) -> Path:
+    """``root / tag`` for a tag read from ``latest`` or picked from ``root``'s folders: one plain folder name (not
+    ``.``/``..``, no path separator) whose folder, followed through symlinks, stays inside ``root``."""
+    if tag in ("", ".", "..") or "/" in tag or "\\" in tag:
+        raise CheckpointError(
+            f"{what} names {tag!r}, which is not a checkpoint folder name (expected one folder inside {root}, "
+            "e.g. global_step100)"
+        )
+    target = Path(root) / tag
+    if target.is_symlink():
+        base, resolved = Path(root).resolve(), target.resolve()
+        if resolved != base and base not in resolved.parents:
+            raise CheckpointError(
+                f"checkpoint folder {target} ({what}) is a symlink to {resolved}, outside {root}; refusing to follow "
+                "it (copy the checkpoint into the folder, or point load at its own folder)"
+            )
+    return confined(root, tag, what)
+
+
+def read_latest(root: str | Path) -> str | None:
+    """The tag ``root/latest`` names, checked with :func:`checkpoint_folder`; None without a ``latest`` file."""
+    latest = Path(root) / "latest"
+    if not latest.is_file():
+        return None
+    try:
+        tag = latest.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {latest} ({type(e).__name__}: {e})") from None
+    checkpoint_folder(root, tag, str(latest))
+    return tag
+
+
 def mp_rank_file(mp_rank: int) -> str:
     """DeepSpeed's name of the engine-state file of model-parallel slice ``mp_rank``."""
     return f"mp_rank_{mp_rank:02d}_model_states.pt"
@@ -60,15 +92,14 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
         target = path / f"global_step{iteration}"
         if not target.is_dir():
             raise CheckpointError(f"no checkpoint {target} (iteration {iteration})")
-        return target
+        return checkpoint_folder(path, target.name, f"iteration {iteration}")
     if any(MP_RE.match(p.name) or LAYER_RE.match(p.name) or ZERO3_RE.match(p.name) for p in path.iterdir()):
         return path
-    latest = path / "latest"
-    if latest.is_file():
-        tag = latest.read_text().strip()
-        target = confined(path, tag, str(latest))
+    tag = read_latest(path)
+    if tag is not None:
+        target = path / tag
         if not target.is_dir():
-            raise CheckpointError(f"{latest} names {tag!r} but {target} does not exist")
+            raise CheckpointError(f"{path / 'latest'} names {tag!r} but {target} does not exist")
         return target
     steps = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
     hint = f"; it has {', '.join(steps)}" if steps else ""

@@ -20,6 +20,7 @@ import torch
 from megatron import mpu
 from megatron.checkpoint import config_io
 from megatron.checkpoint.bias_layout import SPLIT, is_row_bias, stored_layout
+from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
@@ -285,6 +286,31 @@ def check_against_config(
     return state_dict
 
 
+def _source_file(layout: CheckpointLayout, key: str, tp_rank: int) -> str:
+    """The file TP rank ``tp_rank``'s tensor ``key`` (``sequential.<idx>.<name>``) was read from."""
+    if layout.zero3_files:
+        return f"{layout.directory} (ZeRO-3 shards of mp_rank {tp_rank:02d})"
+    if layout.is_pipe:
+        return str(layout.layer_files[int(key.split(".")[1])][tp_rank])
+    return str(layout.mp_files[tp_rank])
+
+
+def check_finite_weights(
+    full: dict[str, torch.Tensor], shards: list[dict[str, torch.Tensor]], layout: CheckpointLayout
+) -> None:
+    """The tensors returned hold no NaN/inf (merging keeps them); a bad one is traced to its file. Only what the
+    caller gets is tested, so a selective (memory-mapped) read still touches only its own tensors."""
+    found = nonfinite_tensor(full.items())
+    if found is None:
+        return
+    key = found[0]
+    for tp_rank, shard in enumerate(shards):
+        in_file = nonfinite_tensor([(key, shard[key])]) if key in shard else None
+        if in_file is not None:
+            raise CheckpointError(nonfinite_message(_source_file(layout, key, tp_rank), in_file))
+    raise CheckpointError(nonfinite_message(layout.directory, found))
+
+
 def read_checkpoint(
     path: str | Path,
     *,
@@ -372,6 +398,7 @@ def read_checkpoint(
     if keep is not None:
         full = {k: v for k, v in full.items() if keep(k)}
     full = check_against_config(full, cfg, str(directory), keep, tp=layout.tp if own is not None else 1)
+    check_finite_weights(full, shards, layout)
     return NeoXCheckpoint(
         tp_shard=own,
         state_dict=full,

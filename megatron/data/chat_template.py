@@ -62,12 +62,12 @@ def load_chat_tokenizer(path: str) -> Any:
     """The HF tokenizer of a local folder; it must carry a chat template."""
     if not os.path.isdir(path):
         raise ValueError(f"--tokenizer-path {path}: not a directory (a local HF tokenizer folder is needed)")
-    from transformers import AutoTokenizer
+    from megatron.tokenizer.tokenizer import auto_tokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = auto_tokenizer(path)  # trust_remote_code=False: the folder's own code never runs
     except (OSError, ValueError) as e:
-        raise ValueError(f"--tokenizer-path {path}: cannot load an HF tokenizer ({e})") from None
+        raise ValueError(f"--tokenizer-path {path}: cannot load an HF tokenizer ({str(e).splitlines()[0]})") from None
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"--tokenizer-path {path}: the tokenizer has no chat_template (tokenizer_config.json)")
     if tok.eos_token_id is None:

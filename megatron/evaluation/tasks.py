@@ -71,7 +71,51 @@ def _local_task_names(path: Path) -> list[str]:
             names.append(name)
     if not names:
         raise ValueError(f"eval_tasks: {path} defines no lm-eval task (a YAML file with a `task:` key is expected)")
+    for name in names:
+        yaml_path = getattr(manager.task_index[name], "yaml_path", None)
+        if yaml_path is not None:
+            _refuse_python_functions(Path(yaml_path), set())
     return sorted(names)
+
+
+def _tags(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """A task YAML read as data (``yaml.safe_load`` rules): its mapping and every ``key: !function x`` in it."""
+    import yaml
+
+    found: list[str] = []
+
+    class Loader(yaml.SafeLoader):
+        """Records custom tags instead of acting on them (lm-eval's ``!function`` imports Python)."""
+
+    def record(loader: yaml.SafeLoader, tag: str, node: yaml.Node) -> str:
+        found.append(f"!{tag} {getattr(node, 'value', '')}")
+        return ""
+
+    Loader.add_multi_constructor("!", record)
+    try:
+        data = yaml.load(path.read_text(), Loader=Loader)
+    except (OSError, yaml.YAMLError):
+        return {}, found  # lm-eval's own reader reports a malformed file
+    return (data if isinstance(data, dict) else {}), found
+
+
+def _refuse_python_functions(path: Path, seen: set[Path]) -> None:
+    """A local task (and the files it includes) may not use ``!function``: lm-eval would import and run the folder's
+    Python, and neox-forge's own reading of the task would see the function's path as a literal string."""
+    path = path.resolve()
+    if path in seen or not path.is_file():
+        return
+    seen.add(path)
+    data, functions = _tags(path)
+    if functions:
+        raise ValueError(
+            f"eval_tasks: {path} uses `{functions[0].strip()}`: local tasks with Python functions are not supported "
+            "(neox-forge never runs code from a task folder); express it with Jinja templates and lm-eval's built-in "
+            "metrics and filters"
+        )
+    includes = data.get("include") or []
+    for include in includes if isinstance(includes, list) else [includes]:
+        _refuse_python_functions(path.parent / str(include), seen)
 
 
 def resolve_tasks(entries: list[str] | None) -> ResolvedTasks:

@@ -7,6 +7,7 @@ and ``detokenize(ids) -> str``. This module does not import torch (preprocessing
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -169,14 +170,39 @@ class GPT2BPETokenizer(_TokenizersBackend):
         super().__init__("GPT2BPETokenizer", tok)
 
 
-def _hub_tokenizer(name: str) -> Any:
-    """Hugging Face tokenizer ``name`` from the local cache, else from the hub unless offline."""
+def auto_tokenizer(name: str, local_files_only: bool = True) -> Any:
+    """``AutoTokenizer.from_pretrained`` that never runs a folder's own code: ``trust_remote_code=False``, so no
+    "run the custom code? [y/N]" prompt can appear; a tokenizer that needs its code (``auto_map``) is a one-line
+    error."""
     from transformers import AutoTokenizer
 
+    refusal = DataError(
+        f"tokenizer {name}: its tokenizer_config.json (auto_map) asks to run the folder's own Python code; "
+        "neox-forge never runs a tokenizer folder's code: use a tokenizer.json or a folder without auto_map"
+    )
+    config = os.path.join(name, "tokenizer_config.json")
+    if os.path.isfile(config):  # transformers would skip auto_map silently when tokenizer.json exists: refuse alike
+        try:
+            with open(config) as f:
+                has_auto_map = "auto_map" in json.load(f)
+        except (OSError, ValueError, TypeError) as e:
+            raise DataError(f"tokenizer {name}: cannot read {config} ({e})") from None
+        if has_auto_map:
+            raise refusal
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=local_files_only, trust_remote_code=False)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise refusal from None
+
+
+def _hub_tokenizer(name: str) -> Any:
+    """Hugging Face tokenizer ``name`` from the local cache, else from the hub unless offline."""
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     for local_only in (True,) if offline else (True, False):
         try:
-            return AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+            return auto_tokenizer(name, local_files_only=local_only)
         except OSError as e:
             error = e
     where = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", "~/.cache/huggingface"), "hub")
@@ -196,11 +222,11 @@ class HFGPT2Tokenizer(AbstractTokenizer):
 
     def __init__(self, vocab_file: str | None) -> None:
         super().__init__("HFGPT2Tokenizer")
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
 
         name = vocab_file or "gpt2"
         if os.path.isdir(name):
-            self.tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+            self.tokenizer = auto_tokenizer(name)
         elif os.path.isfile(name):
             self.tokenizer = PreTrainedTokenizerFast(
                 tokenizer_file=name, bos_token=EOD_TOKEN, eos_token=EOD_TOKEN, unk_token=EOD_TOKEN

@@ -37,12 +37,14 @@ import torch
 from megatron import mpu
 from megatron.checkpoint.autoreshard import plan_load_for_engine
 from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, stored_layout, written_layout
-from megatron.checkpoint.layout import ZERO3_RE, CheckpointError
+from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
+from megatron.checkpoint.layout import ZERO3_RE, CheckpointError, checkpoint_folder, read_latest
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
 from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimizer_state, load_mode
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
+from megatron.checkpoint.tokenizer_identity import check_tokenizer
 from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.model.config import GPTModelConfig
 from megatron.training import checkpoint_commit as commit_lib
@@ -82,6 +84,7 @@ class CheckpointConfig:
     zero_stage: int = 0
     gpt_j_residual: bool = False  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
     load_verify_checksums: bool = False
+    load_allow_tokenizer_change: bool = False
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
@@ -288,9 +291,15 @@ def resolve_tag(cfg: CheckpointConfig) -> str | None:
         if not (root / tag).is_dir():
             available = ", ".join(p.name for p in list_checkpoints(root)) or "none"
             raise CheckpointError(f"iteration {cfg.iteration}: no checkpoint {root / tag} (available: {available})")
+        checkpoint_folder(root, tag, f"iteration {cfg.iteration}")
         verify_manifest(root / tag, checksums=cfg.load_verify_checksums)
         return tag
-    return commit_lib.select_checkpoint(root, checksums=cfg.load_verify_checksums)
+    named = read_latest(root)  # '.', '..', separators or a symlink out: one line before anything is read
+    picked = commit_lib.select_checkpoint(root, checksums=cfg.load_verify_checksums)
+    if picked is not None:  # also a folder picked without (or instead of) latest's must stay inside load
+        what = f"{root / 'latest'}" if picked == named else f"the newest checkpoint in {root}"
+        checkpoint_folder(root, picked, what)
+    return picked
 
 
 def verify_manifest(directory: Path, *, checksums: bool = False) -> None:
@@ -369,6 +378,32 @@ def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: boo
         yield scratch
 
 
+def _weight_file(directory: Path, name: str, pipe: bool, zero3: bool) -> Path:
+    """The file of ``directory`` that parameter ``name`` of this rank was read from (GPT-NeoX's layout)."""
+    tp = mpu.get_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
+    if zero3:
+        dp = mpu.get_data_parallel_rank() if mpu.model_parallel_is_initialized() else 0
+        return directory / f"zero_pp_rank_{dp}_mp_rank_{tp:02d}_optim_states.pt"
+    head = name.removeprefix("sequential.").split(".", 1)[0]
+    if pipe and head.isdigit():
+        return directory / f"layer_{int(head):02d}-model_{tp:02d}-model_states.pt"
+    return directory / f"mp_rank_{tp:02d}_model_states.pt"
+
+
+def check_loaded_weights_finite(engine: Any, directory: Path) -> None:
+    """Every rank checks its loaded parameters (ZeRO-3: its partition) for NaN/inf; all ranks fail together with the
+    first bad tensor's file and name (a rank failing alone would leave the others waiting in a collective)."""
+    module = engine.module
+    pipe = type(module).__name__ == "PipelineModule" or hasattr(module, "forward_funcs")
+    named = [(n, getattr(p, "ds_tensor", p)) for n, p in module.named_parameters()]
+    zero3 = any(hasattr(p, "ds_tensor") for _, p in module.named_parameters())
+    found = nonfinite_tensor(named)
+    message = None if found is None else nonfinite_message(_weight_file(directory, found[0], pipe, zero3), found)
+    message = next((m for m in mpu.all_gather_objects(message) if m is not None), None)
+    if message is not None:
+        raise CheckpointError(message)
+
+
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
     """The model-shape args stored in the checkpoint must equal the config's."""
     bad = [
@@ -445,10 +480,14 @@ def load_checkpoint(
     path = str(Path(root) / tag / Path(path).name) if load_root != root else path
     if carry:
         _carry_optimizer_state(engine, Path(root) / tag, model)
+    check_loaded_weights_finite(engine, Path(root) / tag)
     saved_args = dict(client.get("args", {}))
     if resharded:  # the layout (and with it the vocab padding) was converted on purpose
         saved_args.pop("model_parallel_size", None)
         saved_args.pop("padded_vocab_size", None)
+    check_tokenizer(saved_args, checkpoint_args, path, cfg.load_allow_tokenizer_change)
+    if cfg.load_allow_tokenizer_change:
+        saved_args.pop("tokenizer_type", None)
     check_checkpoint_args(saved_args, checkpoint_args, path)
     if cfg.finetune:
         logger.info("finetune: loaded weights from %s, starting at iteration 0", path)

@@ -23,6 +23,7 @@ import torch
 from megatron import model as model_lib
 from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint.tokenizer_identity import tokenizer_identity
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
@@ -79,8 +80,12 @@ class PretrainResult:
 
 
 def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
-    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load."""
-    return {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
+    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load, plus the tokenizer's identity
+    (``megatron.checkpoint.tokenizer_identity``)."""
+    out = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
+    if args.tokenizer is not None:
+        out.update(tokenizer_identity(args.tokenizer, args.vocab_file))
+    return out
 
 
 def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:
@@ -225,6 +230,7 @@ def build_data_iterators(
 def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
     """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``)."""
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    args.update_value("tokenizer", tokenizer)  # as GPT-NeoX; its identity goes into every checkpoint
     padded = padded_vocab_size(
         tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
     )

@@ -5,7 +5,8 @@
 Writes ``OUT/latest``, ``OUT/global_step0/...``, ``OUT/neox_config.yml`` (the matching model keys) and, when the
 folder has a ``tokenizer.json``, ``OUT/tokenizer/`` + ``OUT/tokenizer.yml``. Fine-tune with
 ``python deepy.py train.py OUT/neox_config.yml [OUT/tokenizer.yml] my_setup.yml`` and ``load: OUT``, ``finetune: true``.
-Reads only safetensors or ``weights_only`` torch files.
+Reads only safetensors or ``weights_only`` torch files and never runs the folder's code (``auto_map`` is refused);
+the config's sizes are checked against the weight shapes first (``megatron.checkpoint.hf_checks``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     cli.apply_trust_flag(args)
     set_quiet(args.quiet)
     from megatron.checkpoint import TargetLayout, write_checkpoint
-    from megatron.checkpoint.hf_io import import_hf, neox_config_yaml, tokenizer_files, tokenizer_yaml
+    from megatron.checkpoint.hf_io import (
+        hf_tokenizer_vocab,
+        import_hf,
+        neox_config_yaml,
+        tokenizer_files,
+        tokenizer_yaml,
+    )
     from megatron.checkpoint.rules import resize_vocab
+    from megatron.checkpoint.tokenizer_identity import tokenizer_identity
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
     if os.path.exists(args.output_dir) and not args.overwrite:
@@ -60,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer:
         extra["tokenizer.yml"] = tokenizer_yaml(tokenizer)
     ckpt_args: dict[str, Any] = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
-    if tokenizer:
-        ckpt_args["tokenizer_type"] = "HFTokenizer"
+    if tokenizer:  # recorded like a training run does, so that a finetune with another tokenizer is refused
+        ckpt_args.update(
+            tokenizer_type="HFTokenizer", **tokenizer_identity(hf_tokenizer_vocab(args.input_dir), tokenizer)
+        )
     with cli.progress_bar("writing shards") as step:
         write_checkpoint(
             sd,

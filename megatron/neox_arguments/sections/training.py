@@ -181,3 +181,9 @@ class TrainingArgs:
         "neox-forge: also check every file's sha256 against the checkpoint's manifest.json when loading (sizes are "
         "always checked); a checkpoint that fails is skipped with a warning naming the file, as a truncated one.",
     )
+    load_allow_tokenizer_change: bool = arg(
+        False,
+        "neox-forge: load (resume or finetune from) a checkpoint saved with another tokenizer (another "
+        "tokenizer_type, vocabulary size or id -> token table, compared by sha256) with a warning instead of an "
+        "error; for changing the tokenizer on purpose (its token ids then mean other tokens).",
+    )
