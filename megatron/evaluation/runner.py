@@ -27,10 +27,6 @@ from megatron.generation.sampling import kv_cache_forward
 
 logger = logging.getLogger(__name__)
 
-# Standard errors are not computed (GPT-NeoX bootstraps 10000 times in eval.py, twice during training): see
-# docs/gpt-neox-differences.md.
-BOOTSTRAP_ITERS = 0
-
 # What GPT-NeoX's eval.py evaluates when ``eval_tasks`` is unset (all of them download their datasets).
 GPT_NEOX_DEFAULT_TASKS = ["lambada", "piqa", "hellaswag", "winogrande", "mathqa", "pubmedqa", "triviaqa"]
 
@@ -73,7 +69,7 @@ def run_eval_harness(adapter: Any, cfg: EvalConfig, tasks: list[str] | None = No
                 task_manager=resolved.manager,
                 num_fewshot=cfg.eval_num_fewshot,
                 limit=int(limit) if limit else None,
-                bootstrap_iters=BOOTSTRAP_ITERS,
+                bootstrap_iters=int(cfg.eval_bootstrap_iters or 0),
                 log_samples=False,
                 random_seed=seed,
                 numpy_random_seed=seed,
@@ -130,7 +126,14 @@ def results_path(prefix: str | None, now: datetime | None = None) -> str:
 
 
 def write_results(
-    results: dict[str, Any], config: dict[str, Any], path: str, *, batch_size: int, device: str, limit: int | None
+    results: dict[str, Any],
+    config: dict[str, Any],
+    path: str,
+    *,
+    batch_size: int,
+    device: str,
+    limit: int | None,
+    bootstrap_iters: int = 0,
 ) -> None:
     """GPT-NeoX's results file: lm-eval's whole results dict (per-task ``alias`` entries dropped, as GPT-NeoX does)
     with ``config`` replaced by GPT-NeoX's ``{model: "neox", model_args: <every resolved key>, batch_size, device,
@@ -146,7 +149,7 @@ def write_results(
         "device": device,
         "use_cache": False,
         "limit": limit,
-        "bootstrap_iters": BOOTSTRAP_ITERS,
+        "bootstrap_iters": bootstrap_iters,
     }
     payload["git_hash"] = config.get("git_hash")
     tmp = Path(path + ".tmp")

@@ -57,7 +57,13 @@ def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
         return None, metrics
     path = results_path(args.eval_results_prefix)
     write_results(
-        results, args.to_dict(), path, batch_size=adapter.batch_size, device=str(adapter.device), limit=cfg.eval_limit
+        results,
+        args.to_dict(),
+        path,
+        batch_size=adapter.batch_size,
+        device=str(adapter.device),
+        limit=cfg.eval_limit,
+        bootstrap_iters=cfg.eval_bootstrap_iters,
     )
     sink = Metrics.create(LoggingConfig.from_neox_args(args), rank=rank, run_config=args.to_dict())
     sink.log({f"eval/{k}": v for k, v in metrics.items()}, step=int(args.iteration or 0))

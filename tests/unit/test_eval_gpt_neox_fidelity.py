@@ -101,6 +101,10 @@ def test_num_fewshot_default_is_gpt_neox_zero_shot(tmp_path: Path, tokenizer: An
     assert own_args.eval_num_fewshot is None
     own = run_eval_harness(adapter, EvalConfig.from_neox_args(own_args))
     assert own["n-shot"]["fidelity_shots"] == 2 and max(seen) > 2
+    assert own["results"]["fidelity_shots"]["acc_stderr,none"] == "N/A"  # eval_bootstrap_iters 0: not computed
+    stderr_args = NeoXArgs.from_ymls([TINY], overwrite_values={**overrides, "eval_bootstrap_iters": 10})
+    stderr = run_eval_harness(adapter, EvalConfig.from_neox_args(stderr_args))
+    assert isinstance(stderr["results"]["fidelity_shots"]["acc_stderr,none"], float)
 
 
 def test_results_file_has_gpt_neox_layout(tmp_path: Path) -> None:

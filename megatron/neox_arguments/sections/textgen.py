@@ -52,3 +52,8 @@ class TextgenArgs:
         "neox-forge: few-shot examples per lm-eval task; default 0 (GPT-NeoX evaluates every task 0-shot), null: "
         "each task's own `num_fewshot`.",
     )
+    eval_bootstrap_iters: int = arg(
+        0,
+        "neox-forge: lm-eval bootstrap iterations for standard errors (`<metric>_stderr` in the results file); 0: "
+        "none. GPT-NeoX uses 10000 in eval.py and 2 during training.",
+    )
