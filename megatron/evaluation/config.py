@@ -13,7 +13,8 @@ class EvalConfig:
 
     eval_tasks: list | None = None
     eval_limit: int | None = None
-    eval_num_fewshot: int | None = None
+    eval_bootstrap_iters: int = 0
+    eval_num_fewshot: int | None = 0  # GPT-NeoX: every task 0-shot; None: each task's own
     seed: int = 1234
     seq_length: int | None = None
     max_position_embeddings: int | None = None

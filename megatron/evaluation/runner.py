@@ -27,6 +27,9 @@ from megatron.generation.sampling import kv_cache_forward
 
 logger = logging.getLogger(__name__)
 
+# What GPT-NeoX's eval.py evaluates when ``eval_tasks`` is unset (all of them download their datasets).
+GPT_NEOX_DEFAULT_TASKS = ["lambada", "piqa", "hellaswag", "winogrande", "mathqa", "pubmedqa", "triviaqa"]
+
 
 def build_adapter(
     model: Any, tokenizer: Any, cfg: EvalConfig, dp: DataParallelSplit | None = None, *, forward: Any = None
@@ -66,7 +69,7 @@ def run_eval_harness(adapter: Any, cfg: EvalConfig, tasks: list[str] | None = No
                 task_manager=resolved.manager,
                 num_fewshot=cfg.eval_num_fewshot,
                 limit=int(limit) if limit else None,
-                bootstrap_iters=0,
+                bootstrap_iters=int(cfg.eval_bootstrap_iters or 0),
                 log_samples=False,
                 random_seed=seed,
                 numpy_random_seed=seed,
@@ -122,17 +125,35 @@ def results_path(prefix: str | None, now: datetime | None = None) -> str:
     return f"{prefix}_{name}" if prefix else name
 
 
-def write_results(results: dict[str, Any], config: dict[str, Any], path: str) -> None:
-    """Results, lm-eval's versions / n-shot, the resolved ``config`` (every key) and the git hash, as JSON."""
-    payload = {
-        "results": results.get("results", {}),
-        "versions": results.get("versions", {}),
-        "n-shot": results.get("n-shot", {}),
-        "config": config,
-        "git_hash": config.get("git_hash"),
+def write_results(
+    results: dict[str, Any],
+    config: dict[str, Any],
+    path: str,
+    *,
+    batch_size: int,
+    device: str,
+    limit: int | None,
+    bootstrap_iters: int = 0,
+) -> None:
+    """GPT-NeoX's results file: lm-eval's whole results dict (per-task ``alias`` entries dropped, as GPT-NeoX does)
+    with ``config`` replaced by GPT-NeoX's ``{model: "neox", model_args: <every resolved key>, batch_size, device,
+    use_cache, limit, bootstrap_iters}`` and ``git_hash``."""
+    payload = {k: v for k, v in results.items() if k != "samples"}
+    payload["results"] = {
+        task: {k: v for k, v in metrics.items() if k != "alias"} for task, metrics in results.get("results", {}).items()
     }
+    payload["config"] = {
+        "model": "neox",
+        "model_args": config,
+        "batch_size": batch_size,
+        "device": device,
+        "use_cache": False,
+        "limit": limit,
+        "bootstrap_iters": bootstrap_iters,
+    }
+    payload["git_hash"] = config.get("git_hash")
     tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=_json_default, allow_nan=True), encoding="utf-8")
+    tmp.write_text(json.dumps(payload, indent=4, default=_json_default, allow_nan=True), encoding="utf-8")
     tmp.replace(path)
 
 

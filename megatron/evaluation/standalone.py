@@ -10,7 +10,14 @@ from megatron import mpu
 from megatron.distributed import init_distributed
 from megatron.evaluation.adapter import DataParallelSplit
 from megatron.evaluation.config import EvalConfig
-from megatron.evaluation.runner import build_adapter, flatten_metrics, results_path, run_eval_harness, write_results
+from megatron.evaluation.runner import (
+    GPT_NEOX_DEFAULT_TASKS,
+    build_adapter,
+    flatten_metrics,
+    results_path,
+    run_eval_harness,
+    write_results,
+)
 from megatron.evaluation.tasks import resolve_tasks
 from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
 from megatron.generation.text_generation import setup_for_inference
@@ -29,8 +36,10 @@ def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = EvalConfig.from_neox_args(args)
-    if not args.eval_tasks:  # checked before the checkpoint is read
-        resolve_tasks(args.eval_tasks)
+    if not cfg.eval_tasks:
+        logger.info("eval_tasks unset: GPT-NeoX's default tasks %s", " ".join(GPT_NEOX_DEFAULT_TASKS))
+        cfg.eval_tasks = list(GPT_NEOX_DEFAULT_TASKS)
+    resolve_tasks(cfg.eval_tasks)  # checked before the checkpoint is read (the task index is built once)
     if runs_model_parallel(args.model_parallel_size, args.pipe_parallel_size):
         stage, tokenizer = setup_stage_for_inference(args)
         forward = StageForward(stage)
@@ -47,7 +56,15 @@ def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
     if rank != 0:
         return None, metrics
     path = results_path(args.eval_results_prefix)
-    write_results(results, args.to_dict(), path)
+    write_results(
+        results,
+        args.to_dict(),
+        path,
+        batch_size=adapter.batch_size,
+        device=str(adapter.device),
+        limit=cfg.eval_limit,
+        bootstrap_iters=cfg.eval_bootstrap_iters,
+    )
     sink = Metrics.create(LoggingConfig.from_neox_args(args), rank=rank, run_config=args.to_dict())
     sink.log({f"eval/{k}": v for k, v in metrics.items()}, step=int(args.iteration or 0))
     sink.close()

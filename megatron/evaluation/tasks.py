@@ -180,6 +180,9 @@ def _check_offline(names: list[str], manager: Any) -> None:
     for name in names:
         entry = manager.task_index.get(name)
         cfg = getattr(entry, "cfg", None) or {}
+        if not cfg and getattr(entry, "tags", None):  # a tag such as `lambada`: check the tasks it names
+            _check_offline(sorted(entry.tags), manager)
+            continue
         dataset = cfg.get("dataset_path")
         if not dataset or dataset in LOCAL_BUILDERS or Path(str(dataset)).exists() or _hub_cached(str(dataset)):
             continue

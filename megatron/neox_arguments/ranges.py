@@ -135,6 +135,7 @@ RANGES: dict[str, Range] = {
     # evaluation and generation
     "eval_limit": AT_LEAST_ONE,
     "eval_num_fewshot": NON_NEGATIVE,
+    "eval_bootstrap_iters": NON_NEGATIVE,
     "temperature": NON_NEGATIVE,
     "top_p": FRACTION,
     "top_k": NON_NEGATIVE,

@@ -90,7 +90,8 @@ def test_eval_matches_lm_eval_hf_backend(evaluated, monkeypatch: pytest.MonkeyPa
     assert Path(path).name.startswith("tiny_eval_results_") and path.endswith(".json")
     saved = json.loads(Path(path).read_text())
     assert saved["results"]["forge_mc"]["acc,none"] == metrics["forge_mc_acc"]
-    assert saved["config"]["load"] == str(tiny.neox) and "git_hash" in saved
+    assert saved["config"]["model"] == "neox" and saved["config"]["model_args"]["load"] == str(tiny.neox)
+    assert "git_hash" in saved and "alias" not in saved["results"]["forge_mc"] and saved["n-shot"]["forge_mc"] == 0
     acc = EventAccumulator(str(root / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert acc.Scalars("eval/forge_mc_acc")[0].value == pytest.approx(metrics["forge_mc_acc"])

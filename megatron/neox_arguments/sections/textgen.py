@@ -47,4 +47,13 @@ class TextgenArgs:
         "lm-eval task names, glob patterns, or local task YAML files / folders to evaluate on (eval.py, and during "
         "training every eval_interval as validation/<task>_<metric>).",
     )
-    eval_num_fewshot: int | None = arg(None, "neox-forge: few-shot examples per lm-eval task (unset: the task's own).")
+    eval_num_fewshot: int | None = arg(
+        0,
+        "neox-forge: few-shot examples per lm-eval task; default 0 (GPT-NeoX evaluates every task 0-shot), null: "
+        "each task's own `num_fewshot`.",
+    )
+    eval_bootstrap_iters: int = arg(
+        0,
+        "neox-forge: lm-eval bootstrap iterations for standard errors (`<metric>_stderr` in the results file); 0: "
+        "none. GPT-NeoX uses 10000 in eval.py and 2 during training.",
+    )
