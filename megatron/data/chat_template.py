@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
-from megatron.data.staged_output import staged_builders
+from megatron.data.staged_output import staged_builders, worker_pool
 
 IGNORE = -100
 
@@ -248,8 +246,7 @@ def preprocess_chat(cfg: ChatPreprocessConfig) -> dict[str, Any]:
             results: Iterator[Any] = map(_encode, items)
             pool = None
         else:
-            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-            pool = ctx.Pool(cfg.workers, initializer=_init, initargs=(cfg,))
+            pool = worker_pool(cfg.workers, _init, (cfg,))
             results = pool.imap(_encode, items, chunksize=16)
         try:
             for per_key, reward in results:

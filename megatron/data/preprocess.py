@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ import numpy as np
 
 from megatron.data.document_reader import ReadStats, read_documents
 from megatron.data.indexed_dataset import make_builder
-from megatron.data.staged_output import staged_builders
+from megatron.data.staged_output import staged_builders, worker_pool
 from megatron.errors import DataError
 from megatron.logging.progress import progress as progress_bar
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
@@ -211,8 +210,7 @@ def preprocess(
             for batch in _batches(cfg, stats):
                 write(encode_batch(batch))
         else:
-            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-            with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg, dtype.name, True)) as pool:
+            with worker_pool(cfg.workers, _init_worker, (cfg, dtype.name, True)) as pool:
                 pending: deque[Any] = deque()
                 for batch in _batches(cfg, stats):
                     pending.append(pool.apply_async(encode_batch, (batch,)))

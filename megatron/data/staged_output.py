@@ -9,8 +9,10 @@ the partial files are closed and removed, and an existing dataset of the same na
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -67,3 +69,27 @@ def clean_exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _worker_start(initializer: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """A pool worker's first step: the default SIGTERM action (a worker holds no output, so ``Pool.terminate`` simply
+    ends it), then the signal unblocked (one that came while it was starting is delivered now), then ``initializer``."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    initializer(*args)
+
+
+def worker_pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> Any:
+    """A process pool whose ``terminate()`` never hangs, also with :func:`clean_exit_on_sigterm` installed.
+
+    A worker forked with the parent's Python SIGTERM handler can lose a SIGTERM that arrives while it is still
+    starting (CPython clears pending signal flags in the child after ``fork``), and then blocks on the task queue
+    forever while ``terminate()`` waits for it (seen as an intermittent hang when the first input line is bad). So
+    SIGTERM stays blocked across the forks and each worker restores the default action before unblocking it.
+    """
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return ctx.Pool(workers, initializer=_worker_start, initargs=(initializer, initargs))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
