@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -39,6 +40,12 @@ def init_distributed(backend: str | None = None) -> None:
         return
 
     discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
+    env = os.environ
+    # one line per rank: which host each rank landed on is the first question when a multi-node launch misbehaves
+    logger.info(
+        "rank %s (local rank %s of %s) on host %s", env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"],
+        socket.gethostname(),
+    )  # fmt: skip
     if on_cpu():
         ds_comm: Any = importlib.import_module("deepspeed.comm.torch")
         ds_comm.build_shm_op = lambda: None

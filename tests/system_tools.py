@@ -23,6 +23,9 @@ PACKAGES = {
     "pdsh": "pdsh",
     "sshd": "openssh-server",
     "ssh-keygen": "openssh-client",
+    "ip": "iproute2",
+    "unshare": "util-linux",
+    "hostname": "hostname",
 }
 
 

@@ -1,0 +1,99 @@
+"""Real multi-node launches on a simulated cluster (tests/netns_cluster.py: 2 network namespaces, each its own IP,
+hostname and sshd): ``deepy.py`` over pdsh/ssh and over Open MPI's ``mpirun``, 2 nodes x 2 ranks, give the losses of
+the same layout on one host; include/exclude and ``slots=`` put the ranks on the right hosts."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.distributed.fns_train import make_tiny_data, tiny_config
+from tests.harness import PYTHON, REPO_ROOT, CommandResult, run_command
+
+pytestmark = pytest.mark.distributed
+ITERS = 3
+LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*lm_loss: ([0-9.E+-]+)")
+RANK_LINE = re.compile(r"rank (\d+) \(local rank (\d+) of (\d+)\) on host (\S+)")
+LAYOUTS = {"tp2-dp2": {"model_parallel_size": 2}, "pp2-tp2": {"model_parallel_size": 2, "pipe_parallel_size": 2}}
+
+
+def losses(text: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in LOSS_LINE.finditer(text)}
+
+
+def placement(text: str) -> dict[int, tuple[str, int]]:
+    """rank -> (host, local rank), from every rank's start-up line."""
+    return {int(m.group(1)): (m.group(4), int(m.group(2))) for m in RANK_LINE.finditer(text)}
+
+
+def write_config(path: Path, data: dict[str, str], **overrides: Any) -> Path:
+    cfg = tiny_config(data, world=4, train_iters=ITERS, log_interval=1, eval_interval=100, eval_iters=0)
+    cfg.pop("global_num_gpus")  # every launch derives the world size from its hostfile
+    cfg.update(overrides)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, str]:
+    return make_tiny_data(tmp_path_factory.mktemp("multinode") / "data")
+
+
+@pytest.fixture(scope="module")
+def one_host(data, tmp_path_factory) -> dict[str, dict[int, str]]:
+    """The reference: each layout on one host, 4 ranks through DeepSpeed's runner (``num_gpus: 4``)."""
+    root = tmp_path_factory.mktemp("one_host")
+    out = {}
+    for name, layout in LAYOUTS.items():
+        config = write_config(root / f"{name}.yml", data, num_gpus=4, **layout)
+        res = run_command([PYTHON, "deepy.py", "train.py", str(config)], timeout=900)
+        out[name] = losses(res.stdout)
+        assert len(out[name]) == ITERS, res.stdout[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from tests.netns_cluster import netns_cluster
+
+    with netns_cluster(2) as c:
+        yield c
+
+
+def deepy_on(cluster, node: str, config: Path, hostfile: Path, run_dir: Path, timeout: float = 900) -> CommandResult:
+    cmd = [*cluster.on(node), PYTHON, "deepy.py", "train.py", str(config), "--hostfile", str(hostfile)]
+    cmd += ["--run_dir", str(run_dir)]
+    return run_command(cmd, timeout=timeout, env=cluster.env, check=False, cwd=REPO_ROOT)
+
+
+def test_pdsh_two_nodes_tp2_dp2_matches_one_host(cluster, data, one_host, tmp_path):
+    """pdsh logs in to both nodes over ssh; TP=2 inside a node, DP=2 across the nodes, master on node1."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    config = write_config(tmp_path / "pdsh.yml", data, launcher="pdsh", **LAYOUTS["tp2-dp2"])
+    res = deepy_on(cluster, "node1", config, hostfile, tmp_path / "run")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:] + cluster.logs()
+    assert placement(out) == {0: ("node1", 0), 1: ("node1", 1), 2: ("node2", 0), 3: ("node2", 1)}, out[-6000:]
+    assert "ranks from launcher: world size 4, master node1" in out
+    assert losses(out) == one_host["tp2-dp2"]
+    pdsh = shlex.split(next(ln for ln in res.stdout.splitlines() if ln.startswith("pdsh ")))
+    assert pdsh[pdsh.index("-w") + 1] == "node1,node2"
+
+
+def test_openmpi_two_nodes_pp2_tp2_matches_one_host(cluster, data, one_host, tmp_path):
+    """mpirun starts Open MPI's daemon on node2 over ssh; pipeline stage 0 on node1, stage 1 on node2."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    config = write_config(tmp_path / "ompi.yml", data, launcher="openmpi", deepspeed_mpi=True, **LAYOUTS["pp2-tp2"])
+    res = deepy_on(cluster, "node1", config, hostfile, tmp_path / "run")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:] + cluster.logs()
+    assert placement(out) == {0: ("node1", 0), 1: ("node1", 1), 2: ("node2", 0), 3: ("node2", 1)}, out[-6000:]
+    assert "ranks from openmpi: world size 4, master node1" in out
+    assert losses(out) == one_host["pp2-tp2"]
