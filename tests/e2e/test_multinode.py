@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +16,11 @@ import pytest
 import yaml
 
 from tests.distributed.fns_train import make_tiny_data, tiny_config
-from tests.harness import PYTHON, REPO_ROOT, CommandResult, run_command
+from tests.harness import PYTHON, REPO_ROOT, CommandResult, kill_tree, run_command, subprocess_env
 
 pytestmark = pytest.mark.distributed
-ITERS = 3
+ITERS = 6
+NODE_LOSS_BOUND = 120  # seconds from the node's death to the end of the launch
 LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*lm_loss: ([0-9.E+-]+)")
 RANK_LINE = re.compile(r"rank (\d+) \(local rank (\d+) of (\d+)\) on host (\S+)")
 LAYOUTS = {"tp2-dp2": {"model_parallel_size": 2}, "pp2-tp2": {"model_parallel_size": 2, "pipe_parallel_size": 2}}
@@ -97,3 +101,63 @@ def test_openmpi_two_nodes_pp2_tp2_matches_one_host(cluster, data, one_host, tmp
     assert placement(out) == {0: ("node1", 0), 1: ("node1", 1), 2: ("node2", 0), 3: ("node2", 1)}, out[-6000:]
     assert "ranks from openmpi: world size 4, master node1" in out
     assert losses(out) == one_host["pp2-tp2"]
+
+
+def _watch(proc: subprocess.Popen[str]) -> list[str]:
+    """Collect ``proc``'s output lines in a thread (the pipe never fills up while the test waits)."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_node_loss_ends_the_run_and_a_smaller_restart_resumes_exactly(cluster, data, one_host, tmp_path):
+    """node2 dies (every process in its namespace killed) after a checkpoint was committed: the ranks on node1 end
+    within a bounded time with an error naming the lost node, the checkpoint stays valid, and a restart on node1
+    alone (DP 2 -> 1, gradient accumulation 1 -> 2: the same global batch) continues with the losses of the
+    uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    common = {"save": str(ckpt), "load": str(ckpt), "checkpoint_factor": 1, **LAYOUTS["tp2-dp2"]}
+    config = write_config(tmp_path / "two.yml", data, launcher="pdsh", **common)
+    cmd = [*cluster.on("node1"), PYTHON, "deepy.py", "train.py", str(config), "--hostfile", str(hostfile)]
+    cmd += ["--run_dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=subprocess_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines = _watch(proc)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(ckpt.glob("global_step*/manifest.json")):  # the first committed checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-6000:]
+            time.sleep(0.1)
+        cluster.kill_node("node2")
+        killed = time.monotonic()
+        code = proc.wait(timeout=NODE_LOSS_BOUND)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    out = "".join(lines)
+    assert code != 0, out[-6000:]
+    assert f"iteration {ITERS}/" not in out, "the run finished before node2 was killed"
+    assert re.search(r"node2\b.*(lost|exited|closed)|(lost|closed).*node2\b", out), out[-6000:]
+    assert took < NODE_LOSS_BOUND
+    # the survivors' view: the last committed checkpoint loads; node1 alone trains on with DP=1, GAS=2
+    config = write_config(tmp_path / "one.yml", data, num_gpus=2, gradient_accumulation_steps=2, **common)
+    res = run_command([*cluster.on("node1"), PYTHON, "deepy.py", "train.py", str(config)], timeout=900, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:]
+    loaded = int(re.search(r"loaded checkpoint \S+ at iteration (\d+)", out).group(1))  # type: ignore[union-attr]
+    resumed = losses(out)
+    assert sorted(resumed) == list(range(loaded + 1, ITERS + 1)), out[-6000:]
+    reference = one_host["tp2-dp2"]
+    for step, loss in resumed.items():
+        assert float(loss) == pytest.approx(float(reference[step]), rel=1e-5), (step, resumed, reference)
