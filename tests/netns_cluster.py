@@ -2,9 +2,9 @@
 
 Each node is a network namespace with one interface ``eth0`` (10.213.0.1x/24) on a bridge that lives in a namespace
 of its own (the "switch"): nodes reach each other over a real network interface, and nothing is added to the
-machine's own namespace (no route leaves the cluster). Commands run on a node through ``ip netns exec NS unshare
---uts``: ``ip netns exec`` bind-mounts ``/etc/netns/NS/hosts`` over ``/etc/hosts`` (every node's name and address)
-and ``unshare --uts`` gives the node its own ``hostname``; daemons started that way (sshd, munged, slurmd) hand both
+machine's own namespace (no route leaves the cluster). Commands run on a node through ``unshare --mount --uts`` +
+``nsenter --net``: like ``ip netns exec`` they see ``/etc/netns/NS/hosts`` bind-mounted over ``/etc/hosts`` (every
+node's name and address), and a UTS namespace gives the node its own ``hostname``; daemons started that way (sshd, munged, slurmd) hand both
 to everything they start. The filesystem is shared, as on a cluster with a shared filesystem.
 
 Every node runs its own sshd (port 22 of its own address; one user key for all), and on request its own munged
@@ -60,8 +60,11 @@ class NetnsCluster:
     def on(self, name: str) -> list[str]:
         """The argv prefix that runs a command on node ``name`` (its network, /etc/hosts and hostname)."""
         node = self.node(name)
-        return [program("ip"), "netns", "exec", node.netns, program("unshare"), "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', node.name]  # fmt: skip
+        # Like ``ip netns exec`` (which bind-mounts /etc/netns/NS/hosts over /etc/hosts), but without its fresh
+        # /sys mount, which would hide /sys/fs/cgroup from slurmd; plus a UTS namespace of its own for hostname.
+        script = 'mount --bind "$2" /etc/hosts && hostname "$0" && ns=$1 && shift 2 && n=$nsenter && unset nsenter && exec "$n" --net="$ns" -- "$@"'
+        return [program("unshare"), "--mount", "--uts", "--propagation", "slave", "env", f"nsenter={program('nsenter')}",
+                "sh", "-c", script, node.name, f"/run/netns/{node.netns}", str(NETNS_ETC / node.netns / "hosts")]  # fmt: skip
 
     @property
     def ssh_args(self) -> str:
@@ -145,7 +148,7 @@ def _sweep_dead_runs() -> None:
 
 def require_netns() -> None:
     """Skip (outside CI) or fail (under CI) unless this process can build network namespaces (root, iproute2)."""
-    require_programs("ip", "unshare", "hostname", "sshd", "ssh-keygen")
+    require_programs("ip", "unshare", "nsenter", "mount", "hostname", "sshd", "ssh-keygen")
     reason = ""
     if os.geteuid() != 0:
         reason = "the simulated cluster needs root (ip netns add)"

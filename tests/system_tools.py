@@ -26,6 +26,8 @@ PACKAGES = {
     "ip": "iproute2",
     "unshare": "util-linux",
     "hostname": "hostname",
+    "nsenter": "util-linux",
+    "mount": "mount",
 }
 
 

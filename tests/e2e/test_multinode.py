@@ -161,3 +161,48 @@ def test_node_loss_ends_the_run_and_a_smaller_restart_resumes_exactly(cluster, d
     reference = one_host["tp2-dp2"]
     for step, loss in resumed.items():
         assert float(loss) == pytest.approx(float(reference[step]), rel=1e-5), (step, resumed, reference)
+
+
+def test_sbatch_two_nodes_tp2_dp2_matches_one_host(data, one_host, tmp_path):
+    """``sbatch -N 2 tools/slurm/train.sbatch`` on the simulated cluster's SLURM (slurmctld on node1, slurmd on
+    both): the batch script's hostfile lists both nodes, srun starts 2 ranks on each, master node1."""
+    from tests.netns_cluster import netns_cluster
+
+    config = write_config(tmp_path / "slurm.yml", data, launcher="slurm", deepspeed_slurm=True, **LAYOUTS["tp2-dp2"])
+    job_out = tmp_path / "job.out"
+    with netns_cluster(2, slurm=True) as cluster:
+        env = {**cluster.env, "PYTHON": PYTHON, "NEOX_DIR": str(REPO_ROOT), "NEOX_HOSTFILE_DIR": str(tmp_path / "h")}
+        sbatch = [*cluster.on("node1"), "sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", f"--output={job_out}"]
+        sbatch += [f"--chdir={REPO_ROOT}", str(REPO_ROOT / "tools" / "slurm" / "train.sbatch"), str(config)]
+        res = run_command(sbatch, timeout=900, env=env, check=False)
+        out = job_out.read_text() if job_out.exists() else "<no job output>"
+        assert res.returncode == 0, res.describe() + out[-6000:] + cluster.logs()
+    assert "node1,node2, 2 task(s) per node" in out, out[-4000:]
+    assert placement(out) == {0: ("node1", 0), 1: ("node1", 1), 2: ("node2", 0), 3: ("node2", 1)}, out[-6000:]
+    assert "ranks from slurm: world size 4, master node1" in out
+    assert losses(out) == one_host["tp2-dp2"]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "hosts", "key", "spec", "expected"),
+    [
+        # pdsh pins slots: slot 1 of node1, slots 0 and 2 of node2 (local ranks count the chosen slots)
+        ("pdsh", "node1 slots=2\nnode2 slots=3\nnode9 slots=2\n", "include", "node1:1@node2:0,2",
+         {0: ("node1", 0), 1: ("node2", 1), 2: ("node2", 0)}),  # DeepSpeed: local rank = rank % ranks on node
+        # mpirun: uneven slots= per host; node9 does not exist, so only a correct exclude lets the run start
+        ("openmpi", "node1 slots=1\nnode2 slots=2\nnode9 slots=2\n", "exclude", "node9",
+         {0: ("node1", 0), 1: ("node2", 0), 2: ("node2", 1)}),
+    ],
+)  # fmt: skip
+def test_include_exclude_and_slots_place_ranks_on_the_right_nodes(
+    cluster, data, tmp_path, launcher, hosts, key, spec, expected
+):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(hosts)
+    extra = {"deepspeed_mpi": True} if launcher == "openmpi" else {}
+    config = write_config(tmp_path / "c.yml", data, launcher=launcher, train_iters=1, **{key: spec}, **extra)
+    res = deepy_on(cluster, "node1", config, hostfile, tmp_path / "run")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:] + cluster.logs()
+    assert placement(out) == expected, out[-6000:]
+    assert len(losses(out)) == 1
