@@ -18,6 +18,7 @@ def main() -> int:
     install_log_redaction()
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from megatron.cluster.peers import lost_peer_message
     from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
     from megatron.neox_arguments import NeoXArgs
@@ -25,6 +26,7 @@ def main() -> int:
     from megatron.training.pretrain import pretrain
 
     code = 0
+    args = None
     try:
         args = NeoXArgs.consume_neox_args()
         if args.log_dir:
@@ -42,8 +44,12 @@ def main() -> int:
     except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
-    except Exception:  # a bug: keep the traceback
-        logging.getLogger("megatron.train").exception("training failed")
+    except Exception as e:
+        lost = lost_peer_message(e, getattr(args, "distributed_timeout_minutes", None))
+        if lost:  # a node died or became unreachable: not a bug, one line naming it
+            print(f"error: {lost}", file=sys.stderr, flush=True)
+        else:  # a bug: keep the traceback
+            logging.getLogger("megatron.train").exception("training failed")
         code = 1
     shutdown_and_exit(code)
     return code

@@ -61,6 +61,19 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float = DEF
         auto_mpi_discovery=False,
         timeout=datetime.timedelta(minutes=timeout_minutes),
     )
+    _record_hosts()
+
+
+def _record_hosts() -> None:
+    """Every rank's host and address, gathered once, so that a lost peer is later reported by name."""
+    from megatron.cluster import peers
+
+    env = os.environ
+    addr = peers.local_address(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    me = peers.RankHost(int(env["RANK"]), socket.gethostname(), addr)
+    table: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(table, me)
+    peers.record(table, me)
 
 
 def shutdown_and_exit(code: int = 0) -> None:
