@@ -108,7 +108,7 @@ class NetnsCluster:
     def logs(self) -> str:
         parts = []
         for path in sorted(self.root.glob("*/*.log")):
-            lines = path.read_text(errors="replace").splitlines()[-15:]
+            lines = path.read_text(errors="replace").splitlines()[-40:]
             parts.append(f"\n----- {path.relative_to(self.root)} (tail) -----\n" + "\n".join(lines))
         return "".join(parts)
 
@@ -144,6 +144,10 @@ def _sweep_dead_runs() -> None:
         m = re.fullmatch(rf"{PREFIX}-(\d+)-[0-9a-f]+-\w+", ns)
         if m and not Path(f"/proc/{m.group(1)}").exists():
             _remove_namespace(ns)
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*"):
+        m = re.match(rf"{PREFIX}-(\d+)-", folder.name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def require_netns() -> None:
@@ -203,7 +207,7 @@ def netns_cluster(count: int = 2, *, slurm: bool = False) -> Iterator[NetnsClust
         require_programs("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
     _sweep_dead_runs()
     tag = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
-    root = Path(tempfile.mkdtemp(prefix="neox-netns-"))
+    root = Path(tempfile.mkdtemp(prefix=f"{tag}-"))  # short: munge's socket path must fit sun_path
     nodes = [Node(f"node{i}", f"{tag}-node{i}", f"{SUBNET}.{10 + i}") for i in range(1, count + 1)]
     switch = f"{tag}-switch"
     cluster = NetnsCluster(root, nodes, switch, root / "user_key")

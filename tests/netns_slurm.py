@@ -46,7 +46,7 @@ def _conf(cluster: NetnsCluster, munge_socket: str) -> str:
         "ReturnToService": "2",
         "SlurmdParameters": "config_overrides",
         "KillWait": "5",
-        "SlurmdTimeout": "30",  # a dead node is marked DOWN after this long
+        "SlurmdTimeout": "20",  # a dead node is marked DOWN after this long
         "DebugFlags": "NO_CONF_HASH",  # the confs differ in the munge socket only
     }
     text = "".join(f"{k}={v}\n" for k, v in lines.items())

@@ -1,6 +1,8 @@
 """Real multi-node launches on a simulated cluster (tests/netns_cluster.py: 2 network namespaces, each its own IP,
-hostname and sshd): ``deepy.py`` over pdsh/ssh and over Open MPI's ``mpirun``, 2 nodes x 2 ranks, give the losses of
-the same layout on one host; include/exclude and ``slots=`` put the ranks on the right hosts."""
+hostname, sshd, and for SLURM its own munged and slurmd): ``deepy.py`` over pdsh/ssh and over Open MPI's ``mpirun``,
+and ``sbatch -N 2 tools/slurm/train.sbatch``, 2 nodes x 2 ranks, give the losses of the same layout on one host;
+include/exclude and ``slots=`` put the ranks on the right hosts; a node that dies ends the run in bounded time with
+an error naming it, and a restart on the remaining node resumes with the losses of the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import yaml
 
 from tests.distributed.fns_train import make_tiny_data, tiny_config
 from tests.harness import PYTHON, REPO_ROOT, CommandResult, kill_tree, run_command, subprocess_env
+from tests.netns_cluster import require_netns
+from tests.system_tools import require_programs
 
 pytestmark = pytest.mark.distributed
 ITERS = 6
@@ -39,6 +43,7 @@ def write_config(path: Path, data: dict[str, str], **overrides: Any) -> Path:
     cfg = tiny_config(data, world=4, train_iters=ITERS, log_interval=1, eval_interval=100, eval_iters=0)
     cfg.pop("global_num_gpus")  # every launch derives the world size from its hostfile
     cfg.update(overrides)
+    cfg = {k: v for k, v in cfg.items() if v is not None}  # None: derive it (e.g. gradient accumulation)
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -51,6 +56,7 @@ def data(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def one_host(data, tmp_path_factory) -> dict[str, dict[int, str]]:
     """The reference: each layout on one host, 4 ranks through DeepSpeed's runner (``num_gpus: 4``)."""
+    require_netns()  # skip (or fail under CI) before the reference runs when no cluster can be built
     root = tmp_path_factory.mktemp("one_host")
     out = {}
     for name, layout in LAYOUTS.items():
@@ -65,6 +71,7 @@ def one_host(data, tmp_path_factory) -> dict[str, dict[int, str]]:
 def cluster():
     from tests.netns_cluster import netns_cluster
 
+    require_programs("pdsh", "mpirun")
     with netns_cluster(2) as c:
         yield c
 
@@ -209,3 +216,65 @@ def test_include_exclude_and_slots_place_ranks_on_the_right_nodes(
     assert res.returncode == 0, out[-6000:] + cluster.logs()
     assert placement(out) == expected, out[-6000:]
     assert len(losses(out)) == 1
+
+
+def _wait_for(path: Path, pattern: str, timeout: float, logs: Any) -> re.Match[str]:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        match = re.search(pattern, text, flags=re.MULTILINE)
+        if match:
+            return match
+        time.sleep(0.3)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout} s:\n{text[-4000:]}{logs()}")
+
+
+def test_sbatch_node_loss_requeues_and_resumes_on_the_remaining_node(data, one_host, tmp_path):
+    """``sbatch --nodes=1-2 train.sbatch``: node2 dies after a committed checkpoint; the ranks on node1 fail naming
+    node2, srun ends the step once slurmctld marks node2 DOWN (SlurmdTimeout, 20 s here), SLURM requeues the job
+    (``--requeue``), and the requeued job, given one node's task count, runs on node1 alone (DP 1, gradient accumulation 2 for the same
+    train_batch_size) with the losses of the uninterrupted run."""
+    from tests.netns_cluster import netns_cluster
+
+    ckpt = tmp_path / "ckpt"
+    config = write_config(
+        tmp_path / "slurm.yml", data, launcher="slurm", deepspeed_slurm=True, save=str(ckpt), load=str(ckpt),
+        checkpoint_factor=1, train_batch_size=8, gradient_accumulation_steps=None, **LAYOUTS["tp2-dp2"],
+    )  # fmt: skip
+    job_out = tmp_path / "job.out"
+    with netns_cluster(2, slurm=True) as cluster:
+        env = {**cluster.env, "PYTHON": PYTHON, "NEOX_DIR": str(REPO_ROOT), "NEOX_HOSTFILE_DIR": str(tmp_path / "h")}
+
+        def slurm(*cmd: str) -> str:
+            return run_command([*cluster.on("node1"), *cmd], timeout=60, env=env).stdout
+
+        sbatch = ["sbatch", "--parsable", "--nodes=1-2", "--ntasks-per-node=2", f"--output={job_out}"]
+        job = slurm(*sbatch, f"--chdir={REPO_ROOT}", str(REPO_ROOT / "tools/slurm/train.sbatch"), str(config))
+        job = job.strip().split(";")[0]
+        deadline = time.monotonic() + 600
+        while not list(ckpt.glob("global_step*/manifest.json")):
+            assert time.monotonic() < deadline, job_out.read_text()[-4000:] + cluster.logs()
+            time.sleep(0.1)
+        cluster.kill_node("node2")
+        killed = time.monotonic()
+        while slurm("squeue", "-h", "-j", job, "-o", "%T").strip() != "PENDING":  # requeued by SLURM
+            assert time.monotonic() - killed < NODE_LOSS_BOUND, job_out.read_text()[-4000:] + cluster.logs()
+            time.sleep(0.5)
+        assert "down" in slurm("sinfo", "-h", "-n", "node2", "-o", "%T")
+        time.sleep(3)  # slurmd refuses a relaunch of the same job id within a second (see test_cluster_launch.py)
+        # SLURM 22.05 keeps the first allocation's task count (4) for a requeued job: ask for one node's worth
+        slurm("scontrol", "update", f"JobId={job}", "NumNodes=1", "NumTasks=2")
+        slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+        _wait_for(job_out, r"training finished at iteration", 600, cluster.logs)
+    text = job_out.read_text()
+    cut = text.index("neox: job", text.index("neox: job") + 1)  # the requeued job's output starts there
+    first, second = text[:cut], text[cut:]
+    assert f"iteration {ITERS}/" not in first, "the first run finished before node2 was killed"
+    assert re.search(r"lost the connection to host node2 \(10\.213\.0\.12, ranks 2, 3\)", first), first[-4000:]
+    assert second.startswith(f"neox: job {job} on node1, 2 task(s) per node"), second[-4000:]
+    loaded = int(re.search(r"loaded checkpoint \S+ at iteration (\d+)", second).group(1))  # type: ignore[union-attr]
+    resumed = losses(second)
+    assert sorted(resumed) == list(range(loaded + 1, ITERS + 1)), second[-6000:]
+    for step, loss in resumed.items():
+        assert float(loss) == pytest.approx(float(one_host["tp2-dp2"][step]), rel=1e-5), (step, resumed)
