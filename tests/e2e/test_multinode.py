@@ -123,54 +123,58 @@ def _watch(proc: subprocess.Popen[str]) -> list[str]:
     return lines
 
 
-def test_node_loss_ends_the_run_and_a_smaller_restart_resumes_exactly(cluster, data, one_host, tmp_path):
+def test_node_loss_ends_the_run_and_a_smaller_restart_resumes_exactly(data, one_host, tmp_path):
     """node2 dies (every process in its namespace killed) after a checkpoint was committed: the ranks on node1 end
     within a bounded time with an error naming the lost node, the checkpoint stays valid, and a restart on node1
     alone (DP 2 -> 1, gradient accumulation 1 -> 2: the same global batch) continues with the losses of the
     uninterrupted run."""
-    ckpt = tmp_path / "ckpt"
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
-    common = {"save": str(ckpt), "load": str(ckpt), "checkpoint_factor": 1, **LAYOUTS["tp2-dp2"]}
-    config = write_config(tmp_path / "two.yml", data, launcher="pdsh", **common)
-    cmd = [*cluster.on("node1"), PYTHON, "deepy.py", "train.py", str(config), "--hostfile", str(hostfile)]
-    cmd += ["--run_dir", str(tmp_path / "run")]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=subprocess_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    lines = _watch(proc)
-    try:
-        deadline = time.monotonic() + 600
-        while not list(ckpt.glob("global_step*/manifest.json")):  # the first committed checkpoint
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-6000:]
-            time.sleep(0.1)
-        cluster.kill_node("node2")
-        killed = time.monotonic()
-        code = proc.wait(timeout=NODE_LOSS_BOUND)
-        took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-    out = "".join(lines)
-    assert code != 0, out[-6000:]
-    assert f"iteration {ITERS}/" not in out, "the run finished before node2 was killed"
-    # a survivor's one-line error names the lost host and its ranks (gloo itself only gives an address)
-    lost = r"error: rank [01] on node1: lost the connection to host node2 \(10\.213\.0\.12, ranks 2, 3\)"
-    assert re.search(lost, out), out[-6000:]
-    assert "Traceback" not in out, out[-6000:]
-    assert took < NODE_LOSS_BOUND
-    # the survivors' view: the last committed checkpoint loads; node1 alone trains on with DP=1, GAS=2
-    config = write_config(tmp_path / "one.yml", data, num_gpus=2, gradient_accumulation_steps=2, **common)
-    res = run_command([*cluster.on("node1"), PYTHON, "deepy.py", "train.py", str(config)], timeout=900, check=False)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-6000:]
-    loaded = int(re.search(r"loaded checkpoint \S+ at iteration (\d+)", out).group(1))  # type: ignore[union-attr]
-    resumed = losses(out)
-    assert sorted(resumed) == list(range(loaded + 1, ITERS + 1)), out[-6000:]
-    reference = one_host["tp2-dp2"]
-    for step, loss in resumed.items():
-        assert float(loss) == pytest.approx(float(reference[step]), rel=1e-5), (step, resumed, reference)
+    from tests.netns_cluster import netns_cluster
+
+    require_programs("pdsh")
+    with netns_cluster(2) as cluster:  # a cluster of its own: node2 dies for good
+        ckpt = tmp_path / "ckpt"
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+        common = {"save": str(ckpt), "load": str(ckpt), "checkpoint_factor": 1, **LAYOUTS["tp2-dp2"]}
+        config = write_config(tmp_path / "two.yml", data, launcher="pdsh", **common)
+        cmd = [*cluster.on("node1"), PYTHON, "deepy.py", "train.py", str(config), "--hostfile", str(hostfile)]
+        cmd += ["--run_dir", str(tmp_path / "run")]
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=subprocess_env(cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        lines = _watch(proc)
+        try:
+            deadline = time.monotonic() + 600
+            while not list(ckpt.glob("global_step*/manifest.json")):  # the first committed checkpoint
+                assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-6000:]
+                time.sleep(0.1)
+            cluster.kill_node("node2")
+            killed = time.monotonic()
+            code = proc.wait(timeout=NODE_LOSS_BOUND)
+            took = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+        out = "".join(lines)
+        assert code != 0, out[-6000:]
+        assert f"iteration {ITERS}/" not in out, "the run finished before node2 was killed"
+        # a survivor's one-line error names the lost host and its ranks (gloo itself only gives an address)
+        lost = r"error: rank [01] on node1: lost the connection to host node2 \(10\.213\.0\.12, ranks 2, 3\)"
+        assert re.search(lost, out), out[-6000:]
+        assert "Traceback" not in out, out[-6000:]
+        assert took < NODE_LOSS_BOUND
+        # the survivors' view: the last committed checkpoint loads; node1 alone trains on with DP=1, GAS=2
+        config = write_config(tmp_path / "one.yml", data, num_gpus=2, gradient_accumulation_steps=2, **common)
+        res = run_command([*cluster.on("node1"), PYTHON, "deepy.py", "train.py", str(config)], timeout=900, check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-6000:]
+        loaded = int(re.search(r"loaded checkpoint \S+ at iteration (\d+)", out).group(1))  # type: ignore[union-attr]
+        resumed = losses(out)
+        assert sorted(resumed) == list(range(loaded + 1, ITERS + 1)), out[-6000:]
+        reference = one_host["tp2-dp2"]
+        for step, loss in resumed.items():
+            assert float(loss) == pytest.approx(float(reference[step]), rel=1e-5), (step, resumed, reference)
 
 
 def test_sbatch_two_nodes_tp2_dp2_matches_one_host(data, one_host, tmp_path):
