@@ -14,9 +14,6 @@ from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 
-# what gloo says in a collective when another rank's process has ended
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
 
 def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None, tee: bool) -> int:
     from megatron.errors import UserError
@@ -54,6 +51,7 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if input_args is not None or overwrite_values is not None:
         return _train(input_args, overwrite_values, tee=False)
+    from megatron.cluster.peers import lost_peer_message
     from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
 
@@ -64,9 +62,9 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
     except Exception as e:
-        lost = [m for m in PEER_LOST if m in str(e)]
-        if lost:  # another rank stopped first and printed why
-            print(f"error: another rank stopped first (its error is above): {lost[0]}", file=sys.stderr, flush=True)
+        lost = lost_peer_message(e)
+        if lost:  # a node died or became unreachable, or another rank stopped first: one line naming it
+            print(f"error: {lost}", file=sys.stderr, flush=True)
         else:  # a bug: keep the traceback
             logging.getLogger("megatron.train").exception("training failed")
         code = 1

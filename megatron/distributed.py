@@ -5,9 +5,11 @@ Only this module and ``megatron.mpu`` talk to ``torch.distributed`` directly.
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -16,6 +18,7 @@ import torch
 from megatron.cluster.worker_env import discover_rank_env
 
 logger = logging.getLogger(__name__)
+DEFAULT_TIMEOUT_MINUTES = 10.0  # distributed_timeout_minutes' default (Megatron-LM's, and NCCL's in torch)
 
 
 def on_cpu() -> bool:
@@ -27,8 +30,11 @@ def default_backend() -> str:
     return "gloo" if on_cpu() else "nccl"
 
 
-def init_distributed(backend: str | None = None) -> None:
+def init_distributed(backend: str | None = None, *, timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None:
     """Initialise the default process group through DeepSpeed (idempotent).
+
+    ``timeout_minutes`` (``distributed_timeout_minutes``) bounds every collective: a rank whose peer died or became
+    unreachable fails after that long instead of waiting forever (torch's default is 30 minutes for gloo).
 
     On CPU, DeepSpeed would JIT-compile its shared-memory all-reduce op (~70 s) at every start although
     training never uses it, so that build is skipped.
@@ -39,12 +45,35 @@ def init_distributed(backend: str | None = None) -> None:
         return
 
     discover_rank_env(os.environ)  # torchrun / DeepSpeed / srun / mpirun variables -> RANK, WORLD_SIZE, MASTER_*
+    env = os.environ
+    # one line per rank: which host each rank landed on is the first question when a multi-node launch misbehaves
+    logger.info(
+        "rank %s (local rank %s of %s) on host %s", env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"],
+        socket.gethostname(),
+    )  # fmt: skip
     if on_cpu():
         ds_comm: Any = importlib.import_module("deepspeed.comm.torch")
         ds_comm.build_shm_op = lambda: None
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    deepspeed.init_distributed(dist_backend=backend or default_backend(), auto_mpi_discovery=False)
+    deepspeed.init_distributed(
+        dist_backend=backend or default_backend(),
+        auto_mpi_discovery=False,
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+    )
+    _record_hosts(timeout_minutes)
+
+
+def _record_hosts(timeout_minutes: float) -> None:
+    """Every rank's host and address, gathered once, so that a lost peer is later reported by name."""
+    from megatron.cluster import peers
+
+    env = os.environ
+    addr = peers.local_address(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    me = peers.RankHost(int(env["RANK"]), socket.gethostname(), addr)
+    table: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(table, me)
+    peers.record(table, me, timeout_minutes)
 
 
 def shutdown_and_exit(code: int = 0) -> None:

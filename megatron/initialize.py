@@ -27,6 +27,7 @@ class InitConfig:
     pipe_parallel_size: int = 0
     fp32_allreduce: bool = False
     distributed_backend: str = "nccl"  # GPT-NeoX's default; gloo is used instead on CPU
+    distributed_timeout_minutes: float = 10.0
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> InitConfig:
@@ -63,7 +64,7 @@ def initialize_megatron(neox_args: Any, allow_no_cuda: bool = False) -> InitConf
     if on_cpu() and backend != "gloo":
         logger.info("distributed_backend %s is not available on CPU: using gloo", backend)
         backend = "gloo"
-    init_distributed(backend)
+    init_distributed(backend, timeout_minutes=float(cfg.distributed_timeout_minutes))
     mpu.initialize_model_parallel(int(cfg.model_parallel_size), int(cfg.pipe_parallel_size))
     mpu.set_fp32_allreduce(bool(cfg.fp32_allreduce))
     set_random_seed(

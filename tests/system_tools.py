@@ -23,6 +23,11 @@ PACKAGES = {
     "pdsh": "pdsh",
     "sshd": "openssh-server",
     "ssh-keygen": "openssh-client",
+    "ip": "iproute2",
+    "unshare": "util-linux",
+    "hostname": "hostname",
+    "nsenter": "util-linux",
+    "mount": "mount",
 }
 
 

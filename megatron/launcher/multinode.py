@@ -25,6 +25,10 @@ FORWARD_PREFIXES = (
     "PYTHON", "UCX", "MV2", "NCCL", "GLOO", "TORCH", "CUDA_", "MASTER_ADDR", "MASTER_PORT",
 )  # fmt: skip
 PDSH_FAN_OUT = 1024
+# ssh gives up on a host that stopped answering (link down, kernel panic) after 15 s x 4, instead of waiting for TCP's
+# own timeout (hours): pdsh, and deepy with it, then end. Options the user set in PDSH_SSH_ARGS_APPEND come first
+# and win (ssh keeps the first value of an option).
+SSH_KEEPALIVE = "-o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 ENV_FILE = "launch.env"
 
 
@@ -132,6 +136,9 @@ def _slurm(x: _Launch) -> ClusterCommand:
     per_node = _uniform_slots("slurm", x.active, same_count=True)
     argv = ["srun", "-n", str(x.total), "--nodes", str(len(x.active)), "--ntasks-per-node", str(per_node)]
     argv += ["--nodelist", ",".join(x.active)]
+    # a rank that fails (a peer node died) ends the whole step at once, instead of srun waiting for the dead node's
+    # tasks until slurmctld declares it down (SlurmdTimeout, 300 s by default)
+    argv += ["--kill-on-bad-exit=1"]
     argv += ["--comment", x.args.comment] if x.args.comment else []
     argv += ["--account", x.args.account] if x.args.account else []
     return ClusterCommand("slurm", [*argv, "--export=ALL", *x.script], x.env, x.forwarded)  # srun passes env
@@ -169,6 +176,7 @@ def _pdsh(x: _Launch) -> ClusterCommand:
         " ".join(_pdsh_quote(a) for a in (x.args.user_script, "--neox_config", x.config_path)),
     ]
     env = {**x.env, "PDSH_RCMD_TYPE": "ssh"}
+    env["PDSH_SSH_ARGS_APPEND"] = f"{env.get('PDSH_SSH_ARGS_APPEND', '')} {SSH_KEEPALIVE}".strip()
     argv = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(x.active), " ".join(remote)]
     return ClusterCommand("pdsh", argv, env, x.forwarded, env_file=env_file, notes=x.notes())
 

@@ -68,6 +68,7 @@ RANGES: dict[str, Range] = {
     "num_gpus": AT_LEAST_ONE,
     "num_nodes": Range(1, also=(-1,)),
     "master_port": PORT,
+    "distributed_timeout_minutes": POSITIVE,
     "local_rank": NON_NEGATIVE,
     "rank": NON_NEGATIVE,
     "online_dataserver_ports": PORT,

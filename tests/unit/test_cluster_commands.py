@@ -56,7 +56,8 @@ def test_srun_task_layout_from_hostfile_filters(tmp_path, filters, nodes, per_no
     assert args.global_num_gpus == total
     assert cmd.argv == [
         "srun", "-n", str(total), "--nodes", str(len(nodes)), "--ntasks-per-node", str(per_node),
-        "--nodelist", ",".join(nodes), "--comment", "neox", "--account", "proj1", "--export=ALL",
+        "--nodelist", ",".join(nodes), "--kill-on-bad-exit=1", "--comment", "neox", "--account", "proj1",
+        "--export=ALL",
         PY, "-u", "train.py", "--neox_config", "/runs/r1/neox_config.json",
     ]  # fmt: skip
     assert cmd.env["MASTER_ADDR"] == nodes[0] and cmd.env["MASTER_PORT"] == "29500"
@@ -96,6 +97,7 @@ def test_pdsh_command_and_world_info(tmp_path):
     assert remote[:2] == ["cd", os.getcwd()] and "--node_rank=%n" in remote and "--master_addr=node-a" in remote
     assert remote[-3:] == ["train.py", "--neox_config", "/runs/r1/neox_config.json"]
     assert cmd.env_file == "/runs/r1/launch.env" and cmd.env["PDSH_RCMD_TYPE"] == "ssh"
+    assert cmd.env["PDSH_SSH_ARGS_APPEND"] == "-o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 
 
 def test_deepspeed_env_file_is_forwarded_by_name(tmp_path, monkeypatch):

@@ -55,6 +55,13 @@ class OtherArgs:
     """Distributed runtime, seeds and values set while running."""
 
     distributed_backend: str = arg("nccl", "torch.distributed backend; neox-forge uses gloo on CPU-only machines.")
+    distributed_timeout_minutes: float = arg(
+        10.0,
+        "How long a collective (and the start-up rendezvous) waits for a missing rank before every waiting rank fails "
+        "with an error, instead of hanging: a dead or unreachable node ends the run after at most this long (NCCL "
+        "needs TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default). Raise it when one rank legitimately works alone for "
+        "long (building data indices, saving large checkpoints); see docs/cluster.md.",
+    )
     local_rank: int | None = arg(None, "Rank within the node; set by the launcher.")
     rank: int | None = arg(None, "Global rank; set by the launcher.")
     lazy_mpu_init: bool = arg(False, "Let an external manager finish distributed initialisation.")
