@@ -14,6 +14,7 @@ import subprocess
 import time
 
 from tests.netns_cluster import START_TIMEOUT, NetnsCluster
+from tests.slurm_cluster import CONTAINER_SETTINGS
 from tests.system_tools import program
 
 
@@ -34,18 +35,7 @@ def _conf(cluster: NetnsCluster, munge_socket: str) -> str:
         "SlurmdPidFile": str(root / "%n" / "slurmd.pid"),
         "SlurmctldLogFile": str(root / head.name / "slurmctld.log"),
         "SlurmdLogFile": str(root / "%n" / "slurmd.log"),
-        "ProctrackType": "proctrack/linuxproc",
-        "TaskPlugin": "task/none",
-        "JobAcctGatherType": "jobacct_gather/none",
-        "AccountingStorageType": "accounting_storage/none",
-        "JobCompType": "jobcomp/none",
-        "SwitchType": "switch/none",
-        "MpiDefault": "none",
-        "SelectType": "select/cons_tres",
-        "SelectTypeParameters": "CR_CPU",
-        "ReturnToService": "2",
-        "SlurmdParameters": "config_overrides",
-        "KillWait": "5",
+        **CONTAINER_SETTINGS,
         "SlurmdTimeout": "20",  # a dead node is marked DOWN after this long
         "DebugFlags": "NO_CONF_HASH",  # the confs differ in the munge socket only
     }

@@ -58,6 +58,23 @@ class SlurmCluster:
         return "".join(parts)
 
 
+# slurm.conf settings that run without cgroups or accounting (in a container, or in network namespaces)
+CONTAINER_SETTINGS = {
+    "ProctrackType": "proctrack/linuxproc",
+    "TaskPlugin": "task/none",
+    "JobAcctGatherType": "jobacct_gather/none",
+    "AccountingStorageType": "accounting_storage/none",
+    "JobCompType": "jobcomp/none",
+    "SwitchType": "switch/none",
+    "MpiDefault": "none",
+    "SelectType": "select/cons_tres",
+    "SelectTypeParameters": "CR_CPU",
+    "ReturnToService": "2",
+    "SlurmdParameters": "config_overrides",
+    "KillWait": "5",
+}
+
+
 def _conf(root: Path, node: str, munge_socket: Path) -> str:
     cpus = max(2, os.cpu_count() or 2)
     lines = {
@@ -76,18 +93,7 @@ def _conf(root: Path, node: str, munge_socket: Path) -> str:
         "SlurmdPidFile": str(root / "slurmd.pid"),
         "SlurmctldLogFile": str(root / "slurmctld.log"),
         "SlurmdLogFile": str(root / "slurmd.log"),
-        "ProctrackType": "proctrack/linuxproc",
-        "TaskPlugin": "task/none",
-        "JobAcctGatherType": "jobacct_gather/none",
-        "AccountingStorageType": "accounting_storage/none",
-        "JobCompType": "jobcomp/none",
-        "SwitchType": "switch/none",
-        "MpiDefault": "none",
-        "SelectType": "select/cons_tres",
-        "SelectTypeParameters": "CR_CPU",
-        "ReturnToService": "2",
-        "SlurmdParameters": "config_overrides",
-        "KillWait": "5",
+        **CONTAINER_SETTINGS,
     }
     text = "".join(f"{k}={v}\n" for k, v in lines.items())
     text += f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"

@@ -15,15 +15,10 @@ import torch
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from tests.harness import REPO_ROOT, load_tool
+from tests.unit.test_neox_compat_api import TINY as COMPAT_TINY
 
 TINY = {
-    "num_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "seq_length": 32,
-    "max_position_embeddings": 32,
-    "train_micro_batch_size_per_gpu": 2,
-    "global_num_gpus": 1,
+    **COMPAT_TINY,
     "tokenizer_type": "CharLevelTokenizer",
     "user_script": "train.py",
 }
