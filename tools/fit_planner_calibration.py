@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, os.path.abspath(os.path.dirname(os.path.dirname(__file__))))
 
+import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.planner.calibrated import Calibration
 from megatron.planner.published_runs import PUBLISHED_RUNS, PublishedRun
 

@@ -20,9 +20,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import IO, TextIO
 
 import psutil
 
@@ -57,6 +59,25 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
+def _stdin_is_tty() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):  # closed or detached
+        return False
+
+
+def _relay_lines(source: TextIO, sink: IO[bytes] | None) -> None:
+    """Copy the terminal's lines to the ranks' stdin until end of input (Ctrl-D) or until they stop reading."""
+    if sink is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        for line in source:
+            sink.write(line.encode())
+            sink.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sink.close()
+
+
 def _say(message: str) -> None:
     print(f"deepy.py: {message}", file=sys.stderr, flush=True)
 
@@ -89,8 +110,15 @@ class Supervisor:
         """Run to completion; raises FileNotFoundError when the launcher executable is missing."""
         previous = {s: signal.signal(s, self._handler) for s in HANDLED}
         try:
-            # stdin from /dev/null: a background process group reading the terminal would be stopped (SIGTTIN)
-            self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0, stdin=subprocess.DEVNULL)
+            # The ranks run in their own process group, so that a terminal's Ctrl-C reaches only deepy (which asks
+            # them to save). A process group that is not the terminal's foreground group is stopped (SIGTTIN) when it
+            # reads the terminal, so a terminal's lines are relayed through a pipe (interactive generation reads
+            # them); a file or pipe on stdin is passed on as it is.
+            tty = _stdin_is_tty()
+            stdin = subprocess.PIPE if tty else None
+            self.proc = subprocess.Popen(self.argv, env=self.env, process_group=0, stdin=stdin)
+            if tty:
+                threading.Thread(target=_relay_lines, args=(sys.stdin, self.proc.stdin), daemon=True).start()
             while True:
                 while self.pending:
                     self._act(self.pending.pop(0))
