@@ -17,6 +17,9 @@ from typing import Any, ClassVar
 import torch
 
 from megatron.config_utils import NeoXValues, neox_values
+from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
+from megatron.model.norms import NORMS as NORM_REGISTRY
+from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.sections import model as model_keys
@@ -24,12 +27,10 @@ from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
 logger = logging.getLogger(__name__)
 
-# The allowed values are defined once, as the config schema's Literal types.
-NORMS: tuple[str, ...] = typing.get_args(model_keys.NORMS)
-POS_EMBS: tuple[str, ...] = typing.get_args(model_keys.POS_EMBS)
-ACTIVATIONS: tuple[str, ...] = typing.get_args(model_keys.ACTIVATIONS)
-GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
-PLAIN_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
+# Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
+# against them by tests/unit/test_registries.py). These tuples are the built-in activations at import time.
+GATED_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if spec.gated)
+PLAIN_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if not spec.gated)
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
@@ -263,7 +264,7 @@ class GPTModelConfig:
     @property
     def is_gated(self) -> bool:
         """Gated MLP (linear1 produces [up | gate])."""
-        return self.activation in GATED_ACTIVATIONS
+        return ACTIVATION_REGISTRY.get(self.activation).gated
 
     @property
     def mlp_sizes(self) -> tuple[int, int]:
@@ -294,11 +295,7 @@ class GPTModelConfig:
     @property
     def norm_epsilon(self) -> float:
         """The epsilon of the chosen norm."""
-        if self.norm in ("rmsnorm", "te_rmsnorm"):
-            return self.rms_norm_epsilon
-        if self.norm == "scalenorm":
-            return self.scalenorm_epsilon
-        return self.layernorm_epsilon
+        return float(getattr(self, NORM_REGISTRY.get(self.norm).epsilon_key))
 
     @property
     def is_moe(self) -> bool:
@@ -351,9 +348,13 @@ class GPTModelConfig:
             self.kv_heads > 0 and self.num_attention_heads % self.kv_heads == 0,
             f"num_attention_heads={self.num_attention_heads} must be divisible by num_kv_heads={self.num_kv_heads}",
         )
-        need(self.norm in NORMS, f"norm={self.norm!r} is not one of {', '.join(NORMS)}")
-        need(self.pos_emb in POS_EMBS, f"pos_emb={self.pos_emb!r} is not one of {', '.join(POS_EMBS)}")
-        need(self.activation in ACTIVATIONS, f"activation={self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        for key, registry in (
+            ("norm", NORM_REGISTRY),
+            ("pos_emb", POSITION_EMBEDDINGS),
+            ("activation", ACTIVATION_REGISTRY),
+        ):
+            value = getattr(self, key)
+            need(value in registry, registry.unknown(value))
         for key in ("init_method", "output_layer_init_method"):
             value = getattr(self, key)
             need(value in INIT_METHODS, f"{key}={value!r} is not one of {', '.join(INIT_METHODS)}")

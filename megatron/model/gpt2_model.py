@@ -28,7 +28,7 @@ from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.moe import with_aux_loss
-from megatron.model.positional_embeddings import RelativePositionBias
+from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.seeding import seeded
 from megatron.model.transformer import (
     NormPipe,
@@ -56,18 +56,12 @@ def _post_transformer_block(args: tuple) -> torch.Tensor:
 
 def build_layer_specs(cfg: GPTModelConfig) -> list:
     """GPT-NeoX's spec list (see module docstring) of DeepSpeed ``LayerSpec``/``TiedLayerSpec`` and functions."""
-    rpe = None
-    if cfg.pos_emb == "rpe":
+    rpe = None  # one attention bias module shared by every layer (T5's relative position bias)
+    build_shared_bias = POSITION_EMBEDDINGS.get(cfg.pos_emb).shared_attention_bias
+    if build_shared_bias is not None:
         with seeded(cfg.seed + 1):
             init_method, _ = init_methods(cfg)
-            rpe = RelativePositionBias(
-                cfg.num_attention_heads,
-                cfg.rpe_num_buckets,
-                cfg.rpe_max_distance,
-                scale=cfg.head_dim**0.5,
-                init_method=init_method,
-                dtype=cfg.params_dtype,
-            )
+            rpe = build_shared_bias(cfg, init_method)
     specs: list[Any] = []
     if cfg.tied_embeddings:
         specs.append(TiedLayerSpec("embed", EmbeddingPipe, cfg, 0, tied_weight_attr="word_embeddings_weight"))

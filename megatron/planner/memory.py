@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from megatron.planner.inputs import OPTIMIZER_STATE_FLOATS, TrainingSetup
+from megatron.planner.inputs import TrainingSetup
 from megatron.planner.params import StageParams
 
 FP32 = 4
@@ -44,7 +44,7 @@ class BytesPerParam:
 
 def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
     """The DeepSpeed optimizer layout for the setup's precision, ZeRO stage and optimizer."""
-    floats = OPTIMIZER_STATE_FLOATS.get(setup.optimizer_type, 2)
+    floats = setup.optimizer_state_floats
     w, zero = setup.param_bytes, setup.zero_stage
     bf16_optimizer = (zero == 0 and setup.pp >= 1) or (zero == 1 and setup.grad_accum_fp32)
     if setup.precision == "bfloat16" and bf16_optimizer:  # DeepSpeed's BF16_Optimizer
