@@ -48,6 +48,9 @@ class OptimizerSpec:
     """ZeRO stages DeepSpeed has tested it under (deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS)."""
     cpu_zero_stages: frozenset[int] | None = None
     """``zero_stages`` when the ranks run on CPU (None: the same)."""
+    deepspeed_type: str | None = None
+    """DeepSpeed builds this optimizer itself from its config's ``optimizer: {type: deepspeed_type}`` (the factory
+    returns None)."""
 
     def tested_stages(self, on_cpu: bool) -> frozenset[int]:
         """The ZeRO stages that run without ``zero_allow_untested_optimizer`` on this machine."""
@@ -95,7 +98,9 @@ def _lion(groups: list[dict[str, Any]], lr: float, params: dict[str, Any], cfg: 
 
 
 OPTIMIZERS.register("adam", OptimizerSpec(_adam, state_floats=2, zero_stages=ALL_STAGES))
-OPTIMIZERS.register("onebitadam", OptimizerSpec(_onebitadam, state_floats=2, zero_stages=ALL_STAGES))
+OPTIMIZERS.register(
+    "onebitadam", OptimizerSpec(_onebitadam, state_floats=2, zero_stages=ALL_STAGES, deepspeed_type="OneBitAdam")
+)
 OPTIMIZERS.register("cpu_adam", OptimizerSpec(_cpu_adam, state_floats=2, zero_stages=ALL_STAGES))
 OPTIMIZERS.register("cpu_torch_adam", OptimizerSpec(_cpu_adam, state_floats=2, zero_stages=ALL_STAGES))
 OPTIMIZERS.register("sm3", OptimizerSpec(lambda g, lr, p, c: SM3(g, lr=lr, **p), state_floats=1))

@@ -124,12 +124,14 @@ def deepspeed_config_for(ds_config: dict[str, Any], cfg: OptimizerConfig) -> dic
     """The DeepSpeed JSON for ``deepspeed.initialize``: we build the optimizer and scheduler ourselves.
 
     DeepSpeed refuses an optimizer both in the config and from the client, so ``optimizer`` is dropped unless
-    DeepSpeed is to build it (onebitadam); ``scheduler`` is dropped because our AnnealingLR is the scheduler.
+    DeepSpeed is to build it (a registry entry with ``deepspeed_type``: onebitadam); ``scheduler`` is dropped
+    because our AnnealingLR is the scheduler.
     """
     out = dict(ds_config)
     out.pop("scheduler", None)
-    if cfg.type == "onebitadam":
-        out["optimizer"] = {"type": "OneBitAdam", "params": cfg.params}
+    deepspeed_type = OPTIMIZERS.get(cfg.type).deepspeed_type
+    if deepspeed_type is not None:
+        out["optimizer"] = {"type": deepspeed_type, "params": cfg.params}
     else:
         out.pop("optimizer", None)
     if cfg.zero_allow_untested_optimizer:

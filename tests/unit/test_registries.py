@@ -21,7 +21,7 @@ from megatron.model.activations import ACTIVATIONS, ActivationSpec
 from megatron.model.norms import NORMS
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.weight_decay import model_no_weight_decay_names
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs, moe_checks, size_checks
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections import optimizer as optimizer_keys
 from megatron.planner import TrainingSetup
@@ -175,6 +175,13 @@ def test_planner_reads_optimizer_state_floats_from_the_registry() -> None:
     for name, spec in OPTIMIZERS.items():
         layout = bytes_per_param(TrainingSetup(**{**setup.__dict__, "optimizer_type": name}))
         assert layout.states == 4 * spec.state_floats, name
+        # the config layer's size check (torch-free, so it keeps its own copy) agrees with the registry
+        assert size_checks.STATE_FLOATS.get(name, 2) == spec.state_floats, name
+
+
+def test_gated_activation_copies_of_the_config_layer_are_the_registry() -> None:
+    gated = {name for name, spec in ACTIVATIONS.items() if spec.gated}
+    assert set(size_checks.GATED_ACTIVATIONS) == set(moe_checks.GATED_ACTIVATIONS) == gated
 
 
 WEIGHT_DECAY_CASES = {
@@ -200,3 +207,12 @@ def test_optimizer_and_checkpoint_agree_on_weight_decay(case: str) -> None:
     by_name = {n for n in model_param_names(cfg) if "norm" in n.rsplit(".", 2)[-2].lower() or n.endswith(".bias")}
     assert model_no_weight_decay_names(cfg) == by_name
     assert no_decay["params"] and decay["params"]
+
+
+def test_deepspeed_builds_only_the_optimizers_whose_entry_names_its_type() -> None:
+    ds = {"train_batch_size": 4, "optimizer": {"type": "Adam"}}
+    for name, spec in OPTIMIZERS.items():
+        out = deepspeed_config_for(ds, OptimizerConfig(optimizer={"type": name, "params": {"lr": 0.1}}))
+        expected = None if spec.deepspeed_type is None else {"type": spec.deepspeed_type, "params": {"lr": 0.1}}
+        assert out.get("optimizer") == expected, name
+    assert OPTIMIZERS.get("onebitadam").deepspeed_type == "OneBitAdam"

@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 from megatron.neox_arguments.fields import arg
 
+# Exactly the entries of megatron/training/optimizer_registry.py's OPTIMIZERS (checked by tests/unit/test_registries.py).
 OptimizerType = Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"]
 OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
 
