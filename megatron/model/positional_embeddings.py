@@ -31,14 +31,15 @@ class LearnedPositionEmbedding(nn.Module):
         master = torch.empty(cfg.max_position_embeddings, cfg.hidden_size, dtype=torch.float32)
         init_method(master)
         self.weight = nn.Parameter(master.to(cfg.params_dtype))
-        self.offset = cfg.opt_pos_emb_offset
+        # the table's length kept apart: under ZeRO-3 the partitioned weight is empty outside its gather
+        self.offset, self.max_positions = cfg.opt_pos_emb_offset, cfg.max_position_embeddings
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``[..., h]`` rows for integer ``position_ids`` (``dtype``: the parameter's own is kept)."""
         positions = position_ids + self.offset
-        if positions.numel() and int(positions.max()) >= self.weight.shape[0]:
+        if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(
-                f"position {int(positions.max())} is beyond max_position_embeddings={self.weight.shape[0]} "
+                f"position {int(positions.max())} is beyond max_position_embeddings={self.max_positions} "
                 "(learned position embeddings)"
             )
         return F.embedding(positions, self.weight)

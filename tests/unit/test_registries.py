@@ -216,3 +216,11 @@ def test_deepspeed_builds_only_the_optimizers_whose_entry_names_its_type() -> No
         expected = None if spec.deepspeed_type is None else {"type": spec.deepspeed_type, "params": {"lr": 0.1}}
         assert out.get("optimizer") == expected, name
     assert OPTIMIZERS.get("onebitadam").deepspeed_type == "OneBitAdam"
+
+
+def test_learned_positions_beyond_the_table_are_refused() -> None:
+    model = build_sequential_model(_cfg(pos_emb="learned", opt_pos_emb_offset=2))
+    assert "sequential.0.position_embeddings.weight" in dict(model.named_parameters())
+    model(torch.zeros(1, 14, dtype=torch.long))  # positions 0..13 + offset 2 fill the 16-row table
+    with pytest.raises(ValueError, match="position 16 is beyond max_position_embeddings=16"):
+        model(torch.zeros(1, 15, dtype=torch.long))
