@@ -17,9 +17,10 @@ from megatron.checkpoint import config_io
 from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
 from megatron.cpu_features import cpu_has_native
 from megatron.distributed import on_cpu
-from megatron.model.config import PRECISIONS, GPTModelConfig
+from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.precision import PRECISION_NAMES, dtype_of_precision
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ def inference_dtype(inference_precision: str | None, cfg: Any) -> torch.dtype:
     weights), else the model config's ``params_dtype`` (bf16/fp16 weights are kept, not upcast)."""
     if inference_precision is None:
         dtype = cfg.params_dtype
-    elif str(inference_precision).lower() in PRECISIONS:
-        dtype = PRECISIONS[str(inference_precision).lower()]
+    elif str(inference_precision).lower() in PRECISION_NAMES:
+        dtype = dtype_of_precision(inference_precision)
     else:
         raise ConfigError(f"inference_precision={inference_precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
     half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)

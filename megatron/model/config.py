@@ -19,6 +19,7 @@ import torch
 from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
@@ -33,15 +34,6 @@ PLAIN_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
-PRECISIONS = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
 FUSION_KEYS = (
@@ -420,7 +412,7 @@ class GPTModelConfig:
             expand_attention_config(values["attention_config"], int(values["num_layers"]))
         )
         kwargs["sparsity_config"] = dict(values["sparsity_config"] or {})
-        kwargs["params_dtype"] = _params_dtype(args)
+        kwargs["params_dtype"] = _params_dtype(args.precision, args.fp16, args.bf16)
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
@@ -434,10 +426,9 @@ class GPTModelConfig:
         return cls(**kwargs)
 
 
-def _params_dtype(args: Any) -> torch.dtype:
-    precision = args.precision
+def _params_dtype(precision: Any, fp16: Any, bf16: Any) -> torch.dtype:
+    """``precision`` (a name or a dtype); unset (a saved config read offline) it follows the DeepSpeed sections."""
     if precision is None:
-        fp16, bf16 = args.fp16, args.bf16
         if isinstance(fp16, dict) and fp16.get("enabled"):
             precision = "fp16"
         elif isinstance(bf16, dict) and bf16.get("enabled"):
@@ -446,7 +437,4 @@ def _params_dtype(args: Any) -> torch.dtype:
             precision = "fp32"
     if isinstance(precision, torch.dtype):
         return precision
-    key = str(precision).lower()
-    if key not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not one of fp32, fp16, bfloat16")
-    return PRECISIONS[key]
+    return dtype_of_precision(precision)

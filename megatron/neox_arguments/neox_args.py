@@ -42,6 +42,7 @@ from megatron.neox_arguments.loader import (
     unknown_key_message,
 )
 from megatron.neox_arguments.number_checks import huge_int_problems, short_repr
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.types import coerce_value, describe
 from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
@@ -377,9 +378,7 @@ class NeoXArgs(GptNeoXArgsApi):
     @property
     def params_dtype(self) -> Any:
         """torch dtype of the parameters: float16, bfloat16 or float32 by ``precision``."""
-        import torch
-
-        return {"fp16": torch.half, "bfloat16": torch.bfloat16}.get(self.precision, torch.float32)
+        return dtype_of_precision(self.precision or "fp32")
 
     def format_config(self) -> str:
         """The full resolved config, one ``key ..... value`` line per key, by section (user-set keys marked)."""
