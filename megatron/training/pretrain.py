@@ -302,7 +302,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
-            observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
+            observer.saved(os.path.join(save_cfg.save, ckpt.checkpoint_tag(it)))
 
         observer = RunObserver(loop_cfg.train_iters, tbs, plan.seq_length, iteration, start_time=start_time)
         trainer = Trainer(
