@@ -52,7 +52,7 @@ def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
         adapter = build_adapter(model, tokenizer, cfg, DataParallelSplit())
     results = run_eval_harness(adapter, cfg)
     metrics = flatten_metrics(results)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = mpu.world_rank()
     if rank != 0:
         return None, metrics
     path = results_path(args.eval_results_prefix)

@@ -109,7 +109,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     if mode == "input-file" and not args.sample_input_file:
         raise ConfigError("text_gen_type input-file needs sample_input_file")
     parallel = parallel_lib.runs_model_parallel(args.model_parallel_size, args.pipe_parallel_size)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = mpu.world_rank()
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
     # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.

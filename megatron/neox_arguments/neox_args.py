@@ -14,7 +14,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from megatron.cluster.worker_env import describe_ranks, discover_rank_env
+from megatron.cluster.worker_env import describe_ranks, discover_rank_env, launched_rank
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
@@ -291,7 +291,7 @@ class NeoXArgs(GptNeoXArgsApi):
                 f"this rank was launched with WORLD_SIZE={world} but the config was resolved for "
                 f"global_num_gpus={self.global_num_gpus}; relaunch with deepy.py"
             )
-        self.update_value("rank", int(env.get("RANK", "0")))
+        self.update_value("rank", launched_rank(env))
         self.update_value("local_rank", int(env.get("LOCAL_RANK", local_rank if local_rank is not None else 0)))
         self.update_value("world_size", world)
 

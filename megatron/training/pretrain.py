@@ -261,7 +261,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     metrics = Metrics.create(
         log_cfg,
         rank=rank,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_rank=mpu.local_rank(),
         run_config=run_config,
         config_text=args.format_config(),
     )
