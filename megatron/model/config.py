@@ -174,16 +174,6 @@ class GPTModelConfig:
     """Recompute transformer layers in backward."""
     checkpoint_num_layers: int = 1
     """Layers per activation-checkpoint chunk."""
-    partition_activations: bool = False
-    """Split activation checkpoints across the TP group (DeepSpeed activation checkpointing)."""
-    contiguous_checkpointing: bool = False
-    """Keep partitioned checkpoints in contiguous preallocated buffers (needs partition_activations)."""
-    checkpoint_in_cpu: bool = False
-    """Keep activation checkpoints in host memory."""
-    synchronize_each_layer: bool = False
-    """Synchronise the accelerator around every checkpointed chunk."""
-    profile_backward: bool = False
-    """Time every checkpointed chunk."""
     parallel_output: bool = True
     """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
     fp16_lm_cross_entropy: bool = False
@@ -375,15 +365,6 @@ class GPTModelConfig:
             value = getattr(self, key)
             need(0.0 <= value < 1.0, f"{key}={value} must be in [0, 1)")
         need(self.checkpoint_num_layers >= 1, f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
-        need(
-            not self.contiguous_checkpointing or self.partition_activations,
-            "contiguous_checkpointing: true needs partition_activations: true",
-        )
-        need(
-            not (self.partition_activations and self.sequence_parallel),
-            "partition_activations: true cannot be combined with sequence_parallel: true (sequence-parallel "
-            "activations are already split over the TP group and differ per rank); set partition_activations: false",
-        )
         need(
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
