@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import ClassVar
 
 from megatron.config_utils import NeoXValues
 from megatron.model.config import GPTModelConfig
@@ -121,6 +122,8 @@ class PlanInputs:
     model: GPTModelConfig
     pipe_partition_method: str | None
     make_vocab_size_divisible_by: int
+
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("setup", "model")
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues, padded_vocab_size: int) -> PlanInputs:
