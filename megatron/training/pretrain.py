@@ -88,15 +88,12 @@ def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
     return out
 
 
-def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:
-    """The GPT model for the config: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
-    cfg = model_lib.GPTModelConfig.from_neox_args(args)
+def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module:
+    """The GPT model for ``cfg``: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
     if plan.pipeline:
-        return model_lib.build_pipeline_model(cfg), cfg
+        return model_lib.build_pipeline_model(cfg)
     model = model_lib.build_sequential_model(cfg)
-    if plan.reward_head:
-        model = with_reward_head(model, cfg)
-    return model, cfg
+    return with_reward_head(model, cfg) if plan.reward_head else model
 
 
 def setup_model_and_optimizer(
@@ -111,7 +108,8 @@ def setup_model_and_optimizer(
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, model_cfg = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
+    model_cfg = model_lib.GPTModelConfig.from_neox_args(args)
+    model = build_model(model_cfg, plan)  # the builders also register the sequence-parallel norm-gradient sync
     if args.torch_compile:
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
