@@ -199,13 +199,12 @@ def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Tim
 
 
 def build_data_iterators(
-    args: NeoXArgs, consumed_train: int, consumed_valid: int
+    data_cfg: DataConfig, post_cfg: PostTrainingConfig, consumed_train: int, consumed_valid: int
 ) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
     """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
-    data_cfg = DataConfig.from_neox_args(args)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     loaders = build_post_training_loaders(
-        PostTrainingConfig.from_neox_args(args),
+        post_cfg,
         data_cfg,
         dp_rank=dp_rank,
         dp_size=dp_size,
@@ -270,7 +269,9 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
-        train_iter, valid_iter, test_iter = build_data_iterators(args, iteration * tbs, consumed_valid)
+        train_iter, valid_iter, test_iter = build_data_iterators(
+            DataConfig.from_neox_args(args), PostTrainingConfig.from_neox_args(args), iteration * tbs, consumed_valid
+        )
         step = build_step(plan, args, engine, tokenizer.eod, timers)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.train_iters - iteration)

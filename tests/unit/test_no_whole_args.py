@@ -35,7 +35,6 @@ NOT_YET_CONVERTED: dict[str, str] = {
     "megatron/training/pretrain.py:setup_model_and_optimizer": "reads 6 module configs; shared with the step work",
     "megatron/training/pretrain.py:_train_iters_from_epochs": "writes train_iters into the arguments (derive it)",
     "megatron/training/pretrain.py:build_step": "owned by the step work (post-training and batch configs)",
-    "megatron/training/pretrain.py:build_data_iterators": "DataConfig + PostTrainingConfig",
     "megatron/training/pretrain.py:_setup_tokenizer": "writes tokenizer/padded_vocab_size into the arguments",
 }
 
