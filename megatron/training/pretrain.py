@@ -141,20 +141,19 @@ def setup_model_and_optimizer(
     return engine, lr_scheduler, result.iteration, result
 
 
-def _train_iters_from_epochs(args: NeoXArgs, gas: int) -> None:
+def train_iters_from_epochs(data_cfg: DataConfig, train_epochs: int, gas: int) -> int:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
-    data_cfg = DataConfig.from_neox_args(args)
     data_cfg.validate()
     train_loader, _, _ = build_train_valid_test_data_loaders(
         data_cfg, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size()
     )
     if train_loader is None:
         raise DataError("train_epochs needs training data")
-    iters = int(args.train_epochs) * len(train_loader) // gas
+    iters = int(train_epochs) * len(train_loader) // gas
     if iters < 1:
-        raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
-    args.update_value("train_iters", iters)
-    logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
+        raise DataError(f"train_epochs {train_epochs}: the training data holds less than one global batch")
+    logger.info("train_epochs %d: %d iterations", train_epochs, iters)
+    return iters
 
 
 VALIDATION_KEY = "checkpoint_validation_logits"
@@ -233,7 +232,10 @@ def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
     )
     args.update_value("padded_vocab_size", padded)
     if args.train_iters is None and args.train_epochs:
-        _train_iters_from_epochs(args, plan.gradient_accumulation_steps)
+        iters = train_iters_from_epochs(
+            DataConfig.from_neox_args(args), args.train_epochs, plan.gradient_accumulation_steps
+        )
+        args.update_value("train_iters", iters)
     return tokenizer
 
 

@@ -33,9 +33,8 @@ ENTRY_LEVEL: dict[str, str] = {
 NOT_YET_CONVERTED: dict[str, str] = {
     "megatron/training/pretrain.py:checkpoint_args": "the checkpoint's model keys; also GPT-NeoX API glue",
     "megatron/training/pretrain.py:setup_model_and_optimizer": "reads 6 module configs; shared with the step work",
-    "megatron/training/pretrain.py:_train_iters_from_epochs": "writes train_iters into the arguments (derive it)",
     "megatron/training/pretrain.py:build_step": "owned by the step work (post-training and batch configs)",
-    "megatron/training/pretrain.py:_setup_tokenizer": "writes tokenizer/padded_vocab_size into the arguments",
+    "megatron/training/pretrain.py:_setup_tokenizer": "writes tokenizer, padded_vocab_size, train_iters into the args",
 }
 
 
@@ -110,7 +109,7 @@ def test_entry_level_list_is_in_the_docs() -> None:
 WRITERS: dict[str, str] = {
     "megatron/tokenizer/__init__.py": "GPT-NeoX API build_tokenizer(neox_args) sets tokenizer and padded_vocab_size",
     "megatron/training/gpt_neox_api.py": "GPT-NeoX API setup_model_and_optimizer sets iteration",
-    "megatron/training/pretrain.py": "NOT_YET_CONVERTED: _setup_tokenizer and _train_iters_from_epochs",
+    "megatron/training/pretrain.py": "NOT_YET_CONVERTED: _setup_tokenizer",
 }
 
 
