@@ -22,6 +22,7 @@ from megatron.model.norms import NORMS as NORM_REGISTRY
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 
@@ -34,15 +35,6 @@ PLAIN_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if 
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
-PRECISIONS = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
 FUSION_KEYS = (
@@ -183,16 +175,6 @@ class GPTModelConfig:
     """Recompute transformer layers in backward."""
     checkpoint_num_layers: int = 1
     """Layers per activation-checkpoint chunk."""
-    partition_activations: bool = False
-    """Split activation checkpoints across the TP group (DeepSpeed activation checkpointing)."""
-    contiguous_checkpointing: bool = False
-    """Keep partitioned checkpoints in contiguous preallocated buffers (needs partition_activations)."""
-    checkpoint_in_cpu: bool = False
-    """Keep activation checkpoints in host memory."""
-    synchronize_each_layer: bool = False
-    """Synchronise the accelerator around every checkpointed chunk."""
-    profile_backward: bool = False
-    """Time every checkpointed chunk."""
     parallel_output: bool = True
     """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
     fp16_lm_cross_entropy: bool = False
@@ -385,15 +367,6 @@ class GPTModelConfig:
             need(0.0 <= value < 1.0, f"{key}={value} must be in [0, 1)")
         need(self.checkpoint_num_layers >= 1, f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
         need(
-            not self.contiguous_checkpointing or self.partition_activations,
-            "contiguous_checkpointing: true needs partition_activations: true",
-        )
-        need(
-            not (self.partition_activations and self.sequence_parallel),
-            "partition_activations: true cannot be combined with sequence_parallel: true (sequence-parallel "
-            "activations are already split over the TP group and differ per rank); set partition_activations: false",
-        )
-        need(
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
         )
@@ -421,7 +394,7 @@ class GPTModelConfig:
             expand_attention_config(values["attention_config"], int(values["num_layers"]))
         )
         kwargs["sparsity_config"] = dict(values["sparsity_config"] or {})
-        kwargs["params_dtype"] = _params_dtype(args)
+        kwargs["params_dtype"] = _params_dtype(args.precision, args.fp16, args.bf16)
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
@@ -435,10 +408,9 @@ class GPTModelConfig:
         return cls(**kwargs)
 
 
-def _params_dtype(args: Any) -> torch.dtype:
-    precision = args.precision
+def _params_dtype(precision: Any, fp16: Any, bf16: Any) -> torch.dtype:
+    """``precision`` (a name or a dtype); unset (a saved config read offline) it follows the DeepSpeed sections."""
     if precision is None:
-        fp16, bf16 = args.fp16, args.bf16
         if isinstance(fp16, dict) and fp16.get("enabled"):
             precision = "fp16"
         elif isinstance(bf16, dict) and bf16.get("enabled"):
@@ -447,7 +419,4 @@ def _params_dtype(args: Any) -> torch.dtype:
             precision = "fp32"
     if isinstance(precision, torch.dtype):
         return precision
-    key = str(precision).lower()
-    if key not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not one of fp32, fp16, bfloat16")
-    return PRECISIONS[key]
+    return dtype_of_precision(precision)

@@ -88,15 +88,12 @@ def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
     return out
 
 
-def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:
-    """The GPT model for the config: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
-    cfg = model_lib.GPTModelConfig.from_neox_args(args)
+def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module:
+    """The GPT model for ``cfg``: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
     if plan.pipeline:
-        return model_lib.build_pipeline_model(cfg), cfg
+        return model_lib.build_pipeline_model(cfg)
     model = model_lib.build_sequential_model(cfg)
-    if plan.reward_head:
-        model = with_reward_head(model, cfg)
-    return model, cfg
+    return with_reward_head(model, cfg) if plan.reward_head else model
 
 
 def setup_model_and_optimizer(
@@ -111,7 +108,8 @@ def setup_model_and_optimizer(
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, model_cfg = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
+    model_cfg = model_lib.GPTModelConfig.from_neox_args(args)
+    model = build_model(model_cfg, plan)  # the builders also register the sequence-parallel norm-gradient sync
     if args.torch_compile:
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
@@ -143,20 +141,19 @@ def setup_model_and_optimizer(
     return engine, lr_scheduler, result.iteration, result
 
 
-def _train_iters_from_epochs(args: NeoXArgs, gas: int) -> None:
+def train_iters_from_epochs(data_cfg: DataConfig, train_epochs: int, gas: int) -> int:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
-    data_cfg = DataConfig.from_neox_args(args)
     data_cfg.validate()
     train_loader, _, _ = build_train_valid_test_data_loaders(
         data_cfg, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size()
     )
     if train_loader is None:
         raise DataError("train_epochs needs training data")
-    iters = int(args.train_epochs) * len(train_loader) // gas
+    iters = int(train_epochs) * len(train_loader) // gas
     if iters < 1:
-        raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
-    args.update_value("train_iters", iters)
-    logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
+        raise DataError(f"train_epochs {train_epochs}: the training data holds less than one global batch")
+    logger.info("train_epochs %d: %d iterations", train_epochs, iters)
+    return iters
 
 
 VALIDATION_KEY = "checkpoint_validation_logits"
@@ -201,13 +198,12 @@ def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Tim
 
 
 def build_data_iterators(
-    args: NeoXArgs, consumed_train: int, consumed_valid: int
+    data_cfg: DataConfig, post_cfg: PostTrainingConfig, consumed_train: int, consumed_valid: int
 ) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
     """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
-    data_cfg = DataConfig.from_neox_args(args)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     loaders = build_post_training_loaders(
-        PostTrainingConfig.from_neox_args(args),
+        post_cfg,
         data_cfg,
         dp_rank=dp_rank,
         dp_size=dp_size,
@@ -236,7 +232,10 @@ def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
     )
     args.update_value("padded_vocab_size", padded)
     if args.train_iters is None and args.train_epochs:
-        _train_iters_from_epochs(args, plan.gradient_accumulation_steps)
+        iters = train_iters_from_epochs(
+            DataConfig.from_neox_args(args), args.train_epochs, plan.gradient_accumulation_steps
+        )
+        args.update_value("train_iters", iters)
     return tokenizer
 
 
@@ -261,7 +260,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     metrics = Metrics.create(
         log_cfg,
         rank=rank,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_rank=mpu.local_rank(),
         run_config=run_config,
         config_text=args.format_config(),
     )
@@ -272,7 +271,9 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
-        train_iter, valid_iter, test_iter = build_data_iterators(args, iteration * tbs, consumed_valid)
+        train_iter, valid_iter, test_iter = build_data_iterators(
+            DataConfig.from_neox_args(args), PostTrainingConfig.from_neox_args(args), iteration * tbs, consumed_valid
+        )
         step = build_step(plan, args, engine, tokenizer.eod, timers)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.train_iters - iteration)
@@ -302,7 +303,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
-            observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
+            observer.saved(os.path.join(save_cfg.save, ckpt.checkpoint_tag(it)))
 
         observer = RunObserver(loop_cfg.train_iters, tbs, plan.seq_length, iteration, start_time=start_time)
         trainer = Trainer(

@@ -15,11 +15,11 @@ import torch
 
 from megatron.distributed import on_cpu
 from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.precision import dtype_of_precision
 
 logger = logging.getLogger("megatron.train")
 
 StepVariant = Literal["pipe", "sequential", "post_training"]
-_DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class RunPlan:
     @property
     def params_dtype(self) -> torch.dtype:
         """torch dtype of the parameters."""
-        return _DTYPES[self.precision]
+        return dtype_of_precision(self.precision)
 
     @property
     def reward_head(self) -> bool:

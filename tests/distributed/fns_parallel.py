@@ -99,7 +99,6 @@ def model_config(variant: dict[str, Any]) -> Any:
         "checkpoint_activations": bool(variant.get("ckpt")),
         "checkpoint_num_layers": int(variant.get("ckpt") or 1),
         "seed": SEED,
-        **variant.get("ckpt_opts", {}),
     }
     if variant.get("bf16") or variant.get("fp16"):
         kwargs["params_dtype"] = torch.bfloat16 if variant.get("bf16") else torch.float16
@@ -172,12 +171,25 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
     import deepspeed
 
     from megatron.model import build_pipeline_model, build_sequential_model
+    from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
     from megatron.parallel_config import ParallelConfig
     from megatron.training.grad_clipping import install_fp32_clipping
 
     pipe_size = mpu.get_pipe_parallel_world_size() if pipe else 0
     cfg = model_config(variant)
     mpu.model_parallel_cuda_manual_seed(SEED)
+    # what pretrain()'s model setup does: DeepSpeed's checkpoint storage is set once, outside the model builders
+    configure_activation_checkpointing(
+        ActivationCheckpointConfig(
+            checkpoint_activations=cfg.checkpoint_activations,
+            checkpoint_num_layers=cfg.checkpoint_num_layers,
+            num_layers=LAYERS,
+            pipe_parallel_size=pipe_size,
+            gradient_accumulation_steps=GAS,
+            sequence_parallel=cfg.sequence_parallel,
+            **variant.get("ckpt_opts", {}),
+        )
+    )
     model = build_pipeline_model(cfg) if pipe else build_sequential_model(cfg)
     layout = ParallelConfig(
         model_parallel_size=mpu.get_model_parallel_world_size(),

@@ -1,0 +1,45 @@
+"""The config keys the launcher reads (``deepy.py``): where the ranks start and how."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from megatron.config_utils import NeoXValues, neox_values
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """GPT-NeoX's launcher keys of a resolved config (values as set, ``None`` included)."""
+
+    hostfile: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    num_nodes: int | None = -1
+    num_gpus: int | None = None
+    global_num_gpus: int | None = None
+    master_port: int = 29500
+    master_addr: str | None = None
+    launcher: str = "pdsh"
+    force_multi: bool = False
+    deepspeed_slurm: bool = False
+    deepspeed_mpi: bool = False
+    user_script: str | None = None
+    comment: str | None = None
+    account: str | None = None
+    explicit_keys: frozenset[str] = field(default_factory=frozenset)
+    """The keys the user set (a CPU launch picks a free port unless ``master_port`` is one of them)."""
+
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("explicit_keys",)
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXValues) -> LauncherConfig:
+        """Read every field strictly under its NeoX key, and the keys the user set."""
+        return cls(**neox_values(cls, args), explicit_keys=frozenset(args.explicit_keys))
+
+    @property
+    def hostfile_path(self) -> str | None:
+        """``hostfile`` (else ``$DLTS_HOSTFILE``) when that file exists."""
+        path = self.hostfile or os.environ.get("DLTS_HOSTFILE")
+        return path if path and os.path.isfile(path) else None
