@@ -196,7 +196,7 @@ class Trainer:
             if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
                 scalars["train/loss_scale"] = scale
             if self.log_cfg.log_grad_norm:
-                grad_norm = self.engine.get_global_grad_norm()
+                grad_norm = self.step.global_grad_norm()
                 if grad_norm is not None:
                     scalars["train/grad_norm"] = float(grad_norm)
             if self.log_cfg.log_param_norm:
