@@ -29,12 +29,15 @@ CHECKED_DEEPSPEED = "0.19.8"  # the version every item below was read against
 #    them in ``param.grad``; ZeRO-1/2/3 in ``optimizer.averaged_gradients`` (dict: group -> list of partitions);
 #    the BF16 optimizer in ``optimizer.fp32_groups_gradients_flat``.
 def reduced_gradients(engine: Any) -> list[torch.Tensor]:
-    """This rank's gradients as the optimizer will read them (non-empty tensors)."""
-    out = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    """This rank's gradients as the optimizer will read them (non-empty tensors): the wrapper's own buffers where
+    it has them, else the parameters' ``.grad``."""
     opt = engine.optimizer
+    out: list[torch.Tensor] = []
     for group in (getattr(opt, "averaged_gradients", None) or {}).values():
         out.extend(g for g in group or [] if torch.is_tensor(g))
     out.extend(g for g in getattr(opt, "fp32_groups_gradients_flat", None) or [] if torch.is_tensor(g))
+    if not out:
+        out = [p.grad for p in engine.module.parameters() if p.grad is not None]
     return [g for g in out if g.numel()]
 
 

@@ -52,6 +52,7 @@ class Verdict:
     apply: bool
     lm_loss: float | None = None  # mean over micro-batches and ranks (None: the pipeline's loss comes later)
     metrics: dict[str, float] = field(default_factory=dict)
+    stop: float = 0.0  # the max over ranks of the ``stop`` flags (preemption: 2 a signal, 1 out of time)
 
 
 class StepGuard:
@@ -68,10 +69,12 @@ class StepGuard:
         gradients: list[torch.Tensor],
         iteration: int,
         metrics: dict[str, torch.Tensor] | None = None,
+        stop: float = 0.0,
     ) -> Verdict:
         """``losses``: this rank's micro-batch losses ``[gas]`` (None under the pipeline engine, whose loss is
         aggregated after its optimizer step); ``metrics``: this rank's step metrics (scalars) to average over ranks;
-        ``iteration``: the step's 1-based number (for messages)."""
+        ``iteration``: the step's 1-based number (for messages); ``stop``: this rank's preemption flag (2, 1 or 0),
+        reduced here so that the loop's stop check needs no reduction of its own."""
         metrics = metrics or {}
         device = losses.device if losses is not None else (gradients[0].device if gradients else mpu.comm_device())
         parts = [] if losses is None else [losses.detach().float().reshape(-1)]
@@ -81,17 +84,21 @@ class StepGuard:
             flag = torch.maximum(flag, (~torch.isfinite(parts[0]).all()).float().reshape(1))
         if self.check_gradients:
             flag = torch.maximum(flag, nonfinite_flag(gradients, device))
-        packet = torch.cat([*parts, flag])
+        # any-rank flags travel as per-value counts in the summed packet: [signal?, out of time?, non-finite?]
+        stops = torch.tensor([float(stop == 2.0), float(stop == 1.0)], device=device)
+        packet = torch.cat([*parts, stops, flag])
         world = mpu.world_size()
         if world > 1:
             mpu.all_reduce_sum(packet)  # the step's one reduction: losses, metrics and the flag together
-        reduced = packet[:-1] / world if world > 1 else packet[:-1]
+        values = packet[:-3] / world if world > 1 else packet[:-3]
         n = 0 if losses is None else losses.numel()
-        mean = reduced[:n].mean().reshape(1) if n else torch.zeros(1, device=device)
-        host = torch.cat([reduced, mean, packet[-1:]]).tolist()  # the step's one host read
-        nonfinite = host[-1] > 0
-        step_loss = sum(host[:n]) / n if n else None  # as the spike window has always been fed: a float64 mean
-        verdict = Verdict(True, host[-2] if n else None, dict(zip(metrics, host[n:-2], strict=True)))
+        mean = values[:n].mean().reshape(1) if n else torch.zeros(1, device=device)
+        host = torch.cat([values, mean, packet[-3:]]).tolist()  # the step's one host read
+        *averaged, lm_loss, signals, out_of_time, nonfinite_ranks = host
+        nonfinite = nonfinite_ranks > 0
+        step_loss = sum(averaged[:n]) / n if n else None  # as the spike window has always been fed: a float64 mean
+        verdict = Verdict(True, lm_loss if n else None, dict(zip(metrics, averaged[n:], strict=True)))
+        verdict.stop = 2.0 if signals > 0 else 1.0 if out_of_time > 0 else 0.0
         spike = not nonfinite and self.spike is not None and step_loss is not None and self.spike.is_spike(step_loss)
         if not (nonfinite or spike):
             self.consecutive = 0

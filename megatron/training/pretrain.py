@@ -329,7 +329,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
-        trainer.stop_check = preemption.should_stop
+        step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
+        trainer.stop_check = lambda it, flag: preemption.stop_from(flag, it)
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)

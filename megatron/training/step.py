@@ -101,6 +101,7 @@ class StepResult:
     lm_loss: float
     skipped: bool
     extra: dict[str, float] = field(default_factory=dict)  # objective metrics (post-training), logged as given
+    stop: float = 0.0  # preemption, reduced over ranks with the step (2 a signal, 1 out of time, 0 go on)
 
 
 class OptimizerStep:
@@ -113,6 +114,8 @@ class OptimizerStep:
         self.engine, self.guard = engine, guard
         self.clip = fp32_clipping_for(engine)  # None: DeepSpeed's wrapper optimizer clips inside engine.step()
         self.grad_norm: torch.Tensor | None = None  # the last step's norm before clipping (plain fp32 optimizer)
+        self.stop_flag: Callable[[], float] | None = None  # this rank's preemption flag (training/preemption.py)
+        self.last: Verdict | None = None
 
     def __call__(
         self,
@@ -126,8 +129,13 @@ class OptimizerStep:
         if self.clip is not None:
             self.grad_norm = self.clip()  # 1. norm and clipping (device tensors, no host read)
         verdict = self.guard.decide(  # 2. one all-reduce, one host read: losses, metrics, non-finite flag
-            losses, reduced_gradients(self.engine), int(self.engine.global_steps) + 1, metrics
+            losses,
+            reduced_gradients(self.engine),
+            int(self.engine.global_steps) + 1,
+            metrics,
+            self.stop_flag() if self.stop_flag is not None else 0.0,
         )
+        self.last = verdict
         if verdict.apply:
             apply()  # 3. optimizer.step(), zero_grad, lr_scheduler.step()
         else:
@@ -199,7 +207,7 @@ class SequentialStep:
         self.timers("optimizer").stop()
         assert verdict.lm_loss is not None
         skipped = not verdict.apply or self.engine.skipped_steps > skipped_before  # ours, or an fp16 overflow
-        return StepResult(verdict.lm_loss, skipped, verdict.metrics)
+        return StepResult(verdict.lm_loss, skipped, verdict.metrics, verdict.stop)
 
     def global_grad_norm(self) -> float | None:
         """The last step's gradient norm before clipping (logging)."""
@@ -232,7 +240,8 @@ class PipeStep:
         """One iteration (``gas`` micro-batches, then the optimizer step, inside the engine)."""
         skipped_before = self.engine.skipped_steps
         loss = self.engine.train_batch(data_iter=self._batches(data_iter))
-        return StepResult(float(loss), self.engine.skipped_steps > skipped_before)
+        stop = self.optimizer_step.last.stop if self.optimizer_step.last is not None else 0.0
+        return StepResult(float(loss), self.engine.skipped_steps > skipped_before, stop=stop)
 
     def global_grad_norm(self) -> float | None:
         """The last step's gradient norm before clipping (logging)."""
