@@ -1,5 +1,10 @@
 """Batches and the two step variants (chosen once): sequential (``pp=0``) and DeepSpeed pipeline (``pp>=1``).
 
+``SequentialStep.train`` is the whole training step, top to bottom: ``gas`` × (forward, ``engine.backward``), the
+gradient norm and clipping, the skip decision (one all-reduce, one host read), then ``engine.step()`` (optimizer and
+LR step) or the skip. ``PipeStep.train`` is ``engine.train_batch()``, whose schedule runs the same
+:class:`OptimizerStep`. What DeepSpeed's public API lacks is in ``deepspeed_adapter.py`` (docs/training.md).
+
 A batch from the loader is ``{"text": LongTensor[b, s+1]}``; the model sees ``tokens = text[:, :-1]`` and is
 scored on ``labels = text[:, 1:]`` under ``loss_mask`` (GPT-NeoX's ``_get_batch``).
 """
@@ -105,10 +110,10 @@ class StepResult:
 
 
 class OptimizerStep:
-    """What follows the last backward of an iteration, in this order: the gradient norm and clipping, the
-    non-finite / loss-spike decision, then the optimizer step and the LR step, or the skip. The sequential step
-    calls it directly; under the pipeline engine DeepSpeed's schedule calls it at its ``OptimizerStep``
-    instruction (``deepspeed_adapter.run_optimizer_step_through``), so both variants run this same code."""
+    """What follows the last backward of an iteration: the gradient norm and clipping, the non-finite / loss-spike
+    decision, then the optimizer step and the LR step, or the skip. ``SequentialStep.train`` calls the pieces in
+    that order itself; under the pipeline engine DeepSpeed's schedule calls :meth:`__call__` at its
+    ``OptimizerStep`` instruction (``deepspeed_adapter.run_optimizer_step_through``), which runs the same pieces."""
 
     def __init__(self, engine: Any, guard: StepGuard) -> None:
         self.engine, self.guard = engine, guard
@@ -117,29 +122,28 @@ class OptimizerStep:
         self.stop_flag: Callable[[], float] | None = None  # this rank's preemption flag (training/preemption.py)
         self.last: Verdict | None = None
 
-    def __call__(
-        self,
-        apply: Callable[[], None],
-        losses: torch.Tensor | None = None,
-        metrics: dict[str, torch.Tensor] | None = None,
-        count_micro_step: bool = True,
-    ) -> Verdict:
-        """``apply``: DeepSpeed's optimizer step (``engine.step()`` at the boundary: ``optimizer.step()``,
-        ``zero_grad``, ``engine.lr_scheduler.step()``, the counters; fp16 overflows are skipped there)."""
+    def clip_gradients(self) -> None:
+        """Gradient norm and clipping of a plain fp32 optimizer (device tensors, no host read); a wrapper optimizer
+        (ZeRO, fp16, bf16) clips inside ``engine.step()``."""
         if self.clip is not None:
-            self.grad_norm = self.clip()  # 1. norm and clipping (device tensors, no host read)
-        verdict = self.guard.decide(  # 2. one all-reduce, one host read: losses, metrics, non-finite flag
-            losses,
-            reduced_gradients(self.engine),
-            int(self.engine.global_steps) + 1,
-            metrics,
-            self.stop_flag() if self.stop_flag is not None else 0.0,
-        )
-        self.last = verdict
+            self.grad_norm = self.clip()
+
+    def decide(self, losses: torch.Tensor | None, metrics: dict[str, torch.Tensor] | None = None) -> Verdict:
+        """Apply or skip: the step's one all-reduce and one host read (losses, metrics, non-finite and stop flags)."""
+        stop = self.stop_flag() if self.stop_flag is not None else 0.0
+        iteration = int(self.engine.global_steps) + 1
+        self.last = self.guard.decide(losses, reduced_gradients(self.engine), iteration, metrics, stop)
+        return self.last
+
+    def __call__(self, apply: Callable[[], None]) -> Verdict:
+        """The pipeline schedule's optimizer step; ``apply`` is DeepSpeed's (``optimizer.step()``, ``zero_grad``,
+        ``engine.lr_scheduler.step()``, the counters; fp16 overflows are skipped there)."""
+        self.clip_gradients()
+        verdict = self.decide(None)  # the pipeline's loss is known after its optimizer step only
         if verdict.apply:
-            apply()  # 3. optimizer.step(), zero_grad, lr_scheduler.step()
+            apply()
         else:
-            skip_optimizer_step(self.engine, count_micro_step)  # 3'. drop the gradients, LR and weights unchanged
+            skip_optimizer_step(self.engine, count_micro_step=False)  # train_batch counts no micro-steps
         return verdict
 
     def global_grad_norm(self) -> float | None:
@@ -203,7 +207,12 @@ class SequentialStep:
                 self.timers("optimizer").stop()
         assert self.engine.is_gradient_accumulation_boundary()
         self.timers("optimizer").start()
-        verdict = self.optimizer_step(self.engine.step, torch.cat(losses), self.step_metrics())
+        self.optimizer_step.clip_gradients()  # norm + clipping (plain fp32; wrapped optimizers clip in engine.step())
+        verdict = self.optimizer_step.decide(torch.cat(losses), self.step_metrics())  # one all-reduce, one host read
+        if verdict.apply:
+            self.engine.step()  # optimizer.step(), zero_grad, engine.lr_scheduler.step() (fp16 overflow: skipped)
+        else:
+            skip_optimizer_step(self.engine, count_micro_step=True)  # drop the gradients; weights and LR unchanged
         self.timers("optimizer").stop()
         assert verdict.lm_loss is not None
         skipped = not verdict.apply or self.engine.skipped_steps > skipped_before  # ours, or an fp16 overflow
@@ -230,7 +239,7 @@ class PipeStep:
     def __init__(self, engine: Any, batch_cfg: BatchConfig, timers: Timers, guard: StepGuard | None = None) -> None:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
         self.optimizer_step = OptimizerStep(engine, guard or build_step_guard(10, fp16=engine.fp16_enabled()))
-        run_optimizer_step_through(engine, lambda apply: self.optimizer_step(apply, count_micro_step=False))
+        run_optimizer_step_through(engine, self.optimizer_step)  # its schedule calls OptimizerStep.__call__
 
     def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> Iterator[Batch]:
         while True:

@@ -212,7 +212,7 @@ def _attach_optimizer_step(engine: Any, pipe: bool) -> None:
 
     opt_step = OptimizerStep(engine, build_step_guard(10, fp16=engine.fp16_enabled()))
     if pipe:
-        run_optimizer_step_through(engine, lambda apply: opt_step(apply, count_micro_step=False))
+        run_optimizer_step_through(engine, opt_step)
     _OPTIMIZER_STEPS[engine] = opt_step
 
 
@@ -239,7 +239,10 @@ def train_steps(
                 if not engine.is_gradient_accumulation_boundary():
                     engine.step()
                 total += loss.item() / GAS
-            _OPTIMIZER_STEPS[engine](engine.step, torch.cat(micro_losses))  # clip, decide, step
+            opt_step = _OPTIMIZER_STEPS[engine]
+            opt_step.clip_gradients()
+            assert opt_step.decide(torch.cat(micro_losses)).apply
+            engine.step()
             losses.append(_mean_over_dp(total))
         if grad_norms is not None:
             grad_norms.append(_OPTIMIZER_STEPS[engine].global_grad_norm())
