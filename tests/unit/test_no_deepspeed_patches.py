@@ -29,10 +29,13 @@ def _deepspeed_names(tree: ast.Module) -> set[str]:
 
 
 def _is_deepspeed(base: ast.expr, ds_names: set[str]) -> bool:
-    text = ast.unparse(base)
-    roots = {n.id for n in ast.walk(base) if isinstance(n, ast.Name)}
+    """An engine, optimizer, accelerator or DeepSpeed name: ``engine``, ``self.engine.optimizer``, ``model_engine``,
+    ``get_accelerator()``, ``type(x)``, a name imported from deepspeed (``step.optimizer_step`` is none)."""
+    names = {n.id for n in ast.walk(base) if isinstance(n, ast.Name)}
+    words = names | {n.attr for n in ast.walk(base) if isinstance(n, ast.Attribute)}
     called_type = isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "type"
-    return bool(roots & ds_names) or called_type or any(w in text.lower() for w in DS_WORDS)
+    ds_word = any(w.lower() == d or w.lower().endswith("_" + d) for w in words for d in DS_WORDS)
+    return bool(names & ds_names) or called_type or ds_word
 
 
 def violations(source: str, path: str = "<src>") -> list[str]:
@@ -86,7 +89,10 @@ def test_the_scan_finds_each_kind_of_write() -> None:
         "from deepspeed.accelerator import get_accelerator\ntype(get_accelerator()).is_fp16_supported = f": 1,
         "import deepspeed\ndeepspeed.runtime.engine.X = 1": 1,
         "a._x, engine.y = 1, 2": 2,
+        "get_accelerator().x = f": 1,
+        "self.engine.optimizer.overflow = True": 1,
         "layer.weight = w\nself._cache = {}\nstep.train = t\nlr_scheduler.optimizer = opt\nopt.optimizer.state[p] = {}": 0,
+        "step.optimizer_step.stop_flag = f": 0,
     }
     for source, count in samples.items():
         assert len(violations(source)) == count, (source, violations(source))
