@@ -6,7 +6,7 @@ Bytes per parameter follow what DeepSpeed allocates for the configured precision
   states; ZeRO-1 shards master + states over the DP ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard,
   when there is more than one DP rank).
-* fp32: the optimizer steps the weights themselves at ZeRO-0 and (``megatron/training/zero3_fp32_master.py``)
+* fp32: the optimizer steps the weights themselves at ZeRO-0 and (``megatron/training/deepspeed_adapter.py, item 7``)
   the rank's parameter partition at ZeRO-3; ZeRO-1/2 still keep an fp32 copy of the rank's partition (measured
   with DeepSpeed's CPU accelerator).
 * bf16 with a pipeline and ZeRO-0, or ZeRO-1 with fp32 gradient accumulation: DeepSpeed's BF16 optimizer (fp32

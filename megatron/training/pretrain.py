@@ -45,19 +45,17 @@ from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
-from megatron.training.grad_clipping import install_fp32_clipping
+from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
-from megatron.training.nonfinite import install_nonfinite_guard
+from megatron.training.nonfinite import StepGuard, build_step_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.save_lock import SaveLock, acquire_on_rank0
-from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
-from megatron.training.zero3_fp32_master import share_fp32_zero3_partitions
 
 logger = logging.getLogger("megatron.train")
 
@@ -114,7 +112,6 @@ def setup_model_and_optimizer(
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
-    share_fp32_zero3_partitions()  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
@@ -124,7 +121,7 @@ def setup_model_and_optimizer(
         mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
         dist_init_required=False,
     )
-    install_fp32_clipping(engine)  # DeepSpeed's fp32 clipping norm is wrong under pipelines (and unrecorded)
+    share_fp32_zero3_partitions(engine)  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
     skip_single_rank_allreduce(engine, mpu.get_data_parallel_world_size())  # 1 DP rank: nothing to reduce
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
@@ -185,16 +182,27 @@ def check_validation_logits(
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
+def step_guard(args: NeoXArgs, engine: Any) -> StepGuard:
+    """The non-finite / loss-spike skip decision of every step (``megatron/training/nonfinite.py``)."""
+    return build_step_guard(
+        int(args.max_consecutive_nonfinite_steps or 10),
+        int(args.loss_spike_skip_window or 0),
+        float(args.loss_spike_skip_zscore or 0.0),
+        fp16=bool(engine.fp16_enabled()),
+    )
+
+
 def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
     """The step variant the plan names (chosen once, here)."""
+    guard = step_guard(args, engine)
     if plan.step_variant == "post_training":
         post_cfg = PostTrainingConfig.from_neox_args(args)
-        return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers)
+        return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers, guard)
     batch_cfg = BatchConfig.from_neox_args(args, eod)
     if plan.step_variant == "pipe":
-        return PipeStep(engine, batch_cfg, timers)
+        return PipeStep(engine, batch_cfg, timers, guard)
     loss_fn = with_aux_loss(model_lib.cross_entropy, engine.module)  # + the MoE load-balancing loss (if any)
-    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers)
+    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers, guard)
 
 
 def build_data_iterators(
@@ -322,13 +330,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
-        install_nonfinite_guard(
-            engine,
-            int(args.max_consecutive_nonfinite_steps or 10),
-            int(args.loss_spike_skip_window or 0),
-            float(args.loss_spike_skip_zscore or 0.0),
-        )
-        trainer.stop_check = preemption.should_stop
+        step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
+        trainer.stop_check = lambda it, flag: preemption.stop_from(flag, it)
         if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
