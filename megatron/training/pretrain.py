@@ -48,7 +48,7 @@ from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
-from megatron.training.nonfinite import StepGuard, build_step_guard
+from megatron.training.nonfinite import build_step_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
@@ -182,19 +182,14 @@ def check_validation_logits(
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
-def step_guard(args: NeoXArgs, engine: Any) -> StepGuard:
-    """The non-finite / loss-spike skip decision of every step (``megatron/training/nonfinite.py``)."""
-    return build_step_guard(
+def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
+    """The step variant the plan names (chosen once, here)."""
+    guard = build_step_guard(  # the non-finite / loss-spike skip decision of every step (training/nonfinite.py)
         int(args.max_consecutive_nonfinite_steps or 10),
         int(args.loss_spike_skip_window or 0),
         float(args.loss_spike_skip_zscore or 0.0),
         fp16=bool(engine.fp16_enabled()),
     )
-
-
-def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
-    """The step variant the plan names (chosen once, here)."""
-    guard = step_guard(args, engine)
     if plan.step_variant == "post_training":
         post_cfg = PostTrainingConfig.from_neox_args(args)
         return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers, guard)
