@@ -19,7 +19,10 @@ from megatron.tokenizer.fast_bpe import FastBPE, build_fast_bpe
 
 FAST_NAME = "tiktoken"
 PLAIN_NAME = "tokenizers"
-_MAX_SAMPLE_CHARS = 200_000  # per document: a prefix of a long document is as good a test string and stays cheap
+# The check must stay a small fraction of any real run: each sample text is at most a prefix of 8 K characters of its
+# document (as good a test string), and the sample stops at 256 K characters (~0.1 s per encoder on an idle core).
+_MAX_SAMPLE_CHARS = 8192
+_SAMPLE_BUDGET = 256 * 1024
 
 
 @dataclass
@@ -66,25 +69,30 @@ def _spread_lines(path: str, keys: Sequence[str], count: int) -> Iterator[tuple[
 
 
 def sample_texts(inputs: Sequence[str], keys: Sequence[str], head: int = 16, spread: int = 16) -> list[tuple[str, str]]:
-    """``(where, text)`` of the sample: the first ``head`` documents of each input file and ``spread`` more from
-    across each plain ``.jsonl`` file; at most 8 files, spread over the list."""
-    files = list(inputs)
-    if len(files) > 8:
+    """``(where, text)`` of the sample: from at most 8 input files (spread over the list), each with an equal share
+    of the character budget, the first ``head`` documents alternating with ``spread`` documents from across the file
+    (plain ``.jsonl`` files only; a compressed file is read from its start)."""
+    files = [f for f in inputs if os.path.isfile(f)]  # a pipe would lose what the sample read; a missing file is
+    if len(files) > 8:  # the run's error to report
         files = [files[i * (len(files) - 1) // 7] for i in range(8)]
     out: list[tuple[str, str]] = []
     for path in files:
-        docs: list[tuple[str, dict[str, str]]] = []
-        if not os.path.isfile(path):
-            continue  # a pipe would lose what the sample read; a missing file is the run's error to report
+        first: list[tuple[str, dict[str, str]]] = []
+        across: list[tuple[str, dict[str, str]]] = []
         try:
             reader = read_documents([path], list(keys), skip_invalid=True)
-            docs.extend((f"{path} document {n + 1}", d) for n, d in enumerate(itertools.islice(reader, head)))
+            first.extend((f"{path} document {n + 1}", d) for n, d in enumerate(itertools.islice(reader, head)))
             if path.endswith(".jsonl"):
-                docs.extend(_spread_lines(path, keys, spread))
+                across.extend(_spread_lines(path, keys, spread))
         except (ValueError, OSError, EOFError):
             pass  # the run reports the bad input with file and line
-        for where, doc in docs:
-            out.extend((f"{where} ({key})", doc[key][:_MAX_SAMPLE_CHARS]) for key in keys)
+        budget = _SAMPLE_BUDGET // len(files)
+        for pair in itertools.zip_longest(first, across):
+            for where, doc in (d for d in pair if d is not None):
+                for key in keys:
+                    if budget > 0:
+                        out.append((f"{where} ({key})", doc[key][:_MAX_SAMPLE_CHARS]))
+                        budget -= len(out[-1][1])
     return out
 
 
