@@ -203,3 +203,18 @@ def test_choice_refuses_an_encoder_that_fails(tmp_path):
     choice = choose_encoder(tok, [str(src)], ["text"], build=build_broken)
     assert choice.fast is None and choice.line.endswith("the fast encoder failed on the sample (KeyError))")
     assert choose_encoder(tok, [str(src)], ["text"]).name == "tiktoken"
+
+
+def test_gpt2_vocab_and_merges_files_use_the_fast_encoder(tmp_path):
+    """GPT2BPETokenizer (vocab.json + merges.txt) is a tokenizers byte-level BPE too."""
+    from megatron.tokenizer import GPT2BPETokenizer
+
+    spec = json.loads((TOKENIZERS / "gpt2.json").read_text())
+    (tmp_path / "vocab.json").write_text(json.dumps(spec["model"]["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    tok = GPT2BPETokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    src = write_jsonl(tmp_path / "c.jsonl", [*stdlib_texts(4), *TRICKY])
+    choice = choose_encoder(tok, [str(src)], ["text"])
+    assert choice.name == "tiktoken", choice.line
+    assert choice.fast is not None and choice.fast.encode_batch(TRICKY) == tok.tokenize_batch(TRICKY)
