@@ -183,20 +183,18 @@ def _ranks(spec: dict[str, Any]) -> tuple[dict[bytes, int], np.ndarray | None]:
             byte_ids[b] = vocab[char]
         elif b not in _NOT_IN_UTF8:
             raise NotSupported(f"byte 0x{b:02x} is not in the vocabulary")
-    results: list[tuple[bytes, int]] = []
-    seen: set[str] = set()
-    for left, right in _merge_pairs(spec["model"].get("merges") or []):
-        merged = left + right
-        if left not in vocab or right not in vocab or merged not in vocab:
-            raise NotSupported(f"merge {left!r} {right!r} has a part or result outside the vocabulary")
-        if merged in seen:
-            raise NotSupported(f"token {merged!r} is the result of two merges")
-        seen.add(merged)
-        try:
-            raw = bytes(alphabet[c] for c in merged)
-        except KeyError:
-            raise NotSupported(f"token {merged!r} is not byte-level") from None
-        results.append((raw, vocab[merged]))
+    merged = [left + right for left, right in _merge_pairs(spec["model"].get("merges") or [])]
+    if len(set(merged)) != len(merged):
+        raise NotSupported("a token is the result of two merges")
+    parts = {*merged, *(p for pair in _merge_pairs(spec["model"].get("merges") or []) for p in pair)}
+    missing = next((t for t in parts if t not in vocab), None)
+    if missing is not None:
+        raise NotSupported(f"merge part or result {missing!r} is not in the vocabulary")
+    if not set("".join(merged)) <= alphabet.keys():
+        raise NotSupported("a merge result is not made of byte-level characters")
+    # Each byte-level char -> the char of its byte, so that latin-1 gives the token's raw bytes (C speed).
+    to_bytes = str.maketrans({c: chr(b) for c, b in alphabet.items()})
+    results = [(t.translate(to_bytes).encode("latin-1"), vocab[t]) for t in merged]
     ids = [i for _, i in results]
     if len(set(byte_ids.values()) | set(ids)) != len(byte_ids) + len(ids):
         raise NotSupported("two tokens share an id")
