@@ -218,3 +218,18 @@ def test_gpt2_vocab_and_merges_files_use_the_fast_encoder(tmp_path):
     choice = choose_encoder(tok, [str(src)], ["text"])
     assert choice.name == "tiktoken", choice.line
     assert choice.fast is not None and choice.fast.encode_batch(TRICKY) == tok.tokenize_batch(TRICKY)
+
+
+def test_a_worker_that_did_not_inherit_the_encoder_builds_it(tmp_path):
+    """Spawned workers (no fork) start without the main process's encoder and build it from the tokenizer."""
+    from megatron.data import preprocess as engine
+
+    engine._CHOSEN.clear()
+    cfg = PreprocessConfig(inputs=[], output_prefix=str(tmp_path / "x"), tokenizer_type="HFTokenizer",
+                           vocab_file=str(TOKENIZERS / "gpt2.json"), append_eod=True)  # fmt: skip
+    engine._init_worker(cfg, "uint16", False, True)
+    assert engine._WORKER["fast"] is not None
+    flat, lengths = engine.encode_batch([{"text": TRICKY[1]}, {"text": "x"}])[0]["text"]
+    tok = HFTokenizer(str(TOKENIZERS / "gpt2.json"))
+    assert flat.tolist() == [*tok.tokenize(TRICKY[1]), tok.eod, *tok.tokenize("x"), tok.eod]
+    assert lengths.tolist() == [len(tok.tokenize(TRICKY[1])) + 1, 2]
