@@ -59,6 +59,8 @@ def test_ids_identical_to_tokenizers_on_real_text(name, real_texts):
     for text, a, b in zip(real_texts, got, want, strict=True):
         assert a == b, text[:80]
     assert sum(map(len, got)) > 100_000
+    from_file, _ = build_fast_bpe((TOKENIZERS / name).read_text())  # the file as written ("a b" merges), not re-saved
+    assert from_file is not None and from_file.encode_batch(TRICKY) == got[-len(TRICKY) :]
     if name == "20B_tokenizer.json":  # the added tokens were really split out
         ids = set(fast.encode(TRICKY[4]) + fast.encode(TRICKY[2]))
         assert {0, 1, tok.token_to_id("assistant"), tok.token_to_id(" " * 24), tok.token_to_id("  ")} <= ids
