@@ -235,3 +235,11 @@ def test_a_worker_that_did_not_inherit_the_encoder_builds_it(tmp_path):
     tok = HFTokenizer(str(TOKENIZERS / "gpt2.json"))
     assert flat.tolist() == [*tok.tokenize(TRICKY[1]), tok.eod, *tok.tokenize("x"), tok.eod]
     assert lengths.tolist() == [len(tok.tokenize(TRICKY[1])) + 1, 2]
+
+
+def test_ftfy_runs_before_either_encoder(tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", ["cafÃ© naÃ¯ve â€œquotedâ€\x9d", *TRICKY[:3]])
+    vocab = TOKENIZERS / "20B_tokenizer.json"
+    fast = run(tmp_path, "fast", src, vocab, ftfy=True)
+    assert fast[2].startswith("encoder: tiktoken") and fast[:2] == run(tmp_path, "plain", src, vocab, ftfy=True,
+                                                                         fast_encoder=False)[:2]  # fmt: skip
