@@ -124,6 +124,11 @@ def test_several_keys_and_cached_impl(tmp_path):
         ('{"text": ["a", "b"]}\n', "bad.jsonl:1: key 'text' holds a list, expected a string"),
         ('{"text": 12345}\n', "bad.jsonl:1: key 'text' holds a number, expected a string"),
         ('{"text": {"body": "x"}}\n', "bad.jsonl:1: key 'text' holds an object, expected a string"),
+        # a JSON escape of half a UTF-16 pair: valid JSON, not text (tokenizers raised a bare TypeError)
+        (
+            '{"text": "fine"}\n{"text": "caf\\u00e9 \\ud800 x"}\n',
+            "bad.jsonl:2: key 'text' holds a lone surrogate U+D800",
+        ),
     ],
 )
 def test_bad_input_fails_cleanly(tmp_path, content, message):
