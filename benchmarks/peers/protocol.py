@@ -9,6 +9,7 @@ ours. One JSON object per line, both ways:
 - the driver writes ``{"tokens": [[...], ...]}`` (B rows of N+1 ids: inputs are ``row[:-1]``, labels
   ``row[1:]``); the runner does one full training step its default way and prints
   ``{"loss": float, "seconds": float}`` (``seconds`` timed inside the runner, loss read back, so synchronised);
+- ``"profile": true`` in a request: that step runs under torch.profiler, its table printed to stderr;
 - ``{"quit": true}`` or end of input ends the runner (exit 0); a failure prints ``{"error": "..."}`` and exits 1.
 
 The runner's stdout carries only these lines: :func:`serve` moves file descriptor 1 to stderr so that what the
@@ -65,9 +66,13 @@ def serve(build: Callable[[], tuple[StepFn, dict[str, Any]]]) -> int:
             req = json.loads(line)
             if req.get("quit"):
                 break
-            start = time.perf_counter()
-            loss = float(step(req["tokens"]))
-            send({"loss": loss, "seconds": time.perf_counter() - start})
+            if req.get("profile"):
+                loss, seconds = _profiled(step, req["tokens"])
+            else:
+                start = time.perf_counter()
+                loss = float(step(req["tokens"]))
+                seconds = time.perf_counter() - start
+            send({"loss": loss, "seconds": seconds})
     except Exception as exc:  # the driver shows this one line; the traceback went to stderr
         import traceback
 
@@ -75,6 +80,19 @@ def serve(build: Callable[[], tuple[StepFn, dict[str, Any]]]) -> int:
         send({"error": f"{type(exc).__name__}: {exc}"})
         return 1
     return 0
+
+
+def _profiled(step: StepFn, tokens: list[list[int]]) -> tuple[float, float]:
+    """One step under torch.profiler (the runner's venv has torch); the table goes to stderr."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        loss = float(step(tokens))
+        seconds = time.perf_counter() - start
+    print("---- profile: peer ----", file=sys.stderr)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), file=sys.stderr, flush=True)
+    return loss, seconds
 
 
 class PeerProcess:
@@ -108,8 +126,8 @@ class PeerProcess:
         stdin.write(json.dumps(obj) + "\n")
         stdin.flush()
 
-    def step(self, tokens: list[list[int]]) -> tuple[float, float]:
-        self._write({"tokens": tokens})
+    def step(self, tokens: list[list[int]], profile: bool = False) -> tuple[float, float]:
+        self._write({"tokens": tokens, "profile": True} if profile else {"tokens": tokens})
         msg = self._read()
         return float(msg["loss"]), float(msg["seconds"])
 

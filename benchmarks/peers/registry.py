@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 PEERS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -23,6 +24,8 @@ class Peer:
     compile: bool = False  # our side runs with torch_compile: true as well (compiled vs compiled)
     notes: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # our config keys set to the peer's default work per step (e.g. its clipping), so both sides do the same work
+    ours: dict[str, Any] = field(default_factory=dict)
 
     def python(self) -> str:
         return os.path.join(PEERS_DIR, f".venv-{self.venv}", "bin", "python") if self.venv else sys.executable
@@ -34,10 +37,20 @@ class Peer:
         return f"peer venv missing: {self.python()}; create it with: bash benchmarks/peers/setup.sh {self.venv}"
 
 
+# litgpt pretrain's defaults that change the work of a step: clip_grad_norm_(max_norm=1.0), AdamW weight decay 0.01
+_LITGPT_OURS = {"gradient_clipping": 1.0, "weight_decay": 0.01}
+
 PEERS: dict[str, Peer] = {
-    "litgpt": Peer("litgpt_runner.py", "litgpt", notes="litgpt GPT + its pretrain recipe's step, eager"),
+    "litgpt": Peer(
+        "litgpt_runner.py", "litgpt", notes="litgpt GPT + its pretrain recipe's step, eager", ours=_LITGPT_OURS
+    ),
     "litgpt-compiled": Peer(
-        "litgpt_runner.py", "litgpt", ("--compile",), compile=True, notes="litgpt pretrain's torch.compile(model)"
+        "litgpt_runner.py",
+        "litgpt",
+        ("--compile",),
+        compile=True,
+        ours=_LITGPT_OURS,
+        notes="litgpt pretrain's torch.compile(model)",
     ),
     # an in-repo runner on our .venv's transformers GPTNeoX: what the CI test drives (no peer venv needed)
     "hf-loop": Peer("loop_runner.py", "", notes="transformers GPTNeoX + torch AdamW, a plain loop"),
