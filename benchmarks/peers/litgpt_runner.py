@@ -48,10 +48,10 @@ def litgpt_config(shape: str, hf: dict[str, Any]) -> tuple[Any, list[str]]:
         ("n_head", cfg.n_head, hf["num_attention_heads"]),
         ("padded_vocab_size", cfg.padded_vocab_size, hf["vocab_size"]),
         ("intermediate_size", cfg.intermediate_size, hf["intermediate_size"]),
-        ("rotary_percentage", cfg.rotary_percentage, hf.get("rotary_pct", hf.get("partial_rotary_factor"))),
+        ("rotary_percentage", cfg.rotary_percentage, _rope(hf, "partial_rotary_factor", hf.get("rotary_pct"))),
         ("parallel_residual", cfg.parallel_residual, hf["use_parallel_residual"]),
         ("norm_eps", cfg.norm_eps, hf["layer_norm_eps"]),
-        ("rope_base", cfg.rope_base, _rope_theta(hf)),
+        ("rope_base", cfg.rope_base, _rope(hf, "rope_theta", hf.get("rotary_emb_base"))),
         ("gelu_approximate", cfg.gelu_approximate, {"gelu": "none", "gelu_new": "tanh"}.get(hf["hidden_act"], "?")),
         ("bias", cfg.bias, hf.get("attention_bias", True)),
         ("lm_head_bias", cfg.lm_head_bias, False),
@@ -61,9 +61,10 @@ def litgpt_config(shape: str, hf: dict[str, Any]) -> tuple[Any, list[str]]:
     return cfg, diffs
 
 
-def _rope_theta(hf: dict[str, Any]) -> float:
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    return float(params.get("rope_theta", hf.get("rotary_emb_base", hf.get("rope_theta", 10000))))
+def _rope(hf: dict[str, Any], key: str, default: Any) -> Any:
+    """A rotary field: transformers 5 nests them in ``rope_parameters``, the Hub's Pythia configs keep them flat."""
+    params = hf.get("rope_parameters") or {}
+    return params.get(key, hf.get(key, default))
 
 
 def build(args: Any) -> tuple[Any, dict[str, Any]]:
