@@ -356,7 +356,6 @@ def main(argv: list[str] | None = None) -> int:
         from peers.driver import lookup
 
         same_model = lookup(args.peer).same_model
-    print(f"first-step loss ours {ours_loss:.6f} {other} {hf_loss:.6f}")
     if same_model and abs(ours_loss - hf_loss) > tol * abs(hf_loss):
         print(f"GATE FAILED: first-step losses differ: ours {ours_loss:.6f} vs {other} {hf_loss:.6f}", file=sys.stderr)
         return 1
@@ -372,8 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         extra["median_peer_wall_s"] = round(median(res["peer_wall"][args.warmup :]), 4)
         extra["ours_overrides"] = args.ours_overrides
         extra["gate"] = "first losses equal (fp32 rel 1e-4)" if same_model else "none: the peer's model differs"
+        # every step's loss on both sides (ours where it was logged): equal batches keep them close for a while
+        extra["losses_ours"] = [None if x is None else round(float(x), 6) for x in res["ours_losses"]]
+        extra["losses_peer"] = [round(x, 6) for x in res["hf_losses"]]
     print(
-        f"first-step losses {'equal' if same_model else 'not gated'}; {tokens} tokens/iteration; "
+        f"first-step loss ours {ours_loss:.6f} {other} {hf_loss:.6f} ({'equal' if same_model else 'not gated'}); "
+        f"{tokens} tokens/iteration; "
         f"ours {tokens / median(ours_t):.0f} tok/s (median {median(ours_t):.3f} s) vs "
         f"{other} {tokens / median(hf_t):.0f} tok/s (median {median(hf_t):.3f} s); load {os.getloadavg()[0]:.2f}"
     )
