@@ -1,6 +1,7 @@
 """Training throughput: a real 1-rank ``pretrain()`` run vs Hugging Face ``GPTNeoXForCausalLM`` + AdamW.
 
-    python benchmarks/bench_train.py [--small] [--bf16] [--compile] [--rounds 8] [--warmup 2] [--threads N]
+    python benchmarks/bench_train.py [--shape pythia-14m|pythia-160m|small] [--bf16] [--compile] [--rounds 8]
+        [--warmup 2] [--threads N] [--peer litgpt|litgpt-compiled|...]
 
 Ours: ``megatron.training.pretrain.pretrain`` on one gloo rank — DeepSpeed engine, the mmap data loader over
 tinyshakespeare tokenised with the 20B tokenizer, the training loop with console logging every
@@ -17,6 +18,12 @@ bf16 on CPUs without native bf16 (AVX2 only) is ~50x slower than fp32 for any fr
 ``--compile`` sets ``torch_compile: true`` on our side (transformer layers compiled with inductor; HF stays eager)
 and reports the compile time: our first (untimed warm-up) iteration minus the median of the timed ones.
 Prints the medians, ``ratio=<ours tokens/s / HF tokens/s>`` and a JSON line.
+
+``--peer NAME`` replaces the in-process HF loop with another framework run its own default way in its own venv
+(benchmarks/peers/README.md: the protocol, the peers, their setup): our initial model is exported as a GPTNeoX
+checkpoint, the peer's runner builds its model from it, and after each of our iterations it does one training step
+on the same batch. The ratio uses the step time the runner measures (the protocol's pipe is not counted against
+it). ``--shape pythia-160m``: 12 layers, d=768, 12 heads, seq 512, micro-batch 4.
 """
 
 from __future__ import annotations
@@ -34,6 +41,13 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import SHARED_DIR, Report, free_port, median, median_ratio, now, spawn_ranks
+
+# layers, hidden, heads, seq, micro-batch, max positions (rotary 0.25, parallel residual, untied, vocab 50304)
+SHAPES = {
+    "small": (2, 64, 4, 64, 4, 64),
+    "pythia-14m": (6, 128, 4, 256, 8, 2048),
+    "pythia-160m": (12, 768, 12, 512, 4, 2048),
+}
 
 CORPUS = os.path.join(SHARED_DIR, "data", "corpora", "tinyshakespeare.txt")
 TOKENIZER = os.path.join(SHARED_DIR, "data", "tokenizers", "20B_tokenizer.json")
@@ -58,13 +72,13 @@ def prepare_data(tmp: str, corpus: str, vocab: str) -> str:
 
 
 def neox_config(args: argparse.Namespace, data_path: str, vocab: str) -> dict:
-    small = args.small
-    return {
-        "num_layers": 2 if small else 6,
-        "hidden_size": 64 if small else 128,
-        "num_attention_heads": 4,
-        "seq_length": 64 if small else 256,
-        "max_position_embeddings": 64 if small else 2048,
+    layers, hidden, heads, seq, micro_batch, positions = SHAPES[args.shape]
+    config = {
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "seq_length": seq,
+        "max_position_embeddings": positions,
         "pos_emb": "rotary",
         "rotary_pct": 0.25,
         "gpt_j_residual": True,
@@ -83,7 +97,7 @@ def neox_config(args: argparse.Namespace, data_path: str, vocab: str) -> dict:
         "zero_optimization": {"stage": 0},
         "bf16": {"enabled": bool(args.bf16)},
         "precision": "bfloat16" if args.bf16 else "fp32",
-        "train_micro_batch_size_per_gpu": 4 if small else 8,
+        "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
         "train_iters": args.warmup + args.rounds,
         "eval_interval": 100000,
@@ -100,6 +114,7 @@ def neox_config(args: argparse.Namespace, data_path: str, vocab: str) -> dict:
         "seed": 1234,
         "torch_compile": bool(getattr(args, "compile", False)),
     }
+    return {**config, **getattr(args, "ours_overrides", {})}
 
 
 @contextlib.contextmanager
@@ -119,8 +134,9 @@ def profiled(active: bool, label: str) -> Iterator[None]:
 class Interleaver:
     """Wraps our step: after each of our iterations, one HF step on the same batch; times both."""
 
-    def __init__(self, bf16: bool, log_interval: int, ddp: bool = False) -> None:
+    def __init__(self, bf16: bool, log_interval: int, ddp: bool = False, peer: Any = None) -> None:
         self.bf16, self.log_interval, self.ddp = bf16, log_interval, ddp
+        self.peer = peer  # a PeerRun (peers.driver) instead of the in-process HF loop
         self.hf = self.opt = None
         self.batch = None
         self.ours_times: list[float] = []
@@ -184,7 +200,9 @@ class Interleaver:
             return me.batch
 
         def interleaved_train(step_self, data_iter):
-            if me.hf is None:
+            if me.peer is not None:
+                me.peer.start(step_self.engine)
+            elif me.hf is None:
                 me.make_hf(step_self.engine, float(step_self.engine.optimizer.param_groups[0]["lr"]))
             iteration = len(me.ours_losses) + 1
             profiling = me.profile_iteration == iteration
@@ -193,8 +211,12 @@ class Interleaver:
                 result = original_train(step_self, data_iter)
             mid = now()
             me.ours_losses.append(result.lm_loss)
-            with profiled(profiling, "HF"):
-                hf_loss = me.hf_step(iteration)
+            if me.peer is not None:
+                (tokens, _, _), (labels, _) = me.batch
+                hf_loss = me.peer.step(tokens, labels, profiling)
+            else:
+                with profiled(profiling, "HF"):
+                    hf_loss = me.hf_step(iteration)
             end = now()
             if hf_loss is not None:
                 me.hf_losses.append(hf_loss)
@@ -225,14 +247,27 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, data_pa
 
     config = neox_config(args, data_path, args.vocab_file)
     config["global_num_gpus"] = world
-    inter = Interleaver(args.bf16, args.log_interval, ddp=world > 1)
+    peer_run = None
+    if args.peer:
+        from peers.driver import PeerRun
+
+        seq, micro_batch = config["seq_length"], config["train_micro_batch_size_per_gpu"]
+        peer_run = PeerRun(args.peer, args.shape, seq, micro_batch, threads, args.peer_arg)
+    inter = Interleaver(args.bf16, args.log_interval, ddp=world > 1, peer=peer_run)
     inter.profile_iteration = args.profile if rank == 0 else 0
     inter.install()
-    pretrain(NeoXArgs.from_dict(config))
+    try:
+        pretrain(NeoXArgs.from_dict(config))
+    finally:
+        if peer_run is not None:
+            peer_run.close()
     result = {
         "ours_times": inter.ours_times, "hf_times": inter.hf_times, "ours_losses": inter.ours_losses,
         "hf_losses": inter.hf_losses, "tokens": inter.tokens_per_step * world, "threads": threads, "config": config,
     }  # fmt: skip
+    if peer_run is not None:  # the runner's own step times (the pipe not counted) and its facts
+        result.update(hf_times=peer_run.seconds, hf_losses=peer_run.losses, peer_wall=peer_run.walls)
+        result["peer_ready"] = peer_run.ready
     if out is None:
         return result
     if rank == 0:
@@ -244,9 +279,10 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, data_pa
     shutdown_and_exit(0)
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--small", action="store_true", help="2 layers, d=64, seq 64, micro-batch 4 (quick check)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="pythia-14m", help="model shape, seq and micro-batch")
+    p.add_argument("--small", action="store_true", help="same as --shape small (2 layers, d=64, seq 64, mb 4)")
     p.add_argument("--bf16", action="store_true", help="bf16 on both sides (slow on CPUs without native bf16)")
     p.add_argument("--compile", action="store_true", help="torch_compile: true on our side (compile time reported)")
     p.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (2: vs HF under DDP)")
@@ -255,20 +291,55 @@ def main() -> int:
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / ranks)")
     p.add_argument("--profile", type=int, default=0, help="print torch.profiler tables of iteration N (both sides)")
+    p.add_argument("--peer", default=None, help="compare with a peer framework (benchmarks/peers/registry.py)")
+    p.add_argument("--peer-arg", action="append", default=[], help="extra flag for the peer's runner (repeatable)")
     p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--vocab-file", default=TOKENIZER)
     p.add_argument("--save", action="store_true", help="write benchmarks/results/train*.json (for docs/benchmarks.md)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.small:
+        args.shape = "small"
+    args.small = args.shape == "small"
+    args.ours_overrides = {}
+    if args.peer:
+        from peers.driver import lookup, missing_venv
+
+        try:
+            peer = lookup(args.peer)
+        except ValueError as exc:
+            p.error(str(exc))
+        hint = missing_venv(peer)
+        if hint:
+            print(hint, file=sys.stderr)
+            sys.exit(2)
+        if args.ranks > 1:
+            p.error("--peer runs one rank (--ranks 1)")
+        if args.bf16:
+            p.error("--peer compares fp32 (the peers' bf16 recipes differ from ours)")
+        if peer.compile and not args.compile:
+            print(f"peer {args.peer} compiles: our side gets torch_compile: true as well (--compile)")
+            args.compile = True
+        args.ours_overrides = dict(peer.ours)
+    if args.compile and args.warmup < 1:
+        p.error("--compile needs --warmup >= 1 (the first iteration compiles)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    other = args.peer or "HF"
+    shape_suffix = {"small": "_small", "pythia-14m": "", "pythia-160m": "_160m"}[args.shape]
     name = (
         ("train_bf16" if args.bf16 else "train")
         + ("_compile" if args.compile else "")
         + ("_dp2" if args.ranks > 1 else "")
-        + ("_small" if args.small else "")
+        + (f"_vs_{args.peer}" if args.peer else "")
+        + shape_suffix
     )
-    if args.compile and args.warmup < 1:
-        p.error("--compile needs --warmup >= 1 (the first iteration compiles)")
-    flags = [f for f, on in (("--small", args.small), ("--bf16", args.bf16), ("--compile", args.compile)) if on]
+    flags = [f"--shape {args.shape}"] if args.shape != "pythia-14m" else []
+    flags += [f for f, on in (("--bf16", args.bf16), ("--compile", args.compile)) if on]
     flags += [f"--ranks {args.ranks}"] if args.ranks > 1 else []
+    flags += [f"--peer {args.peer}"] if args.peer else []
     report = Report(name, " ".join(["python benchmarks/bench_train.py", *flags]), precision="bf16" if args.bf16 else
                     "fp32", rounds=args.rounds, warmup=args.warmup, ranks=args.ranks)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -280,25 +351,40 @@ def main() -> int:
     report.data["threads"] = res["threads"]
     ours_loss, hf_loss = res["ours_losses"][0], res["hf_losses"][0]
     tol = 2e-2 if args.bf16 else 1e-4
-    if abs(ours_loss - hf_loss) > tol * abs(hf_loss):
-        print(f"GATE FAILED: first-step losses differ: ours {ours_loss:.6f} vs HF {hf_loss:.6f}", file=sys.stderr)
+    same_model = True
+    if args.peer:
+        from peers.driver import lookup
+
+        same_model = lookup(args.peer).same_model
+    if same_model and abs(ours_loss - hf_loss) > tol * abs(hf_loss):
+        print(f"GATE FAILED: first-step losses differ: ours {ours_loss:.6f} vs {other} {hf_loss:.6f}", file=sys.stderr)
         return 1
     ours_t, hf_t = res["ours_times"][args.warmup :], res["hf_times"][args.warmup :]
     tokens, config = res["tokens"], res["config"]
-    ratio = median_ratio(hf_t, ours_t)  # time_hf / time_ours == ours tokens/s / HF tokens/s
-    extra = {}
+    ratio = median_ratio(hf_t, ours_t)  # time_other / time_ours == ours tokens/s / other tokens/s
+    extra: dict[str, Any] = {}
     if args.compile:  # the first iteration compiled the layers (forward and backward)
         extra["compile_seconds"] = round(res["ours_times"][0] - median(ours_t), 2)
         print(f"torch_compile: first iteration {res['ours_times'][0]:.2f} s, compile ≈ {extra['compile_seconds']} s")
+    if args.peer:
+        extra.update(peer=args.peer, peer_ready=res["peer_ready"], peer_first_step_s=round(res["hf_times"][0], 2))
+        extra["median_peer_wall_s"] = round(median(res["peer_wall"][args.warmup :]), 4)
+        extra["ours_overrides"] = args.ours_overrides
+        extra["gate"] = "first losses equal (fp32 rel 1e-4)" if same_model else "none: the peer's model differs"
+        # every step's loss on both sides (ours where it was logged): equal batches keep them close for a while
+        extra["losses_ours"] = [None if x is None else round(float(x), 6) for x in res["ours_losses"]]
+        extra["losses_peer"] = [round(x, 6) for x in res["hf_losses"]]
     print(
-        f"first-step loss ours {ours_loss:.6f} HF {hf_loss:.6f} (equal); {tokens} tokens/iteration; "
+        f"first-step loss ours {ours_loss:.6f} {other} {hf_loss:.6f} ({'equal' if same_model else 'not gated'}); "
+        f"{tokens} tokens/iteration; "
         f"ours {tokens / median(ours_t):.0f} tok/s (median {median(ours_t):.3f} s) vs "
-        f"HF {tokens / median(hf_t):.0f} tok/s (median {median(hf_t):.3f} s)"
+        f"{other} {tokens / median(hf_t):.0f} tok/s (median {median(hf_t):.3f} s); load {os.getloadavg()[0]:.2f}"
     )
     report.finish(
         ratio,
-        "ours tokens/s / HF tokens/s (median of per-round ratios)",
+        f"ours tokens/s / {other} tokens/s (median of per-round ratios)",
         save=args.save,
+        shape=args.shape,
         layers=config["num_layers"],
         hidden=config["hidden_size"],
         seq=config["seq_length"],
