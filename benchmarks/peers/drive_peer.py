@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [args.python, os.path.join(HERE, args.runner), "--shape", args.shape, "--seq", str(args.seq),
            "--micro-batch", str(args.micro_batch), "--threads", str(args.threads), "--init-hf", args.init_hf]  # fmt: skip
     cmd += ["--compile"] if args.compile else []
+    cmd += ["--profile-step", str(args.profile_step)] if args.profile_step else []
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     assert proc.stdin is not None and proc.stdout is not None
 
@@ -92,6 +93,7 @@ def main() -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-step", type=int, default=0, help="the runner's --profile-step N: its table on stderr")
     args = p.parse_args()
     if args.make_init:
         make_init(args.shape, args.init_hf)

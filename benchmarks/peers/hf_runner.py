@@ -39,10 +39,10 @@ try:
     from protocol import runner_arguments, serve  # the shared protocol module (peerlit's branch)
 except ImportError:  # until the merge
     from peer_protocol_local import runner_arguments, serve
+from step_handoff import Handoff
 
 # (layers, hidden, heads) of each shape: the export in --init-hf must have them
 SHAPE_DIMS = {"pythia-14m": (6, 128, 4), "pythia-160m": (12, 768, 12), "small": (2, 64, 4)}
-_DONE = object()  # the protocol loop ended: the dataloader stops
 
 
 def _one_line_error(message: str) -> NoReturn:
@@ -53,17 +53,15 @@ def _one_line_error(message: str) -> NoReturn:
 class DriverBatches:
     """The Trainer's train dataloader: one batch per driver request, taken only when the Trainer asks for it."""
 
-    def __init__(self, seq: int, micro_batch: int) -> None:
-        self.seq, self.micro_batch = seq, micro_batch
-        self.requests: queue.Queue[Any] = queue.Queue()
+    def __init__(self, seq: int, micro_batch: int, handoff: Handoff) -> None:
+        self.seq, self.micro_batch, self.handoff = seq, micro_batch, handoff
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         import torch
 
         while True:
-            rows = self.requests.get()
-            if rows is _DONE:  # sticky: the Trainer opens the next epoch's iterator, which must end at once too
-                self.requests.put(_DONE)
+            rows = self.handoff.next_rows()
+            if rows is None:  # the protocol ended (the next epoch's iterator ends at once too)
                 return
             if len(rows) != self.micro_batch or any(len(r) != self.seq + 1 for r in rows):
                 raise ValueError(
@@ -75,7 +73,7 @@ class DriverBatches:
             yield {"input_ids": inputs, "labels": inputs, "shift_labels": tokens[:, 1:].contiguous()}
 
 
-def build_trainer(args: Any, batches: DriverBatches, losses: queue.Queue[Any]) -> tuple[Any, dict[str, Any]]:
+def build_trainer(args: Any, batches: DriverBatches) -> tuple[Any, dict[str, Any]]:
     """The Trainer over the exported model, and the facts for the ready line."""
     import accelerate
     import torch
@@ -93,7 +91,7 @@ def build_trainer(args: Any, batches: DriverBatches, losses: queue.Queue[Any]) -
 
     class ReportStep(transformers.TrainerCallback):
         def on_step_end(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            losses.put(float(trainer.last_loss))
+            batches.handoff.step_done(float(trainer.last_loss))
 
     model = transformers.GPTNeoXForCausalLM.from_pretrained(args.init_hf, dtype=torch.float32, trust_remote_code=False)
     cfg = model.config
@@ -134,6 +132,7 @@ def build_trainer(args: Any, batches: DriverBatches, losses: queue.Queue[Any]) -
 def main() -> int:
     p = runner_arguments(__doc__ or "")
     p.add_argument("--max-steps", type=int, default=1000, help="TrainingArguments.max_steps (the linear decay's end)")
+    p.add_argument("--profile-step", type=int, default=0, help="torch.profiler table of step N on stderr")
     p.error = _one_line_error  # type: ignore[method-assign]
     args = p.parse_args()
     if args.shape not in SHAPE_DIMS:
@@ -147,32 +146,25 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    batches = DriverBatches(args.seq, args.micro_batch)
-    losses: queue.Queue[Any] = queue.Queue()
+    handoff = Handoff("hf-compiled" if args.compile else "hf-fused", args.profile_step)
+    batches = DriverBatches(args.seq, args.micro_batch, handoff)
     built: queue.Queue[Any] = queue.Queue()
     exit_code = [1]
-
-    def step(rows: list[list[int]]) -> float:
-        batches.requests.put(rows)
-        got = losses.get()
-        if isinstance(got, BaseException):
-            raise got
-        return float(got)
 
     def build() -> tuple[Any, dict[str, Any]]:
         torch.set_num_threads(args.threads)
         try:
-            trainer, facts = build_trainer(args, batches, losses)
+            trainer, facts = build_trainer(args, batches)
         except BaseException:
             built.put(None)
             raise
         built.put(trainer)
-        return step, facts
+        return handoff.step, facts
 
     def protocol_loop() -> None:
         exit_code[0] = serve(build)
         built.put(None)  # in case build never ran to the end
-        batches.requests.put(_DONE)
+        handoff.stop()
 
     server = threading.Thread(target=protocol_loop, name="protocol", daemon=True)
     server.start()
@@ -180,9 +172,9 @@ def main() -> int:
     if trainer is not None:
         try:
             trainer.train()
-            losses.put(RuntimeError(f"--max-steps {args.max_steps} reached: the Trainer has stopped"))
+            handoff.fail(RuntimeError(f"--max-steps {args.max_steps} reached: the Trainer has stopped"))
         except Exception as exc:  # serve's step raises it: the driver gets the one-line error
-            losses.put(exc)
+            handoff.fail(exc)
     server.join()
     return exit_code[0]
 

@@ -3,7 +3,8 @@ behaviour): the runners here import ``protocol`` first and fall back to this fil
 
 Stdlib only (runners import it from their own virtualenv). One JSON object per line: the runner prints
 ``{"ready": true, ...}``, then for each ``{"tokens": [[...]]}`` line does one training step and prints
-``{"loss": float, "seconds": float}``; ``{"quit": true}`` or end of input ends it (exit 0); a failure prints
+``{"loss": float, "seconds": float}`` (``"profile": true`` in a request: that step under torch.profiler, the table
+to stderr); ``{"quit": true}`` or end of input ends it (exit 0); a failure prints
 ``{"error": "..."}`` and exits 1.
 """
 
@@ -52,9 +53,20 @@ def serve(build: Callable[[], tuple[StepFn, dict[str, Any]]]) -> int:
             req = json.loads(line)
             if req.get("quit"):
                 break
-            start = time.perf_counter()
-            loss = float(step(req["tokens"]))
-            send({"loss": loss, "seconds": time.perf_counter() - start})
+            if req.get("profile"):  # that step under torch.profiler, its table to stderr
+                import torch
+
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    start = time.perf_counter()
+                    loss = float(step(req["tokens"]))
+                    seconds = time.perf_counter() - start
+                print("---- profile: peer ----", file=sys.stderr)
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), file=sys.stderr)
+            else:
+                start = time.perf_counter()
+                loss = float(step(req["tokens"]))
+                seconds = time.perf_counter() - start
+            send({"loss": loss, "seconds": seconds})
     except Exception as exc:  # the driver shows this one line; the traceback goes to stderr
         import traceback
 

@@ -44,10 +44,10 @@ try:
     from protocol import runner_arguments, serve  # the shared protocol module (peerlit's branch)
 except ImportError:  # until the merge
     from peer_protocol_local import runner_arguments, serve
+from step_handoff import Handoff
 
 # (layers, hidden, heads) of each shape, as in hf_runner.py
 SHAPE_DIMS = {"pythia-14m": (6, 128, 4), "pythia-160m": (12, 768, 12), "small": (2, 64, 4)}
-_DONE = object()
 
 
 def _one_line_error(message: str) -> NoReturn:
@@ -78,7 +78,7 @@ def _cpu_device_module_shims(torch: Any) -> None:
             setattr(torch.cpu, name, fn)
 
 
-def build_trainer(args: Any, vocab: int, requests: queue.Queue[Any], losses: queue.Queue[Any]) -> tuple[Any, Any]:
+def build_trainer(args: Any, vocab: int, handoff: Handoff) -> tuple[Any, Any]:
     """torchtitan's debugmodel recipe with the shape's dims and the driver's batches; returns (trainer, facts)."""
     import torch
     import torchtitan
@@ -137,9 +137,8 @@ def build_trainer(args: Any, vocab: int, requests: queue.Queue[Any], losses: que
 
         def __iter__(self) -> Iterator[tuple[dict[str, Any], Any]]:
             while True:
-                rows = requests.get()
-                if rows is _DONE:
-                    requests.put(_DONE)
+                rows = handoff.next_rows()
+                if rows is None:
                     return
                 if len(rows) != micro_batch or any(len(r) != seq + 1 for r in rows):
                     raise ValueError(f"a request must carry {micro_batch} rows of {seq + 1} token ids")
@@ -162,7 +161,7 @@ def build_trainer(args: Any, vocab: int, requests: queue.Queue[Any], losses: que
 
         def train_step(self, data_iterator: Any) -> None:
             super().train_step(data_iterator)
-            losses.put(float(self.last_loss))
+            handoff.step_done(float(self.last_loss))
 
     def set_pg_timeouts_one_process(timeout: Any, parallel_dims: Any) -> None:
         # after step 1 torchtitan synchronises with barrier(device_ids=[device_module.current_device()]) (on cpu
@@ -220,6 +219,7 @@ def build_trainer(args: Any, vocab: int, requests: queue.Queue[Any], losses: que
 def main() -> int:
     p = runner_arguments(__doc__ or "")
     p.add_argument("--max-steps", type=int, default=1000, help="training.steps (the lr schedule's length)")
+    p.add_argument("--profile-step", type=int, default=0, help="torch.profiler table of step N on stderr")
     p.error = _one_line_error  # type: ignore[method-assign]
     args = p.parse_args()
     if args.shape not in SHAPE_DIMS:
@@ -238,17 +238,9 @@ def main() -> int:
     torch._utils._get_available_device_type = lambda: "cpu"  # torchtitan's device lookup: "cpu", not "cuda"
     _cpu_device_module_shims(torch)
     torch.set_num_threads(args.threads)
-    requests: queue.Queue[Any] = queue.Queue()
-    losses: queue.Queue[Any] = queue.Queue()
+    handoff = Handoff("torchtitan-compiled" if args.compile else "torchtitan", args.profile_step)
     built: queue.Queue[Any] = queue.Queue()
     exit_code = [1]
-
-    def step(rows: list[list[int]]) -> float:
-        requests.put(rows)
-        got = losses.get()
-        if isinstance(got, BaseException):
-            raise got
-        return float(got)
 
     def build() -> tuple[Any, dict[str, Any]]:
         torch.set_num_threads(args.threads)
@@ -256,19 +248,19 @@ def main() -> int:
         facts = built_facts.get()
         if isinstance(facts, BaseException):
             raise facts
-        return step, facts
+        return handoff.step, facts
 
     built_facts: queue.Queue[Any] = queue.Queue()
 
     def protocol_loop() -> None:
         exit_code[0] = serve(build)
-        requests.put(_DONE)
+        handoff.stop()
 
     server = threading.Thread(target=protocol_loop, name="protocol", daemon=True)
     server.start()
     built.get()  # serve has moved stdout away: what torchtitan prints goes to stderr
     try:
-        trainer, facts = build_trainer(args, vocab, requests, losses)
+        trainer, facts = build_trainer(args, vocab, handoff)
     except Exception as exc:
         built_facts.put(exc)
         server.join()
@@ -276,9 +268,9 @@ def main() -> int:
     built_facts.put(facts)
     try:
         trainer.train()
-        losses.put(RuntimeError(f"--max-steps {args.max_steps} reached: the trainer has stopped"))
+        handoff.fail(RuntimeError(f"--max-steps {args.max_steps} reached: the trainer has stopped"))
     except Exception as exc:
-        losses.put(exc)
+        handoff.fail(exc)
     server.join()
     with contextlib.suppress(Exception):  # teardown after the answers were sent: nothing the driver needs
         trainer.close()
