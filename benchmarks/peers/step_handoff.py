@@ -29,6 +29,11 @@ class Handoff:
 
     # --- the protocol thread
     def step(self, rows: list[list[int]]) -> float:
+        import torch
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            print(f"note: {self.label}'s step runs in its training loop's thread, which this profile does not see; "
+                  "use the runner's --profile-step N (bench_train.py --peer-arg=--profile-step=N)", file=sys.stderr)  # fmt: skip
         self.requests.put(rows)
         got = self.losses.get()
         if isinstance(got, BaseException):

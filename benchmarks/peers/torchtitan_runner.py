@@ -8,13 +8,19 @@ clipping 1.0, its chunked cross-entropy, fp32, loss logged every step) with the 
 layers / width / heads and the vocabulary of DIR's ``config.json`` (50304), untied embeddings like Pythia. What
 still differs from Pythia: RMSNorm instead of LayerNorm, SwiGLU (3 matrices, hidden 8d/3 rounded up to 32, about
 the 2 x 4d GELU MLP's parameters) instead of GELU, full-width rotary instead of 25 %, sequential instead of
-parallel residual, no biases, FlexAttention (torchtitan's language models have no plain-SDPA backend).
+parallel residual, no biases.
 
 The smallest adaptation that runs it on a CPU in one gloo process:
 
 - torchtitan picks ``torch._utils._get_available_device_type() or "cuda"`` as its device, so on a CPU-only host it
   would call CUDA; the runner makes that lookup answer ``"cpu"`` before importing torchtitan, and sets the
   one-process ``RANK``/``WORLD_SIZE``/``MASTER_*`` environment (``init_process_group`` then picks gloo for cpu);
+- its memory monitor calls ``get_device_name``/``memory_stats``/... that ``torch.cpu`` lacks: no-op shims;
+- attention: its language-model backends are FlexAttention and varlen, and FlexAttention has no backward on CPU
+  (torch 2.13 ``NotImplementedError``): its own ``ScaledDotProductAttention`` module (causal) replaces it;
+- after step 1 it synchronises with ``barrier(device_ids=["cpu"])`` (``TypeError``) and calls
+  ``torch.distributed.set_timeout``, which torch 2.13 lacks: that hook is skipped (one process);
+- ``import triton`` happens unconditionally (models.common -> moe): the venv has ``triton`` (imported only);
 - the tokenizer and dataloader configs are replaced by the driver's batches (``{"input": row[:-1], "positions":
   0..S-1}`` and labels ``row[1:]``: one document per row, causal attention as on our side), handed over one at a
   time when the trainer asks;
