@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import threading
@@ -176,6 +177,8 @@ def main() -> int:
         except Exception as exc:  # serve's step raises it: the driver gets the one-line error
             handoff.fail(exc)
     server.join()
+    if trainer is not None:
+        shutil.rmtree(trainer.args.output_dir, ignore_errors=True)
     return exit_code[0]
 
 

@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import socket
 import sys
 import tempfile
@@ -280,6 +281,7 @@ def main() -> int:
     server.join()
     with contextlib.suppress(Exception):  # teardown after the answers were sent: nothing the driver needs
         trainer.close()
+    shutil.rmtree(trainer.config.dump_folder, ignore_errors=True)
     return exit_code[0]
 
 
