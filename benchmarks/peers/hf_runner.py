@@ -36,10 +36,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from protocol import runner_arguments, serve  # the shared protocol module (peerlit's branch)
-except ImportError:  # until the merge
-    from peer_protocol_local import runner_arguments, serve
+from protocol import runner_arguments, serve
 from step_handoff import Handoff
 
 # (layers, hidden, heads) of each shape: the export in --init-hf must have them

@@ -22,7 +22,7 @@ def build(args: Any) -> tuple[Any, dict[str, Any]]:
     import transformers
 
     torch.set_num_threads(args.threads)
-    model = transformers.GPTNeoXForCausalLM.from_pretrained(args.init_hf, dtype=torch.float32)
+    model = transformers.GPTNeoXForCausalLM.from_pretrained(args.init_hf, dtype=torch.float32, trust_remote_code=False)
     if args.perturb_init:
         with torch.no_grad():
             emb = model.get_input_embeddings().weight

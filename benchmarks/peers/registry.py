@@ -40,6 +40,9 @@ class Peer:
 # litgpt pretrain's defaults that change the work of a step: clip_grad_norm_(max_norm=1.0), AdamW weight decay 0.01
 _LITGPT_OURS = {"gradient_clipping": 1.0, "weight_decay": 0.01}
 
+_TRAINER_OURS = {"gradient_clipping": 1.0, "weight_decay": 0.0}
+_TORCHTITAN_OURS = {"gradient_clipping": 1.0, "weight_decay": 0.1}
+
 PEERS: dict[str, Peer] = {
     "litgpt": Peer(
         "litgpt_runner.py", "litgpt", notes="litgpt GPT + its pretrain recipe's step, eager", ours=_LITGPT_OURS
@@ -54,4 +57,36 @@ PEERS: dict[str, Peer] = {
     ),
     # an in-repo runner on our .venv's transformers GPTNeoX: what the CI test drives (no peer venv needed)
     "hf-loop": Peer("loop_runner.py", "", notes="transformers GPTNeoX + torch AdamW, a plain loop"),
+    # transformers.Trainer clips at max_grad_norm 1.0 with weight decay 0; torchtitan's recipe clips at 1.0 with
+    # AdamW weight decay 0.1
+    "hf-fused": Peer(
+        "hf_runner.py",
+        "hf",
+        ours=_TRAINER_OURS,
+        notes="transformers.Trainer.train() with its defaults (adamw_torch_fused, linear lr, clip 1.0), eager",
+    ),
+    "hf-compiled": Peer(
+        "hf_runner.py",
+        "hf",
+        ("--compile",),
+        compile=True,
+        ours=_TRAINER_OURS,
+        notes="the same with TrainingArguments(torch_compile=True): accelerate compiles the model",
+    ),
+    "torchtitan": Peer(
+        "torchtitan_runner.py",
+        "torchtitan",
+        same_model=False,
+        ours=_TORCHTITAN_OURS,
+        notes="torchtitan 0.3.0 Trainer.train(), llama3 debugmodel recipe shaped like ours (not GPT-NeoX)",
+    ),
+    "torchtitan-compiled": Peer(
+        "torchtitan_runner.py",
+        "torchtitan",
+        ("--compile",),
+        same_model=False,
+        compile=True,
+        ours=_TORCHTITAN_OURS,
+        notes="the same with compile.enable (torchtitan compiles each block and the loss)",
+    ),
 }

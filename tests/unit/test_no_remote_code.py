@@ -13,7 +13,12 @@ SCANNED = ("megatron", "tools", "benchmarks", "scripts")
 def _python_files() -> list[Path]:
     files = sorted(ROOT.glob("*.py"))
     for folder in SCANNED:
-        files += sorted((ROOT / folder).rglob("*.py"))
+        # hidden folders are not the project's code (benchmarks/peers/.venv-*: the peer frameworks' virtualenvs)
+        files += sorted(
+            p
+            for p in (ROOT / folder).rglob("*.py")
+            if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+        )
     return files
 
 
