@@ -102,6 +102,8 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
             "(pass --hostfile, or use tools/slurm/train.sbatch, which writes one)"
         )
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
+    if args.user_script is None:
+        raise ConfigError("user_script is not set: the script deepy.py launches on every rank (train.py, ...)")
     argv += [args.user_script, "--neox_config", config_path]
     threads = ""
     if on_cpu:

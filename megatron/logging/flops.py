@@ -31,12 +31,12 @@ class FlopsConfig:
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
-            train_batch_size=int(args.train_batch_size),
-            seq_length=int(args.seq_length),
-            num_layers=int(args.num_layers),
-            hidden_size=int(args.hidden_size),
-            padded_vocab_size=int(args.padded_vocab_size or 0),
-            checkpoint_activations=bool(args.checkpoint_activations),
+            train_batch_size=args.train_batch_size,
+            seq_length=args.seq_length,
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            padded_vocab_size=args.padded_vocab_size or 0,  # unset until the tokenizer is built: no vocab flops
+            checkpoint_activations=args.checkpoint_activations,
             peak_theoretical_tflops=args.peak_theoretical_tflops,
         )
 

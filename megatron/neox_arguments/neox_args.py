@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron.cluster.worker_env import describe_ranks, discover_rank_env
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -33,7 +33,7 @@ from megatron.neox_arguments.gpt_neox_api import (  # noqa: F401 - GPT-NeoX's se
     NeoXArgsTokenizer,
     NeoXArgsTraining,
 )
-from megatron.neox_arguments.keys import HINTS, KEY_SECTION, KNOWN_KEYS
+from megatron.neox_arguments.keys import FIELDS, HINTS, KEY_SECTION, KNOWN_KEYS
 from megatron.neox_arguments.loader import (
     MergedConfig,
     apply_overrides,
@@ -42,7 +42,21 @@ from megatron.neox_arguments.loader import (
     unknown_key_message,
 )
 from megatron.neox_arguments.number_checks import huge_int_problems, short_repr
-from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
+from megatron.neox_arguments.sections import (
+    SECTIONS,
+    DeepspeedConfigArgs,
+    DeepspeedRunnerArgs,
+    LoggingArgs,
+    LRSchedulerArgs,
+    ModelArgs,
+    MoEArgs,
+    OptimizerArgs,
+    OtherArgs,
+    ParallelismArgs,
+    TextgenArgs,
+    TokenizerArgs,
+    TrainingArgs,
+)
 from megatron.neox_arguments.types import coerce_value, describe
 from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
 from megatron.neox_arguments.validate import validate
@@ -82,12 +96,23 @@ def neox_namespace(values: dict[str, Any] | None = None, /, **more: Any) -> Simp
     return SimpleNamespace(**{**default_values(), **given})
 
 
+def _unset(key: str, value: Any) -> bool:
+    """``null`` for a key that is required or derived (schema default ``None``, or ``derived``) means "not set".
+
+    Such a key's annotation is its resolved type (``train_batch_size: int``): ``derive()`` or the required-keys rule
+    guarantee a value in every ``NeoXArgs``, so the type has no ``None`` although the input may leave it unset.
+    """
+    return value is None and (FIELDS[key].default is None or bool(FIELDS[key].metadata.get("derived")))
+
+
 def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     checked, problems = {}, []
     for key, value in values.items():
         ok, coerced = coerce_value(value, HINTS[key])
         if ok:
             checked[key] = coerced
+        elif _unset(key, value):
+            continue  # keeps the schema default; derive() or validate() take it from there
         else:
             where = origins.get(key, "the configuration")
             problems.append(f"{key}={short_repr(value)} in {where}: expected {describe(HINTS[key])}")
@@ -124,7 +149,40 @@ class _SaveDir(str):
         return (str, (str(self),))  # copies and pickles are plain strings
 
 
-class NeoXArgs(GptNeoXArgsApi):
+if TYPE_CHECKING:
+
+    class _SchemaKeys(
+        ParallelismArgs,
+        ModelArgs,
+        MoEArgs,
+        OptimizerArgs,
+        LRSchedulerArgs,
+        TokenizerArgs,
+        TrainingArgs,
+        LoggingArgs,
+        TextgenArgs,
+        DeepspeedConfigArgs,
+        DeepspeedRunnerArgs,
+        OtherArgs,
+    ):
+        """For the type checker only: every key with its schema type, so mypy checks each ``args.key`` read.
+
+        At run time ``NeoXArgs`` serves the keys from its section objects (``__getattr__``); this base does not exist
+        then. tests/unit/test_typed_args.py checks mypy sees every key and reports a misuse.
+        """
+
+        # Objects attached while running (RUNTIME_ATTRS).
+        tokenizer: Any
+        tensorboard_writer: Any
+        adlr_autoresume_object: Any
+
+else:
+
+    class _SchemaKeys:
+        """Empty at run time: ``NeoXArgs.__getattr__`` serves the keys."""
+
+
+class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
     """The resolved configuration. Read any GPT-NeoX key as an attribute: ``args.hidden_size``.
 
     Build it with ``from_ymls`` (config files), ``from_dict`` or, on a launched rank, ``consume_neox_args``.
@@ -132,6 +190,11 @@ class NeoXArgs(GptNeoXArgsApi):
     table, and raises one ``ConfigError`` listing every problem. GPT-NeoX's scripting names (``get_deepspeed_main_args``,
     ``megatron_config``, ``build_tokenizer``, ...) come from ``GptNeoXArgsApi``.
     """
+
+    _sections: dict[str, Any]
+    _runtime: dict[str, Any]
+    origins: dict[str, str]
+    explicit_keys: set[str]
 
     def __init__(
         self,
@@ -296,15 +359,17 @@ class NeoXArgs(GptNeoXArgsApi):
 
     # ------------------------------------------------------------------ access
 
-    def __getattr__(self, name: str) -> Any:
-        section = KEY_SECTION.get(name)
-        if section is not None:
-            value = getattr(self._sections[section], name)
-            # `save` is both GPT-NeoX's checkpoint-directory key and (when set) a callable `args.save(path)`.
-            return _SaveDir(value, self) if name == "save" and isinstance(value, str) else value
-        if name in RUNTIME_ATTRS:
-            return self._runtime[name]
-        raise AttributeError(f"NeoXArgs has no key {name!r}")
+    if not TYPE_CHECKING:  # hidden from mypy: an unknown name is an error there, not Any
+
+        def __getattr__(self, name: str) -> Any:
+            section = KEY_SECTION.get(name)
+            if section is not None:
+                value = getattr(self._sections[section], name)
+                # `save` is both GPT-NeoX's checkpoint-directory key and (when set) a callable `args.save(path)`.
+                return _SaveDir(value, self) if name == "save" and isinstance(value, str) else value
+            if name in RUNTIME_ATTRS:
+                return self._runtime[name]
+            raise AttributeError(f"NeoXArgs has no key {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.update_value(name, value)

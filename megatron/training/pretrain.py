@@ -139,11 +139,11 @@ def setup_model_and_optimizer(
         load_module_strict=not plan.reward_head,
     )
     if result.path and plan.validate_with_forward:
-        check_validation_logits(engine, plan, int(args.padded_vocab_size), result.client_state, result.path)
+        check_validation_logits(engine, plan, model_cfg.padded_vocab_size, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
 
 
-def _train_iters_from_epochs(args: NeoXArgs, gas: int) -> None:
+def _train_iters_from_epochs(args: NeoXArgs, epochs: int, gas: int) -> None:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
     data_cfg = DataConfig.from_neox_args(args)
     data_cfg.validate()
@@ -152,7 +152,7 @@ def _train_iters_from_epochs(args: NeoXArgs, gas: int) -> None:
     )
     if train_loader is None:
         raise DataError("train_epochs needs training data")
-    iters = int(args.train_epochs) * len(train_loader) // gas
+    iters = epochs * len(train_loader) // gas
     if iters < 1:
         raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
     args.update_value("train_iters", iters)
@@ -227,8 +227,9 @@ def build_data_iterators(
     return train, valid, test
 
 
-def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
-    """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``)."""
+def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> tuple[Any, int]:
+    """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``); returns the
+    tokenizer and the padded vocabulary size."""
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     args.update_value("tokenizer", tokenizer)  # as GPT-NeoX; its identity goes into every checkpoint
     padded = padded_vocab_size(
@@ -236,8 +237,8 @@ def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
     )
     args.update_value("padded_vocab_size", padded)
     if args.train_iters is None and args.train_epochs:
-        _train_iters_from_epochs(args, plan.gradient_accumulation_steps)
-    return tokenizer
+        _train_iters_from_epochs(args, args.train_epochs, plan.gradient_accumulation_steps)
+    return tokenizer, padded
 
 
 def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
@@ -252,7 +253,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     initialize_megatron(args)
     rank = mpu.world_rank()
     plan = RunPlan.from_neox_args(args)
-    tokenizer = _setup_tokenizer(args, plan)
+    tokenizer, vocab = _setup_tokenizer(args, plan)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)
@@ -287,7 +288,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         def save(it: int) -> None:
             extra = {}
             if plan.validate_with_forward:
-                extra[VALIDATION_KEY] = validation_logits(engine, plan.seq_length, int(args.padded_vocab_size))
+                extra[VALIDATION_KEY] = validation_logits(engine, plan.seq_length, vocab)
             ckpt.save_checkpoint(
                 engine,
                 it,

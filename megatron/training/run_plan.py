@@ -48,13 +48,13 @@ class RunPlan:
             logger.warning("checkpoint_validation_with_forward_pass is not supported with pipe_parallel_size >= 1")
         return cls(
             pipeline=pipeline,
-            precision=args.precision or "fp32",
-            zero_stage=int(args.zero_stage or 0),
-            train_impl=str(args.train_impl),
+            precision=args.precision,
+            zero_stage=args.zero_stage,
+            train_impl=args.train_impl,
             on_cpu=on_cpu(),
-            gradient_accumulation_steps=int(args.gradient_accumulation_steps or 1),
-            train_batch_size=int(args.train_batch_size),
-            seq_length=int(args.seq_length),
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            train_batch_size=args.train_batch_size,
+            seq_length=args.seq_length,
             validate_with_forward=validate and not pipeline,
         )
 

@@ -22,20 +22,16 @@ class OptimizerArgs:
         "adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True
     )
     use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
-    zero_stage: int | list | str | None = arg(
-        None, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True
-    )
-    zero_reduce_scatter: bool | None = arg(
+    zero_stage: int = arg(None, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True)
+    zero_reduce_scatter: bool = arg(
         None, "ZeRO: reduce-scatter gradients instead of all-reduce (mirrored).", derived=True
     )
-    zero_contiguous_gradients: bool | None = arg(
+    zero_contiguous_gradients: bool = arg(
         None, "ZeRO: copy gradients into one contiguous buffer (mirrored).", derived=True
     )
-    zero_reduce_bucket_size: int | None = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
-    zero_allgather_bucket_size: int | None = arg(
-        None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True
-    )
-    lr: float | None = arg(None, "Peak learning rate, taken from `optimizer.params.lr` (default 0.001).", derived=True)
+    zero_reduce_bucket_size: int = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
+    zero_allgather_bucket_size: int = arg(None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True)
+    lr: float = arg(None, "Peak learning rate, taken from `optimizer.params.lr` (default 0.001).", derived=True)
 
 
 @dataclass

@@ -106,9 +106,7 @@ class TrainingArgs:
     no_load_optim: bool = arg(False, "Do not load optimizer state.")
     no_load_rng: bool = arg(False, "Do not load random-generator state.")
     finetune: bool = arg(False, "Load weights only and restart at iteration 0 (no optimizer/RNG/iteration).")
-    batch_size: int | None = arg(
-        None, "Micro-batch size per rank (mirrors train_micro_batch_size_per_gpu).", derived=True
-    )
+    batch_size: int = arg(None, "Micro-batch size per rank (mirrors train_micro_batch_size_per_gpu).", derived=True)
     train_iters: int | None = arg(None, "Number of training iterations.")
     train_epochs: int | None = arg(
         None,
@@ -136,7 +134,7 @@ class TrainingArgs:
     partition_activations: bool = arg(False, "Split activation checkpoints across tensor-parallel ranks.")
     clip_grad: float = arg(1.0, "Global gradient-norm clip (mirrors gradient_clipping).", derived=True)
     hysteresis: int = arg(2, "Dynamic loss scaling hysteresis (DeepSpeed reads the fp16 dict instead).")
-    dynamic_loss_scale: bool | None = arg(None, "True when loss_scale is unset (derived).", derived=True)
+    dynamic_loss_scale: bool = arg(None, "True when loss_scale is unset (derived).", derived=True)
     loss_scale: float | None = arg(None, "Static loss scale; unset means dynamic scaling.")
     loss_scale_window: float = arg(1000.0, "Iterations between dynamic loss-scale increases.")
     min_scale: float = arg(1.0, "Smallest dynamic loss scale.")
