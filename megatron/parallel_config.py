@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from megatron.config_utils import NeoXValues, from_schema, schema_defaults
+
 if TYPE_CHECKING:  # parallel_config imports no other megatron layer at run time
     from megatron.config_utils import NeoXValues
 
@@ -24,16 +26,17 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
+@schema_defaults
 class ParallelConfig:
     """The parallelism keys of a run (GPT-NeoX names)."""
 
-    model_parallel_size: int = 1
+    model_parallel_size: int = from_schema()
     """Tensor-parallel degree."""
-    pipe_parallel_size: int = 0
+    pipe_parallel_size: int = from_schema()
     """Pipeline stages; 0 = no pipeline engine, 1 = GPT-NeoX's single-stage pipe engine."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool = from_schema()
     """Megatron sequence parallelism (only meaningful with model_parallel_size > 1)."""
-    zero_stage: int = 0
+    zero_stage: int = from_schema()
     """``zero_optimization.stage``."""
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from megatron.data.indexed_dataset import make_builder
 from megatron.data.staged_output import staged_builders, worker_pool
 from megatron.errors import DataError
 from megatron.logging.progress import progress as progress_bar
+from megatron.neox_arguments.sections.other import TOKENIZER_TYPES
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class PreprocessConfig:
     batch_chars: int = 256 * 1024
 
     def tokenizer_config(self) -> TokenizerConfig:
-        return TokenizerConfig(self.tokenizer_type, self.vocab_file, self.merge_file)
+        # build_tokenizer refuses a name that is not one of the schema's tokenizer types
+        return TokenizerConfig(cast(TOKENIZER_TYPES, self.tokenizer_type), self.vocab_file, self.merge_file)
 
 
 @dataclass

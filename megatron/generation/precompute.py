@@ -79,7 +79,7 @@ def precompute_logprobs(
     parallel = dp is not None
     dp = dp or DataParallelSplit()
     writes = not parallel or mpu.world_rank() == 0
-    seq, micro = int(args.seq_length), max(1, int(args.train_micro_batch_size_per_gpu or 1))
+    seq, micro = int(args.seq_length), args.train_micro_batch_size_per_gpu
     name, outputs = model_name(args), []
     for path in precompute_paths(args):
         out = f"{path}_{name}"
@@ -88,7 +88,7 @@ def precompute_logprobs(
         if mpu.broadcast_object(exists) if parallel else exists:
             logger.info("precompute: %s.idx exists, kept", out)
             continue
-        dataset = make_dataset(path, args.data_impl or "infer")
+        dataset = make_dataset(path, args.data_impl)
         if dataset is None:
             raise ValueError(f"precompute: dataset {path} (.bin/.idx) not found")
         staged: contextlib.AbstractContextManager[dict[str, Any]] = contextlib.nullcontext({})

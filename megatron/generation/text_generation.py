@@ -101,7 +101,7 @@ def output_path(args: Any, mode: str) -> str:
 def run_generation(args: Any) -> list[dict[str, Any]]:
     """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
     reference log-probs of ``precompute``."""
-    mode = args.text_gen_type or ("input-file" if args.sample_input_file else "unconditional")
+    mode = args.text_gen_type  # derive() sets it from sample_input_file when unset
     if mode not in ("unconditional", "input-file", "interactive", "precompute"):
         raise ConfigError(
             f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive, precompute)"
@@ -113,7 +113,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
     # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.
-    file_prompts = read_prompts(args.sample_input_file, args.prompt_end or "\n") if mode == "input-file" else []
+    file_prompts = read_prompts(args.sample_input_file, args.prompt_end) if mode == "input-file" else []
     forward: ForwardFn
     if parallel:
         stage, tokenizer = parallel_lib.setup_stage_for_inference(args)
@@ -143,7 +143,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     if mode == "interactive":  # rank 0 reads the prompts; every rank generates
         records = []
         while True:
-            prompt = read_interactive_prompt(sys.stdin, args.prompt_end or "\n") if rank == 0 else None
+            prompt = read_interactive_prompt(sys.stdin, args.prompt_end) if rank == 0 else None
             prompt = broadcast_object(prompt) if parallel else prompt
             if prompt is None:
                 break
@@ -157,7 +157,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
                 records.append(record)
         return records
     if mode == "unconditional":
-        prompts = [""] * int(args.num_samples or 1)
+        prompts = [""] * args.num_samples
     else:
         prompts = file_prompts
     records = generate(prompts)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues
+from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
 
 
 @dataclass
+@schema_defaults
 class FlopsConfig:
     """Shape and batch values the formula needs."""
 
@@ -24,8 +25,8 @@ class FlopsConfig:
     num_layers: int
     hidden_size: int
     padded_vocab_size: int
-    checkpoint_activations: bool = False
-    peak_theoretical_tflops: float | None = None
+    checkpoint_activations: bool = from_schema()
+    peak_theoretical_tflops: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:

@@ -83,17 +83,22 @@ def default_values() -> dict[str, Any]:
 
 
 def neox_namespace(values: dict[str, Any] | None = None, /, **more: Any) -> SimpleNamespace:
-    """Every key with its GPT-NeoX default, then ``values`` and ``more`` over it, as plain attributes.
+    """Every key with its GPT-NeoX default, then ``values`` and ``more`` over it, then the derived keys
+    (``derive()``, as ``NeoXArgs`` computes them), as plain attributes.
 
-    Not validated or derived (unlike ``NeoXArgs``): for offline readers of a saved config (a checkpoint's
+    Not validated, and not typed (unlike ``NeoXArgs``): for offline readers of a saved config (a checkpoint's
     ``resolved_config.json`` from an older version may lack newer keys) and for module configs built from a few keys.
-    A name that is not a key raises ``ValueError`` naming the closest keys.
+    A derived key the given values cannot determine (no batch size given) keeps its default. A name that is not a
+    key raises ``ValueError`` naming the closest keys.
     """
     given = {**(values or {}), **more}
     for key in given:
         if key not in KNOWN_KEYS and key not in RUNTIME_ATTRS:
             raise ValueError(unknown_key_message(key, "neox_namespace", KNOWN_KEYS))
-    return SimpleNamespace(**{**default_values(), **given})
+    resolved = {**default_values(), **given}
+    updates, _ = derive(resolved, set(given), LaunchEnv())  # problems are the validating NeoXArgs' business
+    resolved.update({k: v for k, v in updates.items() if k not in given or given[k] is None})
+    return SimpleNamespace(**resolved)
 
 
 def _unset(key: str, value: Any) -> bool:

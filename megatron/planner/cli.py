@@ -100,8 +100,8 @@ def resolve_vocab(args: Any, vocab_size: int | None = None) -> tuple[int, list[s
         except (OSError, ValueError) as e:
             notes.append(f"tokenizer not readable ({e}); assumed {FALLBACK_VOCAB} tokens, pass --vocab-size N")
             vocab_size = FALLBACK_VOCAB
-    tp = int(args.model_parallel_size or 1)
-    args.update_value("padded_vocab_size", padded_vocab_size(vocab_size, int(args.make_vocab_size_divisible_by), tp))
+    tp = args.model_parallel_size
+    args.update_value("padded_vocab_size", padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by, tp))
     return vocab_size, notes
 
 

@@ -149,7 +149,7 @@ def search_layouts(args: Any, hw: Hardware, vocab_size: int, headroom: float = D
     base = TrainingSetup.from_neox_args(args)
     cfg = GPTModelConfig.from_neox_args(args)
     method = getattr(args, "pipe_partition_method", None)
-    divisible_by = int(args.make_vocab_size_divisible_by)
+    divisible_by = args.make_vocab_size_divisible_by
 
     @cache
     def counts(tp: int, pp: int) -> Any:

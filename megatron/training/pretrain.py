@@ -232,9 +232,7 @@ def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> tuple[Any, int]:
     tokenizer and the padded vocabulary size."""
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     args.update_value("tokenizer", tokenizer)  # as GPT-NeoX; its identity goes into every checkpoint
-    padded = padded_vocab_size(
-        tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
-    )
+    padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.model_parallel_size)
     args.update_value("padded_vocab_size", padded)
     if args.train_iters is None and args.train_epochs:
         _train_iters_from_epochs(args, args.train_epochs, plan.gradient_accumulation_steps)
@@ -318,18 +316,18 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
             task_eval=build_task_eval(engine, tokenizer, EvalConfig.from_neox_args(args)),
-            char_counter=char_counter_factory(tokenizer, bool(args.char_level_ppl)),
+            char_counter=char_counter_factory(tokenizer, args.char_level_ppl),
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
         install_nonfinite_guard(
             engine,
-            int(args.max_consecutive_nonfinite_steps or 10),
-            int(args.loss_spike_skip_window or 0),
-            float(args.loss_spike_skip_zscore or 0.0),
+            args.max_consecutive_nonfinite_steps,
+            args.loss_spike_skip_window,
+            args.loss_spike_skip_zscore,
         )
         trainer.stop_check = preemption.should_stop
-        if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
+        if save_cfg.save and iteration == 0 and 0 in (save_cfg.extra_save_iters or ()):
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
         result.iteration, result.train_losses = state.iteration, state.history

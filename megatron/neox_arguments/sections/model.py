@@ -10,6 +10,7 @@ from typing import Literal
 
 from megatron.neox_arguments.fields import arg
 
+PRECISIONS = Literal["fp16", "fp32", "bfloat16"]
 NORMS = Literal["layernorm", "rmsnorm", "non_parametric_layernorm", "scalenorm", "te_rmsnorm", "te_layernorm"]
 POS_EMBS = Literal["learned", "rotary", "sinusoidal", "rpe", "alibi", "none"]
 ACTIVATIONS = Literal[
@@ -46,7 +47,7 @@ ATTENTION_TYPES = (
 class ModelArgs:
     """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
 
-    precision: Literal["fp16", "fp32", "bfloat16"] = arg(
+    precision: PRECISIONS = arg(
         None, "Training precision. Derived from the `fp16`/`bf16` dicts when unset; `fp32` otherwise.", derived=True
     )
     num_layers: int = arg(None, "Number of transformer layers (required).")
