@@ -19,8 +19,8 @@ NeoXValues: TypeAlias = "NeoXArgs | SimpleNamespace"
 
 @functools.cache
 def _schema_keys() -> frozenset[str]:
-    # Imported on first use: the config layer's validate.py imports module configs (post_training), whose module
-    # imports this one, so a top-level import would be a cycle.
+    # Imported where used (here and in schema_defaults, when a module config class is defined): this module stays
+    # importable on its own, whichever of it and the config package is imported first.
     from megatron.neox_arguments import KNOWN_KEYS
 
     return frozenset(KNOWN_KEYS)
@@ -161,7 +161,7 @@ def neox_values(cls: type, args: NeoXValues) -> dict[str, Any]:
 def neox_overrides(cls: type, args: NeoXValues) -> dict[str, Any]:
     """:func:`neox_values` without the keys whose value is ``None`` (unset).
 
-    ``cls(**neox_overrides(cls, args))`` then keeps the dataclass's own default for those fields, which equals the
-    schema's (tests/unit/test_module_configs.py lists the few that are derived or required instead).
+    ``cls(**neox_overrides(cls, args))`` then keeps the field's default for those keys, which is the schema's
+    (``from_schema()``; tests/unit/test_module_configs.py checks every module config).
     """
     return {name: value for name, value in neox_values(cls, args).items() if value is not None}

@@ -64,14 +64,13 @@ class ParallelConfig:
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> ParallelConfig:
-        """Read every field strictly under its NeoX key (``zero_stage`` from the ``zero_optimization`` dict)."""
-        zero = args.zero_optimization or {}
-        stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+        """Read every field strictly under its NeoX key (``zero_stage``: the config layer's copy of
+        ``zero_optimization.stage``)."""
         return cls(
-            model_parallel_size=int(args.model_parallel_size or 1),
-            pipe_parallel_size=int(args.pipe_parallel_size or 0),
-            sequence_parallel=bool(args.sequence_parallel),
-            zero_stage=int(stage or 0),
+            model_parallel_size=args.model_parallel_size,
+            pipe_parallel_size=args.pipe_parallel_size,
+            sequence_parallel=args.sequence_parallel,
+            zero_stage=args.zero_stage,
         )
 
     def pipeline_section(self) -> dict[str, bool]:

@@ -75,12 +75,11 @@ class DataConfig:
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> DataConfig:
-        """Read every field strictly under its NeoX key (``None`` means the default; ``batch_size`` is GPT-NeoX's
-        older name of the micro batch per GPU)."""
+        """Read every field strictly under its NeoX key (``None`` means the default; ``micro_batch_size`` is
+        ``train_micro_batch_size_per_gpu``, which the config layer also mirrors into GPT-NeoX's older ``batch_size``)."""
         kwargs: dict[str, Any] = neox_overrides(cls, args)
         kwargs["seq_length"], kwargs["train_batch_size"] = args.seq_length, args.train_batch_size
-        kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu or args.batch_size
-        kwargs.setdefault("train_iters", 0)  # unset until train_epochs is converted: DataConfig counts it as 0
+        kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu
         return cls(**kwargs)
 
     def validate(self) -> None:

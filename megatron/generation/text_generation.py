@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
     """Tokenizer and the sequential model with the checkpoint's weights (any training layout merged) in
     :func:`inference_dtype`."""
-    set_random_seed(int(args.seed))
+    set_random_seed(args.seed)
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     ckpt = load_checkpoint_for_inference(args)
     sd, ckpt_cfg, tag = ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
@@ -127,7 +127,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
         outputs = precompute_logprobs(score, args, inference_device(), dp=dp)
         return [{"precomputed": out} for out in outputs] if rank == 0 else []
     cfg = SamplingConfig.from_neox_args(args)
-    generator = torch.Generator(device="cpu").manual_seed(int(args.seed))
+    generator = torch.Generator(device="cpu").manual_seed(args.seed)
 
     def generate(prompts: list[str]) -> list[dict[str, Any]]:
         return generate_samples_from_prompt(
@@ -135,7 +135,7 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
             tokenizer,
             prompts,
             cfg,
-            return_logits=bool(args.return_logits),
+            return_logits=args.return_logits,
             generator=generator,
             device=inference_device(),
         )

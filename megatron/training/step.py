@@ -43,10 +43,10 @@ class BatchConfig:
     def from_neox_args(cls, args: NeoXValues, eod_token: int) -> BatchConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
-            eod_token=int(eod_token),
-            eod_mask_loss=bool(args.eod_mask_loss),
-            reset_position_ids=bool(args.reset_position_ids),
-            reset_attention_mask=bool(args.reset_attention_mask),
+            eod_token=eod_token,
+            eod_mask_loss=args.eod_mask_loss,
+            reset_position_ids=args.reset_position_ids,
+            reset_attention_mask=args.reset_attention_mask,
             with_labels=bool(args.train_label_data_paths),
         )
 
