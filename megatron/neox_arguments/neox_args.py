@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from megatron.cluster.worker_env import describe_ranks, discover_rank_env
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -63,6 +63,9 @@ from megatron.neox_arguments.validate import validate
 from megatron.neox_arguments.value_checks import value_problems
 
 logger = logging.getLogger(__name__)
+
+_Section = TypeVar("_Section")
+_SECTION_NAMES = [cls.__name__ for cls in SECTIONS.values()]
 
 
 # Objects attached while running; never serialised.
@@ -400,6 +403,16 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
     def sections(self) -> dict[str, Any]:
         """Section name -> its dataclass instance (parallelism, model, moe, optimizer, ...)."""
         return dict(self._sections)
+
+    def section(self, cls: type[_Section]) -> _Section:
+        """The live, typed section object of the dataclass ``cls``: ``args.section(ModelArgs).hidden_size``.
+
+        Reads see ``update_value``'s changes; write through ``update_value`` (it type-checks) rather than to it.
+        """
+        for section in self._sections.values():
+            if type(section) is cls:
+                return section
+        raise TypeError(f"{cls.__name__} is not a config section; expected one of {', '.join(_SECTION_NAMES)}")
 
     @staticmethod
     def defaults() -> dict[str, Any]:

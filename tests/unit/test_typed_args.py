@@ -8,29 +8,35 @@ import sys
 import typing
 from pathlib import Path
 
+import pytest
+
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.derive import LaunchEnv
 from megatron.neox_arguments.keys import FIELDS, HINTS
 from megatron.neox_arguments.neox_args import RUNTIME_ATTRS
-from megatron.neox_arguments.sections import SECTIONS
+from megatron.neox_arguments.sections import SECTIONS, ModelArgs
 from tests.harness import REPO_ROOT
 
 _SNIPPET = """
 from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.sections import ModelArgs
 
 
 def read(args: NeoXArgs) -> int:
     width: int = args.hidden_size  # a required key: int in every resolved config
     iters = args.train_iters
-    return width + (iters if iters is not None else 0) + args.train_batch_size
+    heads: int = args.section(ModelArgs).num_attention_heads
+    return width + (iters if iters is not None else 0) + args.train_batch_size + heads
 """
 _BAD = """
 from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.sections import ModelArgs
 
 
 def read(args: NeoXArgs) -> None:
     args.train_iters.upper()
     args.hiden_size
+    args.section(ModelArgs).hidden_size.upper()
 """
 
 
@@ -53,8 +59,9 @@ def test_mypy_checks_each_key_read(tmp_path: Path) -> None:
     assert rc == 0, out
     rc, out = _mypy(tmp_path, _BAD)
     assert rc == 1, out
-    assert 'snippet.py:6: error: Item "int" of "int | None" has no attribute "upper"' in out, out
-    assert 'snippet.py:7: error: "NeoXArgs" has no attribute "hiden_size"' in out, out
+    assert 'snippet.py:7: error: Item "int" of "int | None" has no attribute "upper"' in out, out
+    assert 'snippet.py:8: error: "NeoXArgs" has no attribute "hiden_size"' in out, out
+    assert 'snippet.py:9: error: "int" has no attribute "upper"' in out, out
 
 
 def test_the_type_checker_base_has_every_key_once() -> None:
@@ -96,6 +103,16 @@ def test_a_key_without_none_in_its_type_is_set_in_every_resolved_config() -> Non
                 unset.append(f.name)
     assert not unset, f"keys typed without None but unset in a resolved config: {unset}"
     assert FIELDS["train_batch_size"].default is None and HINTS["train_batch_size"] is int
+
+
+def test_section_gives_the_live_typed_section() -> None:
+    args = _resolved()
+    model = args.section(ModelArgs)
+    assert isinstance(model, ModelArgs) and model.hidden_size == 64
+    args.update_value("hidden_size", 128)
+    assert args.section(ModelArgs).hidden_size == 128
+    with pytest.raises(TypeError, match="LaunchEnv is not a config section; expected one of ParallelismArgs"):
+        args.section(LaunchEnv)
 
 
 def test_null_for_a_derived_or_required_key_means_unset() -> None:
