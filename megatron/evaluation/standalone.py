@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from megatron import mpu
 from megatron.distributed import init_distributed
@@ -23,10 +23,13 @@ from megatron.generation.parallel import StageForward, runs_model_parallel, setu
 from megatron.generation.text_generation import setup_for_inference
 from megatron.logging.metrics import LoggingConfig, Metrics
 
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
+
 logger = logging.getLogger(__name__)
 
 
-def evaluate_checkpoint(args: Any) -> tuple[str | None, dict[str, float]]:
+def evaluate_checkpoint(args: NeoXArgs) -> tuple[str | None, dict[str, float]]:
     """Evaluate ``load`` on ``eval_tasks``; returns ``(results file, metrics)`` (``(None, metrics)`` off rank 0).
 
     With ``model_parallel_size`` / ``pipe_parallel_size`` and several ranks each rank runs its part of the model

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -23,6 +23,9 @@ from megatron.model.inference_stage import InferenceStage
 from megatron.model.tp_sharding import shard_state_dict
 from megatron.neox_arguments.errors import ConfigError
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def stage_key_filter(cfg: Any) -> Callable[[str], bool]:
     return lambda key: key.startswith(prefixes)
 
 
-def setup_stage_for_inference(args: Any) -> tuple[InferenceStage, Any]:
+def setup_stage_for_inference(args: NeoXArgs) -> tuple[InferenceStage, Any]:
     """Start the process groups (as training does), build this rank's stage (in ``inference_dtype``) and load its
     weights."""
     initialize_megatron(args)

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,10 +34,13 @@ from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_datase
 from megatron.data.staged_output import staged_builders
 from megatron.mpu.dp_split import DataParallelSplit
 
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
+
 logger = logging.getLogger(__name__)
 
 
-def model_name(args: Any) -> str:
+def model_name(args: NeoXArgs) -> str:
     """``precompute_model_name``, else a stable signed 64-bit hash of ``load`` (like ``str(hash(...))``)."""
     if args.precompute_model_name:
         return str(args.precompute_model_name)
@@ -45,7 +48,7 @@ def model_name(args: Any) -> str:
     return str(int.from_bytes(digest, "little", signed=True))
 
 
-def precompute_paths(args: Any) -> list[str]:
+def precompute_paths(args: NeoXArgs) -> list[str]:
     """The dataset prefixes to score, in GPT-NeoX's order."""
     groups: tuple[str, ...]
     if args.train_data_paths:
@@ -79,7 +82,7 @@ def precompute_logprobs(
     parallel = dp is not None
     dp = dp or DataParallelSplit()
     writes = not parallel or mpu.world_rank() == 0
-    seq, micro = int(args.seq_length), args.train_micro_batch_size_per_gpu
+    seq, micro = args.seq_length, args.train_micro_batch_size_per_gpu
     name, outputs = model_name(args), []
     for path in precompute_paths(args):
         out = f"{path}_{name}"

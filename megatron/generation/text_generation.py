@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -30,10 +30,13 @@ from megatron.mpu.dp_split import DataParallelSplit
 from megatron.neox_arguments.errors import ConfigError
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
+
 logger = logging.getLogger(__name__)
 
 
-def setup_for_inference(args: Any) -> tuple[torch.nn.Module, Any]:
+def setup_for_inference(args: NeoXArgs) -> tuple[torch.nn.Module, Any]:
     """Tokenizer and the sequential model with the checkpoint's weights (any training layout merged) in
     :func:`inference_dtype`."""
     set_random_seed(args.seed)
@@ -88,7 +91,7 @@ def read_interactive_prompt(stream: TextIO, prompt_end: str = "\n") -> str | Non
     return text or None
 
 
-def output_path(args: Any, mode: str) -> str:
+def output_path(args: NeoXArgs, mode: str) -> str:
     """``sample_output_file``; unset (null): ``<sample_input_file>.output.jsonl`` for input-file (GPT-NeoX), else
     ``samples.txt``."""
     if args.sample_output_file:
@@ -98,7 +101,7 @@ def output_path(args: Any, mode: str) -> str:
     return "samples.txt"
 
 
-def run_generation(args: Any) -> list[dict[str, Any]]:
+def run_generation(args: NeoXArgs) -> list[dict[str, Any]]:
     """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
     reference log-probs of ``precompute``."""
     mode = args.text_gen_type  # derive() sets it from sample_input_file when unset
@@ -113,7 +116,9 @@ def run_generation(args: Any) -> list[dict[str, Any]]:
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
     # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.
-    file_prompts = read_prompts(args.sample_input_file, args.prompt_end) if mode == "input-file" else []
+    file_prompts = (
+        read_prompts(args.sample_input_file, args.prompt_end) if args.sample_input_file and mode == "input-file" else []
+    )
     forward: ForwardFn
     if parallel:
         stage, tokenizer = parallel_lib.setup_stage_for_inference(args)

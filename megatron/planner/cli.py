@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -18,6 +18,9 @@ from megatron.planner.report import format_plan, plan_to_json
 from megatron.planner.search import DEFAULT_HEADROOM, search_layouts
 from megatron.planner.search_report import format_search
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
 
 FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX configs use
 GPU_NAMES = [g.name for g in GPU_TYPES.values()]
@@ -80,7 +83,7 @@ def _hardware(ns: argparse.Namespace, gpus: int) -> Hardware:
     )
 
 
-def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
+def set_padded_vocab(args: NeoXArgs, vocab_size: int | None = None) -> list[str]:
     """Set ``padded_vocab_size`` as training would (from the tokenizer unless ``vocab_size`` is given).
 
     A tokenizer that cannot be read (e.g. a vocab_file path on the training cluster) falls back to the
@@ -89,7 +92,7 @@ def set_padded_vocab(args: Any, vocab_size: int | None = None) -> list[str]:
     return resolve_vocab(args, vocab_size)[1]
 
 
-def resolve_vocab(args: Any, vocab_size: int | None = None) -> tuple[int, list[str]]:
+def resolve_vocab(args: NeoXArgs, vocab_size: int | None = None) -> tuple[int, list[str]]:
     """:func:`set_padded_vocab`, also returning the vocabulary size before padding."""
     notes = []
     if vocab_size is not None and vocab_size <= 0:
@@ -105,7 +108,7 @@ def resolve_vocab(args: Any, vocab_size: int | None = None) -> tuple[int, list[s
     return vocab_size, notes
 
 
-def _search(args: Any, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
+def _search(args: NeoXArgs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
     if ns.top <= 0:
         raise ConfigError(f"--top {ns.top}: must be > 0")
     hw.check()

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.derive import padded_vocab_size
@@ -24,6 +24,9 @@ from megatron.planner.memory import rank_memory
 from megatron.planner.params import count_params
 from megatron.planner.plan import link, workload
 from megatron.planner.throughput import estimate_step
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
 
 GB = 1e9
 MAX_MICRO_BATCH = 64
@@ -137,7 +140,7 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
     return None
 
 
-def search_layouts(args: Any, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
+def search_layouts(args: NeoXArgs, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
     """Evaluate every candidate layout of the resolved config ``args`` on ``hw`` (``vocab_size``: before padding).
 
     A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
