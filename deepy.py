@@ -19,11 +19,12 @@ import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.console import safe_console
+from megatron.launcher.config import LauncherConfig
 from megatron.launcher.launch import (
     default_run_dir,
     launch,
+    launch_wandb_group,
     plan_launch,
-    prepare_for_launch,
     run_cluster,
     write_run_dir,
 )
@@ -52,19 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         cli = parse_deepy_args(argv)
         args = NeoXArgs.from_ymls(cli.config_files, cli.overrides)
         # Sized against this machine only when its ranks start here now (a dry run may check a GPU config on a laptop).
-        here = not (cli.dry_run or is_multinode(args) or args.deepspeed_slurm or args.launcher == "slurm")
+        launcher = LauncherConfig.from_neox_args(args)
+        here = not (cli.dry_run or is_multinode(launcher) or args.deepspeed_slurm or args.launcher == "slurm")
         check_fits_machine(args, training=os.path.basename(cli.user_script) == "train.py", local=here)
-        prepare_for_launch(args)
+        group = launch_wandb_group(args.use_wandb, args.wandb_group)
+        if group != args.wandb_group:  # fixed once per launch: resolved again, never changed after validation
+            args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "wandb_group": group})
         if args.log_dir:
             os.makedirs(args.log_dir, exist_ok=True)  # an unwritable log_dir fails here, not on every rank
-        plan = plan_launch(args, cli.run_dir or default_run_dir(args))
+        plan = plan_launch(launcher, cli.run_dir or default_run_dir(args.log_dir))
         print("-------------------- resolved configuration --------------------")
         print(args.format_config())
         for note in plan.notes:
             print(f"note: {note}")
         if plan.threads:
             print(plan.threads)
-        cluster = cluster_command(args, plan.config_path, plan.run_dir) if is_multinode(args) else None
+        cluster = cluster_command(launcher, plan.config_path, plan.run_dir) if is_multinode(launcher) else None
         for note in cluster.notes if cluster else []:
             print(f"note: {note}")
         print("-------------------- launch command --------------------")

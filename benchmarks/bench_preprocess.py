@@ -1,20 +1,29 @@
-"""Preprocessing throughput: our batched pipeline vs GPT-NeoX's per-document ``multiprocessing.Pool.imap``.
+"""Preprocessing throughput: our pipeline (fast encoder, and forced-plain ``tokenizers``) vs GPT-NeoX's approach.
 
     python benchmarks/bench_preprocess.py [--input corpus.jsonl] [--vocab-file tokenizer.json] [--workers 2]
+        [--gpt-neox /path/to/gpt-neox [--gpt-neox-python /path/to/python]]
 
-Without ``--input`` the stdlib corpus is built (``tools/datasets/corpora.py``); without ``--vocab-file`` a 4096-token
-BPE is trained on it first. The baseline reproduces GPT-NeoX's approach: ``Pool(workers).imap(encode, docs,
-chunksize=25)`` where each call tokenises one document, and one ``add_item`` + ``end_document`` per document. Both
-write ``.bin/.idx`` for the same documents; the outputs are checked to be byte-identical. Prints median times,
-tokens/s, the ratio (baseline time / ours) and a JSON line.
+Without ``--input`` the stdlib corpus is built (``tools/datasets/corpora.py``); without ``--vocab-file`` GPT-NeoX's
+``20B_tokenizer.json`` from the shared files is used, else a 4096-token lossless byte-level BPE is trained on the
+corpus. The default baseline reproduces GPT-NeoX's approach in process: ``Pool(workers).imap(encode, docs,
+chunksize=25)`` where each call tokenises one document, and one ``add_item`` + ``end_document`` per document. With
+``--gpt-neox`` the baseline is GPT-NeoX's own ``tools/datasets/preprocess_data.py`` from that checkout (run as a
+command with ``PYTHONPATH`` set to it, by ``--gpt-neox-python``, whose environment needs its imports, e.g.
+``lm_dataformat``), and ours run as commands too (``tools/datasets/preprocess_data.py``), so that both sides'
+start-up is counted. Sides run interleaved each round: baseline, ours with ``--no-fast-encoder``, ours (the fast
+encoder when its sample check passes; the ``encoder:`` line is reported). All ``.bin/.idx`` are checked to be
+byte-identical. Prints median times, tokens/s, the ratio (baseline time / ours) and a JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import logging
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,10 +31,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Report, median_ratio
+from common import REPO, SHARED_DIR, Report, median_ratio
 
 from megatron.data.document_reader import read_documents
-from megatron.data.indexed_dataset import make_builder
+from megatron.data.indexed_dataset import make_builder, make_dataset
 from megatron.data.preprocess import PreprocessConfig, preprocess
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
@@ -56,7 +65,8 @@ def run_baseline(inputs: list[str], vocab_file: str, prefix: str, workers: int) 
     return tokens
 
 
-def run_ours(inputs: list[str], vocab_file: str, prefix: str, workers: int) -> int:
+def run_ours(inputs: list[str], vocab_file: str, prefix: str, workers: int, fast: bool = True) -> tuple[int, str]:
+    """Our engine in process; returns the tokens and the ``encoder:`` line."""
     cfg = PreprocessConfig(
         inputs=inputs,
         output_prefix=prefix,
@@ -65,22 +75,66 @@ def run_ours(inputs: list[str], vocab_file: str, prefix: str, workers: int) -> i
         append_eod=True,
         workers=workers,
         log_interval=10**9,
+        fast_encoder=fast,
     )
-    with open(os.devnull, "w") as sink:
-        return preprocess(cfg, progress_stream=sink).tokens
+    result = preprocess(cfg, progress_stream=io.StringIO())
+    return result.tokens, result.encoder
+
+
+def _command(cmd: list[str], env: dict[str, str], cwd: str) -> str:
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{' '.join(cmd[:2])} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return proc.stderr
+
+
+def run_ours_cli(inputs: list[str], vocab_file: str, prefix: str, workers: int, fast: bool = True) -> tuple[int, str]:
+    """Our ``tools/datasets/preprocess_data.py`` as a command (start-up counted, like GPT-NeoX's script)."""
+    cmd = [sys.executable, os.path.join(REPO, "tools", "datasets", "preprocess_data.py"), "--input", ",".join(inputs),
+           "--output-prefix", prefix, "--tokenizer-type", "HFTokenizer", "--vocab-file", vocab_file, "--append-eod",
+           "--workers", str(workers), "--quiet", *([] if fast else ["--no-fast-encoder"])]  # fmt: skip
+    err = _command(cmd, {**os.environ, "PYTHONPATH": REPO}, REPO)
+    line = next((x for x in err.splitlines() if x.startswith("encoder:")), "encoder: ?")
+    return 0, line
+
+
+def run_gpt_neox(checkout: str, python: str, inputs: list[str], vocab_file: str, prefix: str, workers: int) -> None:
+    """GPT-NeoX's own ``tools/datasets/preprocess_data.py`` from ``checkout`` (its code stays there)."""
+    cmd = [python, os.path.join(checkout, "tools", "datasets", "preprocess_data.py"), "--input", ",".join(inputs),
+           "--output-prefix", prefix, "--tokenizer-type", "HFTokenizer", "--vocab-file", vocab_file, "--append-eod",
+           "--workers", str(workers)]  # fmt: skip
+    _command(cmd, {**os.environ, "PYTHONPATH": checkout}, checkout)
+
+
+def _same_outputs(tmp: str, names: list[str]) -> str | None:
+    """The first output that differs from the first name's (None: all byte-identical)."""
+    for ext in (".bin", ".idx"):
+        with open(os.path.join(tmp, names[0] + ext), "rb") as f:
+            ref = f.read()
+        for name in names[1:]:
+            with open(os.path.join(tmp, name + ext), "rb") as f:
+                if f.read() != ref:
+                    return name + ext
+    return None
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", default=None, help="JSONL corpus (default: build the stdlib corpus)")
-    p.add_argument("--vocab-file", default=None, help="tokenizers JSON (default: train one on the corpus)")
+    p.add_argument("--vocab-file", default=None, help="tokenizers JSON (default: the shared 20B tokenizer, else train)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--gpt-neox", default=None, help="a GPT-NeoX checkout: run its preprocess_data.py as the baseline")
+    p.add_argument("--gpt-neox-python", default=sys.executable, help="the Python that runs GPT-NeoX's script")
     p.add_argument(
         "--save", action="store_true", help="write benchmarks/results/preprocess.json (for docs/benchmarks.md)"
     )
     args = p.parse_args()
-    report = Report("preprocess", "python benchmarks/bench_preprocess.py", workers=args.workers, rounds=args.repeats)
+    logging.getLogger("megatron.data.preprocess").setLevel(logging.WARNING)
+    baseline_name = "GPT-NeoX preprocess_data.py" if args.gpt_neox else "GPT-NeoX-style Pool.imap per document"
+    report = Report("preprocess", "python benchmarks/bench_preprocess.py", workers=args.workers, rounds=args.repeats,
+                    baseline=baseline_name)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
         corpus = args.input
         if corpus is None:
@@ -89,48 +143,64 @@ def main() -> int:
             corpus = os.path.join(tmp, "stdlib.jsonl")
             build_stdlib_corpus(corpus)
         vocab = args.vocab_file
+        shared_20b = os.path.join(SHARED_DIR, "data", "tokenizers", "20B_tokenizer.json")
+        if vocab is None and os.path.isfile(shared_20b):
+            vocab = shared_20b
         if vocab is None:
             from megatron.tokenizer.train_tokenizer import train_tokenizer
 
             vocab = os.path.join(tmp, "tokenizer.json")
-            train_tokenizer(os.path.dirname(corpus) if args.input is None else tmp, vocab, vocab_size=4096)
+            train_tokenizer(os.path.dirname(corpus) if args.input is None else tmp, vocab, vocab_size=4096,
+                            preset="lossless")  # fmt: skip
         mbytes = os.path.getsize(corpus) / 1e6
-        times = {"baseline": [], "ours": []}
-        tokens = {}
+        sides = ("baseline", "plain", "fast")
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        ours = run_ours_cli if args.gpt_neox else run_ours
+        tokens = 0
+        encoder = ""
         for r in range(args.repeats):
-            for name, fn in (("baseline", run_baseline), ("ours", run_ours)):
+            for name in sides:
+                prefix = os.path.join(tmp, f"{name}{r}")
                 start = time.perf_counter()
-                tokens[name] = fn([corpus], vocab, os.path.join(tmp, f"{name}{r}"), args.workers)
+                if name == "baseline" and args.gpt_neox:
+                    run_gpt_neox(args.gpt_neox, args.gpt_neox_python, [corpus], vocab, prefix, args.workers)
+                elif name == "baseline":
+                    run_baseline([corpus], vocab, prefix, args.workers)
+                else:
+                    n, line = ours([corpus], vocab, prefix, args.workers, fast=name == "fast")
+                    tokens, encoder = (n or tokens), (line if name == "fast" else encoder)
                 times[name].append(time.perf_counter() - start)
-        for ext in (".bin", ".idx"):
-            with (
-                open(os.path.join(tmp, "baseline0" + ext), "rb") as a,
-                open(os.path.join(tmp, "ours0_text_document" + ext), "rb") as b,
-            ):
-                if a.read() != b.read():
-                    print(f"error: outputs differ ({ext})", file=sys.stderr)
-                    return 1
+        names = ["baseline0_text_document" if args.gpt_neox else "baseline0", "plain0_text_document",
+                 "fast0_text_document"]  # fmt: skip
+        differs = _same_outputs(tmp, names)
+        if differs is not None:
+            print(f"error: outputs differ ({differs} vs {names[0]})", file=sys.stderr)
+            return 1
+        if not tokens:
+            tokens = int(make_dataset(os.path.join(tmp, names[0])).sizes.sum())
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
-        "benchmark": "preprocess",
         "corpus_mb": round(mbytes, 2),
-        "tokens": tokens["ours"],
+        "tokens": tokens,
         "workers": args.workers,
+        "encoder": encoder,
         "baseline_s": round(med["baseline"], 3),
-        "ours_s": round(med["ours"], 3),
-        "baseline_tokens_per_s": round(tokens["baseline"] / med["baseline"]),
-        "ours_tokens_per_s": round(tokens["ours"] / med["ours"]),
-        "ratio": round(med["baseline"] / med["ours"], 2),
+        "ours_plain_s": round(med["plain"], 3),
+        "ours_s": round(med["fast"], 3),
+        "baseline_tokens_per_s": round(tokens / med["baseline"]),
+        "ours_plain_tokens_per_s": round(tokens / med["plain"]),
+        "ours_tokens_per_s": round(tokens / med["fast"]),
+        "ratio_of_medians": round(med["baseline"] / med["fast"], 2),
+        "ratio_plain": round(median_ratio(times["baseline"], times["plain"]), 3),
+        "times_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
     }
-    print(f"corpus {mbytes:.1f} MB, {tokens['ours']:,} tokens, {args.workers} workers, median of {args.repeats}")
-    print(
-        f"  GPT-NeoX-style Pool.imap per document: {med['baseline']:.2f} s ({result['baseline_tokens_per_s']:,} tokens/s)"
-    )
-    print(f"  ours (batched):                        {med['ours']:.2f} s ({result['ours_tokens_per_s']:,} tokens/s)")
-    print(f"ratio (baseline / ours): {result['ratio']}x; outputs byte-identical")
-    result.pop("benchmark")
-    result["ratio_of_medians"] = result.pop("ratio")
-    ratio = median_ratio(times["baseline"], times["ours"])
+    print(f"corpus {mbytes:.1f} MB, {tokens:,} tokens, {args.workers} workers, median of {args.repeats}")
+    print(f"  {baseline_name + ':':<40}{med['baseline']:.2f} s ({result['baseline_tokens_per_s']:,} tokens/s)")
+    print(f"  {'ours, tokenizers (--no-fast-encoder):':<40}{med['plain']:.2f} s "
+          f"({result['ours_plain_tokens_per_s']:,} tokens/s)")  # fmt: skip
+    print(f"  {'ours (default):':<40}{med['fast']:.2f} s ({result['ours_tokens_per_s']:,} tokens/s); {encoder}")
+    print(f"ratio (baseline / ours): {result['ratio_of_medians']}x; outputs byte-identical")
+    ratio = median_ratio(times["baseline"], times["fast"])
     report.finish(ratio, "baseline time / ours (median of per-round ratios); .bin/.idx identical", args.save,
                   **result)  # fmt: skip
     return 0

@@ -12,7 +12,7 @@ first-step losses of the three stages are equal (same data, same initial weights
 
 Bytes per parameter and rank at 2 ranks: fp32 ZeRO-0 holds 4 (parameters, stepped in place) + 8 (Adam) = 12,
 ZeRO-3 4/2 + 8/2 = 6 (0.5): its optimizer steps the parameter partition itself
-(``megatron/training/zero3_fp32_master.py``; DeepSpeed 0.19.8 alone keeps a second fp32 copy of the partition,
+(``megatron/training/deepspeed_adapter.py, item 7``; DeepSpeed 0.19.8 alone keeps a second fp32 copy of the partition,
 8/12 = 0.67). In bf16 ZeRO-0 holds bf16 parameters + an fp32 master copy + Adam (2 + 4 + 8 = 14 bytes) and ZeRO-3
 partitions all three (7 bytes): 0.5 as well. Persistent parameters (below ``stage3_param_persistence_threshold``)
 stay whole on every rank and add a little.

@@ -71,10 +71,10 @@ FOOTER = """
   projection and loss are most of the step (the 6 small layers are a fraction of the 50k-vocabulary matmuls).
 - **torch's fused AdamW kernel** for CPU parameters (one pass instead of a loop of element-wise ops; the same
   update up to rounding): about 2x faster optimizer steps.
-- **No self all-reduce at one data-parallel rank** (`megatron/training/single_rank.py`): DeepSpeed's ZeRO-0 engine
+- **No self all-reduce at one data-parallel rank** (`megatron/training/deepspeed_adapter.py`, item 6): DeepSpeed's ZeRO-0 engine
   otherwise flattens, "all-reduces" and copies back every gradient after each backward.
-- **Non-finite guard** (`megatron/training/nonfinite.py`): one max-abs read per gradient and one host sync,
-  instead of `isfinite` tensors and a sync per gradient.
+- **Non-finite guard** (`megatron/training/nonfinite.py`): one max-abs read per gradient and one host read per step,
+  shared with the loss (`isfinite` tensors and a sync per gradient before).
 - Fused QKV and SDPA attention were already in place.
 
 Where the time goes (`python benchmarks/bench_train.py --rounds 1 --warmup 1 --profile 2`, 2026-11-30, load ~15
@@ -102,7 +102,7 @@ parameters):
 | fp32 | params 4 + Adam 8 = 12 (the optimizer steps the module's own parameters) | 4 + 4/2 + 8/2 = 10 | 4/2 + 8/2 = 6 (the optimizer steps the partition) | 0.50 |
 | bf16 | bf16 params 2 + fp32 master 4 + Adam 8 = 14 | 2 + 4/2 + 8/2 = 8 | 2/2 + 4/2 + 8/2 = 7 | 0.50 |
 
-fp32 ZeRO-3 reaches 0.5 only with `megatron/training/zero3_fp32_master.py`. DeepSpeed 0.19.8's
+fp32 ZeRO-3 reaches 0.5 only with `megatron/training/deepspeed_adapter.py` (item 7). DeepSpeed 0.19.8's
 `DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions` (`deepspeed/runtime/zero/stage3.py`) has a branch that
 reuses the parameter partition as the master partition when it already has the master dtype and device, but it
 tests `partition.device == self.device` where `self.device` is the string `get_accelerator().current_device_name()`

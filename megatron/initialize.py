@@ -59,7 +59,11 @@ def initialize_megatron(neox_args: Any, allow_no_cuda: bool = False) -> InitConf
 
     GPT-NeoX's signature; ``allow_no_cuda`` is accepted and needs nothing here (every path runs on CPU)."""
     del allow_no_cuda
-    cfg = InitConfig.from_neox_args(neox_args)
+    return start_processes(InitConfig.from_neox_args(neox_args))
+
+
+def start_processes(cfg: InitConfig) -> InitConfig:
+    """``torch.distributed`` (gloo on CPU, nccl on CUDA; SLURM/MPI env discovery), mpu groups, seeds, per ``cfg``."""
     backend = cfg.distributed_backend
 
     if on_cpu() and backend != "gloo":

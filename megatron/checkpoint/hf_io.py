@@ -25,11 +25,12 @@ from megatron.config_utils import not_neox_keys
 from megatron.model.config import GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
 from megatron.model.moe.hf_mixtral import mixtral_disk_names
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+HF_PRECISIONS = ("fp16", "bf16", "fp32")  # the converters' --precision choices (besides auto)
 EOD_TOKEN = "<|endoftext|>"
 
 
@@ -37,9 +38,9 @@ def resolve_precision(precision: str, cfg: GPTModelConfig) -> torch.dtype:
     """``auto`` = the model's own ``precision``; else fp16 / bf16 / fp32."""
     if precision == "auto":
         return cfg.params_dtype
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} must be one of auto, {', '.join(PRECISIONS)}")
-    return PRECISIONS[precision]
+    if precision not in HF_PRECISIONS:
+        raise ValueError(f"precision={precision!r} must be one of auto, {', '.join(HF_PRECISIONS)}")
+    return dtype_of_precision(precision)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 
 from deepspeed.runtime import utils as ds_utils
 
+from megatron.checkpoint.tags import checkpoint_dirs, checkpoint_tag
 from megatron.errors import UserError
 from megatron.model.config import GPTModelConfig
 
@@ -89,7 +90,7 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
     if iteration is not None:
-        target = path / f"global_step{iteration}"
+        target = path / checkpoint_tag(iteration)
         if not target.is_dir():
             raise CheckpointError(f"no checkpoint {target} (iteration {iteration})")
         return checkpoint_folder(path, target.name, f"iteration {iteration}")
@@ -101,7 +102,7 @@ def resolve_checkpoint_dir(path: str | Path, iteration: int | None = None) -> Pa
         if not target.is_dir():
             raise CheckpointError(f"{path / 'latest'} names {tag!r} but {target} does not exist")
         return target
-    steps = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
+    steps = [p.name for p in checkpoint_dirs(path)]
     hint = f"; it has {', '.join(steps)}" if steps else ""
     raise CheckpointError(
         f"{path} is not a checkpoint: no mp_rank_XX_model_states.pt / layer_XX-model_XX-model_states.pt / "

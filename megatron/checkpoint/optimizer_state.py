@@ -5,7 +5,7 @@ is split across TP ranks exactly like it, so it reshards with the weights' rules
 the parameter names: its ``state`` is keyed by position in the param groups. The positions are rebuilt here from
 what the training code does: parameters in module-registration order (a pipe stage lists DeepSpeed's
 ``tied_modules`` first, then its layers), split into a decayed group and a ``weight_decay: 0`` group (norms and
-biases), exactly as ``megatron.training.optimizers.weight_decay_param_groups``. Every mapped tensor's shape is
+biases), by the rule the optimizer uses (``megatron.model.weight_decay``). Every mapped tensor's shape is
 checked against its parameter's shard, so a wrong mapping is an error, never silent corruption.
 
 ZeRO-1/2/3 and the bf16 optimizer keep flat partitions in ``zero_pp_rank_*`` files: those checkpoints are
@@ -26,6 +26,7 @@ from megatron.checkpoint.layout import CheckpointError, stage_bounds
 from megatron.checkpoint.rules import merge_tensor, resize_vocab, split_tensor
 from megatron.model.config import GPTModelConfig
 from megatron.model.meta import meta_param_shapes
+from megatron.model.weight_decay import model_no_weight_decay_names
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +54,10 @@ def slice_param_names(cfg: GPTModelConfig, pp: int, stage: int, partition_method
     return embed + rest if (lo <= 0 < hi or lo <= head < hi) else rest
 
 
-def _no_decay(name: str) -> bool:
-    parent = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
-    return "norm" in parent.lower() or name.endswith(".bias")
-
-
-def _grouped(names: list[str], combined: bool) -> list[tuple[str, list[str]]]:
-    decay = [n for n in names if not _no_decay(n)]
-    no_decay = [n for n in names if _no_decay(n)]
+def _grouped(names: list[str], combined: bool, cfg: GPTModelConfig) -> list[tuple[str, list[str]]]:
+    exempt = model_no_weight_decay_names(cfg)  # the optimizer's own rule (megatron.model.weight_decay)
+    decay = [n for n in names if n not in exempt]
+    no_decay = [n for n in names if n in exempt]
     if combined:
         return [("all", decay + no_decay)]
     return [(kind, group) for kind, group in (("decay", decay), ("no_decay", no_decay)) if group]
@@ -102,7 +99,7 @@ def gather_optimizer_state(
         names = slice_param_names(cfg, pp, stage, partition_method)
         for tp_rank in range(tp):
             opt = optimizers[stage * tp + tp_rank]
-            groups = _grouped(names, combined)
+            groups = _grouped(names, combined, cfg)
             if [len(g) for _, g in groups] != [len(g["params"]) for g in opt["param_groups"]]:
                 raise CheckpointError(
                     f"optimizer of stage {stage} TP rank {tp_rank}: param groups of sizes "
@@ -159,7 +156,7 @@ def scatter_optimizer_state(
     def state_for(stage: int, tp_rank: int) -> dict[str, Any]:
         names = slice_param_names(cfg, pp, stage, partition_method)
         groups, states, index = [], {}, 0
-        for kind, group_names in _grouped(names, full.combined):
+        for kind, group_names in _grouped(names, full.combined, cfg):
             if kind not in full.group_hparams:
                 raise CheckpointError(f"source optimizer has no {kind!r} param group to copy hyper-parameters from")
             params = []

@@ -24,6 +24,7 @@ from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
+from megatron.checkpoint.tags import tag_iteration
 from megatron.model import build_sequential_model
 from megatron.model.config import GPTModelConfig
 from megatron.model.tp_sharding import partition_spec
@@ -63,8 +64,8 @@ class NeoXCheckpoint:
     def iteration(self) -> int:
         """The training iteration the checkpoint was saved at (from its client state, else the tag)."""
         it = self.client_state.get("iteration", self.client_state.get("total_iters"))
-        if it is None and self.layout.tag.startswith("global_step"):
-            return int(self.layout.tag[len("global_step") :] or 0)
+        if it is None:
+            return tag_iteration(self.layout.tag) or 0
         return int(it or 0)
 
 

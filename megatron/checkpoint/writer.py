@@ -25,6 +25,7 @@ from megatron.checkpoint.layout import CheckpointError, layer_file, mp_rank_file
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.reader import FORMAT, FORMAT_KEY
 from megatron.checkpoint.rules import layer_index, split_tensor
+from megatron.checkpoint.tags import checkpoint_tag
 from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def write_checkpoint(
     base[FORMAT_KEY] = FORMAT
     bias_layout = written_layout(cfg.gpt_j_residual, target.tp)
     base[ROW_BIAS_KEY] = bias_layout
-    tag = f"global_step{iteration}"
+    tag = checkpoint_tag(iteration)
     # every tensor split once: shards[key][tp_rank]; row-parallel biases as GPT-NeoX stores them at this TP
     shards = {}
     for key, full in state_dict.items():

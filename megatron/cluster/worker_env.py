@@ -7,8 +7,9 @@ own variables instead, which are translated here.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 
@@ -135,3 +136,23 @@ def describe_ranks(env: MutableMapping[str, str], source: str) -> str:
     """One line for rank 0's log: where the ranks came from and where they meet."""
     where = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
     return f"ranks from {source}: world size {env.get('WORLD_SIZE', '1')}, master {where}"
+
+
+def launched_rank(env: Mapping[str, str] | None = None) -> int:
+    """The global rank the launcher gave this process (``RANK``; 0 in a plain process). Before the process group
+    exists this is the only source; afterwards :func:`megatron.mpu.world_rank` reads the group (and falls back to
+    this)."""
+    return _rank_var(env, "RANK")
+
+
+def launched_local_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's index among the ranks on its host (``LOCAL_RANK``; 0 in a plain process)."""
+    return _rank_var(env, "LOCAL_RANK")
+
+
+def _rank_var(env: Mapping[str, str] | None, name: str) -> int:
+    value = (os.environ if env is None else env).get(name, "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer rank") from None

@@ -117,6 +117,14 @@ def _texts(doc: dict[str, Any], keys: Sequence[str], where: str) -> dict[str, st
         if not isinstance(doc[k], str):
             kind = "null" if doc[k] is None else _JSON_KIND.get(type(doc[k]), type(doc[k]).__name__)
             raise DocumentError(f"{where}: key {k!r} holds {kind}, expected a string (the document's text)")
+        if not doc[k].isascii():
+            try:
+                doc[k].encode("utf-8")
+            except UnicodeEncodeError as e:  # a JSON "\ud800" escape: a lone surrogate no tokenizer can encode
+                raise DocumentError(
+                    f"{where}: key {k!r} holds a lone surrogate U+{ord(doc[k][e.start]):04X} at character {e.start} "
+                    "(an unpaired \\uD800-\\uDFFF escape), which is not text; fix or drop the document"
+                ) from None
     return {k: doc[k] for k in keys}
 
 
@@ -137,7 +145,7 @@ def _read_json_array(path: str, keys: Sequence[str], stats: ReadStats) -> Iterat
         raise DocumentError(f"{path}: not a valid JSON array ({e})") from None
     for n, item in enumerate(items):
         if isinstance(item, str):
-            texts = dict.fromkeys(keys, item)
+            texts = _texts(dict.fromkeys(keys, item), keys, f"{path}: array element {n}")
         elif isinstance(item, dict) and all(k in item for k in keys):
             texts = _texts(item, keys, f"{path}: array element {n}")
         else:

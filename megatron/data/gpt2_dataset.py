@@ -58,7 +58,7 @@ def is_cache_builder(use_shared_fs: bool) -> bool:
         return True
     if use_shared_fs:
         return mpu.world_rank() == 0
-    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+    return mpu.local_rank() == 0
 
 
 def _save_atomic(path: str, array: np.ndarray) -> None:

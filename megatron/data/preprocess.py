@@ -2,7 +2,10 @@
 
 Documents are read in the main process (so bad lines are reported with file and line), grouped in batches,
 tokenised with the tokenizer's batched encoder (in ``workers`` processes when ``workers > 1``), and written in
-input order, so the output is byte-identical for any number of workers. Output goes to ``*.partial`` files that
+input order, so the output is byte-identical for any number of workers. A byte-level BPE ``tokenizers`` JSON is
+encoded by the fast encoder instead when it gives the same ids on a sample of the input
+(:mod:`megatron.data.encoder_choice`; ``fast_encoder=False`` turns it off); the log line ``encoder: ...`` says which.
+Output goes to ``*.partial`` files that
 are renamed only when everything succeeded.
 """
 
@@ -21,12 +24,14 @@ from typing import Any, cast
 import numpy as np
 
 from megatron.data.document_reader import ReadStats, read_documents
+from megatron.data.encoder_choice import EncoderChoice, choose_encoder, tokenizer_json
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.staged_output import staged_builders, worker_pool
 from megatron.errors import DataError
 from megatron.logging.progress import progress as progress_bar
 from megatron.neox_arguments.sections.other import TOKENIZER_TYPES
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
+from megatron.tokenizer.fast_bpe import FastBPE, build_fast_bpe
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class PreprocessConfig:
     skip_invalid: bool = False
     batch_docs: int = 64
     batch_chars: int = 256 * 1024
+    fast_encoder: bool = True
 
     def tokenizer_config(self) -> TokenizerConfig:
         # build_tokenizer refuses a name that is not one of the schema's tokenizer types
@@ -67,6 +73,7 @@ class PreprocessResult:
     seconds: float
     skipped: int = 0
     skipped_examples: list[str] = field(default_factory=list)
+    encoder: str = ""
 
 
 def output_prefix_for(prefix: str, key: str) -> str:
@@ -77,13 +84,23 @@ def output_prefix_for(prefix: str, key: str) -> str:
 # --- worker side -------------------------------------------------------------------------------------------------
 
 _WORKER: dict[str, Any] = {}
+_CHOSEN: dict[str, FastBPE] = {}  # the main process's fast encoder, inherited by forked workers
 
 
-def _init_worker(cfg: PreprocessConfig, dtype: str, single_thread: bool) -> None:
+def _init_worker(cfg: PreprocessConfig, dtype: str, single_thread: bool, use_fast: bool = False) -> None:
     if single_thread:
         # Several worker processes: keep each one's Rust thread pool to one thread (set before the first encode).
         os.environ["RAYON_NUM_THREADS"] = "1"
-    _WORKER["tok"] = build_tokenizer(cfg.tokenizer_config())
+    tok = _WORKER["tok"] = build_tokenizer(cfg.tokenizer_config())
+    _WORKER["fast"] = None
+    if use_fast:
+        fast = _CHOSEN.get("fast")
+        if fast is None:  # a spawned worker: build it again (the main process proved it identical)
+            spec = tokenizer_json(tok)
+            fast, why = build_fast_bpe(spec) if spec is not None else (None, "no tokenizers JSON")
+            if fast is None:
+                raise DataError(f"the fast encoder could not be rebuilt in a worker: {why}")
+        _WORKER["fast"] = fast
     _WORKER["cfg"] = cfg
     _WORKER["dtype"] = np.dtype(dtype)
     if cfg.ftfy:
@@ -103,7 +120,7 @@ def encode_batch(docs: list[dict[str, str]]) -> tuple[dict[str, tuple[np.ndarray
         if fix is not None:
             texts = [fix(t) for t in texts]
         nbytes += sum(len(t.encode("utf-8")) for t in texts)
-        ids = tok.tokenize_batch(texts)
+        ids = _tokenize_batch(tok, _WORKER["fast"], texts)
         if cfg.append_eod:
             eod = tok.eod
             for seq in ids:
@@ -114,6 +131,16 @@ def encode_batch(docs: list[dict[str, str]]) -> tuple[dict[str, tuple[np.ndarray
             raise DataError(f"token ids out of range for the output dtype {dtype}")
         out[key] = (flat.astype(dtype, copy=False), lengths)
     return out, nbytes
+
+
+def _tokenize_batch(tok: Any, fast: FastBPE | None, texts: list[str]) -> list[list[int]]:
+    if fast is not None:
+        try:
+            return fast.encode_batch(texts)
+        except Exception:  # e.g. a lone surrogate: the tokenizer decides (an error or ids), exactly as without
+            pass
+    ids: list[list[int]] = tok.tokenize_batch(texts)
+    return ids
 
 
 # --- main process ------------------------------------------------------------------------------------------------
@@ -182,6 +209,7 @@ def preprocess(
     if not os.path.isdir(out_dir):
         raise DataError(f"--output-prefix: directory {out_dir} does not exist")
     tokenizer = build_tokenizer(cfg.tokenizer_config())
+    choice = _choose(cfg, tokenizer)
     final = {key: output_prefix_for(cfg.output_prefix, key) for key in cfg.jsonl_keys}
     stats = ReadStats()
     progress = _Progress(cfg.log_interval, cfg.num_docs, progress_stream or sys.stderr)
@@ -208,11 +236,11 @@ def preprocess(
                 on_batch(ndocs)
 
         if cfg.workers == 1:
-            _init_worker(cfg, dtype.name, single_thread=False)
+            _init_worker(cfg, dtype.name, False, choice.fast is not None)
             for batch in _batches(cfg, stats):
                 write(encode_batch(batch))
         else:
-            with worker_pool(cfg.workers, _init_worker, (cfg, dtype.name, True)) as pool:
+            with worker_pool(cfg.workers, _init_worker, (cfg, dtype.name, True, choice.fast is not None)) as pool:
                 pending: deque[Any] = deque()
                 for batch in _batches(cfg, stats):
                     pending.append(pool.apply_async(encode_batch, (batch,)))
@@ -234,7 +262,23 @@ def preprocess(
         seconds=time.perf_counter() - start,
         skipped=stats.skipped,
         skipped_examples=stats.skipped_examples,
+        encoder=choice.line,
     )
+
+
+def _choose(cfg: PreprocessConfig, tokenizer: Any) -> EncoderChoice:
+    """The run's encoder, logged in one line."""
+    fix = None
+    if cfg.ftfy:
+        import ftfy
+
+        fix = ftfy.fix_text
+    choice = choose_encoder(tokenizer, cfg.inputs, cfg.jsonl_keys, cfg.fast_encoder, fix)
+    _CHOSEN.clear()
+    if choice.fast is not None:
+        _CHOSEN["fast"] = choice.fast
+    logger.info(choice.line)
+    return choice
 
 
 def _write_documents(builder: Any, flat: np.ndarray, lengths: np.ndarray) -> None:

@@ -5,42 +5,38 @@ Below both the single-process (``text_generation``) and the N-rank (``parallel``
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from megatron.checkpoint import config_io
 from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
 from megatron.cpu_features import cpu_has_native
 from megatron.distributed import on_cpu
-from megatron.model.config import PRECISIONS, GPTModelConfig
-from megatron.neox_arguments import NeoXArgs
+from megatron.generation.config import InferenceConfig
+from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.precision import PRECISION_NAMES, dtype_of_precision
 
 logger = logging.getLogger(__name__)
 
 
 def load_checkpoint_for_inference(
-    args: NeoXArgs,
+    cfg: InferenceConfig,
     keep_for: Callable[[GPTModelConfig], Callable[[str], bool]] | None = None,
     tp_shard: tuple[int, int] | None = None,
 ) -> NeoXCheckpoint:
     """The checkpoint in ``load``, whatever its TP/PP/ZeRO layout (full tensors unless ``tp_shard`` applies).
 
     Uses ``megatron.checkpoint.reader`` (TP shards merged, pipeline layer files renamed to the sequential model's
-    names, ZeRO-3 fp32 shards gathered); the model keys come from ``args``, the vocabulary padding from the
+    names, ZeRO-3 fp32 shards gathered); the model keys come from ``cfg``, the vocabulary padding from the
     checkpoint. ``keep_for`` and ``tp_shard``: see :func:`megatron.checkpoint.reader.read_checkpoint` (read only
     part of the model; only one TP rank's shards).
     """
-    load = args.save if args.load == "auto" else args.load
-    if not load:
-        raise ConfigError("load: generation needs the checkpoint directory to load")
-    model_for = functools.partial(config_io.model_config, SimpleNamespace(**args.to_dict()))
-    return read_checkpoint(str(load), model=model_for, iteration=args.iteration, keep_for=keep_for, tp_shard=tp_shard)
+    return read_checkpoint(
+        cfg.checkpoint_dir, model=cfg.model_config, iteration=cfg.iteration, keep_for=keep_for, tp_shard=tp_shard
+    )
 
 
 def load_module_state(load_dir: str, iteration: int | None = None) -> tuple[dict[str, torch.Tensor], str]:
@@ -54,8 +50,8 @@ def inference_dtype(inference_precision: str | None, cfg: Any) -> torch.dtype:
     weights), else the model config's ``params_dtype`` (bf16/fp16 weights are kept, not upcast)."""
     if inference_precision is None:
         dtype = cfg.params_dtype
-    elif str(inference_precision).lower() in PRECISIONS:
-        dtype = PRECISIONS[str(inference_precision).lower()]
+    elif str(inference_precision).lower() in PRECISION_NAMES:
+        dtype = dtype_of_precision(inference_precision)
     else:
         raise ConfigError(f"inference_precision={inference_precision!r} is not one of fp32, fp16, bfloat16 (or unset)")
     half = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)

@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from megatron import mpu
+from megatron.generation.config import InferenceConfig
 from megatron.generation.loading import inference_device, inference_dtype, load_checkpoint_for_inference
-from megatron.initialize import initialize_megatron
+from megatron.initialize import start_processes
 from megatron.model.inference_stage import InferenceStage
 from megatron.model.tp_sharding import shard_state_dict
 from megatron.neox_arguments.errors import ConfigError
-from megatron.tokenizer import TokenizerConfig, build_tokenizer
+from megatron.tokenizer import build_tokenizer
 
 if TYPE_CHECKING:
-    from megatron.neox_arguments import NeoXArgs
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +49,15 @@ def stage_key_filter(cfg: Any) -> Callable[[str], bool]:
     return lambda key: key.startswith(prefixes)
 
 
-def setup_stage_for_inference(args: NeoXArgs) -> tuple[InferenceStage, Any]:
+def setup_stage_for_inference(config: InferenceConfig) -> tuple[InferenceStage, Any]:
     """Start the process groups (as training does), build this rank's stage (in ``inference_dtype``) and load its
     weights."""
-    initialize_megatron(args)
-    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    start_processes(config.init)
+    tokenizer = build_tokenizer(config.tokenizer)
     # this rank reads only its stage's tensors, and only its own TP shards when the checkpoint has the run's TP
     rank, size = mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()
-    ckpt = load_checkpoint_for_inference(args, keep_for=stage_key_filter, tp_shard=(rank, size))
-    args.update_value("padded_vocab_size", ckpt.cfg.padded_vocab_size)
-    dtype = inference_dtype(args.inference_precision, ckpt.cfg)
+    ckpt = load_checkpoint_for_inference(config, keep_for=stage_key_filter, tp_shard=(rank, size))
+    dtype = inference_dtype(config.inference_precision, ckpt.cfg)
     cfg, tag = ckpt.cfg.replace(params_dtype=dtype), ckpt.layout.tag
     stage = InferenceStage(cfg)
     shards = ckpt.state_dict if ckpt.tp_shard else shard_state_dict(ckpt.state_dict, cfg, rank, size)

@@ -20,7 +20,6 @@ is written under a ``.partial`` name and renamed (``.bin`` first, ``.idx`` last)
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -32,44 +31,19 @@ import torch
 from megatron import mpu
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
 from megatron.data.staged_output import staged_builders
+from megatron.generation.config import PrecomputeConfig
 from megatron.mpu.dp_split import DataParallelSplit
 
 if TYPE_CHECKING:
-    from megatron.neox_arguments import NeoXArgs
+    pass
 
 logger = logging.getLogger(__name__)
-
-
-def model_name(args: NeoXArgs) -> str:
-    """``precompute_model_name``, else a stable signed 64-bit hash of ``load`` (like ``str(hash(...))``)."""
-    if args.precompute_model_name:
-        return str(args.precompute_model_name)
-    digest = hashlib.sha256(str(args.load).encode("utf-8")).digest()[:8]
-    return str(int.from_bytes(digest, "little", signed=True))
-
-
-def precompute_paths(args: NeoXArgs) -> list[str]:
-    """The dataset prefixes to score, in GPT-NeoX's order."""
-    groups: tuple[str, ...]
-    if args.train_data_paths:
-        groups = ("train_data_paths", "test_data_paths", "valid_data_paths")
-    elif args.pos_train_data_paths:
-        groups = tuple(f"{kind}_{split}_data_paths" for split in ("train", "valid", "test") for kind in ("pos", "neg"))
-    else:
-        groups = ("data_path",)
-    paths: list[str] = []
-    for key in groups:
-        value = getattr(args, key)  # every group is a config key
-        paths += [value] if isinstance(value, str) else list(value or [])
-    if not paths:
-        raise ValueError("text_gen_type precompute needs data: set train_data_paths (or data_path)")
-    return paths
 
 
 @torch.no_grad()
 def precompute_logprobs(
     score: Callable[[torch.Tensor], torch.Tensor],
-    args: Any,
+    cfg: PrecomputeConfig,
     device: torch.device | str = "cpu",
     *,
     dp: DataParallelSplit | None = None,
@@ -82,16 +56,16 @@ def precompute_logprobs(
     parallel = dp is not None
     dp = dp or DataParallelSplit()
     writes = not parallel or mpu.world_rank() == 0
-    seq, micro = args.seq_length, args.train_micro_batch_size_per_gpu
-    name, outputs = model_name(args), []
-    for path in precompute_paths(args):
+    seq, micro = cfg.seq_length, cfg.train_micro_batch_size_per_gpu
+    name, outputs = cfg.model_name, []
+    for path in cfg.paths():
         out = f"{path}_{name}"
         outputs.append(out)
         exists = os.path.exists(out + ".idx") if writes else None
         if mpu.broadcast_object(exists) if parallel else exists:
             logger.info("precompute: %s.idx exists, kept", out)
             continue
-        dataset = make_dataset(path, args.data_impl)
+        dataset = make_dataset(path, cfg.data_impl)
         if dataset is None:
             raise ValueError(f"precompute: dataset {path} (.bin/.idx) not found")
         staged: contextlib.AbstractContextManager[dict[str, Any]] = contextlib.nullcontext({})

@@ -18,33 +18,34 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from megatron import mpu
+from megatron.config_utils import NeoXValues
 from megatron.generation import parallel as parallel_lib  # called through the module: tests wrap its setup
 from megatron.generation.api import generate_samples_from_prompt
+from megatron.generation.config import InferenceConfig
 from megatron.generation.loading import inference_device, inference_dtype, load_checkpoint_for_inference
 from megatron.generation.precompute import precompute_logprobs
-from megatron.generation.sampling import ForwardFn, SamplingConfig, kv_cache_forward
+from megatron.generation.sampling import ForwardFn, kv_cache_forward
 from megatron.initialize import set_random_seed
 from megatron.model import build_sequential_model
 from megatron.mpu import broadcast_object
 from megatron.mpu.dp_split import DataParallelSplit
 from megatron.neox_arguments.errors import ConfigError
-from megatron.tokenizer import TokenizerConfig, build_tokenizer
+from megatron.tokenizer import build_tokenizer
 
 if TYPE_CHECKING:
-    from megatron.neox_arguments import NeoXArgs
+    pass
 
 logger = logging.getLogger(__name__)
 
 
-def setup_for_inference(args: NeoXArgs) -> tuple[torch.nn.Module, Any]:
+def setup_for_inference(config: InferenceConfig) -> tuple[torch.nn.Module, Any]:
     """Tokenizer and the sequential model with the checkpoint's weights (any training layout merged) in
-    :func:`inference_dtype`."""
-    set_random_seed(args.seed)
-    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    ckpt = load_checkpoint_for_inference(args)
+    :func:`inference_dtype` (the model's padded vocabulary is the checkpoint's)."""
+    set_random_seed(config.seed)
+    tokenizer = build_tokenizer(config.tokenizer)
+    ckpt = load_checkpoint_for_inference(config)
     sd, ckpt_cfg, tag = ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
-    args.update_value("padded_vocab_size", ckpt_cfg.padded_vocab_size)
-    dtype = inference_dtype(args.inference_precision, ckpt_cfg)
+    dtype = inference_dtype(config.inference_precision, ckpt_cfg)
     # no activation checkpointing at inference
     cfg = dataclasses.replace(ckpt_cfg, params_dtype=dtype, checkpoint_activations=False)
     model = build_sequential_model(cfg)
@@ -91,56 +92,52 @@ def read_interactive_prompt(stream: TextIO, prompt_end: str = "\n") -> str | Non
     return text or None
 
 
-def output_path(args: NeoXArgs, mode: str) -> str:
-    """``sample_output_file``; unset (null): ``<sample_input_file>.output.jsonl`` for input-file (GPT-NeoX), else
-    ``samples.txt``."""
-    if args.sample_output_file:
-        return str(args.sample_output_file)
-    if mode == "input-file":
-        return f"{args.sample_input_file}.output.jsonl"
-    return "samples.txt"
+def run_generation(args: NeoXValues) -> list[dict[str, Any]]:
+    """``generate.py``'s work (entry level: reads its :class:`InferenceConfig` from the arguments once)."""
+    return generate(InferenceConfig.from_neox_args(args))
 
 
-def run_generation(args: NeoXArgs) -> list[dict[str, Any]]:
+def generate(config: InferenceConfig) -> list[dict[str, Any]]:
     """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
     reference log-probs of ``precompute``."""
-    mode = args.text_gen_type  # derive() sets it from sample_input_file when unset
+    mode = config.mode
     if mode not in ("unconditional", "input-file", "interactive", "precompute"):
         raise ConfigError(
             f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive, precompute)"
         )
-    if mode == "input-file" and not args.sample_input_file:
+    if mode == "input-file" and not config.sample_input_file:
         raise ConfigError("text_gen_type input-file needs sample_input_file")
-    parallel = parallel_lib.runs_model_parallel(args.model_parallel_size, args.pipe_parallel_size)
-    rank = int(os.environ.get("RANK", "0"))
+    parallel = parallel_lib.runs_model_parallel(config.model_parallel_size, config.pipe_parallel_size)
+    rank = mpu.world_rank()
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
     # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.
+    prompt_end = config.prompt_end
     file_prompts = (
-        read_prompts(args.sample_input_file, args.prompt_end) if args.sample_input_file and mode == "input-file" else []
+        read_prompts(config.sample_input_file, prompt_end) if config.sample_input_file and mode == "input-file" else []
     )
     forward: ForwardFn
     if parallel:
-        stage, tokenizer = parallel_lib.setup_stage_for_inference(args)
+        stage, tokenizer = parallel_lib.setup_stage_for_inference(config)
         forward = parallel_lib.StageForward(stage)
         score: Any = forward.score
     else:
-        model, tokenizer = setup_for_inference(args)
+        model, tokenizer = setup_for_inference(config)
         forward, score = kv_cache_forward(model), model
     if mode == "precompute":  # every rank scores, rank 0 writes
         dp = DataParallelSplit(mpu.get_data_parallel_group()) if parallel else None
-        outputs = precompute_logprobs(score, args, inference_device(), dp=dp)
+        outputs = precompute_logprobs(score, config.precompute, inference_device(), dp=dp)
         return [{"precomputed": out} for out in outputs] if rank == 0 else []
-    cfg = SamplingConfig.from_neox_args(args)
-    generator = torch.Generator(device="cpu").manual_seed(args.seed)
+    cfg = config.sampling
+    generator = torch.Generator(device="cpu").manual_seed(config.seed)
 
-    def generate(prompts: list[str]) -> list[dict[str, Any]]:
+    def sample(prompts: list[str]) -> list[dict[str, Any]]:
         return generate_samples_from_prompt(
             forward,
             tokenizer,
             prompts,
             cfg,
-            return_logits=args.return_logits,
+            return_logits=config.return_logits,
             generator=generator,
             device=inference_device(),
         )
@@ -148,7 +145,7 @@ def run_generation(args: NeoXArgs) -> list[dict[str, Any]]:
     if mode == "interactive":  # rank 0 reads the prompts; every rank generates
         records = []
         while True:
-            prompt = read_interactive_prompt(sys.stdin, args.prompt_end) if rank == 0 else None
+            prompt = read_interactive_prompt(sys.stdin, prompt_end) if rank == 0 else None
             prompt = broadcast_object(prompt) if parallel else prompt
             if prompt is None:
                 break
@@ -156,19 +153,19 @@ def run_generation(args: NeoXArgs) -> list[dict[str, Any]]:
                 if rank == 0:
                     print(f"context of {len(tokenizer.tokenize(prompt))} tokens reached seq_length - 1; stopping")
                 break
-            record = generate([prompt])[0]
+            record = sample([prompt])[0]
             if rank == 0:
                 print(f"Generated Text: {record['text'] or ''}", flush=True)
                 records.append(record)
         return records
     if mode == "unconditional":
-        prompts = [""] * args.num_samples
+        prompts = [""] * config.num_samples
     else:
         prompts = file_prompts
-    records = generate(prompts)
+    records = sample(prompts)
     if rank != 0:
         return []
-    out = output_path(args, mode)
+    out = config.output_path()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for record in records:

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from megatron.launcher.config import LauncherConfig
 from megatron.launcher.multinode import ClusterCommand
 from megatron.launcher.secrets import redact, write_env_file
 from megatron.launcher.supervise import Supervisor, local_ranks
@@ -48,10 +49,10 @@ class LaunchPlan:
         return redact(f"{env} {cmd}".strip())
 
 
-def default_run_dir(args: NeoXArgs) -> str:
+def default_run_dir(log_dir: str | None) -> str:
     """``<log_dir or runs>/deepy-<UTC time>-<pid>``: where deepy writes the resolved config."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return os.path.join(args.log_dir or "runs", f"deepy-{stamp}-{os.getpid()}")
+    return os.path.join(log_dir or "runs", f"deepy-{stamp}-{os.getpid()}")
 
 
 def _is_cpu() -> bool:
@@ -61,7 +62,7 @@ def _is_cpu() -> bool:
     return on_cpu()
 
 
-def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> LaunchPlan:
+def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = None) -> LaunchPlan:
     """Build the DeepSpeed runner argv for ``args`` (GPT-NeoX's launcher keys) without side effects."""
     on_cpu = _is_cpu() if on_cpu is None else on_cpu
     explicit = args.explicit_keys
@@ -69,7 +70,7 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     notes: list[str] = []
     env: dict[str, str] = {}
     hostfile = args.hostfile or os.environ.get("DLTS_HOSTFILE")
-    has_hosts = bool(hostfile and os.path.isfile(hostfile))
+    has_hosts = args.hostfile_path is not None
     if hostfile:
         argv += ["--hostfile", hostfile]
     if args.include:
@@ -82,7 +83,7 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     if on_cpu and not has_hosts:
         # One node of CPU ranks: as many as the resolved world size.
         nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else 1
-        num_gpus = args.global_num_gpus // nodes
+        num_gpus = int(args.global_num_gpus or 1) // nodes
     if num_gpus is not None:
         if args.include or args.exclude:
             notes.append("num_gpus is ignored because include/exclude select the devices")
@@ -115,13 +116,15 @@ def plan_launch(args: NeoXArgs, run_dir: str, *, on_cpu: bool | None = None) -> 
     return LaunchPlan(argv, env, run_dir, config_path, notes, threads)
 
 
-def prepare_for_launch(args: NeoXArgs) -> None:
-    """Launcher-side values fixed once for all ranks: the W&B group gets one random suffix per launch."""
-    if args.use_wandb:
-        import secrets
+def launch_wandb_group(use_wandb: bool | None, wandb_group: str | None) -> str | None:
+    """The W&B group of this launch, fixed once for all ranks: ``wandb_group`` with one random suffix per launch
+    (deepy writes it into the resolved config the ranks read); ``wandb_group`` itself without W&B."""
+    if not use_wandb:
+        return wandb_group
+    import secrets
 
-        suffix = secrets.token_hex(4)
-        args.update_value("wandb_group", f"{args.wandb_group}_{suffix}" if args.wandb_group else suffix)
+    suffix = secrets.token_hex(4)
+    return f"{wandb_group}_{suffix}" if wandb_group else suffix
 
 
 def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) -> None:

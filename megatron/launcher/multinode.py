@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from megatron.cluster.hostfile import active_resources, read_hostfile
-from megatron.neox_arguments import NeoXArgs
+from megatron.launcher.config import LauncherConfig
 from megatron.neox_arguments.errors import ConfigError
 
 # Variables the ranks need from the launching shell (DeepSpeed's runner forwards a similar prefix list).
@@ -67,10 +67,10 @@ def _uniform_slots(backend: str, active: dict[str, list[int]], same_count: bool)
     return next(iter(counts.values()))
 
 
-def is_multinode(args: NeoXArgs) -> bool:
+def is_multinode(cfg: LauncherConfig) -> bool:
     """True when deepy must use the multi-node backend: a hostfile with >1 active host, or force_multi."""
     try:
-        return _active(args) is not None
+        return _active(cfg) is not None
     except ConfigError:
         return True  # let cluster_command report the problem
 
@@ -95,20 +95,15 @@ def deepspeed_env_file(environ: Mapping[str, str]) -> dict[str, str]:
     return values
 
 
-def _hostfile(args: NeoXArgs) -> str | None:
-    path = args.hostfile or os.environ.get("DLTS_HOSTFILE")
-    return path if path and os.path.isfile(path) else None
-
-
-def _active(args: NeoXArgs) -> dict[str, list[int]] | None:
-    path = _hostfile(args)
+def _active(cfg: LauncherConfig) -> dict[str, list[int]] | None:
+    path = cfg.hostfile_path
     if path is None:
         return None
     try:
-        active = active_resources(read_hostfile(path), args.include, args.exclude, args.num_nodes, args.num_gpus)
+        active = active_resources(read_hostfile(path), cfg.include, cfg.exclude, cfg.num_nodes, cfg.num_gpus)
     except ValueError as e:
         raise ConfigError(f"hostfile {path}: {e}") from None
-    force = args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi
+    force = cfg.force_multi or cfg.deepspeed_slurm or cfg.deepspeed_mpi
     return active if active and (len(active) > 1 or force) else None
 
 
@@ -116,7 +111,7 @@ def _active(args: NeoXArgs) -> dict[str, list[int]] | None:
 class _Launch:
     """What every backend needs: the resolved hosts and the launcher's environment."""
 
-    args: NeoXArgs
+    args: LauncherConfig
     active: dict[str, list[int]]
     env: dict[str, str]
     forwarded: list[str]
@@ -185,14 +180,15 @@ BACKENDS = {"slurm": _slurm, "openmpi": _openmpi, "mvapich": _mvapich, "pdsh": _
 
 
 def cluster_command(
-    args: NeoXArgs,
+    args: LauncherConfig,
     config_path: str,
     run_dir: str,
     base_env: Mapping[str, str] | None = None,
     *,
     on_cpu: bool | None = None,
 ) -> ClusterCommand:
-    """The command that starts every rank of ``args`` across the hostfile's nodes with ``args.launcher``.
+    """The command that starts every rank of ``args`` (the launcher keys) across the hostfile's nodes with
+    ``args.launcher``.
 
     ``base_env`` (default: this process's environment) is what the launcher process inherits.
     """

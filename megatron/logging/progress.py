@@ -8,10 +8,11 @@ a TTY (a pipe, a file, a batch job) or the tool got ``--quiet`` nothing is drawn
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
+
+from megatron.cluster.worker_env import launched_rank
 
 _state = {"quiet": False}
 
@@ -30,7 +31,7 @@ def bars_enabled(stream: TextIO | None = None) -> bool:
     """True when ``stream`` (stderr by default) is a terminal, ``--quiet`` was not given and this is rank 0."""
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
-    rank0 = os.environ.get("RANK", "0") == "0"  # training ranks share the terminal: one bar, from rank 0
+    rank0 = launched_rank() == 0  # training ranks share the terminal: one bar, from rank 0
     return not _state["quiet"] and rank0 and callable(isatty) and bool(isatty())
 
 

@@ -2,7 +2,9 @@
 
 The model recomputes every ``checkpoint_num_layers`` transformer layers when ``checkpoint_activations`` is on (in
 sequential and pipeline execution alike, through DeepSpeed's checkpoint function). How those checkpoints are
-stored is DeepSpeed's global state, set here once per process from GPT-NeoX's keys:
+stored is DeepSpeed's global state, set once per process from GPT-NeoX's keys by the run's model setup (as
+torchtitan applies activation checkpointing after building the model, not inside it: the model constructors change
+no process-wide state, and this class is the only declaration of the storage keys):
 
 * ``partition_activations``: each TP rank keeps 1/tp of every checkpointed input (all-gathered on recompute;
   refused with ``sequence_parallel``, whose activations are already split and differ per TP rank);

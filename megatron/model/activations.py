@@ -1,14 +1,23 @@
-"""MLP activations of GPT-NeoX, including the gated variants (``x, gate = chunk(y, 2)`` → ``act(gate) · x``)."""
+"""MLP activations of GPT-NeoX, including the gated variants (``x, gate = chunk(y, 2)`` → ``act(gate) · x``).
+
+``ACTIVATIONS`` holds one entry per ``activation`` value: the element-wise function (chosen from the config, for
+GELU's variants) and whether the MLP is gated. ``GPTModelConfig.is_gated``, the MLP and MoE experts read it.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from megatron.model.config import GPTModelConfig
+from megatron.registry import Registry
+
+if TYPE_CHECKING:  # config.py reads this registry (gating, validation)
+    from megatron.model.config import GPTModelConfig
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -27,27 +36,45 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@dataclass(frozen=True)
+class ActivationSpec:
+    """One ``activation`` value."""
+
+    function: Callable[[GPTModelConfig], Activation]
+    """``cfg`` -> the element-wise function (for gated ones: the function applied to the gate)."""
+    gated: bool
+    """The MLP's first projection produces ``[x | gate]`` and the output is ``function(gate) · x``."""
+
+
+ACTIVATIONS: Registry[ActivationSpec] = Registry("activation")
+
+
+def _gelu(cfg: GPTModelConfig) -> Activation:
+    if cfg.onnx_safe:
+        return erf_gelu
+    return gelu_tanh if cfg.bias_gelu_fusion else F.gelu
+
+
+def _fixed(fn: Activation) -> Callable[[GPTModelConfig], Activation]:
+    return lambda cfg: fn
+
+
+ACTIVATIONS.register("gelu", ActivationSpec(_gelu, gated=False))
+ACTIVATIONS.register("geglu", ActivationSpec(_gelu, gated=True))
+ACTIVATIONS.register("relu", ActivationSpec(_fixed(F.relu), gated=False))
+ACTIVATIONS.register("softsign", ActivationSpec(_fixed(F.softsign), gated=False))
+ACTIVATIONS.register("swish", ActivationSpec(_fixed(F.silu), gated=False))
+ACTIVATIONS.register("mish", ActivationSpec(_fixed(F.mish), gated=False))
+ACTIVATIONS.register("silu", ActivationSpec(_fixed(F.silu), gated=False))
+ACTIVATIONS.register("reglu", ActivationSpec(_fixed(F.relu), gated=True))
+ACTIVATIONS.register("swiglu", ActivationSpec(_fixed(F.silu), gated=True))
+ACTIVATIONS.register("bilinear", ActivationSpec(_fixed(_identity), gated=True))
+ACTIVATIONS.register("glu", ActivationSpec(_fixed(torch.sigmoid), gated=True))
+
+
 def get_activation(cfg: GPTModelConfig) -> Activation:
     """The element-wise function of ``cfg.activation`` (for gated ones: the function applied to the gate)."""
-    kind = cfg.activation
-    if kind in ("gelu", "geglu"):
-        if cfg.onnx_safe:
-            return erf_gelu
-        return gelu_tanh if cfg.bias_gelu_fusion else F.gelu
-    table: dict[str, Activation] = {
-        "relu": F.relu,
-        "reglu": F.relu,
-        "silu": F.silu,
-        "swish": F.silu,
-        "swiglu": F.silu,
-        "mish": F.mish,
-        "softsign": F.softsign,
-        "glu": torch.sigmoid,
-        "bilinear": _identity,
-    }
-    if kind not in table:
-        raise ValueError(f"activation={kind!r} is not supported")
-    return table[kind]
+    return ACTIVATIONS.get(cfg.activation).function(cfg)
 
 
 def apply_activation(y: torch.Tensor, bias: torch.Tensor | None, fn: Activation, gated: bool) -> torch.Tensor:

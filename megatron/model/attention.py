@@ -21,7 +21,7 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import Norm, RMSNorm, ScaleNorm, build_norm
-from megatron.model.positional_embeddings import AliBi, RotaryEmbedding, apply_rotary, rotate_in_place
+from megatron.model.positional_embeddings import POSITION_EMBEDDINGS, apply_rotary, rotate_in_place
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +135,9 @@ class ParallelSelfAttention(nn.Module):
             for norm in (self.qk_layernorm, getattr(self, "k_layernorm", None)):
                 for param in norm.parameters() if norm is not None else ():
                     mpu.set_tensor_model_parallel_attributes(param, 0)
-        self.rotary_emb = (
-            RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rotary_save_freqs_buffer)
-            if cfg.pos_emb == "rotary"
-            else None
-        )
-        self.alibi = AliBi(cfg.num_attention_heads) if cfg.pos_emb == "alibi" else None
+        position = POSITION_EMBEDDINGS.get(cfg.pos_emb)
+        self.rotary_emb = position.rotary(cfg) if position.rotary is not None else None
+        self.position_bias = position.attention_bias(cfg) if position.attention_bias is not None else None
         self.rpe = rpe
         self.scale = 1.0 / math.sqrt(self.hn)
         self.layer_scale = float(max(1, layer_index)) if cfg.apply_query_key_layer_scaling else 1.0
@@ -217,8 +214,8 @@ class ParallelSelfAttention(nn.Module):
         if not self._always_causal(mask):
             q_pos, k_pos = self._positions(past, sq, sk, q.device)
             allowed, mask_is_causal = self._allowed(mask, q_pos, k_pos, past)
-            if self.alibi is not None:
-                bias = self.alibi(q_pos, k_pos)
+            if self.position_bias is not None:
+                bias = self.position_bias(q_pos, k_pos)
             if self.rpe is not None:
                 rpe = self.rpe(q_pos, k_pos)
                 bias = rpe if bias is None else bias + rpe
@@ -287,7 +284,7 @@ class ParallelSelfAttention(nn.Module):
         """True when nothing but causality restricts attention (no mask, ALiBi, RPE, window or local blocks)."""
         return (
             mask is None
-            and self.alibi is None
+            and self.position_bias is None
             and self.rpe is None
             and self.cfg.sliding_window_width is None
             and self.attention_type != "local"

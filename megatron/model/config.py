@@ -17,32 +17,25 @@ from typing import Any, ClassVar
 import torch
 
 from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
+from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
+from megatron.model.norms import NORMS as NORM_REGISTRY
+from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import MOE_ROUTER_TYPES
 
 logger = logging.getLogger(__name__)
 
-# The allowed values are defined once, as the config schema's Literal types.
-NORMS: tuple[str, ...] = typing.get_args(model_keys.NORMS)
-POS_EMBS: tuple[str, ...] = typing.get_args(model_keys.POS_EMBS)
-ACTIVATIONS: tuple[str, ...] = typing.get_args(model_keys.ACTIVATIONS)
-GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
-PLAIN_ACTIVATIONS = tuple(a for a in ACTIVATIONS if a not in GATED_ACTIVATIONS)
+# Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
+# against them by tests/unit/test_registries.py). These tuples are the built-in activations at import time.
+GATED_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if spec.gated)
+PLAIN_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if not spec.gated)
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
-PRECISIONS = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
 FUSION_KEYS = (
@@ -182,16 +175,6 @@ class GPTModelConfig:
     """Recompute transformer layers in backward."""
     checkpoint_num_layers: int = from_schema()
     """Layers per activation-checkpoint chunk."""
-    partition_activations: bool = from_schema()
-    """Split activation checkpoints across the TP group (DeepSpeed activation checkpointing)."""
-    contiguous_checkpointing: bool = from_schema()
-    """Keep partitioned checkpoints in contiguous preallocated buffers (needs partition_activations)."""
-    checkpoint_in_cpu: bool = from_schema()
-    """Keep activation checkpoints in host memory."""
-    synchronize_each_layer: bool = from_schema()
-    """Synchronise the accelerator around every checkpointed chunk."""
-    profile_backward: bool = from_schema()
-    """Time every checkpointed chunk."""
     parallel_output: bool = True
     """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
     fp16_lm_cross_entropy: bool = from_schema()
@@ -270,7 +253,7 @@ class GPTModelConfig:
     @property
     def is_gated(self) -> bool:
         """Gated MLP (linear1 produces [up | gate])."""
-        return self.activation in GATED_ACTIVATIONS
+        return ACTIVATION_REGISTRY.get(self.activation).gated
 
     @property
     def mlp_sizes(self) -> tuple[int, int]:
@@ -301,11 +284,7 @@ class GPTModelConfig:
     @property
     def norm_epsilon(self) -> float:
         """The epsilon of the chosen norm."""
-        if self.norm in ("rmsnorm", "te_rmsnorm"):
-            return self.rms_norm_epsilon
-        if self.norm == "scalenorm":
-            return self.scalenorm_epsilon
-        return self.layernorm_epsilon
+        return float(getattr(self, NORM_REGISTRY.get(self.norm).epsilon_key))
 
     @property
     def is_moe(self) -> bool:
@@ -358,9 +337,13 @@ class GPTModelConfig:
             self.kv_heads > 0 and self.num_attention_heads % self.kv_heads == 0,
             f"num_attention_heads={self.num_attention_heads} must be divisible by num_kv_heads={self.num_kv_heads}",
         )
-        need(self.norm in NORMS, f"norm={self.norm!r} is not one of {', '.join(NORMS)}")
-        need(self.pos_emb in POS_EMBS, f"pos_emb={self.pos_emb!r} is not one of {', '.join(POS_EMBS)}")
-        need(self.activation in ACTIVATIONS, f"activation={self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        for key, registry in (
+            ("norm", NORM_REGISTRY),
+            ("pos_emb", POSITION_EMBEDDINGS),
+            ("activation", ACTIVATION_REGISTRY),
+        ):
+            value = getattr(self, key)
+            need(value in registry, registry.unknown(value))
         for key in ("init_method", "output_layer_init_method"):
             value = getattr(self, key)
             need(value in INIT_METHODS, f"{key}={value!r} is not one of {', '.join(INIT_METHODS)}")
@@ -391,15 +374,6 @@ class GPTModelConfig:
             need(0.0 <= value < 1.0, f"{key}={value} must be in [0, 1)")
         need(self.checkpoint_num_layers >= 1, f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
         need(
-            not self.contiguous_checkpointing or self.partition_activations,
-            "contiguous_checkpointing: true needs partition_activations: true",
-        )
-        need(
-            not (self.partition_activations and self.sequence_parallel),
-            "partition_activations: true cannot be combined with sequence_parallel: true (sequence-parallel "
-            "activations are already split over the TP group and differ per rank); set partition_activations: false",
-        )
-        need(
             self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
             f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
         )
@@ -423,7 +397,7 @@ class GPTModelConfig:
             raise ValueError(f"model config is missing required key(s): {', '.join(missing)}")
         kwargs: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
-        kwargs["params_dtype"] = _params_dtype(args)
+        kwargs["params_dtype"] = _params_dtype(args.precision, args.fp16, args.bf16)
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
@@ -437,10 +411,9 @@ class GPTModelConfig:
         return cls(**kwargs)
 
 
-def _params_dtype(args: Any) -> torch.dtype:
-    precision = args.precision
+def _params_dtype(precision: Any, fp16: Any, bf16: Any) -> torch.dtype:
+    """``precision`` (a name or a dtype); unset (a saved config read offline) it follows the DeepSpeed sections."""
     if precision is None:
-        fp16, bf16 = args.fp16, args.bf16
         if isinstance(fp16, dict) and fp16.get("enabled"):
             precision = "fp16"
         elif isinstance(bf16, dict) and bf16.get("enabled"):
@@ -449,7 +422,4 @@ def _params_dtype(args: Any) -> torch.dtype:
             precision = "fp32"
     if isinstance(precision, torch.dtype):
         return precision
-    key = str(precision).lower()
-    if key not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not one of fp32, fp16, bfloat16")
-    return PRECISIONS[key]
+    return dtype_of_precision(precision)

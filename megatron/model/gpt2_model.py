@@ -21,14 +21,13 @@ from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentra
 from torch import nn
 
 from megatron import mpu
-from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
 from megatron.model.config import GPTModelConfig
 from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 - GPT-NeoX's name lives here
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.moe import with_aux_loss
-from megatron.model.positional_embeddings import RelativePositionBias
+from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.seeding import seeded
 from megatron.model.transformer import (
     NormPipe,
@@ -56,18 +55,12 @@ def _post_transformer_block(args: tuple) -> torch.Tensor:
 
 def build_layer_specs(cfg: GPTModelConfig) -> list:
     """GPT-NeoX's spec list (see module docstring) of DeepSpeed ``LayerSpec``/``TiedLayerSpec`` and functions."""
-    rpe = None
-    if cfg.pos_emb == "rpe":
+    rpe = None  # one attention bias module shared by every layer (T5's relative position bias)
+    build_shared_bias = POSITION_EMBEDDINGS.get(cfg.pos_emb).shared_attention_bias
+    if build_shared_bias is not None:
         with seeded(cfg.seed + 1):
             init_method, _ = init_methods(cfg)
-            rpe = RelativePositionBias(
-                cfg.num_attention_heads,
-                cfg.rpe_num_buckets,
-                cfg.rpe_max_distance,
-                scale=cfg.head_dim**0.5,
-                init_method=init_method,
-                dtype=cfg.params_dtype,
-            )
+            rpe = build_shared_bias(cfg, init_method)
     specs: list[Any] = []
     if cfg.tied_embeddings:
         specs.append(TiedLayerSpec("embed", EmbeddingPipe, cfg, 0, tied_weight_attr="word_embeddings_weight"))
@@ -132,7 +125,6 @@ class GPTSequential(nn.Module):
             mpu.mark_norms_for_sequence_parallel_grad_sync(self)
         self.checkpoint_activations = cfg.checkpoint_activations
         self.checkpoint_num_layers = cfg.checkpoint_num_layers
-        configure_checkpoint_storage(cfg, pipe_parallel_size=0)
 
     def forward(
         self,
@@ -205,33 +197,6 @@ class GPTSequential(nn.Module):
         return None if hasattr(weight, "ds_tensor") else weight
 
 
-def configure_checkpoint_storage(cfg: GPTModelConfig, pipe_parallel_size: int) -> None:
-    """Apply ``cfg``'s activation-checkpoint storage keys to DeepSpeed (process-global state).
-
-    Done when a model that checkpoints activations is built (with ``torch.distributed`` up), so the GPT-NeoX
-    keys ``partition_activations``, ``contiguous_checkpointing``, ``checkpoint_in_cpu``, ``synchronize_each_layer``
-    and ``profile_backward`` take effect in sequential and pipeline execution alike.
-    """
-    if not cfg.checkpoint_activations:
-        return
-    configure_activation_checkpointing(
-        ActivationCheckpointConfig(
-            checkpoint_activations=True,
-            checkpoint_num_layers=cfg.checkpoint_num_layers,
-            partition_activations=cfg.partition_activations,
-            contiguous_checkpointing=cfg.contiguous_checkpointing,
-            checkpoint_in_cpu=cfg.checkpoint_in_cpu,
-            synchronize_each_layer=cfg.synchronize_each_layer,
-            profile_backward=cfg.profile_backward,
-            num_layers=cfg.num_layers,
-            pipe_parallel_size=pipe_parallel_size,
-            # micro-batches in flight are bounded by the number of stages
-            gradient_accumulation_steps=max(pipe_parallel_size, 1),
-            sequence_parallel=cfg.sequence_parallel,
-        )
-    )
-
-
 def _checkpoint(function: Any, *args: Any) -> Any:
     """DeepSpeed activation checkpointing of a chunk of transformer layers.
 
@@ -300,9 +265,6 @@ class GPT2ModelPipe(PipelineModule):
                 raise ValueError("not supported yet: MoE layers with more than one pipeline stage")
 
             self.loss_fn: Callable[..., torch.Tensor] = with_aux_loss(self.loss_fn, self)
-        if ckpt:
-            storage_cfg = cfg.replace(checkpoint_activations=True, checkpoint_num_layers=every)
-            configure_checkpoint_storage(storage_cfg, pipe_parallel_size=self.num_stages)
 
 
 def build_pipeline_model(cfg: GPTModelConfig, topology: Any = None, **kwargs: Any) -> GPT2ModelPipe:

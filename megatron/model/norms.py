@@ -3,11 +3,18 @@ ScaleNorm (``g``), and a non-parametric LayerNorm."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.model.config import GPTModelConfig
+from megatron.registry import Registry
+
+if TYPE_CHECKING:  # config.py reads this registry (epsilons, validation)
+    from megatron.model.config import GPTModelConfig
 
 
 class LayerNorm(nn.LayerNorm):
@@ -60,22 +67,55 @@ class NonParametricLayerNorm(nn.Module):
         return F.layer_norm(x, self.dims, eps=self.eps)
 
 
-NORM_CLASSES = (LayerNorm, RMSNorm, ScaleNorm, NonParametricLayerNorm)
-
-
 Norm = LayerNorm | RMSNorm | ScaleNorm | NonParametricLayerNorm
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """One ``norm`` type: its module class, the builder and which config key holds its epsilon."""
+
+    cls: type[nn.Module]
+    build: Callable[[GPTModelConfig, int | list[int], float], nn.Module]
+    """``(cfg, dim, epsilon)`` -> the norm over the trailing ``dim``."""
+    epsilon_key: str
+    """The GPTModelConfig field with this norm's epsilon."""
+
+
+NORMS: Registry[NormSpec] = Registry("norm")
+
+
+def _layernorm(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+    return LayerNorm(dim, eps=eps, bias=cfg.use_bias_in_norms, dtype=cfg.params_dtype)
+
+
+def _rmsnorm(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+    return RMSNorm(dim, eps=eps, dtype=cfg.params_dtype)
+
+
+def _scalenorm(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+    return ScaleNorm(dim, eps=eps, dtype=cfg.params_dtype)
+
+
+def _non_parametric(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+    return NonParametricLayerNorm(dim, eps=eps)
+
+
+NORMS.register("layernorm", NormSpec(LayerNorm, _layernorm, "layernorm_epsilon"))
+NORMS.register("rmsnorm", NormSpec(RMSNorm, _rmsnorm, "rms_norm_epsilon"))
+NORMS.register("non_parametric_layernorm", NormSpec(NonParametricLayerNorm, _non_parametric, "layernorm_epsilon"))
+NORMS.register("scalenorm", NormSpec(ScaleNorm, _scalenorm, "scalenorm_epsilon"))
+# TransformerEngine is not used: its norms are the plain equivalents (GPTModelConfig.from_neox_args warns).
+NORMS.register("te_rmsnorm", NormSpec(RMSNorm, _rmsnorm, "rms_norm_epsilon"))
+NORMS.register("te_layernorm", NormSpec(LayerNorm, _layernorm, "layernorm_epsilon"))
 
 
 def build_norm(cfg: GPTModelConfig, dim: int | list[int] | None = None) -> Norm:
     """The norm selected by ``cfg.norm`` over ``dim`` (default ``hidden_size``) with its epsilon."""
-    dim = cfg.hidden_size if dim is None else dim
-    eps = cfg.norm_epsilon
-    if cfg.norm in ("layernorm", "te_layernorm"):
-        return LayerNorm(dim, eps=eps, bias=cfg.use_bias_in_norms, dtype=cfg.params_dtype)
-    if cfg.norm in ("rmsnorm", "te_rmsnorm"):
-        return RMSNorm(dim, eps=eps, dtype=cfg.params_dtype)
-    if cfg.norm == "scalenorm":
-        return ScaleNorm(dim, eps=eps, dtype=cfg.params_dtype)
-    if cfg.norm == "non_parametric_layernorm":
-        return NonParametricLayerNorm(dim, eps=eps)
-    raise ValueError(f"norm={cfg.norm!r} is not supported")
+    spec = NORMS.get(cfg.norm)
+    return cast(Norm, spec.build(cfg, cfg.hidden_size if dim is None else dim, getattr(cfg, spec.epsilon_key)))
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: a registered norm class, or any class named ``...Norm`` (torch's, TransformerEngine's)."""
+    classes = tuple(spec.cls for _, spec in NORMS.items())
+    return isinstance(module, classes) or type(module).__name__.lower().endswith("norm")

@@ -1,15 +1,48 @@
-"""Positional encodings: rotary (half-split, HF/GPT-NeoX convention), sinusoidal, ALiBi and T5 relative bias."""
+"""Positional encodings: learned, rotary (half-split, HF/GPT-NeoX convention), sinusoidal, ALiBi and T5 relative
+bias; ``POSITION_EMBEDDINGS`` (end of file) says for each ``pos_emb`` value which of them the model builds."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
+from megatron.registry import Registry
+
+if TYPE_CHECKING:  # config.py reads the registry (validation)
+    from megatron.model.config import GPTModelConfig
+
+InitMethod = Callable[[torch.Tensor], object]
+
+
+class LearnedPositionEmbedding(nn.Module):
+    """Replicated learned position table ``weight`` ``[max_position_embeddings, h]`` (drawn in fp32, then cast;
+    the parameter is created in ``__init__`` so DeepSpeed ``zero.Init`` can partition it). Positions are shifted by
+    ``opt_pos_emb_offset``."""
+
+    def __init__(self, cfg: GPTModelConfig, init_method: InitMethod) -> None:
+        super().__init__()
+        master = torch.empty(cfg.max_position_embeddings, cfg.hidden_size, dtype=torch.float32)
+        init_method(master)
+        self.weight = nn.Parameter(master.to(cfg.params_dtype))
+        # the table's length kept apart: under ZeRO-3 the partitioned weight is empty outside its gather
+        self.offset, self.max_positions = cfg.opt_pos_emb_offset, cfg.max_position_embeddings
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``[..., h]`` rows for integer ``position_ids`` (``dtype``: the parameter's own is kept)."""
+        positions = position_ids + self.offset
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise ValueError(
+                f"position {int(positions.max())} is beyond max_position_embeddings={self.max_positions} "
+                "(learned position embeddings)"
+            )
+        return F.embedding(positions, self.weight)
 
 
 class RotaryEmbedding(nn.Module):
@@ -173,7 +206,7 @@ class RelativePositionBias(nn.Module):
         num_buckets: int,
         max_distance: int,
         scale: float,
-        init_method: Callable[[torch.Tensor], object],
+        init_method: InitMethod,
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
@@ -194,3 +227,48 @@ class RelativePositionBias(nn.Module):
         """``[np, sq, sk]`` bias."""
         buckets = t5_relative_bucket(k_pos[None, :] - q_pos[:, None], self.num_buckets, self.max_distance)
         return (self.weight[buckets] * self.scale).permute(2, 0, 1).float()
+
+
+@dataclass(frozen=True)
+class PositionEmbeddingSpec:
+    """What one ``pos_emb`` value adds to the model; every hook is optional (``none``: nothing)."""
+
+    embedding: Callable[[GPTModelConfig, InitMethod], nn.Module] | None = None
+    """Added to the word embeddings (``embedding.position_embeddings``): ``module(position_ids, dtype)`` →
+    ``[b, s, h]``."""
+    rotary: Callable[[GPTModelConfig], RotaryEmbedding] | None = None
+    """Rotates queries and keys in every attention layer (``attention.rotary_emb``)."""
+    attention_bias: Callable[[GPTModelConfig], nn.Module] | None = None
+    """Per attention layer (``attention.position_bias``): ``module(q_pos, k_pos)`` → ``[heads/tp, sq, sk]``
+    added to the scores."""
+    shared_attention_bias: Callable[[GPTModelConfig, InitMethod], nn.Module] | None = None
+    """Like ``attention_bias`` but one module shared by all layers (``attention.rpe``), built once under
+    ``seed + 1``."""
+
+
+POSITION_EMBEDDINGS: Registry[PositionEmbeddingSpec] = Registry("pos_emb")
+
+
+def _rotary(cfg: GPTModelConfig) -> RotaryEmbedding:
+    return RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rotary_save_freqs_buffer)
+
+
+def _rpe(cfg: GPTModelConfig, init_method: InitMethod) -> nn.Module:
+    return RelativePositionBias(
+        cfg.num_attention_heads,
+        cfg.rpe_num_buckets,
+        cfg.rpe_max_distance,
+        scale=cfg.head_dim**0.5,
+        init_method=init_method,
+        dtype=cfg.params_dtype,
+    )
+
+
+POSITION_EMBEDDINGS.register("learned", PositionEmbeddingSpec(embedding=LearnedPositionEmbedding))
+POSITION_EMBEDDINGS.register("rotary", PositionEmbeddingSpec(rotary=_rotary))
+POSITION_EMBEDDINGS.register(
+    "sinusoidal", PositionEmbeddingSpec(embedding=lambda cfg, init: SinusoidalPositionalEmbedding(cfg.hidden_size))
+)
+POSITION_EMBEDDINGS.register("rpe", PositionEmbeddingSpec(shared_attention_bias=_rpe))
+POSITION_EMBEDDINGS.register("alibi", PositionEmbeddingSpec(attention_bias=lambda cfg: AliBi(cfg.num_attention_heads)))
+POSITION_EMBEDDINGS.register("none", PositionEmbeddingSpec())

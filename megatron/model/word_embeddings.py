@@ -3,32 +3,14 @@ sinusoidal positions, embedding dropout, and the sequence-parallel scatter."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.init_functions import init_methods
-from megatron.model.positional_embeddings import SinusoidalPositionalEmbedding
+from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.seeding import seeded
-
-
-class LearnedPositionEmbedding(nn.Module):
-    """Replicated learned position table ``weight`` ``[max_position_embeddings, h]`` (drawn in fp32, then cast;
-    the parameter is created in ``__init__`` so DeepSpeed ``zero.Init`` can partition it)."""
-
-    def __init__(self, cfg: GPTModelConfig, init_method: Callable[[torch.Tensor], object]) -> None:
-        super().__init__()
-        master = torch.empty(cfg.max_position_embeddings, cfg.hidden_size, dtype=torch.float32)
-        init_method(master)
-        self.weight = nn.Parameter(master.to(cfg.params_dtype))
-
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        """``[..., h]`` rows for integer ``positions``."""
-        return F.embedding(positions, self.weight)
 
 
 class Embedding(nn.Module):
@@ -41,25 +23,14 @@ class Embedding(nn.Module):
         self.word_embeddings = mpu.VocabParallelEmbedding(
             cfg.padded_vocab_size, cfg.hidden_size, init_method=init_method, params_dtype=cfg.params_dtype
         )
-        self.position_embeddings: LearnedPositionEmbedding | SinusoidalPositionalEmbedding
-        if cfg.pos_emb == "learned":
-            self.position_embeddings = LearnedPositionEmbedding(cfg, init_method)
-        elif cfg.pos_emb == "sinusoidal":
-            self.position_embeddings = SinusoidalPositionalEmbedding(cfg.hidden_size)
+        build_position = POSITION_EMBEDDINGS.get(cfg.pos_emb).embedding
+        self.position_embeddings = build_position(cfg, init_method) if build_position is not None else None
         self.embedding_dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids``/``position_ids`` [b, s] → ``[b, s(/tp with SP), h]``."""
         emb = self.word_embeddings(input_ids)
-        if self.cfg.pos_emb == "learned":
-            positions = position_ids + self.cfg.opt_pos_emb_offset
-            if positions.numel() and int(positions.max()) >= self.cfg.max_position_embeddings:
-                raise ValueError(
-                    f"position {int(positions.max())} is beyond max_position_embeddings="
-                    f"{self.cfg.max_position_embeddings} (learned position embeddings)"
-                )
-            emb = emb + self.position_embeddings(positions)
-        elif self.cfg.pos_emb == "sinusoidal":
+        if self.position_embeddings is not None:
             emb = emb + self.position_embeddings(position_ids, emb.dtype)
         emb = self.embedding_dropout(emb)
         if self.cfg.sequence_parallel and mpu.get_model_parallel_world_size() > 1:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from megatron.cluster.worker_env import launched_local_rank, launched_rank
 from megatron.mpu.initialize import (
     comm_device,
     get_data_parallel_group,
@@ -56,8 +57,15 @@ def is_distributed() -> bool:
 
 
 def world_rank() -> int:
-    """This process's global rank (0 in a plain process)."""
-    return dist.get_rank() if is_distributed() else 0
+    """This process's global rank: the process group's once it exists, before that the launcher's ``RANK`` (every
+    launcher sets it, :mod:`megatron.cluster.worker_env`), 0 in a plain process."""
+    return dist.get_rank() if is_distributed() else launched_rank()
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its host: the launcher's ``LOCAL_RANK`` (torch.distributed has no
+    notion of hosts), 0 in a plain process."""
+    return launched_local_rank()
 
 
 def world_size() -> int:

@@ -14,7 +14,7 @@ import sys
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from megatron.cluster.worker_env import describe_ranks, discover_rank_env
+from megatron.cluster.worker_env import describe_ranks, discover_rank_env, launched_rank
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
@@ -42,6 +42,7 @@ from megatron.neox_arguments.loader import (
     unknown_key_message,
 )
 from megatron.neox_arguments.number_checks import huge_int_problems, short_repr
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import (
     SECTIONS,
     DeepspeedConfigArgs,
@@ -361,7 +362,7 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
                 f"this rank was launched with WORLD_SIZE={world} but the config was resolved for "
                 f"global_num_gpus={self.global_num_gpus}; relaunch with deepy.py"
             )
-        self.update_value("rank", int(env.get("RANK", "0")))
+        self.update_value("rank", launched_rank(env))
         self.update_value("local_rank", int(env.get("LOCAL_RANK", local_rank if local_rank is not None else 0)))
         self.update_value("world_size", world)
 
@@ -460,9 +461,7 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
     @property
     def params_dtype(self) -> Any:
         """torch dtype of the parameters: float16, bfloat16 or float32 by ``precision``."""
-        import torch
-
-        return {"fp16": torch.half, "bfloat16": torch.bfloat16}.get(self.precision, torch.float32)
+        return dtype_of_precision(self.precision or "fp32")
 
     def format_config(self) -> str:
         """The full resolved config, one ``key ..... value`` line per key, by section (user-set keys marked)."""

@@ -20,6 +20,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+from megatron.cluster.worker_env import launched_local_rank
 from megatron.neox_arguments.errors import ConfigError
 
 INT64_MAX = 2**63 - 1
@@ -116,7 +117,7 @@ def machine_memory() -> tuple[int, str]:
     if not on_cpu():
         import torch
 
-        device = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
+        device = launched_local_rank() % max(torch.cuda.device_count(), 1)
         return int(torch.cuda.get_device_properties(device).total_memory), "GPU"
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):

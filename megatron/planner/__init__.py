@@ -11,6 +11,6 @@ calibrated step-time prediction) fitted to :mod:`~megatron.planner.published_run
 """
 
 from megatron.planner.inputs import Hardware, TrainingSetup, parse_bytes
-from megatron.planner.plan import Plan, build_plan
+from megatron.planner.plan import Plan, PlanInputs, build_plan
 
-__all__ = ["Hardware", "Plan", "TrainingSetup", "build_plan", "parse_bytes"]
+__all__ = ["Hardware", "Plan", "PlanInputs", "TrainingSetup", "build_plan", "parse_bytes"]

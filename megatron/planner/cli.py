@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -13,14 +13,11 @@ from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
 from megatron.planner.gpus import GPU_TYPES, gpu_type
 from megatron.planner.inputs import Hardware, parse_bytes
-from megatron.planner.plan import build_plan
+from megatron.planner.plan import PlanInputs, build_plan
 from megatron.planner.report import format_plan, plan_to_json
 from megatron.planner.search import DEFAULT_HEADROOM, search_layouts
 from megatron.planner.search_report import format_search
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
-
-if TYPE_CHECKING:
-    from megatron.neox_arguments import NeoXArgs
 
 FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX configs use
 GPU_NAMES = [g.name for g in GPU_TYPES.values()]
@@ -83,37 +80,32 @@ def _hardware(ns: argparse.Namespace, gpus: int) -> Hardware:
     )
 
 
-def set_padded_vocab(args: NeoXArgs, vocab_size: int | None = None) -> list[str]:
-    """Set ``padded_vocab_size`` as training would (from the tokenizer unless ``vocab_size`` is given).
+def resolve_vocab(tokenizer: TokenizerConfig, vocab_size: int | None = None) -> tuple[int, int, list[str]]:
+    """``(vocab size, padded vocab size, notes)`` as training pads it (from the tokenizer unless ``vocab_size`` is
+    given).
 
     A tokenizer that cannot be read (e.g. a vocab_file path on the training cluster) falls back to the
     GPT-NeoX-20B tokenizer's size; the returned note says so.
     """
-    return resolve_vocab(args, vocab_size)[1]
-
-
-def resolve_vocab(args: NeoXArgs, vocab_size: int | None = None) -> tuple[int, list[str]]:
-    """:func:`set_padded_vocab`, also returning the vocabulary size before padding."""
     notes = []
     if vocab_size is not None and vocab_size <= 0:
         raise ConfigError(f"--vocab-size {vocab_size}: must be > 0")
     if vocab_size is None:
         try:
-            vocab_size = int(build_tokenizer(TokenizerConfig.from_neox_args(args)).vocab_size)
+            vocab_size = int(build_tokenizer(tokenizer).vocab_size)
         except (OSError, ValueError) as e:
             notes.append(f"tokenizer not readable ({e}); assumed {FALLBACK_VOCAB} tokens, pass --vocab-size N")
             vocab_size = FALLBACK_VOCAB
-    tp = args.model_parallel_size
-    args.update_value("padded_vocab_size", padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by, tp))
-    return vocab_size, notes
+    tp = tokenizer.model_parallel_size
+    return vocab_size, padded_vocab_size(vocab_size, tokenizer.make_vocab_size_divisible_by, tp), notes
 
 
-def _search(args: NeoXArgs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
+def _search(inputs: PlanInputs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
     if ns.top <= 0:
         raise ConfigError(f"--top {ns.top}: must be > 0")
     hw.check()
     try:
-        result = search_layouts(args, hw, vocab, ns.memory_headroom)
+        result = search_layouts(inputs, hw, vocab, ns.memory_headroom)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
     print(
@@ -133,12 +125,16 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
     args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "global_num_gpus": gpus})
     hw = _hardware(ns, gpus)
     notes = [] if ns.gpus else [f"--gpus not given: planning for {gpus} GPUs"]
-    vocab, vocab_notes = resolve_vocab(args, ns.vocab_size)
+    vocab, padded, vocab_notes = resolve_vocab(TokenizerConfig.from_neox_args(args), ns.vocab_size)
     notes += vocab_notes
-    if ns.search:
-        return _search(args, hw, vocab, ns, out or sys.stdout)
     try:
-        plan = build_plan(args, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
+        inputs = PlanInputs.from_neox_args(args, padded)
+    except ValueError as e:  # the model config refuses the shape
+        raise ConfigError(str(e)) from None
+    if ns.search:
+        return _search(inputs, hw, vocab, ns, out or sys.stdout)
+    try:
+        plan = build_plan(inputs, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
     print(

@@ -7,13 +7,10 @@ from dataclasses import dataclass
 
 from megatron.config_utils import NeoXValues
 from megatron.neox_arguments.errors import ConfigError
+from megatron.training.optimizer_registry import OPTIMIZERS
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
 _UNITS.update({"gib": 2**30, "tib": 2**40})
-
-# Adam-family moments are two fp32 tensors per parameter; the others keep fewer.
-OPTIMIZER_STATE_FLOATS = {"adam": 2, "adamw": 2, "cpu_adam": 2, "cpu_torch_adam": 2, "onebitadam": 2, "lamb": 2}
-OPTIMIZER_STATE_FLOATS.update({"lion": 1, "sgd": 1, "madgrad_wd": 3, "sm3": 1})
 
 
 def parse_bytes(text: str, what: str = "--gpu-memory") -> int:
@@ -88,6 +85,13 @@ class TrainingSetup:
     def stages(self) -> int:
         """Pipeline stages (1 without a pipeline)."""
         return max(self.pp, 1)
+
+    @property
+    def optimizer_state_floats(self) -> int:
+        """fp32 optimizer-state values per parameter (the optimizer's registry entry; Adam: 2)."""
+        if self.optimizer_type not in OPTIMIZERS:
+            raise ConfigError(OPTIMIZERS.unknown(self.optimizer_type))
+        return OPTIMIZERS.get(self.optimizer_type).state_floats
 
     @property
     def param_bytes(self) -> int:

@@ -6,7 +6,7 @@ Bytes per parameter follow what DeepSpeed allocates for the configured precision
   states; ZeRO-1 shards master + states over the DP ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (tensors up to ``stage3_param_persistence_threshold`` elements stay whole on every rank, besides their shard,
   when there is more than one DP rank).
-* fp32: the optimizer steps the weights themselves at ZeRO-0 and (``megatron/training/zero3_fp32_master.py``)
+* fp32: the optimizer steps the weights themselves at ZeRO-0 and (``megatron/training/deepspeed_adapter.py, item 7``)
   the rank's parameter partition at ZeRO-3; ZeRO-1/2 still keep an fp32 copy of the rank's partition (measured
   with DeepSpeed's CPU accelerator).
 * bf16 with a pipeline and ZeRO-0, or ZeRO-1 with fp32 gradient accumulation: DeepSpeed's BF16 optimizer (fp32
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from megatron.planner.inputs import OPTIMIZER_STATE_FLOATS, TrainingSetup
+from megatron.planner.inputs import TrainingSetup
 from megatron.planner.params import StageParams
 
 FP32 = 4
@@ -44,7 +44,7 @@ class BytesPerParam:
 
 def bytes_per_param(setup: TrainingSetup) -> BytesPerParam:
     """The DeepSpeed optimizer layout for the setup's precision, ZeRO stage and optimizer."""
-    floats = OPTIMIZER_STATE_FLOATS.get(setup.optimizer_type, 2)
+    floats = setup.optimizer_state_floats
     w, zero = setup.param_bytes, setup.zero_stage
     bf16_optimizer = (zero == 0 and setup.pp >= 1) or (zero == 1 and setup.grad_accum_fp32)
     if setup.precision == "bfloat16" and bf16_optimizer:  # DeepSpeed's BF16_Optimizer

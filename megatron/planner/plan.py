@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import ClassVar
 
+from megatron.config_utils import NeoXValues
 from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 from megatron.planner.calibrated import Link, Prediction, Workload, predict
 from megatron.planner.inputs import Hardware, TrainingSetup
@@ -110,15 +113,40 @@ def link(hw: Hardware) -> Link:
     return Link(hw.peak_tflops, hw.hbm_GBps, hw.intra_node_GBps, hw.inter_node_GBps)
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the planner reads of a resolved config: the training setup, the model config and the two keys the
+    parameter count and the search need; built once by the planner's entry (:meth:`from_neox_args`)."""
+
+    setup: TrainingSetup
+    model: GPTModelConfig
+    pipe_partition_method: str
+    make_vocab_size_divisible_by: int
+
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("setup", "model")
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXValues, padded_vocab_size: int) -> PlanInputs:
+        """Read a resolved NeoXArgs (``global_num_gpus`` = the planned GPUs) with the given padded vocabulary (the
+        arguments are not changed)."""
+        every_key = args.to_dict() if isinstance(args, NeoXArgs) else vars(args)
+        values = SimpleNamespace(**{**every_key, "padded_vocab_size": padded_vocab_size})
+        return cls(
+            setup=TrainingSetup.from_neox_args(values),
+            model=GPTModelConfig.from_neox_args(values),
+            pipe_partition_method=args.pipe_partition_method,
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        )
+
+
 def build_plan(
-    args: Any, hw: Hardware, *, kv_batch: int = 1, kv_tokens: int | None = None, notes: list[str] | None = None
+    inputs: PlanInputs, hw: Hardware, *, kv_batch: int = 1, kv_tokens: int | None = None, notes: list[str] | None = None
 ) -> Plan:
-    """Plan a resolved NeoXArgs (``padded_vocab_size`` set, ``global_num_gpus == hw.gpus``) on ``hw``."""
+    """Plan a resolved config (``global_num_gpus == hw.gpus``) on ``hw``."""
     hw.check()
-    setup = TrainingSetup.from_neox_args(args)
+    setup = inputs.setup
     _check_world(setup.tp, setup.stages, hw)
-    cfg = GPTModelConfig.from_neox_args(args)
-    params = count_params(cfg, setup.tp, setup.pp, getattr(args, "pipe_partition_method", None))
+    params = count_params(inputs.model, setup.tp, setup.pp, inputs.pipe_partition_method)
     ranks = [rank_memory(setup, i, stage) for i, stage in enumerate(params.stages)]
     placements = group_placements(setup.tp, setup.stages, setup.dp, hw.gpus_per_node)
     busiest = max(params.stages, key=lambda s: s.total)

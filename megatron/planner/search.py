@@ -13,20 +13,16 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.planner.calibrated import Prediction, predict
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import group_placements
 from megatron.planner.memory import rank_memory
 from megatron.planner.params import count_params
-from megatron.planner.plan import link, workload
+from megatron.planner.plan import PlanInputs, link, workload
 from megatron.planner.throughput import estimate_step
-
-if TYPE_CHECKING:
-    from megatron.neox_arguments import NeoXArgs
 
 GB = 1e9
 MAX_MICRO_BATCH = 64
@@ -140,8 +136,10 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
     return None
 
 
-def search_layouts(args: NeoXArgs, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
-    """Evaluate every candidate layout of the resolved config ``args`` on ``hw`` (``vocab_size``: before padding).
+def search_layouts(
+    inputs: PlanInputs, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM
+) -> SearchResult:
+    """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding).
 
     A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
     the CUDA context, NCCL's buffers and allocator fragmentation).
@@ -149,10 +147,8 @@ def search_layouts(args: NeoXArgs, hw: Hardware, vocab_size: int, headroom: floa
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"--memory-headroom {headroom}: must be >= 0 and < 1")
     usable = int(hw.gpu_memory_bytes * (1.0 - headroom))
-    base = TrainingSetup.from_neox_args(args)
-    cfg = GPTModelConfig.from_neox_args(args)
-    method = getattr(args, "pipe_partition_method", None)
-    divisible_by = args.make_vocab_size_divisible_by
+    base, cfg = inputs.setup, inputs.model
+    method, divisible_by = inputs.pipe_partition_method, inputs.make_vocab_size_divisible_by
 
     @cache
     def counts(tp: int, pp: int) -> Any:

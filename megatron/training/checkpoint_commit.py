@@ -15,19 +15,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from megatron.checkpoint.layout import CheckpointError, confined
 from megatron.checkpoint.manifest import atomic_write_text, fsync_path, verify_checkpoint
+from megatron.checkpoint.tags import checkpoint_dirs, tag_iteration
 
 logger = logging.getLogger(__name__)
 
 PARTIAL_PREFIX = ".partial-"
 TRASH_PREFIX = ".trash-"
-STEP_RE = re.compile(r"^global_step(\d+)$")
 
 
 def partial_tag(tag: str, run_id: str = "") -> str:
@@ -107,21 +106,6 @@ def commit(root: str | Path, tag: str, run_id: str = "") -> Path:
     return final
 
 
-def iteration_of(path: Path) -> int | None:
-    """N of a ``global_stepN`` folder, None for other names."""
-    match = STEP_RE.match(path.name)
-    return int(match.group(1)) if match else None
-
-
-def checkpoints_by_iteration(root: str | Path) -> list[Path]:
-    """``global_stepN`` folders, oldest first by N."""
-    base = Path(root)
-    if not base.is_dir():
-        return []
-    found = [p for p in base.iterdir() if p.is_dir() and iteration_of(p) is not None]
-    return sorted(found, key=lambda p: iteration_of(p) or 0)
-
-
 def latest_tag(root: str | Path) -> str | None:
     """The tag ``root/latest`` names (confined to ``root``), None without a ``latest`` file."""
     latest = Path(root) / "latest"
@@ -137,10 +121,10 @@ def select_checkpoint(root: str | Path, *, checksums: bool = False) -> str | Non
     Valid means every file has its manifest's size (and, with ``checksums``, its sha256)."""
     base = Path(root)
     tag = latest_tag(base)
-    candidates = checkpoints_by_iteration(base)[::-1]
+    candidates = checkpoint_dirs(base)[::-1]
     if tag is not None:
-        limit = iteration_of(Path(tag))
-        older = [p for p in candidates if p.name != tag and (limit is None or (iteration_of(p) or 0) < limit)]
+        limit = tag_iteration(tag)
+        older = [p for p in candidates if p.name != tag and (limit is None or (tag_iteration(p) or 0) < limit)]
         candidates = [base / tag, *older]
     for directory in candidates:
         problem = "it does not exist" if not directory.is_dir() else verify_checkpoint(directory, checksums=checksums)
@@ -159,7 +143,7 @@ def delete_old_checkpoints(save_dir: str | Path, keep_n: int) -> list[Path]:
     deleted paths."""
     if keep_n <= 0:
         return []
-    checkpoints = checkpoints_by_iteration(save_dir)
+    checkpoints = checkpoint_dirs(save_dir)
     protected = {p.name for p in checkpoints[-keep_n:]}
     try:
         tag = latest_tag(save_dir)

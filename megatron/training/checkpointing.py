@@ -24,7 +24,6 @@ import logging
 import os
 import pickle
 import random
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimi
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
+from megatron.checkpoint.tags import checkpoint_dirs, checkpoint_tag
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.model.config import GPTModelConfig
@@ -120,11 +120,6 @@ class CheckpointConfig:
             raise CheckpointError(f"keep_last_n_checkpoints must be >= 1, got {self.keep_last_n_checkpoints}")
 
 
-def checkpoint_tag(iteration: int) -> str:
-    """GPT-NeoX's tag for a checkpoint after ``iteration`` steps."""
-    return f"global_step{iteration}"
-
-
 def is_save_iter(iteration: int, cfg: CheckpointConfig) -> bool:
     """True when ``iteration`` is in ``extra_save_iters`` or on the ``checkpoint_factor`` schedule."""
     if iteration in (cfg.extra_save_iters or ()):
@@ -139,18 +134,6 @@ def is_save_iter(iteration: int, cfg: CheckpointConfig) -> bool:
             return True
         power *= float(cfg.checkpoint_factor)
     return False
-
-
-def _natural_key(name: str) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
-def list_checkpoints(save_dir: str | Path) -> list[Path]:
-    """``global_step*`` directories in natural order (oldest first)."""
-    root = Path(save_dir)
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.glob("global_step*") if p.is_dir()), key=lambda p: _natural_key(p.name))
 
 
 def rng_state() -> dict[str, Any]:
@@ -293,7 +276,7 @@ def resolve_tag(cfg: CheckpointConfig) -> str | None:
     if cfg.iteration is not None:
         tag = checkpoint_tag(int(cfg.iteration))
         if not (root / tag).is_dir():
-            available = ", ".join(p.name for p in list_checkpoints(root)) or "none"
+            available = ", ".join(p.name for p in checkpoint_dirs(root)) or "none"
             raise CheckpointError(f"iteration {cfg.iteration}: no checkpoint {root / tag} (available: {available})")
         checkpoint_folder(root, tag, f"iteration {cfg.iteration}")
         verify_manifest(root / tag, checksums=cfg.load_verify_checksums)

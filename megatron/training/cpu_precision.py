@@ -13,11 +13,11 @@ import os
 from typing import Any
 
 import torch
-from deepspeed.accelerator import get_accelerator
 
 from megatron.cpu_features import CPU_FLAGS, cpu_has_native
 from megatron.distributed import on_cpu
 from megatron.neox_arguments.errors import ConfigError
+from megatron.training.deepspeed_adapter import allow_fp16_on_cpu
 
 logger = logging.getLogger("megatron.train")
 
@@ -53,4 +53,4 @@ def apply_cpu_precision(ds_config: dict[str, Any]) -> None:
             f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
         )
     logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
-    type(get_accelerator()).is_fp16_supported = lambda self: True
+    allow_fp16_on_cpu()

@@ -167,7 +167,8 @@ class Trainer:
         self.rank = mpu.world_rank()
         self.world = mpu.world_size()
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
-        self.stop_check: Callable[[int], bool] | None = None  # preemption: True on every rank to stop now
+        # preemption: (iteration, the step's reduced stop flag) -> True on every rank to stop now
+        self.stop_check: Callable[[int, float], bool] | None = None
         self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
 
     def _lr(self) -> float:
@@ -197,7 +198,7 @@ class Trainer:
             if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
                 scalars["train/loss_scale"] = scale
             if self.log_cfg.log_grad_norm:
-                grad_norm = self.engine.get_global_grad_norm()
+                grad_norm = self.step.global_grad_norm()
                 if grad_norm is not None:
                     scalars["train/grad_norm"] = float(grad_norm)
             if self.log_cfg.log_param_norm:
@@ -224,7 +225,7 @@ class Trainer:
                     logger.info("exit_interval: exiting at iteration %d", state.iteration)
                 state.exited_early = True
                 break
-            if self.stop_check is not None and self.stop_check(state.iteration):
+            if self.stop_check is not None and self.stop_check(state.iteration, result.stop):
                 state.exited_early = state.preempted = True
                 break
         return state

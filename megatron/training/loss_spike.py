@@ -4,8 +4,8 @@
 ``loss_spike_skip_zscore`` is the threshold: a step whose loss exceeds the window's mean by more than that many
 standard deviations is a spike. Only finite losses of steps that were applied enter the window (a NaN, an inf or
 a skipped spike never poisons it), and nothing is judged until the window is full. The loss judged is the step's
-mean over its micro-batches, already averaged over all ranks, and the decision is all-reduced with the non-finite
-flag (:mod:`megatron.training.nonfinite`), so every rank skips the same steps.
+mean over its micro-batches, already averaged over all ranks in the step's one reduction
+(:mod:`megatron.training.nonfinite`), so every rank judges the same value and skips the same steps.
 """
 
 from __future__ import annotations

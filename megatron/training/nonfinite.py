@@ -1,21 +1,21 @@
-"""Non-finite steps in any precision: a step whose loss or gradients hold NaN/inf is skipped, not applied.
+"""The skip decision of a training step: a step whose loss or gradients hold NaN/inf, or whose loss spikes, is skipped.
 
-:func:`install_nonfinite_guard` wraps the engine's optimizer step (``_take_model_step``, used by the sequential
-and the pipeline engine alike). Before each optimizer step every rank checks its loss flag and its local
-gradients, the flags are all-reduced (MAX), and when any rank saw a non-finite value every rank drops the
-gradients, leaves the weights, optimizer state and LR schedule untouched and counts a skipped step (as DeepSpeed
-does for an fp16 overflow). The skip is logged with its iteration; ``max_consecutive_nonfinite_steps`` skips in a
-row abort the run with a clear message. Under fp16 only the loss is checked: non-finite gradients there are
-loss-scale overflows, left to DeepSpeed's dynamic loss scaler. With ``loss_spike_skip_window`` set, a step whose
-loss spikes (:mod:`megatron.training.loss_spike`) is skipped the same way and counts toward the same limit.
+:meth:`StepGuard.decide` runs once per optimizer step, after the last backward and before the optimizer step
+(``megatron/training/step.py`` calls it in plain sight). Every rank packs its micro-batch losses, the metrics of the
+step (post-training objectives) and a local "non-finite" flag into one tensor; ONE all-reduce sums them over the
+world and ONE host read (``tolist``) brings back the rank-averaged losses and metrics, their mean (the logged
+``lm_loss``) and the number of ranks that saw a non-finite value: the one host synchronisation of a step. When any
+rank saw one, every rank skips the step (as DeepSpeed skips an fp16 overflow); under fp16 only the loss is checked,
+since non-finite gradients there are loss-scale overflows, left to DeepSpeed's dynamic loss scaler. With
+``loss_spike_skip_window`` set, a step whose loss spikes (:mod:`megatron.training.loss_spike`) is skipped too (the
+reduced loss is the same on every rank, so every rank decides alike). Skips are logged with their iteration;
+``max_consecutive_nonfinite_steps`` skips in a row abort the run with a clear message.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,102 +25,89 @@ from megatron.training.loss_spike import LossSpikeDetector
 
 logger = logging.getLogger("megatron.train")
 
-GUARD_ATTR = "nonfinite_guard"
-
 
 class NonFiniteAbort(UserError):
     """Too many consecutive non-finite steps: the run cannot recover by skipping."""
 
 
-def _grads(engine: Any) -> Iterator[torch.Tensor]:
-    for p in engine.module.parameters():
-        if p.grad is not None:
-            yield p.grad
-    opt = engine.optimizer
-    for group in (getattr(opt, "averaged_gradients", None) or {}).values():  # ZeRO-1/2 partitions
-        for g in group or []:
-            if torch.is_tensor(g):
-                yield g
-    for g in getattr(opt, "fp32_groups_gradients_flat", None) or []:  # bf16 optimizer
-        if torch.is_tensor(g):
-            yield g
+def nonfinite_flag(tensors: list[torch.Tensor], device: torch.device | str) -> torch.Tensor:
+    """1.0 when any element of ``tensors`` is NaN or ±inf, else 0.0, as a device tensor (no host read): the max-abs
+    norm of a tensor is finite iff all its elements are (one read pass per tensor)."""
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return torch.zeros(1, device=device)
+    peaks = torch.stack([torch.linalg.vector_norm(t.detach(), float("inf")).float().to(device) for t in tensors])
+    return (~torch.isfinite(peaks).all()).float().reshape(1)
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """One read pass per tensor and one host sync: the max-abs norm is finite iff no element is NaN or ±inf."""
-    tensors = [t for t in tensors if t.numel()]
-    if not tensors:
-        return True
-    peaks = torch.stack([torch.linalg.vector_norm(t.detach(), float("inf")).float().cpu() for t in tensors])
-    return bool(torch.isfinite(peaks).all())
+    """Host answer of :func:`nonfinite_flag` (tests and tools; the step keeps the flag on the device)."""
+    return not bool(nonfinite_flag(tensors, "cpu").item())
 
 
-def _drop_gradients(engine: Any) -> None:
-    """What DeepSpeed's optimizers do on an fp16 overflow: forget this step's gradients."""
-    opt = engine.optimizer
-    try:
-        opt.zero_grad(set_to_none=True)
-    except TypeError:
-        opt.zero_grad()
-    if isinstance(getattr(opt, "averaged_gradients", None), dict):
-        opt.averaged_gradients = {}
-    for name in ("clear_hp_grads", "clear_lp_grads"):
-        if callable(getattr(opt, name, None)):
-            getattr(opt, name)()
-    engine.module.zero_grad(set_to_none=True)
+@dataclass
+class Verdict:
+    """What :meth:`StepGuard.decide` decided, with the step's reduced values (host floats, read once)."""
+
+    apply: bool
+    lm_loss: float | None = None  # mean over micro-batches and ranks (None: the pipeline's loss comes later)
+    metrics: dict[str, float] = field(default_factory=dict)
+    stop: float = 0.0  # the max over ranks of the ``stop`` flags (preemption: 2 a signal, 1 out of time)
 
 
-class NonFiniteGuard:
+class StepGuard:
     """Decides, on all ranks alike, whether the coming optimizer step is applied."""
 
-    def __init__(self, engine: Any, max_consecutive: int, spike: LossSpikeDetector | None = None) -> None:
-        self.engine, self.max_consecutive, self.spike = engine, max_consecutive, spike
-        self.loss_nonfinite = False
-        self.loss_sum, self.loss_count = 0.0, 0
+    def __init__(self, max_consecutive: int, spike: LossSpikeDetector | None = None, check_gradients: bool = True):
+        self.max_consecutive, self.spike, self.check_gradients = max_consecutive, spike, check_gradients
         self.consecutive = 0
         self.skipped_total = 0
 
-    def note_loss(self, loss: float | torch.Tensor) -> None:
-        """Record a (micro-batch) loss of the current step."""
-        value = float(loss)
-        if not math.isfinite(value):
-            self.loss_nonfinite = True
-        self.loss_sum += value
-        self.loss_count += 1
-
-    def _agree(self, step_loss: float | None) -> tuple[bool, bool]:
-        """(non-finite, spike) as all ranks see it: any rank's flag counts."""
-        nonfinite = self.loss_nonfinite
-        # fp16: inf gradients are loss-scale overflows, which DeepSpeed's scaler handles (and learns from)
-        fp16 = bool(getattr(self.engine, "fp16_enabled", lambda: False)())
-        if not nonfinite and not fp16:
-            nonfinite = not _all_finite(list(_grads(self.engine)))
+    def decide(
+        self,
+        losses: torch.Tensor | None,
+        gradients: list[torch.Tensor],
+        iteration: int,
+        metrics: dict[str, torch.Tensor] | None = None,
+        stop: float = 0.0,
+    ) -> Verdict:
+        """``losses``: this rank's micro-batch losses ``[gas]`` (None under the pipeline engine, whose loss is
+        aggregated after its optimizer step); ``metrics``: this rank's step metrics (scalars) to average over ranks;
+        ``iteration``: the step's 1-based number (for messages); ``stop``: this rank's preemption flag (2, 1 or 0),
+        reduced here so that the loop's stop check needs no reduction of its own."""
+        metrics = metrics or {}
+        device = losses.device if losses is not None else (gradients[0].device if gradients else mpu.comm_device())
+        parts = [] if losses is None else [losses.detach().float().reshape(-1)]
+        parts += [m.detach().float().reshape(1).to(device) for m in metrics.values()]
+        flag = torch.zeros(1, device=device)
+        if losses is not None:
+            flag = torch.maximum(flag, (~torch.isfinite(parts[0]).all()).float().reshape(1))
+        if self.check_gradients:
+            flag = torch.maximum(flag, nonfinite_flag(gradients, device))
+        # any-rank flags travel as per-value counts in the summed packet: [signal?, out of time?, non-finite?]
+        stops = torch.tensor([float(stop == 2.0), float(stop == 1.0)], device=device)
+        packet = torch.cat([*parts, stops, flag])
+        world = mpu.world_size()
+        if world > 1:
+            mpu.all_reduce_sum(packet)  # the step's one reduction: losses, metrics and the flag together
+        values = packet[:-3] / world if world > 1 else packet[:-3]
+        n = 0 if losses is None else losses.numel()
+        mean = values[:n].mean().reshape(1) if n else torch.zeros(1, device=device)
+        host = torch.cat([values, mean, packet[-3:]]).tolist()  # the step's one host read
+        *averaged, lm_loss, signals, out_of_time, nonfinite_ranks = host
+        nonfinite = nonfinite_ranks > 0
+        step_loss = sum(averaged[:n]) / n if n else None  # as the spike window has always been fed: a float64 mean
+        verdict = Verdict(True, lm_loss if n else None, dict(zip(metrics, averaged[n:], strict=True)))
+        verdict.stop = 2.0 if signals > 0 else 1.0 if out_of_time > 0 else 0.0
         spike = not nonfinite and self.spike is not None and step_loss is not None and self.spike.is_spike(step_loss)
-        flags = torch.tensor([float(nonfinite), float(spike)])
-        if mpu.world_size() > 1:
-            mpu.all_reduce_max(flags)
-        return bool(flags[0] > 0), bool(flags[1] > 0)
-
-    def take_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped ``_take_model_step``."""
-        step_loss = self.loss_sum / self.loss_count if self.loss_count else None
-        nonfinite, spike = self._agree(step_loss)
-        self.loss_nonfinite, self.loss_sum, self.loss_count = False, 0.0, 0
         if not (nonfinite or spike):
             self.consecutive = 0
             if self.spike is not None and step_loss is not None:
                 self.spike.record(step_loss)
-            return original(*args, **kwargs)
-        iteration = int(self.engine.global_steps) + 1
+            return verdict
+        verdict.apply = False
         self.consecutive += 1
         self.skipped_total += 1
-        _drop_gradients(self.engine)
-        engine = self.engine  # the bookkeeping of DeepSpeed's _take_model_step for an fp16 overflow
-        engine.skipped_steps += 1
-        engine._step_applied = False
-        engine.losses = None
-        engine.global_steps += 1
-        engine.global_samples += engine.train_batch_size()
         if mpu.world_rank() == 0:
             if nonfinite:
                 logger.warning(
@@ -140,28 +127,13 @@ class NonFiniteGuard:
                 f"at iteration {iteration}): training diverged or the data is broken; lower the learning rate, check "
                 "the data, or resume from an earlier checkpoint (max_consecutive_nonfinite_steps sets the limit)"
             )
-        return None
+        return verdict
 
 
-def install_nonfinite_guard(
-    engine: Any, max_consecutive: int, spike_window: int = 0, spike_zscore: float = 0.0
-) -> NonFiniteGuard:
-    """Wrap ``engine._take_model_step`` with a :class:`NonFiniteGuard` (stored as ``engine.nonfinite_guard``);
-    ``spike_window`` > 0 also skips loss spikes above ``spike_zscore``."""
+def build_step_guard(
+    max_consecutive: int, spike_window: int = 0, spike_zscore: float = 0.0, fp16: bool = False
+) -> StepGuard:
+    """The guard for a run: ``spike_window`` > 0 also skips loss spikes above ``spike_zscore``; fp16 checks the loss
+    only (gradient overflows are DeepSpeed's loss scaler's)."""
     spike = LossSpikeDetector(spike_window, spike_zscore) if spike_window > 0 else None
-    guard = NonFiniteGuard(engine, max_consecutive, spike)
-    original = engine._take_model_step
-
-    def take_model_step(*args: Any, **kwargs: Any) -> Any:
-        return guard.take_step(original, *args, **kwargs)
-
-    engine._take_model_step = take_model_step
-    setattr(engine, GUARD_ATTR, guard)
-    return guard
-
-
-def note_loss(engine: Any, loss: float | torch.Tensor) -> None:
-    """Tell the engine's guard (if any) about a micro-batch loss before its ``engine.step()``."""
-    guard = getattr(engine, GUARD_ATTR, None)
-    if guard is not None:
-        guard.note_loss(loss)
+    return StepGuard(max_consecutive, spike, check_gradients=not fp16)

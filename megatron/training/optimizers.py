@@ -1,18 +1,11 @@
 """Optimizer construction from GPT-NeoX's ``optimizer: {type, params}`` and ``weight_decay`` keys.
 
-Param groups follow GPT-NeoX: norms, biases and params flagged ``_no_weight_decay`` get ``weight_decay = 0``;
-frozen params are left out. Types (case-insensitive):
-
-| type | implementation |
-|---|---|
-| ``adam`` | ``torch.optim.AdamW`` (decoupled weight decay, what GPT-NeoX's FusedAdam computes; torch's fused one-pass kernel for CPU parameters); ``params.fused: true`` or ``params.torch_adam: false`` selects DeepSpeed's ``FusedAdam`` (JIT-built C++ op on CPU, ~70 s once) |
-| ``cpu_adam`` / ``cpu_torch_adam`` | ``deepspeed.ops.adam.DeepSpeedCPUAdam`` (JIT-built once), for ZeRO-Offload |
-| ``onebitadam`` | created by DeepSpeed from the config (needs a CUDA/NCCL backend) |
-| ``sgd`` | ``torch.optim.SGD`` (GPT-NeoX requires muP's MuSGD; muP is not supported here) |
-| ``lion`` / ``sm3`` / ``madgrad_wd`` | ``megatron.training.optim_algorithms`` (Lion → DeepSpeed ``FusedLion`` under ZeRO on accelerators, as GPT-NeoX) |
+Param groups follow GPT-NeoX: norms, biases and params flagged ``_no_weight_decay`` get ``weight_decay = 0``
+(the rule, shared with the checkpoint resharder, is ``megatron.model.weight_decay``); frozen params are left out.
+The types and their implementations are the entries of ``megatron.training.optimizer_registry.OPTIMIZERS``.
 
 DeepSpeed refuses optimizers it has not tested under ZeRO unless ``zero_allow_untested_optimizer`` is set; that
-rule is checked here first, so the error names the key.
+rule is checked here first (from the registry entry's ZeRO stages), so the error names the key.
 """
 
 from __future__ import annotations
@@ -25,24 +18,12 @@ import torch
 
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 from megatron.distributed import on_cpu
+from megatron.model.weight_decay import no_weight_decay
 from megatron.neox_arguments.errors import ConfigError
-from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES, OptimizerType
-from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
+from megatron.neox_arguments.sections.optimizer import OptimizerType
+from megatron.training.optimizer_registry import OPTIMIZERS
 
 logger = logging.getLogger(__name__)
-
-NORM_CLASS_NAMES = {
-    "LayerNorm",
-    "RMSNorm",
-    "ScaleNorm",
-    "TELayerNorm",
-    "TERMSNorm",
-    "MixedFusedLayerNorm",
-    "MixedFusedRMSNorm",
-    "NonParametricLayerNorm",
-}
-# Optimizers DeepSpeed itself knows to be safe under ZeRO (deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS).
-_ZERO_TESTED = ("adam", "cpu_adam", "cpu_torch_adam", "onebitadam", "lion")
 
 
 @dataclass
@@ -86,26 +67,17 @@ class OptimizerConfig:
         return dict((self.optimizer or {}).get("params") or {})
 
 
-def _is_norm(module: torch.nn.Module) -> bool:
-    name = type(module).__name__
-    return name in NORM_CLASS_NAMES or name.lower().endswith("norm")
-
-
 def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Split trainable params into a decayed group and a ``weight_decay: 0.0`` group (norms, biases, flagged)."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     seen: set[int] = set()
     for module in model.modules():
-        norm = _is_norm(module)
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))  # tied weights appear under several modules
-            if norm or name == "bias" or name.endswith(".bias") or getattr(param, "_no_weight_decay", False):
-                no_decay.append(param)
-            else:
-                decay.append(param)
+            (no_decay if no_weight_decay(module, name, param) else decay).append(param)
     if weight_decay == 0:
         return [{"params": decay + no_decay, "weight_decay": 0.0}]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -114,12 +86,13 @@ def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> li
 
 def check_zero_compatibility(cfg: OptimizerConfig) -> None:
     """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO."""
-    # Under ZeRO, Lion is DeepSpeed's FusedLion on accelerators; on CPU it is ours (no JIT build), thus untested.
-    tested = [t for t in _ZERO_TESTED if not (t == "lion" and cfg.on_cpu)]
-    if cfg.zero_stage > 0 and cfg.type not in tested and not cfg.zero_allow_untested_optimizer:
+    tested = OPTIMIZERS.get(cfg.type).tested_stages(cfg.on_cpu)
+    if cfg.zero_stage > 0 and cfg.zero_stage not in tested and not cfg.zero_allow_untested_optimizer:
+        usable = [name for name, spec in OPTIMIZERS.items() if cfg.zero_stage in spec.tested_stages(cfg.on_cpu)]
         raise ConfigError(
-            f"optimizer.type {(cfg.optimizer or {}).get('type', cfg.type)!r} is not tested by DeepSpeed under ZeRO stage "
-            f"{cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use Adam/Lion"
+            f"optimizer.type {(cfg.optimizer or {}).get('type', cfg.type)!r} is not tested by DeepSpeed under ZeRO "
+            f"stage {cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use one of "
+            f"{', '.join(usable)}"
         )
 
 
@@ -128,13 +101,11 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer | None, list[dict[str, Any]]]:
     """Build the optimizer for ``model``; returns ``(optimizer, param_groups)``.
 
-    ``optimizer`` is None for ``onebitadam``: DeepSpeed builds it from its config and the param groups.
+    ``optimizer`` is None where DeepSpeed builds it from its config and the param groups (``onebitadam``).
     """
-    kind = cfg.type
-    if kind not in OPTIMIZER_TYPES:
-        raise ConfigError(
-            f"optimizer.type {(cfg.optimizer or {}).get('type', cfg.type)!r} is not one of {', '.join(OPTIMIZER_TYPES)}"
-        )
+    if cfg.type not in OPTIMIZERS:
+        raise ConfigError(OPTIMIZERS.unknown((cfg.optimizer or {}).get("type", cfg.type)))
+    spec = OPTIMIZERS.get(cfg.type)
     if cfg.use_mup:
         raise ConfigError("use_mup is not supported by neox-forge; unset it")
     check_zero_compatibility(cfg)
@@ -145,52 +116,21 @@ def build_optimizer(
     if not groups:
         raise ConfigError("the model has no trainable parameters")
     lr = float(params.pop("lr", 0.001))
-    if kind == "adam":
-        fused = bool(params.pop("fused", False))
-        fused = params.pop("torch_adam", True) is False or fused
-        betas = tuple(params.pop("betas", (0.9, 0.999)))
-        eps = float(params.pop("eps", 1e-8))
-        if fused:
-            from deepspeed.ops.adam import FusedAdam
-
-            return FusedAdam(groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True, **params), groups
-        params.pop("adam_w_mode", None)
-        if "foreach" not in params and all(p.device.type == "cpu" for g in groups for p in g["params"]):
-            params.setdefault("fused", True)  # torch's one-pass CPU kernel: same update, about 2x faster than the loop
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **params), groups
-    if kind in ("cpu_adam", "cpu_torch_adam"):
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(groups, lr=lr, **params), groups
-    if kind == "onebitadam":
-        if cfg.on_cpu:
-            raise ConfigError(
-                "optimizer.type onebitadam needs DeepSpeed's NCCL/MPI compressed backend; it does not run on CPU"
-            )
-        return None, groups
-    if kind == "sgd":
-        return torch.optim.SGD(groups, lr=lr, **params), groups
-    if kind == "lion":
-        if cfg.zero_stage > 0 and not cfg.on_cpu:
-            from deepspeed.ops.lion import FusedLion
-
-            return FusedLion(groups, lr=lr, **params), groups
-        return Lion(groups, lr=lr, **params), groups
-    if kind == "sm3":
-        return SM3(groups, lr=lr, **params), groups
-    return MADGRAD(groups, lr=lr, **params), groups  # madgrad_wd
+    return spec.factory(groups, lr, params, cfg), groups
 
 
 def deepspeed_config_for(ds_config: dict[str, Any], cfg: OptimizerConfig) -> dict[str, Any]:
     """The DeepSpeed JSON for ``deepspeed.initialize``: we build the optimizer and scheduler ourselves.
 
     DeepSpeed refuses an optimizer both in the config and from the client, so ``optimizer`` is dropped unless
-    DeepSpeed is to build it (onebitadam); ``scheduler`` is dropped because our AnnealingLR is the scheduler.
+    DeepSpeed is to build it (a registry entry with ``deepspeed_type``: onebitadam); ``scheduler`` is dropped
+    because our AnnealingLR is the scheduler.
     """
     out = dict(ds_config)
     out.pop("scheduler", None)
-    if cfg.type == "onebitadam":
-        out["optimizer"] = {"type": "OneBitAdam", "params": cfg.params}
+    deepspeed_type = OPTIMIZERS.get(cfg.type).deepspeed_type
+    if deepspeed_type is not None:
+        out["optimizer"] = {"type": deepspeed_type, "params": cfg.params}
     else:
         out.pop("optimizer", None)
     if cfg.zero_allow_untested_optimizer:

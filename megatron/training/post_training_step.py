@@ -14,15 +14,16 @@ import torch
 from megatron.logging.timers import Timers
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.objectives import DPOObjective, KTOObjective, RewardModelObjective, frozen_copy
-from megatron.training.step import SequentialStep, StepResult, reduce_losses
+from megatron.training.nonfinite import StepGuard
+from megatron.training.step import SequentialStep, StepResult
 
 
 class PostTrainStep(SequentialStep):
     """``gas`` × (objective batch, objective loss, backward, step); the objective's metrics are averaged over the
     iteration's micro-batches and all ranks and returned as ``train/<name>`` in ``StepResult.extra``."""
 
-    def __init__(self, engine: Any, objective: Any, gas: int, timers: Timers) -> None:
-        super().__init__(engine, loss_fn=None, batch_cfg=None, gas=gas, timers=timers)  # type: ignore[arg-type]
+    def __init__(self, engine: Any, objective: Any, gas: int, timers: Timers, guard: StepGuard | None = None) -> None:
+        super().__init__(engine, loss_fn=None, batch_cfg=None, gas=gas, timers=timers, guard=guard)  # type: ignore[arg-type]
         self.objective = objective
         self.metrics: list[dict[str, torch.Tensor]] = []
 
@@ -38,23 +39,26 @@ class PostTrainStep(SequentialStep):
     def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
         """One iteration; ``extra`` carries the metrics."""
         self.metrics = []
-        result = super().train(data_iter)
+        return super().train(data_iter)
+
+    def step_metrics(self) -> dict[str, torch.Tensor]:
+        """The objective's metrics, averaged over the iteration's micro-batches (device tensors: the step averages
+        them over ranks in its one reduction)."""
         names = self.metrics[0].keys() if self.metrics else []
-        result.extra = {
-            f"train/{k}": float(reduce_losses(torch.stack([m[k].float() for m in self.metrics]).mean())) for k in names
-        }
-        return result
+        return {f"train/{k}": torch.stack([m[k].float() for m in self.metrics]).mean() for k in names}
 
 
-def build_post_training_step(cfg: PostTrainingConfig, engine: Any, eod: int, gas: int, timers: Timers) -> PostTrainStep:
+def build_post_training_step(
+    cfg: PostTrainingConfig, engine: Any, eod: int, gas: int, timers: Timers, guard: StepGuard | None = None
+) -> PostTrainStep:
     """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
     # no frozen copy (a second model in memory) when there is no reference or it was precomputed
     needs_copy = not (cfg.reads_precomputed_reference or (cfg.train_impl == "dpo" and cfg.dpo_reference_free))
     reference = frozen_copy(engine.module) if needs_copy and cfg.train_impl in ("dpo", "kto") else None
     if cfg.train_impl == "dpo":
-        return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers)
+        return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers, guard)
     if cfg.train_impl == "kto":
-        return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers)
+        return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers, guard)
     if cfg.train_impl == "rm":
-        return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers)
+        return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers, guard)
     raise ValueError(f"train_impl {cfg.train_impl!r} has no post-training step")

@@ -72,17 +72,24 @@ class Preemption:
     def _handle(self, signum: int, _frame: Any) -> None:
         self.received = signal.Signals(signum).name
 
-    def should_stop(self, iteration: int) -> bool:
-        """True on every rank when any rank got a signal or ran out of time (one all-reduce per call)."""
+    def local_flag(self) -> float:
+        """This rank's reason to stop: 2.0 a signal, 1.0 out of time, 0.0 none (the training step reduces it with
+        its own values, so that stopping costs no extra all-reduce)."""
         out_of_time = (
             self.cfg.exit_duration_in_mins is not None
             and time.monotonic() - self.start >= 60.0 * self.cfg.exit_duration_in_mins
         )
-        local = 2.0 if self.received else 1.0 if out_of_time else 0.0
-        flag = torch.tensor([local], dtype=torch.float32)
+        return 2.0 if self.received else 1.0 if out_of_time else 0.0
+
+    def should_stop(self, iteration: int) -> bool:
+        """True on every rank when any rank got a signal or ran out of time (one all-reduce per call)."""
+        flag = torch.tensor([self.local_flag()], dtype=torch.float32)
         if mpu.world_size() > 1:
             mpu.all_reduce_max(flag)
-        value = float(flag[0])
+        return self.stop_from(float(flag[0]), iteration)
+
+    def stop_from(self, value: float, iteration: int) -> bool:
+        """True when ``value`` (the max of every rank's :meth:`local_flag`) asks to stop; logs why on rank 0."""
         if value == 0.0:
             return False
         self.reason = (

@@ -45,19 +45,17 @@ from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
-from megatron.training.grad_clipping import install_fp32_clipping
+from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
-from megatron.training.nonfinite import install_nonfinite_guard
+from megatron.training.nonfinite import build_step_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.save_lock import SaveLock, acquire_on_rank0
-from megatron.training.single_rank import skip_single_rank_allreduce
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
-from megatron.training.zero3_fp32_master import share_fp32_zero3_partitions
 
 logger = logging.getLogger("megatron.train")
 
@@ -88,15 +86,12 @@ def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
     return out
 
 
-def build_model(args: NeoXArgs, plan: RunPlan) -> tuple[torch.nn.Module, model_lib.GPTModelConfig]:
-    """The GPT model for the config: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
-    cfg = model_lib.GPTModelConfig.from_neox_args(args)
+def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module:
+    """The GPT model for ``cfg``: a DeepSpeed PipelineModule (``plan.pipeline``) or the sequential model."""
     if plan.pipeline:
-        return model_lib.build_pipeline_model(cfg), cfg
+        return model_lib.build_pipeline_model(cfg)
     model = model_lib.build_sequential_model(cfg)
-    if plan.reward_head:
-        model = with_reward_head(model, cfg)
-    return model, cfg
+    return with_reward_head(model, cfg) if plan.reward_head else model
 
 
 def setup_model_and_optimizer(
@@ -111,12 +106,12 @@ def setup_model_and_optimizer(
     ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
     configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model, model_cfg = build_model(args, plan)  # the builders also register the sequence-parallel norm-gradient sync
+    model_cfg = model_lib.GPTModelConfig.from_neox_args(args)
+    model = build_model(model_cfg, plan)  # the builders also register the sequence-parallel norm-gradient sync
     if args.torch_compile:
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
     lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
-    share_fp32_zero3_partitions()  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
@@ -126,7 +121,7 @@ def setup_model_and_optimizer(
         mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
         dist_init_required=False,
     )
-    install_fp32_clipping(engine)  # DeepSpeed's fp32 clipping norm is wrong under pipelines (and unrecorded)
+    share_fp32_zero3_partitions(engine)  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
     skip_single_rank_allreduce(engine, mpu.get_data_parallel_world_size())  # 1 DP rank: nothing to reduce
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
@@ -143,20 +138,19 @@ def setup_model_and_optimizer(
     return engine, lr_scheduler, result.iteration, result
 
 
-def _train_iters_from_epochs(args: NeoXArgs, epochs: int, gas: int) -> None:
+def train_iters_from_epochs(data_cfg: DataConfig, train_epochs: int, gas: int) -> int:
     """GPT-NeoX's ``update_iterations``: ``train_iters = train_epochs × micro-batches per epoch // gas``."""
-    data_cfg = DataConfig.from_neox_args(args)
     data_cfg.validate()
     train_loader, _, _ = build_train_valid_test_data_loaders(
         data_cfg, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size()
     )
     if train_loader is None:
         raise DataError("train_epochs needs training data")
-    iters = epochs * len(train_loader) // gas
+    iters = train_epochs * len(train_loader) // gas
     if iters < 1:
-        raise DataError(f"train_epochs {args.train_epochs}: the training data holds less than one global batch")
-    args.update_value("train_iters", iters)
-    logger.info("train_epochs %d: %d iterations", args.train_epochs, iters)
+        raise DataError(f"train_epochs {train_epochs}: the training data holds less than one global batch")
+    logger.info("train_epochs %d: %d iterations", train_epochs, iters)
+    return iters
 
 
 VALIDATION_KEY = "checkpoint_validation_logits"
@@ -190,24 +184,29 @@ def check_validation_logits(
 
 def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
     """The step variant the plan names (chosen once, here)."""
+    guard = build_step_guard(  # the non-finite / loss-spike skip decision of every step (training/nonfinite.py)
+        args.max_consecutive_nonfinite_steps,
+        args.loss_spike_skip_window,
+        args.loss_spike_skip_zscore,
+        fp16=bool(engine.fp16_enabled()),
+    )
     if plan.step_variant == "post_training":
         post_cfg = PostTrainingConfig.from_neox_args(args)
-        return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers)
+        return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers, guard)
     batch_cfg = BatchConfig.from_neox_args(args, eod)
     if plan.step_variant == "pipe":
-        return PipeStep(engine, batch_cfg, timers)
+        return PipeStep(engine, batch_cfg, timers, guard)
     loss_fn = with_aux_loss(model_lib.cross_entropy, engine.module)  # + the MoE load-balancing loss (if any)
-    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers)
+    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers, guard)
 
 
 def build_data_iterators(
-    args: NeoXArgs, consumed_train: int, consumed_valid: int
+    data_cfg: DataConfig, post_cfg: PostTrainingConfig, consumed_train: int, consumed_valid: int
 ) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
     """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
-    data_cfg = DataConfig.from_neox_args(args)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     loaders = build_post_training_loaders(
-        PostTrainingConfig.from_neox_args(args),
+        post_cfg,
         data_cfg,
         dp_rank=dp_rank,
         dp_size=dp_size,
@@ -235,7 +234,10 @@ def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> tuple[Any, int]:
     padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.model_parallel_size)
     args.update_value("padded_vocab_size", padded)
     if args.train_iters is None and args.train_epochs:
-        _train_iters_from_epochs(args, args.train_epochs, plan.gradient_accumulation_steps)
+        iters = train_iters_from_epochs(
+            DataConfig.from_neox_args(args), args.train_epochs, plan.gradient_accumulation_steps
+        )
+        args.update_value("train_iters", iters)
     return tokenizer, padded
 
 
@@ -260,7 +262,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     metrics = Metrics.create(
         log_cfg,
         rank=rank,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_rank=mpu.local_rank(),
         run_config=run_config,
         config_text=args.format_config(),
     )
@@ -271,7 +273,9 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         engine, _, iteration, loaded = setup_model_and_optimizer(args, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
-        train_iter, valid_iter, test_iter = build_data_iterators(args, iteration * tbs, consumed_valid)
+        train_iter, valid_iter, test_iter = build_data_iterators(
+            DataConfig.from_neox_args(args), PostTrainingConfig.from_neox_args(args), iteration * tbs, consumed_valid
+        )
         step = build_step(plan, args, engine, tokenizer.eod, timers)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.train_iters - iteration)
@@ -301,7 +305,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
-            observer.saved(os.path.join(save_cfg.save, f"global_step{it}"))
+            observer.saved(os.path.join(save_cfg.save, ckpt.checkpoint_tag(it)))
 
         observer = RunObserver(loop_cfg.train_iters, tbs, plan.seq_length, iteration, start_time=start_time)
         trainer = Trainer(
@@ -320,13 +324,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
-        install_nonfinite_guard(
-            engine,
-            args.max_consecutive_nonfinite_steps,
-            args.loss_spike_skip_window,
-            args.loss_spike_skip_zscore,
-        )
-        trainer.stop_check = preemption.should_stop
+        step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
+        trainer.stop_check = lambda it, flag: preemption.stop_from(flag, it)
         if save_cfg.save and iteration == 0 and 0 in (save_cfg.extra_save_iters or ()):
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)

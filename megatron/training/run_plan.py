@@ -15,13 +15,13 @@ import torch
 
 from megatron.distributed import on_cpu
 from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections.model import PRECISIONS
 from megatron.neox_arguments.sections.training import TRAIN_IMPLS
 
 logger = logging.getLogger("megatron.train")
 
 StepVariant = Literal["pipe", "sequential", "post_training"]
-_DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class RunPlan:
     @property
     def params_dtype(self) -> torch.dtype:
         """torch dtype of the parameters."""
-        return _DTYPES[self.precision]
+        return dtype_of_precision(self.precision)
 
     @property
     def reward_head(self) -> bool:

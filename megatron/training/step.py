@@ -1,5 +1,10 @@
 """Batches and the two step variants (chosen once): sequential (``pp=0``) and DeepSpeed pipeline (``pp>=1``).
 
+``SequentialStep.train`` is the whole training step, top to bottom: ``gas`` × (forward, ``engine.backward``), the
+gradient norm and clipping, the skip decision (one all-reduce, one host read), then ``engine.step()`` (optimizer and
+LR step) or the skip. ``PipeStep.train`` is ``engine.train_batch()``, whose schedule runs the same
+:class:`OptimizerStep`. What DeepSpeed's public API lacks is in ``deepspeed_adapter.py`` (docs/training.md).
+
 A batch from the loader is ``{"text": LongTensor[b, s+1]}``; the model sees ``tokens = text[:, :-1]`` and is
 scored on ``labels = text[:, 1:]`` under ``loss_mask`` (GPT-NeoX's ``_get_batch``).
 """
@@ -13,14 +18,20 @@ from typing import Any, ClassVar
 
 import torch
 from deepspeed.accelerator import get_accelerator
-from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 from megatron.logging.timers import Timers
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
-from megatron.training.nonfinite import note_loss
+from megatron.training.deepspeed_adapter import (
+    manual_loss_scale,
+    reduced_gradients,
+    run_optimizer_step_through,
+    skip_optimizer_step,
+)
+from megatron.training.grad_clipping import fp32_clipping_for
+from megatron.training.nonfinite import StepGuard, Verdict, build_step_guard
 
 Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -75,19 +86,12 @@ def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:
 
 
 def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
-    """Mean of a scalar loss over the whole world (GPT-NeoX's ``reduce_losses``)."""
+    """Mean of a scalar loss over the whole world (GPT-NeoX's ``reduce_losses``; evaluation)."""
     reduced = loss.detach().clone().float().reshape(1)
     if mpu.world_size() > 1:
         mpu.all_reduce_sum(reduced)
         reduced /= mpu.world_size()
     return reduced[0]
-
-
-def needs_manual_loss_scaling(engine: Any) -> bool:
-    """True for fp16 without ZeRO, where DeepSpeed's engine does not apply the dynamic loss scale itself."""
-    fp16 = getattr(engine, "fp16_enabled", lambda: False)()
-    opt = engine.optimizer
-    return bool(fp16) and not isinstance(opt, ZeROOptimizer) and hasattr(opt, "loss_scale_config")
 
 
 def uses_fused_loss(engine: Any, loss_fn: Any) -> bool:
@@ -103,10 +107,56 @@ class StepResult:
     lm_loss: float
     skipped: bool
     extra: dict[str, float] = field(default_factory=dict)  # objective metrics (post-training), logged as given
+    stop: float = 0.0  # preemption, reduced over ranks with the step (2 a signal, 1 out of time, 0 go on)
+
+
+class OptimizerStep:
+    """What follows the last backward of an iteration: the gradient norm and clipping, the non-finite / loss-spike
+    decision, then the optimizer step and the LR step, or the skip. ``SequentialStep.train`` calls the pieces in
+    that order itself; under the pipeline engine DeepSpeed's schedule calls :meth:`__call__` at its
+    ``OptimizerStep`` instruction (``deepspeed_adapter.run_optimizer_step_through``), which runs the same pieces."""
+
+    def __init__(self, engine: Any, guard: StepGuard) -> None:
+        self.engine, self.guard = engine, guard
+        self.clip = fp32_clipping_for(engine)  # None: DeepSpeed's wrapper optimizer clips inside engine.step()
+        self.grad_norm: torch.Tensor | None = None  # the last step's norm before clipping (plain fp32 optimizer)
+        self.stop_flag: Callable[[], float] | None = None  # this rank's preemption flag (training/preemption.py)
+        self.last: Verdict | None = None
+
+    def clip_gradients(self) -> None:
+        """Gradient norm and clipping of a plain fp32 optimizer (device tensors, no host read); a wrapper optimizer
+        (ZeRO, fp16, bf16) clips inside ``engine.step()``."""
+        if self.clip is not None:
+            self.grad_norm = self.clip()
+
+    def decide(self, losses: torch.Tensor | None, metrics: dict[str, torch.Tensor] | None = None) -> Verdict:
+        """Apply or skip: the step's one all-reduce and one host read (losses, metrics, non-finite and stop flags)."""
+        stop = self.stop_flag() if self.stop_flag is not None else 0.0
+        iteration = int(self.engine.global_steps) + 1
+        self.last = self.guard.decide(losses, reduced_gradients(self.engine), iteration, metrics, stop)
+        return self.last
+
+    def __call__(self, apply: Callable[[], None]) -> Verdict:
+        """The pipeline schedule's optimizer step; ``apply`` is DeepSpeed's (``optimizer.step()``, ``zero_grad``,
+        ``engine.lr_scheduler.step()``, the counters; fp16 overflows are skipped there)."""
+        self.clip_gradients()
+        verdict = self.decide(None)  # the pipeline's loss is known after its optimizer step only
+        if verdict.apply:
+            apply()
+        else:
+            skip_optimizer_step(self.engine, count_micro_step=False)  # train_batch counts no micro-steps
+        return verdict
+
+    def global_grad_norm(self) -> float | None:
+        """The last step's gradient norm before clipping (host read: logging only)."""
+        if self.grad_norm is not None:
+            return float(self.grad_norm)
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
 
 
 class SequentialStep:
-    """``gas`` × (forward, ``engine.backward``, ``engine.step``); DeepSpeed applies the optimizer at the boundary."""
+    """``gas`` × (forward, ``engine.backward``), then :class:`OptimizerStep`; one host read per iteration."""
 
     def __init__(
         self,
@@ -115,17 +165,11 @@ class SequentialStep:
         batch_cfg: BatchConfig,
         gas: int,
         timers: Timers,
+        guard: StepGuard | None = None,
     ) -> None:
         self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
-        self.manual_loss_scale = needs_manual_loss_scaling(engine)
         self.fused_loss = uses_fused_loss(engine, loss_fn)
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self.manual_loss_scale:
-            # DeepSpeed 0.19.8 scales the loss only for ZeRO optimizers; its fp16 optimizer for ZeRO-0 unscales
-            # the gradients at step() all the same, so the scaling is applied here.
-            loss = loss * self.engine.optimizer.loss_scale_config.cur_scale
-        self.engine.backward(loss)
+        self.optimizer_step = OptimizerStep(engine, guard or build_step_guard(10, fp16=engine.fp16_enabled()))
 
     def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
         """Forward one micro-batch; returns the loss."""
@@ -137,24 +181,47 @@ class SequentialStep:
         logits = self.engine(inputs)
         return self.loss_fn(logits, targets)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``engine.backward`` (with the fp16 loss scale DeepSpeed leaves to the caller without ZeRO)."""
+        scale = manual_loss_scale(self.engine)
+        self.engine.backward(loss * scale if scale is not None else loss)
+
+    def step_metrics(self) -> dict[str, torch.Tensor]:
+        """This rank's metrics of the iteration, averaged over ranks with the loss (none for language modelling)."""
+        return {}
+
     def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
         """One iteration over ``gas`` micro-batches."""
         skipped_before = self.engine.skipped_steps
         losses = []
-        for _ in range(self.gas):
+        for micro in range(self.gas):
             self.timers("forward").start()
             loss = self.forward(data_iter)
             self.timers("forward").stop()
             self.timers("backward").start()
-            self._backward(loss)
+            self.backward(loss)  # the boundary backward also reduces the gradients over data-parallel ranks
             self.timers("backward").stop()
-            losses.append(reduce_losses(loss))
-            note_loss(self.engine, losses[-1])  # a non-finite loss on any rank skips the optimizer step
-            self.timers("optimizer").start()
-            self.engine.step()
-            self.timers("optimizer").stop()
-        mean = torch.stack(losses).mean().item()
-        return StepResult(mean, self.engine.skipped_steps > skipped_before)
+            losses.append(loss.detach().float().reshape(1))  # kept on the device
+            if micro < self.gas - 1:
+                self.timers("optimizer").start()
+                self.engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
+                self.timers("optimizer").stop()
+        assert self.engine.is_gradient_accumulation_boundary()
+        self.timers("optimizer").start()
+        self.optimizer_step.clip_gradients()  # norm + clipping (plain fp32; wrapped optimizers clip in engine.step())
+        verdict = self.optimizer_step.decide(torch.cat(losses), self.step_metrics())  # one all-reduce, one host read
+        if verdict.apply:
+            self.engine.step()  # optimizer.step(), zero_grad, engine.lr_scheduler.step() (fp16 overflow: skipped)
+        else:
+            skip_optimizer_step(self.engine, count_micro_step=True)  # drop the gradients; weights and LR unchanged
+        self.timers("optimizer").stop()
+        assert verdict.lm_loss is not None
+        skipped = not verdict.apply or self.engine.skipped_steps > skipped_before  # ours, or an fp16 overflow
+        return StepResult(verdict.lm_loss, skipped, verdict.metrics, verdict.stop)
+
+    def global_grad_norm(self) -> float | None:
+        """The last step's gradient norm before clipping (logging)."""
+        return self.optimizer_step.global_grad_norm()
 
     @torch.no_grad()
     def evaluate(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> float:
@@ -163,20 +230,32 @@ class SequentialStep:
 
 
 class PipeStep:
-    """``engine.train_batch`` / ``engine.eval_batch`` over DeepSpeed's 1F1B schedule."""
+    """``engine.train_batch`` / ``engine.eval_batch`` over DeepSpeed's 1F1B schedule.
 
-    def __init__(self, engine: Any, batch_cfg: BatchConfig, timers: Timers) -> None:
+    The pipeline engine runs forward, backward and the optimizer step inside ``train_batch``; its ``OptimizerStep``
+    instruction calls the same :class:`OptimizerStep` as the sequential step (clipping, decision, step or skip).
+    Its loss is aggregated by DeepSpeed after that step, so the decision sees the gradients only (no loss-spike
+    skip under the pipeline) and reading the loss is a second host read per iteration."""
+
+    def __init__(self, engine: Any, batch_cfg: BatchConfig, timers: Timers, guard: StepGuard | None = None) -> None:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
+        self.optimizer_step = OptimizerStep(engine, guard or build_step_guard(10, fp16=engine.fp16_enabled()))
+        run_optimizer_step_through(engine, self.optimizer_step)  # its schedule calls OptimizerStep.__call__
 
     def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> Iterator[Batch]:
         while True:
             yield get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
 
     def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
-        """One iteration (``gas`` micro-batches inside the engine)."""
+        """One iteration (``gas`` micro-batches, then the optimizer step, inside the engine)."""
         skipped_before = self.engine.skipped_steps
         loss = self.engine.train_batch(data_iter=self._batches(data_iter))
-        return StepResult(float(loss), self.engine.skipped_steps > skipped_before)
+        stop = self.optimizer_step.last.stop if self.optimizer_step.last is not None else 0.0
+        return StepResult(float(loss), self.engine.skipped_steps > skipped_before, stop=stop)
+
+    def global_grad_norm(self) -> float | None:
+        """The last step's gradient norm before clipping (logging)."""
+        return self.optimizer_step.global_grad_norm()
 
     @torch.no_grad()
     def evaluate(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,7 +99,6 @@ def model_config(variant: dict[str, Any]) -> Any:
         "checkpoint_activations": bool(variant.get("ckpt")),
         "checkpoint_num_layers": int(variant.get("ckpt") or 1),
         "seed": SEED,
-        **variant.get("ckpt_opts", {}),
     }
     if variant.get("bf16") or variant.get("fp16"):
         kwargs["params_dtype"] = torch.bfloat16 if variant.get("bf16") else torch.float16
@@ -171,12 +171,24 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
     import deepspeed
 
     from megatron.model import build_pipeline_model, build_sequential_model
+    from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
     from megatron.parallel_config import ParallelConfig
-    from megatron.training.grad_clipping import install_fp32_clipping
 
     pipe_size = mpu.get_pipe_parallel_world_size() if pipe else 0
     cfg = model_config(variant)
     mpu.model_parallel_cuda_manual_seed(SEED)
+    # what pretrain()'s model setup does: DeepSpeed's checkpoint storage is set once, outside the model builders
+    configure_activation_checkpointing(
+        ActivationCheckpointConfig(
+            checkpoint_activations=cfg.checkpoint_activations,
+            checkpoint_num_layers=cfg.checkpoint_num_layers,
+            num_layers=LAYERS,
+            pipe_parallel_size=pipe_size,
+            gradient_accumulation_steps=GAS,
+            sequence_parallel=cfg.sequence_parallel,
+            **variant.get("ckpt_opts", {}),
+        )
+    )
     model = build_pipeline_model(cfg) if pipe else build_sequential_model(cfg)
     layout = ParallelConfig(
         model_parallel_size=mpu.get_model_parallel_world_size(),
@@ -196,8 +208,23 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
         mpu=None if pipe else mpu,
         dist_init_required=False,
     )
-    install_fp32_clipping(engine)  # what pretrain() does: DeepSpeed's own fp32 clipping norm is wrong under PP
+    _attach_optimizer_step(engine, pipe)  # what the training step does: its clipping, skip decision and step
     return engine, cfg
+
+
+_OPTIMIZER_STEPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _attach_optimizer_step(engine: Any, pipe: bool) -> None:
+    """The training step's ``OptimizerStep`` for ``engine`` (run by the pipeline schedule under ``pipe``)."""
+    from megatron.training.deepspeed_adapter import run_optimizer_step_through
+    from megatron.training.nonfinite import build_step_guard
+    from megatron.training.step import OptimizerStep
+
+    opt_step = OptimizerStep(engine, build_step_guard(10, fp16=engine.fp16_enabled()))
+    if pipe:
+        run_optimizer_step_through(engine, opt_step)
+    _OPTIMIZER_STEPS[engine] = opt_step
 
 
 def train_steps(
@@ -214,15 +241,22 @@ def train_steps(
             losses.append(float(engine.train_batch(data_iter=batches)))
         else:
             total = 0.0
+            micro_losses = []
             for data in _micro_batches(step, micro_batch):
                 inputs, targets = _batch(data)
                 loss = cross_entropy(engine(inputs), targets)
                 engine.backward(loss)
-                engine.step()
+                micro_losses.append(loss.detach().reshape(1))
+                if not engine.is_gradient_accumulation_boundary():
+                    engine.step()
                 total += loss.item() / GAS
+            opt_step = _OPTIMIZER_STEPS[engine]
+            opt_step.clip_gradients()
+            assert opt_step.decide(torch.cat(micro_losses)).apply
+            engine.step()
             losses.append(_mean_over_dp(total))
         if grad_norms is not None:
-            grad_norms.append(float(engine.get_global_grad_norm()))
+            grad_norms.append(_OPTIMIZER_STEPS[engine].global_grad_norm())
     return losses
 
 

@@ -41,6 +41,7 @@ def reference(tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dic
     """
     import torch
 
+    from megatron.generation.config import InferenceConfig
     from megatron.generation.text_generation import run_generation, setup_for_inference
     from megatron.neox_arguments import NeoXArgs
 
@@ -56,10 +57,14 @@ def reference(tiny, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dic
         assert [r["context"] for r in records[precision]] == PROMPTS
         assert sum(r["length"] for r in records[precision]) >= 6
     bf16 = {**overrides, "precision": "bfloat16"}
-    model, _ = setup_for_inference(NeoXArgs.from_ymls(tiny.configs, overwrite_values=bf16))
+    model, _ = setup_for_inference(
+        InferenceConfig.from_neox_args(NeoXArgs.from_ymls(tiny.configs, overwrite_values=bf16))
+    )
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     upcast = {**bf16, "inference_precision": "fp32"}
-    model, _ = setup_for_inference(NeoXArgs.from_ymls(tiny.configs, overwrite_values=upcast))
+    model, _ = setup_for_inference(
+        InferenceConfig.from_neox_args(NeoXArgs.from_ymls(tiny.configs, overwrite_values=upcast))
+    )
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert _tokens(run_generation(NeoXArgs.from_ymls(tiny.configs, overwrite_values=upcast))) == _tokens(
         records["fp32"]

@@ -23,7 +23,7 @@ COMMON = {
 }
 # (model_parallel_size, pipe_parallel_size, micro-batch, sequence_parallel): global batch 4 in every layout
 LAYOUTS = [(2, 2, 2, False), (2, 0, 1, False), (2, 0, 1, True), (2, 2, 2, True)]
-# GPT-NeoX's checkpoint storage keys, honoured by the real path (the model builders configure DeepSpeed)
+# GPT-NeoX's checkpoint storage keys, honoured by the real path (pretrain's model setup configures DeepSpeed once)
 STORAGE = {"partition_activations": True, "contiguous_checkpointing": True, "synchronize_each_layer": True}
 
 

@@ -104,11 +104,12 @@ def test_generate_until_strings_match_hf_backend(evaluated) -> None:
 
     from megatron.evaluation.config import EvalConfig
     from megatron.evaluation.runner import build_adapter
+    from megatron.generation.config import InferenceConfig
     from megatron.generation.text_generation import setup_for_inference
 
     tiny = evaluated[0]
     args = NeoXArgs.from_ymls(tiny.configs)
-    model, tokenizer = setup_for_inference(args)
+    model, tokenizer = setup_for_inference(InferenceConfig.from_neox_args(args))
     ours = build_adapter(model, tokenizer, EvalConfig.from_neox_args(args))
     ref = HFLM(pretrained=str(tiny.export), dtype="float32", device="cpu", batch_size=1, max_length=64)
     prompts = ["Q: What is 2 plus 2?\nA:", "The quick brown", "To be, or not", "Question: What color"]

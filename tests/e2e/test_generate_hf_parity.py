@@ -72,10 +72,11 @@ def test_greedy_generation_matches_transformers_generate(tmp_path: Path) -> None
 
     # the API decoding the 4 prompts of different lengths as one batch gives the same tokens
     from megatron.generation.api import generate_samples_from_prompt
+    from megatron.generation.config import InferenceConfig
     from megatron.generation.sampling import SamplingConfig, kv_cache_forward
     from megatron.generation.text_generation import setup_for_inference
 
-    model, _ = setup_for_inference(NeoXArgs.from_ymls(tiny.configs))
+    model, _ = setup_for_inference(InferenceConfig.from_neox_args(NeoXArgs.from_ymls(tiny.configs)))
     cfg = SamplingConfig(maximum_tokens=20, seq_length=64)
     batched_records = generate_samples_from_prompt(kv_cache_forward(model), tokenizer, clean, cfg, batch_size=4)
     assert [r["length"] for r in batched_records] == [len(w) for w in single]
@@ -120,6 +121,7 @@ def test_precompute_output_is_atomic(tmp_path: Path) -> None:
     import pytest
 
     from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
+    from megatron.generation.config import PrecomputeConfig
     from megatron.generation.precompute import precompute_logprobs
 
     prefix = str(tmp_path / "d_text_document")
@@ -130,6 +132,7 @@ def test_precompute_output_is_atomic(tmp_path: Path) -> None:
     builder.finalize(prefix + ".idx")
     args = neox_namespace(seq_length=4, train_micro_batch_size_per_gpu=1, precompute_model_name="m", load=None,
                           train_data_paths=[prefix], test_data_paths=None, valid_data_paths=None, data_impl="mmap")  # fmt: skip
+    cfg = PrecomputeConfig.from_neox_args(args)
     calls: list[int] = []
 
     def failing(tokens: torch.Tensor) -> torch.Tensor:
@@ -139,10 +142,10 @@ def test_precompute_output_is_atomic(tmp_path: Path) -> None:
         return torch.zeros(*tokens.shape, 8)
 
     with pytest.raises(RuntimeError, match="scoring failed"):
-        precompute_logprobs(failing, args)
+        precompute_logprobs(failing, cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d_text_document.bin", "d_text_document.idx"]
-    assert precompute_logprobs(lambda t: torch.zeros(*t.shape, 8), args) == [f"{prefix}_m"]
+    assert precompute_logprobs(lambda t: torch.zeros(*t.shape, 8), cfg) == [f"{prefix}_m"]
     out = make_dataset(f"{prefix}_m")
     assert len(out) == 3 and np.allclose(out[0], -np.log(8.0))  # uniform logits over 8 tokens
     assert not list(tmp_path.glob("*tmp*"))
-    assert precompute_logprobs(failing, args) == [f"{prefix}_m"] and len(calls) == 2  # kept: not scored again
+    assert precompute_logprobs(failing, cfg) == [f"{prefix}_m"] and len(calls) == 2  # kept: not scored again

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from megatron.neox_arguments import NeoXArgs
-from megatron.planner import Hardware, build_plan
-from megatron.planner.cli import set_padded_vocab
+from megatron.planner import Hardware, PlanInputs, build_plan
+from megatron.planner.cli import resolve_vocab
+from megatron.tokenizer import TokenizerConfig
 from tests.distributed.fns_train import make_tiny_data, run_pretrain_many, tiny_config
 from tests.harness import run_distributed
 
@@ -59,8 +60,9 @@ def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str],
         measured = _tb_scalars(tmp_path / f"tb{stage}_{pp}_{precision}")
         assert all(len(v) == 1 for v in measured.values()), measured  # logged once, after the first step
         args = NeoXArgs.from_dict(config)
-        assert set_padded_vocab(args) == []  # the tiny tokenizer is read, no fallback
-        plan = build_plan(args, Hardware(gpus=world, gpus_per_node=world))
+        _, padded, notes = resolve_vocab(TokenizerConfig.from_neox_args(args))
+        assert notes == []  # the tiny tokenizer is read, no fallback
+        plan = build_plan(PlanInputs.from_neox_args(args, padded), Hardware(gpus=world, gpus_per_node=world))
         predicted = plan.ranks[0]
         got = measured["param_optimizer_bytes"][0]
         assert got == sum(measured[t][0] for t in TAGS[1:4])

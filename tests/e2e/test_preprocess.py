@@ -45,10 +45,20 @@ def test_workers_two_equals_one_and_matches_tokenizer(corpus, tmp_path):
     r2 = preprocess(
         "--input", str(corpus), "--output-prefix", str(two), "--append-eod", "--workers", "2", "--log-interval", "10"
     )
+    plain = tmp_path / "plain"
+    r3 = preprocess(
+        "--input", str(corpus), "--output-prefix", str(plain), "--append-eod", "--workers", "2", "--no-fast-encoder"
+    )
     assert "docs/s" in r2.stderr and "tokens/s" in r2.stderr
     assert f"Wrote {two}_text_document.bin and {two}_text_document.idx" in r2.stdout
+    # one line says which encoder ran; the fast one and the tokenizer itself write the same bytes
+    assert [x for x in r1.stderr.splitlines() if x.startswith("encoder:")] == [
+        "encoder: tiktoken (byte-level BPE, 32/32 sample documents identical)"
+    ]
+    assert "encoder: tokenizers (fast encoder not used: disabled (--no-fast-encoder))" in r3.stderr
     for ext in (".bin", ".idx"):
         assert Path(f"{one}_text_document{ext}").read_bytes() == Path(f"{two}_text_document{ext}").read_bytes()
+        assert Path(f"{one}_text_document{ext}").read_bytes() == Path(f"{plain}_text_document{ext}").read_bytes()
     assert "Processed 60 documents" in r1.stdout
     ds = make_dataset(f"{one}_text_document", "infer")
     assert isinstance(ds, MMapIndexedDataset) and ds.dtype == np.uint16 and len(ds) == 60
@@ -114,6 +124,11 @@ def test_several_keys_and_cached_impl(tmp_path):
         ('{"text": ["a", "b"]}\n', "bad.jsonl:1: key 'text' holds a list, expected a string"),
         ('{"text": 12345}\n', "bad.jsonl:1: key 'text' holds a number, expected a string"),
         ('{"text": {"body": "x"}}\n', "bad.jsonl:1: key 'text' holds an object, expected a string"),
+        # a JSON escape of half a UTF-16 pair: valid JSON, not text (tokenizers raised a bare TypeError)
+        (
+            '{"text": "fine"}\n{"text": "caf\\u00e9 \\ud800 x"}\n',
+            "bad.jsonl:2: key 'text' holds a lone surrogate U+D800",
+        ),
     ],
 )
 def test_bad_input_fails_cleanly(tmp_path, content, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from megatron.checkpoint.tags import checkpoint_dirs
 from megatron.neox_arguments import neox_namespace
 from megatron.training.checkpointing import (
     CheckpointConfig,
@@ -11,7 +12,6 @@ from megatron.training.checkpointing import (
     checkpoint_tag,
     delete_old_checkpoints,
     is_save_iter,
-    list_checkpoints,
     resolve_tag,
 )
 
@@ -51,7 +51,7 @@ def test_retention_keeps_newest_in_natural_order(tmp_path) -> None:
     for step in (5, 10, 50, 100, 1000):
         (tmp_path / f"global_step{step}").mkdir()
     (tmp_path / "latest").write_text("global_step1000")
-    assert [p.name for p in list_checkpoints(tmp_path)][-2:] == ["global_step100", "global_step1000"]
+    assert [p.name for p in checkpoint_dirs(tmp_path)][-2:] == ["global_step100", "global_step1000"]
     deleted = delete_old_checkpoints(tmp_path, 2)
     assert [p.name for p in deleted] == ["global_step5", "global_step10", "global_step50"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step100", "global_step1000", "latest"]

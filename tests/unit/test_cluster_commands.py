@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from megatron.cluster.worker_env import discover_rank_env, expand_nodelist
+from megatron.launcher.config import LauncherConfig
 from megatron.launcher.launch import run_cluster
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import RedactingFilter, redact, write_env_file
@@ -37,7 +38,9 @@ THREE = "node-a slots=4\nnode-b slots=4\nnode-c slots=4\n"
 
 def command(tmp_path: Path, hostfile_text: str = THREE, **overrides):
     args = make_args(tmp_path, hostfile_text, **overrides)
-    return args, cluster_command(args, "/runs/r1/neox_config.json", "/runs/r1", BASE_ENV, on_cpu=False)
+    return args, cluster_command(
+        LauncherConfig.from_neox_args(args), "/runs/r1/neox_config.json", "/runs/r1", BASE_ENV, on_cpu=False
+    )
 
 
 @pytest.mark.parametrize(
@@ -119,10 +122,12 @@ def test_launchers_that_place_by_count_refuse_slot_pinning(tmp_path):
     with pytest.raises(ConfigError, match="launcher slurm: needs the same slot count on every host"):
         command(tmp_path, "a slots=4\nb slots=2\n", launcher="slurm")
     one = make_args(tmp_path, "solo slots=2\n", launcher="slurm")
-    assert not is_multinode(one)
-    assert is_multinode(make_args(tmp_path, "solo slots=2\n", launcher="slurm", deepspeed_slurm=True))
+    assert not is_multinode(LauncherConfig.from_neox_args(one))
+    assert is_multinode(
+        LauncherConfig.from_neox_args(make_args(tmp_path, "solo slots=2\n", launcher="slurm", deepspeed_slurm=True))
+    )
     with pytest.raises(ConfigError, match="not a multi-node launch"):
-        cluster_command(one, "/c.json", "/r", BASE_ENV)
+        cluster_command(LauncherConfig.from_neox_args(one), "/c.json", "/r", BASE_ENV)
 
 
 def test_user_values_are_quoted(tmp_path):
@@ -132,12 +137,12 @@ def test_user_values_are_quoted(tmp_path):
     config = os.path.join(run_dir, "neox config.json")
     tag = "group 'with' \"tags\" $HOME"
     args = make_args(tmp_path, THREE, launcher="slurm", comment=odd, account="acct 'x'", wandb_group=tag)
-    srun = cluster_command(args, config, run_dir, BASE_ENV, on_cpu=False)
+    srun = cluster_command(LauncherConfig.from_neox_args(args), config, run_dir, BASE_ENV, on_cpu=False)
     assert not any(tag in a for a in srun.argv)  # config values travel in the config file, never on a command line
     assert srun.argv[srun.argv.index("--comment") + 1] == odd
     assert srun.argv[srun.argv.index("--account") + 1] == "acct 'x'" and srun.argv[-1] == config
     args = make_args(tmp_path, THREE, launcher="pdsh", user_script=f"{run_dir}/my train.py")
-    pdsh = cluster_command(args, config, run_dir, BASE_ENV, on_cpu=False)
+    pdsh = cluster_command(LauncherConfig.from_neox_args(args), config, run_dir, BASE_ENV, on_cpu=False)
     # pdsh turns %% into % before the remote shell splits the line
     remote = shlex.split(pdsh.argv[-1].replace("%%", "\0").replace("%n", "7").replace("\0", "%"))
     assert remote[-3:] == [f"{run_dir}/my train.py", "--neox_config", config]

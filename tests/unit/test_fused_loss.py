@@ -88,7 +88,7 @@ def test_step_uses_fused_loss_only_for_the_lm_loss_of_a_capable_model():
 
 
 def test_single_rank_allreduce_is_skipped_only_where_it_can_only_copy():
-    from megatron.training.single_rank import skip_single_rank_allreduce
+    from megatron.training.deepspeed_adapter import skip_single_rank_allreduce
 
     def engine(stage: int = 0, optimizer: object = None, **kw: object) -> SimpleNamespace:
         opt = optimizer if optimizer is not None else torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])

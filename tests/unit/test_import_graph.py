@@ -28,13 +28,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
     "cluster": set(),  # hostfiles and launcher rank variables
     "cpu_features": set(),
-    "mpu": set(),  # collectives and process groups: imports no other megatron layer
+    "registry": set(),  # the name -> entry tables of optimizers, activations, norms, position embeddings
+    "mpu": {"cluster"},  # collectives and process groups; the launcher's rank variables before the group exists
     "distributed": {"cluster"},
     "neox_arguments": {"errors", "cluster", "distributed"},  # not launcher, training, model, data, post_training
     "config_utils": {"neox_arguments"},
     "parallel_config": set(),
-    "logging": {"config_utils", "distributed", "mpu"},
-    "model": {"config_utils", "mpu", "neox_arguments", "errors", "distributed"},  # not training, checkpoint
+    "logging": {"cluster", "config_utils", "distributed", "mpu"},
+    "model": {"config_utils", "mpu", "neox_arguments", "errors", "distributed", "registry"},  # not training, checkpoint
     "tokenizer": {"config_utils", "errors", "logging", "neox_arguments"},
     "data": {"config_utils", "errors", "logging", "mpu", "neox_arguments", "tokenizer"},  # not training, model
 }

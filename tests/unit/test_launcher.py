@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from megatron.cluster.hostfile import count_ranks, filter_resources, parse_hostfile
+from megatron.launcher.config import LauncherConfig
 from megatron.launcher.launch import CONFIG_NAME, plan_launch
 from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -66,7 +67,7 @@ def test_deepy_cli(tmp_path):
 
 
 def test_plan_local_cpu(tmp_path):
-    plan = plan_launch(args_for(num_gpus=2), str(tmp_path), on_cpu=True)
+    plan = plan_launch(LauncherConfig.from_neox_args(args_for(num_gpus=2)), str(tmp_path), on_cpu=True)
     argv = plan.runner_argv
     assert argv[argv.index("--num_gpus") + 1] == "2"
     port = int(argv[argv.index("--master_port") + 1])
@@ -75,10 +76,16 @@ def test_plan_local_cpu(tmp_path):
     assert plan.env["DS_ACCELERATOR"] == "cpu" and plan.env["OMP_NUM_THREADS"]
     assert plan.command_line().startswith("DS_ACCELERATOR=cpu OMP_NUM_THREADS=")
     assert f"{sys.executable} -m deepspeed.launcher.runner --num_gpus 2" in plan.command_line()
-    fixed = plan_launch(args_for(num_gpus=2, master_port=29611), str(tmp_path), on_cpu=True).runner_argv
+    fixed = plan_launch(
+        LauncherConfig.from_neox_args(args_for(num_gpus=2, master_port=29611)), str(tmp_path), on_cpu=True
+    ).runner_argv
     assert fixed[fixed.index("--master_port") + 1] == "29611"
     assert plan.notes == []
-    slurm = plan_launch(args_for(num_gpus=2, launcher="slurm", deepspeed_slurm=True), str(tmp_path), on_cpu=True)
+    slurm = plan_launch(
+        LauncherConfig.from_neox_args(args_for(num_gpus=2, launcher="slurm", deepspeed_slurm=True)),
+        str(tmp_path),
+        on_cpu=True,
+    )
     assert slurm.notes == [
         "no hostfile: launcher slurm is not used, the ranks start on this node only "
         "(pass --hostfile, or use tools/slurm/train.sbatch, which writes one)"
@@ -86,25 +93,23 @@ def test_plan_local_cpu(tmp_path):
 
 
 def test_wandb_group_gets_one_suffix():
-    from megatron.launcher.launch import prepare_for_launch
+    from megatron.launcher.launch import launch_wandb_group
 
-    a = args_for(use_wandb=True, wandb_group="exp")
-    prepare_for_launch(a)
-    assert a.wandb_group.startswith("exp_") and len(a.wandb_group) == len("exp_") + 8
-    b = args_for()
-    prepare_for_launch(b)
-    assert b.wandb_group is None
+    group = launch_wandb_group(True, "exp")
+    assert group is not None and group.startswith("exp_") and len(group) == len("exp_") + 8
+    assert launch_wandb_group(True, "exp") != group  # one suffix per launch
+    assert launch_wandb_group(None, None) is None and launch_wandb_group(False, "exp") == "exp"
 
 
 def test_plan_gpu_keys(tmp_path):
     gpu = LaunchEnv(on_cpu=False, gpu_count=8)
-    argv = plan_launch(args_for(gpu), str(tmp_path), on_cpu=False).runner_argv
+    argv = plan_launch(LauncherConfig.from_neox_args(args_for(gpu)), str(tmp_path), on_cpu=False).runner_argv
     assert "--num_gpus" not in argv and argv[argv.index("--master_port") + 1] == "29500"
     hostfile = tmp_path / "hosts"
     hostfile.write_text("w0 slots=8\nw1 slots=8\n")
     env = LaunchEnv(on_cpu=False, hosts={"w0": 8, "w1": 8})
     a = args_for(env, hostfile=str(hostfile), include="w0:0,1@w1", num_gpus=4, launcher="slurm", comment="c1")
-    plan = plan_launch(a, str(tmp_path), on_cpu=False)
+    plan = plan_launch(LauncherConfig.from_neox_args(a), str(tmp_path), on_cpu=False)
     argv = plan.runner_argv
     assert argv[:4] == ["--hostfile", str(hostfile), "--include", "w0:0,1@w1"]
     assert "--num_gpus" not in argv and plan.notes

@@ -68,7 +68,7 @@ def test_bytes_per_param_follow_deepspeed() -> None:
 
     assert layout(precision="fp32", zero_stage=0) == (4, 4, 0, 8, False, False)
     assert layout(precision="fp32", zero_stage=1) == (4, 4, 4, 8, False, True)  # ZeRO-1/2 copy the partition
-    # ZeRO-3 steps the fp32 parameter partition itself (megatron/training/zero3_fp32_master.py)
+    # ZeRO-3 steps the fp32 parameter partition itself (megatron/training/deepspeed_adapter.py, item 7)
     assert layout(precision="fp32", zero_stage=3) == (4, 4, 0, 8, True, True)
     assert layout(precision="fp16", zero_stage=0) == (2, 2, 4, 8, False, False)
     assert layout(precision="fp16", zero_stage=2) == (2, 2, 4, 8, True, True)

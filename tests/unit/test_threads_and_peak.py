@@ -7,6 +7,7 @@ import logging
 import pytest
 import torch
 
+from megatron.launcher.config import LauncherConfig
 from megatron.launcher.launch import plan_launch
 from megatron.launcher.threads import threads_per_rank, usable_cores
 from megatron.logging.flops import FlopsConfig, throughput_metrics
@@ -29,12 +30,12 @@ def test_threads_divide_the_cores_among_local_ranks():
 def test_launch_plan_sets_and_reports_threads(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     args = NeoXArgs({**TINY, "num_gpus": 1}, env=LaunchEnv(on_cpu=True))
-    plan = plan_launch(args, str(tmp_path), on_cpu=True)
+    plan = plan_launch(LauncherConfig.from_neox_args(args), str(tmp_path), on_cpu=True)
     expected = usable_cores()
     assert plan.env["OMP_NUM_THREADS"] == str(expected)
     assert plan.threads.startswith(f"CPU threads per rank: {expected} ({expected} usable cores / 1 local rank")
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    plan = plan_launch(args, str(tmp_path), on_cpu=True)
+    plan = plan_launch(LauncherConfig.from_neox_args(args), str(tmp_path), on_cpu=True)
     assert plan.env["OMP_NUM_THREADS"] == "5" and "set in the environment" in plan.threads
 
 

@@ -7,6 +7,7 @@ writes ``data/x_text_document.bin`` / ``.idx`` (one per ``--jsonl-keys`` key).
 """
 
 import argparse
+import logging
 import os
 import sys
 
@@ -33,6 +34,12 @@ def get_args(input_args: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--merge-file", default=None, help="merges.txt for GPT2BPETokenizer")
     g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
     g.add_argument("--ftfy", action="store_true", help="fix text with ftfy before tokenising")
+    g.add_argument(
+        "--no-fast-encoder",
+        action="store_true",
+        help="always encode with the tokenizer itself (by default a byte-level BPE tokenizer.json runs on tiktoken "
+        "when both give the same ids on a sample of the input; the output is identical either way)",
+    )
     g = p.add_argument_group("output data")
     g.add_argument("--output-prefix", required=True, help="output prefix (no suffix)")
     g.add_argument("--dataset-impl", default="mmap", choices=["lazy", "cached", "mmap"])
@@ -65,7 +72,9 @@ def main(input_args: list[str] | None = None) -> None:
         log_interval=args.log_interval,
         num_docs=args.num_docs,
         skip_invalid=args.skip_invalid,
+        fast_encoder=not args.no_fast_encoder,
     )
+    _show_encoder_line()
     result = preprocess(cfg)
     rate = result.tokens / max(result.seconds, 1e-9)
     print(
@@ -75,6 +84,17 @@ def main(input_args: list[str] | None = None) -> None:
         print(f"Skipped {result.skipped} invalid lines, e.g. {result.skipped_examples[0]}")
     for prefix in result.outputs.values():
         print(f"Wrote {prefix}.bin and {prefix}.idx")
+
+
+def _show_encoder_line() -> None:
+    """The engine's ``encoder: ...`` line (which encoder ran and why) on stderr."""
+    log = logging.getLogger("megatron.data.preprocess")
+    if not any(getattr(h, "_encoder_line", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._encoder_line = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def cli() -> int:

@@ -11,6 +11,9 @@ from typing import Literal
 from megatron.neox_arguments.fields import arg
 
 PRECISIONS = Literal["fp16", "fp32", "bfloat16"]
+# The allowed values of norm, pos_emb and activation: exactly the entries of the model's registries (NORMS in
+# megatron/model/norms.py, POSITION_EMBEDDINGS in positional_embeddings.py, ACTIVATIONS in activations.py), which this
+# torch-free layer cannot import; tests/unit/test_registries.py checks that both name the same values.
 NORMS = Literal["layernorm", "rmsnorm", "non_parametric_layernorm", "scalenorm", "te_rmsnorm", "te_layernorm"]
 POS_EMBS = Literal["learned", "rotary", "sinusoidal", "rpe", "alibi", "none"]
 ACTIVATIONS = Literal[

@@ -12,6 +12,7 @@ from megatron.neox_arguments.fields import arg
 
 LR_DECAY_STYLES = Literal["constant", "linear", "cosine", "exponential", "inverse_sqrt"]
 MOE_ROUTER_TYPES = Literal["sinkhorn", "topk"]
+# Exactly the entries of megatron/training/optimizer_registry.py's OPTIMIZERS (checked by tests/unit/test_registries.py).
 OptimizerType = Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"]
 OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
 

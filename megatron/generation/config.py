@@ -1,0 +1,153 @@
+"""The config keys generation, precompute and the inference setup read (``generate.py``, ``eval.py``).
+
+Built once from the validated arguments at the entry (``InferenceConfig.from_neox_args(args)``); everything below
+takes these values, and nothing writes back into the argument object: the padded vocabulary of the model that runs
+is the checkpoint's (``megatron.checkpoint.reader`` reads it), not a value stored into the arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import ClassVar, Literal
+
+from megatron.checkpoint import config_io
+from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
+from megatron.generation.sampling import SamplingConfig
+from megatron.initialize import InitConfig
+from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.errors import ConfigError
+from megatron.tokenizer import TokenizerConfig
+
+# GPT-NeoX's order of the dataset groups precompute scores: train/test/valid, else pairwise pos/neg, else data_path
+PRECOMPUTE_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("train_data_paths", "test_data_paths", "valid_data_paths"),
+    tuple(f"{kind}_{split}_data_paths" for split in ("train", "valid", "test") for kind in ("pos", "neg")),
+    ("data_path",),
+)
+
+
+@dataclass(kw_only=True)  # seq_length and train_micro_batch_size_per_gpu (required / derived) have no default
+@schema_defaults
+class PrecomputeConfig:
+    """``text_gen_type: precompute``: which datasets to score and what to call the outputs (GPT-NeoX keys)."""
+
+    precompute_model_name: str | None = from_schema()
+    load: str | None = from_schema()
+    seq_length: int
+    train_micro_batch_size_per_gpu: int
+    data_impl: Literal["infer", "mmap", "cached"] = from_schema()
+    data_path: str | None = from_schema()
+    train_data_paths: list | None = from_schema()
+    test_data_paths: list | None = from_schema()
+    valid_data_paths: list | None = from_schema()
+    pos_train_data_paths: list | None = from_schema()
+    neg_train_data_paths: list | None = from_schema()
+    pos_valid_data_paths: list | None = from_schema()
+    neg_valid_data_paths: list | None = from_schema()
+    pos_test_data_paths: list | None = from_schema()
+    neg_test_data_paths: list | None = from_schema()
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXValues) -> PrecomputeConfig:
+        """Read every field strictly under its NeoX key (values as set, ``None`` included)."""
+        return cls(**neox_values(cls, args))
+
+    @property
+    def model_name(self) -> str:
+        """``precompute_model_name``, else a stable signed 64-bit hash of ``load`` (like ``str(hash(...))``)."""
+        if self.precompute_model_name:
+            return str(self.precompute_model_name)
+        digest = hashlib.sha256(str(self.load).encode("utf-8")).digest()[:8]
+        return str(int.from_bytes(digest, "little", signed=True))
+
+    def paths(self) -> list[str]:
+        """The dataset prefixes to score, in GPT-NeoX's order."""
+        if self.train_data_paths:
+            groups = PRECOMPUTE_GROUPS[0]
+        elif self.pos_train_data_paths:
+            groups = PRECOMPUTE_GROUPS[1]
+        else:
+            groups = PRECOMPUTE_GROUPS[2]
+        paths: list[str] = []
+        for key in groups:
+            value = getattr(self, key)
+            paths += [value] if isinstance(value, str) else list(value or [])
+        if not paths:
+            raise ValueError("text_gen_type precompute needs data: set train_data_paths (or data_path)")
+        return paths
+
+
+@dataclass(kw_only=True)  # text_gen_type (derived) and the nested module configs have no default
+@schema_defaults
+class InferenceConfig:
+    """What loading a checkpoint for inference and ``text_gen_type`` need (GPT-NeoX keys), with the module configs
+    of the tokenizer, the sampler, precompute and process start-up."""
+
+    load: str | None = from_schema()
+    save: str | None = from_schema()
+    iteration: int | None = from_schema()
+    seed: int = from_schema()
+    inference_precision: Literal["fp32", "fp16", "bfloat16"] | None = from_schema()
+    model_parallel_size: int = from_schema()
+    pipe_parallel_size: int = from_schema()
+    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"]
+    sample_input_file: str | None = from_schema()
+    sample_output_file: str | None = from_schema()
+    prompt_end: str = from_schema()
+    num_samples: int = from_schema()
+    return_logits: bool = from_schema()
+    tokenizer: TokenizerConfig
+    sampling: SamplingConfig
+    precompute: PrecomputeConfig
+    init: InitConfig
+    model_for: Callable[[int], GPTModelConfig] | None = None
+    """The model config for a padded vocabulary size (the checkpoint's), from the run's model keys."""
+
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("tokenizer", "sampling", "precompute", "init", "model_for")
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXValues) -> InferenceConfig:
+        """Read every field strictly under its NeoX key, and the nested module configs from the same arguments."""
+        # a plain snapshot of every key: the model config is built from it for the checkpoint's vocabulary
+        every_key = SimpleNamespace(**(args.to_dict() if isinstance(args, NeoXArgs) else vars(args)))
+        return cls(
+            **neox_values(cls, args),
+            tokenizer=TokenizerConfig.from_neox_args(args),
+            sampling=SamplingConfig.from_neox_args(args),
+            precompute=PrecomputeConfig.from_neox_args(args),
+            init=InitConfig.from_neox_args(args),
+            model_for=functools.partial(config_io.model_config, every_key),
+        )
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The checkpoint to load: ``load`` (``auto``: ``save``)."""
+        load = self.save if self.load == "auto" else self.load
+        if not load:
+            raise ConfigError("load: generation needs the checkpoint directory to load")
+        return str(load)
+
+    @property
+    def mode(self) -> str:
+        """``text_gen_type``; unset: ``input-file`` with a ``sample_input_file``, else ``unconditional``."""
+        return self.text_gen_type or ("input-file" if self.sample_input_file else "unconditional")
+
+    def output_path(self) -> str:
+        """``sample_output_file``; unset (null): ``<sample_input_file>.output.jsonl`` for input-file (GPT-NeoX),
+        else ``samples.txt``."""
+        if self.sample_output_file:
+            return str(self.sample_output_file)
+        if self.mode == "input-file":
+            return f"{self.sample_input_file}.output.jsonl"
+        return "samples.txt"
+
+    def model_config(self, padded_vocab_size: int) -> GPTModelConfig:
+        """The run's model config for ``padded_vocab_size``."""
+        if self.model_for is None:
+            raise ValueError("InferenceConfig has no model keys: build it with InferenceConfig.from_neox_args")
+        return self.model_for(padded_vocab_size)

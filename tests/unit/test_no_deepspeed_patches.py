@@ -1,0 +1,98 @@
+"""No code in megatron/ outside training/deepspeed_adapter.py writes DeepSpeed internals: no assignment to a private
+attribute of another object (``engine._x = ...``, ``setattr(engine, "_x", ...)``), no assignment to any attribute of
+a DeepSpeed engine or optimizer, of a DeepSpeed class or of the accelerator (``SomeDSClass.method = ...``,
+``type(get_accelerator()).x = ...``). An AST scan, so comments and strings do not count and aliases are seen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ADAPTER = "megatron/training/deepspeed_adapter.py"
+# private attributes of objects that are not DeepSpeed's, set where they are made (path -> target, why)
+NOT_DEEPSPEED = {
+    "megatron/neox_arguments/loader.py": {"loader._root_node"},  # a PyYAML loader: the file it reads (messages)
+    "megatron/neox_arguments/neox_args.py": {"obj._owner"},  # a config section: the NeoXArgs that owns it
+}
+DS_WORDS = ("engine", "optimizer", "accelerator", "deepspeed")
+
+
+def _deepspeed_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "deepspeed":
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "deepspeed")
+    return names
+
+
+def _is_deepspeed(base: ast.expr, ds_names: set[str]) -> bool:
+    """An engine, optimizer, accelerator or DeepSpeed name: ``engine``, ``self.engine.optimizer``, ``model_engine``,
+    ``get_accelerator()``, ``type(x)``, a name imported from deepspeed (``step.optimizer_step`` is none)."""
+    names = {n.id for n in ast.walk(base) if isinstance(n, ast.Name)}
+    words = names | {n.attr for n in ast.walk(base) if isinstance(n, ast.Attribute)}
+    called_type = isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "type"
+    ds_word = any(w.lower() == d or w.lower().endswith("_" + d) for w in words for d in DS_WORDS)
+    return bool(names & ds_names) or called_type or ds_word
+
+
+def violations(source: str, path: str = "<src>") -> list[str]:
+    """Every write into DeepSpeed internals in ``source`` (``path: line: target``)."""
+    tree = ast.parse(source)
+    ds_names = _deepspeed_names(tree)
+    allowed = NOT_DEEPSPEED.get(path, set())
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            # the attribute being set (``a.b = x``, each of ``a.b, c.d = ...``), not one read on the way
+            # (``opt.state[p] = x`` writes into a dict)
+            for sub in target.elts if isinstance(target, ast.Tuple | ast.List) else [target]:
+                if not isinstance(sub, ast.Attribute) or ast.unparse(sub) in allowed:
+                    continue
+                private = sub.attr.startswith("_") and not sub.attr.startswith("__")
+                own = isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls")
+                if (private and not own) or (not own and _is_deepspeed(sub.value, ds_names)):
+                    found.append(f"{path}:{node.lineno}: {ast.unparse(sub)} = ...")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            obj, name = [*node.args, None, None][:2]
+            private = isinstance(name, ast.Constant) and str(name.value).startswith("_")
+            if obj is not None and (private or _is_deepspeed(obj, ds_names)):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_deepspeed_internals_are_written_outside_the_adapter() -> None:
+    found = []
+    for file in sorted((REPO / "megatron").rglob("*.py")):
+        rel = file.relative_to(REPO).as_posix()
+        if rel != ADAPTER:
+            found += violations(file.read_text(), rel)
+    assert not found, "DeepSpeed internals written outside " + ADAPTER + ":\n" + "\n".join(found)
+
+
+def test_the_scan_finds_each_kind_of_write() -> None:
+    samples = {
+        "engine._take_model_step = wrapped": 1,
+        "self.engine._global_grad_norm = norm": 1,
+        "engine.skipped_steps += 1": 1,
+        "engine.enable_backward_allreduce = False": 1,
+        "setattr(engine, '_step_applied', False)": 1,
+        "setattr(model_engine, name, value)": 1,
+        "from deepspeed.runtime.zero.stage3 import Stage3 as S\nS._create = f": 1,
+        "from deepspeed.accelerator import get_accelerator\ntype(get_accelerator()).is_fp16_supported = f": 1,
+        "import deepspeed\ndeepspeed.runtime.engine.X = 1": 1,
+        "a._x, engine.y = 1, 2": 2,
+        "get_accelerator().x = f": 1,
+        "self.engine.optimizer.overflow = True": 1,
+        "layer.weight = w\nself._cache = {}\nstep.train = t\nlr_scheduler.optimizer = opt\nopt.optimizer.state[p] = {}": 0,
+        "step.optimizer_step.stop_flag = f": 0,
+    }
+    for source, count in samples.items():
+        assert len(violations(source)) == count, (source, violations(source))
