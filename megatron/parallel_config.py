@@ -15,12 +15,10 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+# the one megatron layer imported: its fields take their defaults from the schema (config_utils.from_schema)
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
-
-if TYPE_CHECKING:  # parallel_config imports no other megatron layer at run time
-    from megatron.config_utils import NeoXValues
 
 logger = logging.getLogger(__name__)
 
