@@ -28,6 +28,7 @@ def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None
     check_fits_machine(args)  # before any model is built: an impossible size is one line, not a failed allocation
     if args.log_dir and tee:  # in-process callers keep their own stdout
         try:
+            assert args.rank is not None  # set by consume_neox_args (configure_distributed_args)
             tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
         except OSError as e:
             raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.distributed import init_distributed, on_cpu
 from megatron.neox_arguments.errors import ConfigError
 
@@ -19,15 +19,16 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
+@schema_defaults
 class InitConfig:
     """GPT-NeoX keys used at start-up."""
 
-    seed: int = 1234
-    model_parallel_size: int = 1
-    pipe_parallel_size: int = 0
-    fp32_allreduce: bool = False
-    distributed_backend: str = "nccl"  # GPT-NeoX's default; gloo is used instead on CPU
-    distributed_timeout_minutes: float = 10.0
+    seed: int = from_schema()
+    model_parallel_size: int = from_schema()
+    pipe_parallel_size: int = from_schema()
+    fp32_allreduce: bool = from_schema()
+    distributed_backend: str = from_schema()  # GPT-NeoX's default; gloo is used instead on CPU
+    distributed_timeout_minutes: float = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> InitConfig:

@@ -15,25 +15,26 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # parallel_config imports no other megatron layer at run time
-    from megatron.config_utils import NeoXValues
+# the one megatron layer imported: its fields take their defaults from the schema (config_utils.from_schema)
+from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
+@schema_defaults
 class ParallelConfig:
     """The parallelism keys of a run (GPT-NeoX names)."""
 
-    model_parallel_size: int = 1
+    model_parallel_size: int = from_schema()
     """Tensor-parallel degree."""
-    pipe_parallel_size: int = 0
+    pipe_parallel_size: int = from_schema()
     """Pipeline stages; 0 = no pipeline engine, 1 = GPT-NeoX's single-stage pipe engine."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool = from_schema()
     """Megatron sequence parallelism (only meaningful with model_parallel_size > 1)."""
-    zero_stage: int = 0
+    zero_stage: int = from_schema()
     """``zero_optimization.stage``."""
 
     def __post_init__(self) -> None:
@@ -61,14 +62,13 @@ class ParallelConfig:
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> ParallelConfig:
-        """Read every field strictly under its NeoX key (``zero_stage`` from the ``zero_optimization`` dict)."""
-        zero = args.zero_optimization or {}
-        stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+        """Read every field strictly under its NeoX key (``zero_stage``: the config layer's copy of
+        ``zero_optimization.stage``)."""
         return cls(
-            model_parallel_size=int(args.model_parallel_size or 1),
-            pipe_parallel_size=int(args.pipe_parallel_size or 0),
-            sequence_parallel=bool(args.sequence_parallel),
-            zero_stage=int(stage or 0),
+            model_parallel_size=args.model_parallel_size,
+            pipe_parallel_size=args.pipe_parallel_size,
+            sequence_parallel=args.sequence_parallel,
+            zero_stage=args.zero_stage,
         )
 
     def pipeline_section(self) -> dict[str, bool]:

@@ -35,7 +35,7 @@ def generate_samples_from_prompt(
         top_k=top_k,
         top_p=top_p,
         maximum_tokens=maximum_tokens,
-        seq_length=int(neox_args.seq_length),
+        seq_length=neox_args.seq_length,
         recompute=recompute,
     )
     cfg.validate()

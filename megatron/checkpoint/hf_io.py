@@ -7,6 +7,7 @@ folder. Import reads only safetensors or ``weights_only`` torch files.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from megatron.checkpoint import hf_checks
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
+from megatron.config_utils import not_neox_keys
 from megatron.model.config import GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
 from megatron.model.moe.hf_mixtral import mixtral_disk_names
@@ -211,40 +213,43 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
     return {k: v.to(dtype) for k, v in sd.items()}, cfg, arch, hf_config
 
 
-MODEL_KEYS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_kv_heads",
-    "max_position_embeddings",
-    "intermediate_size",
-    "mlp_multiple_of",
-    "norm",
-    "layernorm_epsilon",
-    "rms_norm_epsilon",
-    "use_bias_in_norms",
-    "pos_emb",
-    "rotary_pct",
-    "rotary_emb_base",
-    "no_weight_tying",
-    "activation",
-    "bias_gelu_fusion",
-    "gpt_j_residual",
-    "use_bias_in_attn_linear",
-    "use_bias_in_mlp",
-    "sliding_window_width",
-    "hidden_dropout",
-    "attention_dropout",
-    "init_method_std",
-    "moe_num_experts",
-    "moe_expert_interval",
-    "moe_top_k",
-    "moe_router_type",
-    "moe_normalize_expert_weights",
-    "moe_gated_experts",
-    "moe_jitter_eps",
-    "moe_loss_weight",
+# GPTModelConfig fields that do not describe the converted checkpoint's architecture: how a run initialises, trains or
+# executes the model (the user's setup file sets them), or written in another form (padded_vocab_size: as
+# make_vocab_size_divisible_by). Every other field of the model config is written, so a new one cannot be forgotten.
+RUN_KEYS = frozenset(
+    {
+        "padded_vocab_size",
+        "init_method",
+        "output_layer_init_method",
+        "seed",
+        "sequence_parallel",
+        "pipe_partition_method",
+        "checkpoint_activations",
+        "checkpoint_num_layers",
+        "fp16_lm_cross_entropy",
+        "attention_softmax_in_fp32",
+        "apply_query_key_layer_scaling",
+        "moe_lbl_in_fp32",
+        "onnx_safe",
+    }
 )
+# The model keys of the YAML written next to a converted checkpoint (tests/unit/test_hf_model_keys.py loads it back).
+MODEL_KEYS: tuple[str, ...] = tuple(
+    f.name
+    for f in dataclasses.fields(GPTModelConfig)
+    if f.name not in RUN_KEYS and f.name not in not_neox_keys(GPTModelConfig)
+)
+
+
+def _attention_runs(layer_types: tuple[str, ...]) -> list[list[Any]]:
+    """Per-layer attention types in GPT-NeoX's ``attention_config`` form: ``[[[type], count], ...]``."""
+    runs: list[list[Any]] = []
+    for kind in layer_types:
+        if runs and runs[-1][0] == [kind]:
+            runs[-1][1] += 1
+        else:
+            runs.append([[kind], 1])
+    return runs
 
 
 def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
@@ -254,6 +259,7 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
     checkpoint's vocabulary rows for any tokenizer no larger than it.
     """
     values: dict[str, Any] = {key: getattr(cfg, key) for key in MODEL_KEYS}
+    values["attention_config"] = _attention_runs(cfg.layer_types)
     values = {k: v for k, v in values.items() if v is not None and (cfg.is_moe or not k.startswith("moe_"))}
     values.update(
         model_parallel_size=tp,

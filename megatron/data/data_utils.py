@@ -17,13 +17,14 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset, is_cache_builder
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.samplers import DistributedBatchSampler
 from megatron.data.token_check import check_token_ids
 from megatron.errors import DataError
+from megatron.neox_arguments.sections import training as training_keys
 from megatron.neox_arguments.value_checks import parse_split
 
 logger = logging.getLogger(__name__)
@@ -32,39 +33,41 @@ SPLIT_NAMES = ("train", "valid", "test")
 
 
 @dataclass
+@schema_defaults
 class DataConfig:
     """The data keys of a GPT-NeoX config (flat names as in GPT-NeoX YAML)."""
 
     seq_length: int
     train_batch_size: int
     micro_batch_size: int
-    train_iters: int = 0
-    train_epochs: int | None = None
-    eval_interval: int = 1000
-    eval_iters: int = 100
-    seed: int = 1234
-    data_path: str | None = None
-    split: str = "969, 30, 1"
-    train_data_paths: list[str] | None = None
-    valid_data_paths: list[str] | None = None
-    test_data_paths: list[str] | None = None
-    train_data_weights: list[float] | None = None
-    valid_data_weights: list[float] | None = None
-    test_data_weights: list[float] | None = None
-    train_label_data_paths: list[str] | None = None
-    valid_label_data_paths: list[str] | None = None
-    test_label_data_paths: list[str] | None = None
+    train_iters: int | None = from_schema()
+    train_epochs: int | None = from_schema()
+    eval_interval: int = from_schema()
+    eval_iters: int = from_schema()
+    seed: int = from_schema()
+    data_path: str | None = from_schema()
+    split: str = from_schema()
+    train_data_paths: list | None = from_schema()
+    valid_data_paths: list | None = from_schema()
+    test_data_paths: list | None = from_schema()
+    train_data_weights: list | None = from_schema()
+    valid_data_weights: list | None = from_schema()
+    test_data_weights: list | None = from_schema()
+    train_label_data_paths: list | None = from_schema()
+    valid_label_data_paths: list | None = from_schema()
+    test_label_data_paths: list | None = from_schema()
     label_data_paths: list[str] | None = None
-    weight_by_num_documents: bool = False
-    weighted_sampler_alpha: float = 1.0
+    weight_by_num_documents: bool = from_schema()
+    weighted_sampler_alpha: float = from_schema()
     weighted_document_limit: int | None = None
-    data_impl: str = "infer"
-    pack_impl: str = "packed"
-    allow_chopped: bool = True
-    mmap_warmup: bool = False
-    use_shared_fs: bool = True
-    num_workers: int = 2
-    padded_vocab_size: int | None = None  # set by training from the tokenizer; token ids are checked against it
+    data_impl: training_keys.DATA_IMPLS = from_schema()
+    pack_impl: training_keys.PACK_IMPLS = from_schema()
+    allow_chopped: bool = from_schema()
+    mmap_warmup: bool = from_schema()
+    use_shared_fs: bool = from_schema()
+    num_workers: int = from_schema()
+    # set by training from the tokenizer; token ids are checked against it
+    padded_vocab_size: int | None = from_schema()
 
     # not config keys: micro_batch_size is train_micro_batch_size_per_gpu; label_data_paths (labels for data_path)
     # and weighted_document_limit are set only by code that builds a DataConfig itself
@@ -72,12 +75,11 @@ class DataConfig:
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> DataConfig:
-        """Read every field strictly under its NeoX key (``None`` means the default; ``batch_size`` is GPT-NeoX's
-        older name of the micro batch per GPU)."""
+        """Read every field strictly under its NeoX key (``None`` means the default; ``micro_batch_size`` is
+        ``train_micro_batch_size_per_gpu``, which the config layer also mirrors into GPT-NeoX's older ``batch_size``)."""
         kwargs: dict[str, Any] = neox_overrides(cls, args)
         kwargs["seq_length"], kwargs["train_batch_size"] = args.seq_length, args.train_batch_size
-        kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu or args.batch_size
-        kwargs.setdefault("train_iters", 0)  # unset until train_epochs is converted: DataConfig counts it as 0
+        kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu
         return cls(**kwargs)
 
     def validate(self) -> None:
@@ -105,7 +107,7 @@ class DataConfig:
 
     def num_samples(self) -> tuple[int | None, int | None, int | None]:
         """GPT-NeoX's (train, valid, test) sample counts (all None with ``train_epochs``: one epoch each)."""
-        if self.train_epochs:
+        if self.train_epochs or self.train_iters is None:  # validation requires one of them
             return None, None, None
         train = self.train_iters * self.train_batch_size
         valid = (self.train_iters // self.eval_interval + 1) * self.eval_iters * self.train_batch_size

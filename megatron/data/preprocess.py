@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from megatron.data.indexed_dataset import make_builder
 from megatron.data.staged_output import staged_builders, worker_pool
 from megatron.errors import DataError
 from megatron.logging.progress import progress as progress_bar
+from megatron.neox_arguments.sections.other import TOKENIZER_TYPES
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 from megatron.tokenizer.fast_bpe import FastBPE, build_fast_bpe
 
@@ -57,7 +58,8 @@ class PreprocessConfig:
     fast_encoder: bool = True
 
     def tokenizer_config(self) -> TokenizerConfig:
-        return TokenizerConfig(self.tokenizer_type, self.vocab_file, self.merge_file)
+        # build_tokenizer refuses a name that is not one of the schema's tokenizer types
+        return TokenizerConfig(cast(TOKENIZER_TYPES, self.tokenizer_type), self.vocab_file, self.merge_file)
 
 
 @dataclass

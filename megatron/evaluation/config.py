@@ -4,22 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues, neox_values
+from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 
 
-@dataclass
+@dataclass(kw_only=True)  # the required keys have no default
+@schema_defaults
 class EvalConfig:
     """What the evaluation adapter and lm-eval's ``simple_evaluate`` need (GPT-NeoX key names)."""
 
-    eval_tasks: list | None = None
-    eval_limit: int | None = None
-    eval_bootstrap_iters: int = 0
-    eval_num_fewshot: int | None = 0  # GPT-NeoX: every task 0-shot; None: each task's own
-    seed: int = 1234
-    seq_length: int | None = None
-    max_position_embeddings: int | None = None
-    train_micro_batch_size_per_gpu: int | None = None
-    pipe_parallel_size: int = 0
+    eval_tasks: list | None = from_schema()
+    eval_limit: int | None = from_schema()
+    eval_bootstrap_iters: int = from_schema()
+    eval_num_fewshot: int | None = from_schema()  # GPT-NeoX: every task 0-shot; None: each task's own
+    seed: int = from_schema()
+    seq_length: int
+    max_position_embeddings: int
+    train_micro_batch_size_per_gpu: int
+    pipe_parallel_size: int = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> EvalConfig:

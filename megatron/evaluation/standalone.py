@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron import mpu
 from megatron.distributed import init_distributed
@@ -23,7 +23,9 @@ from megatron.generation.config import InferenceConfig
 from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
 from megatron.generation.text_generation import setup_for_inference
 from megatron.logging.metrics import LoggingConfig, Metrics
-from megatron.neox_arguments import NeoXArgs
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments import NeoXArgs
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ def evaluate_checkpoint(args: NeoXArgs) -> tuple[str | None, dict[str, float]]:
         InferenceConfig.from_neox_args(args),
         LoggingConfig.from_neox_args(args),
         run_config=args.to_dict(),
-        results_prefix=str(args.eval_results_prefix or ""),
+        results_prefix=args.eval_results_prefix,
     )
 
 

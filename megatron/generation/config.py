@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from megatron.checkpoint import config_io
-from megatron.config_utils import NeoXValues, neox_values
+from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 from megatron.generation.sampling import SamplingConfig
 from megatron.initialize import InitConfig
 from megatron.model.config import GPTModelConfig
@@ -31,25 +31,26 @@ PRECOMPUTE_GROUPS: tuple[tuple[str, ...], ...] = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)  # seq_length and train_micro_batch_size_per_gpu (required / derived) have no default
+@schema_defaults
 class PrecomputeConfig:
     """``text_gen_type: precompute``: which datasets to score and what to call the outputs (GPT-NeoX keys)."""
 
-    precompute_model_name: str | None = None
-    load: str | None = None
-    seq_length: int | None = None
-    train_micro_batch_size_per_gpu: int | None = None
-    data_impl: str = "infer"
-    data_path: str | None = None
-    train_data_paths: list | None = None
-    test_data_paths: list | None = None
-    valid_data_paths: list | None = None
-    pos_train_data_paths: list | None = None
-    neg_train_data_paths: list | None = None
-    pos_valid_data_paths: list | None = None
-    neg_valid_data_paths: list | None = None
-    pos_test_data_paths: list | None = None
-    neg_test_data_paths: list | None = None
+    precompute_model_name: str | None = from_schema()
+    load: str | None = from_schema()
+    seq_length: int
+    train_micro_batch_size_per_gpu: int
+    data_impl: Literal["infer", "mmap", "cached"] = from_schema()
+    data_path: str | None = from_schema()
+    train_data_paths: list | None = from_schema()
+    test_data_paths: list | None = from_schema()
+    valid_data_paths: list | None = from_schema()
+    pos_train_data_paths: list | None = from_schema()
+    neg_train_data_paths: list | None = from_schema()
+    pos_valid_data_paths: list | None = from_schema()
+    neg_valid_data_paths: list | None = from_schema()
+    pos_test_data_paths: list | None = from_schema()
+    neg_test_data_paths: list | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> PrecomputeConfig:
@@ -81,28 +82,29 @@ class PrecomputeConfig:
         return paths
 
 
-@dataclass
+@dataclass(kw_only=True)  # text_gen_type (derived) and the nested module configs have no default
+@schema_defaults
 class InferenceConfig:
     """What loading a checkpoint for inference and ``text_gen_type`` need (GPT-NeoX keys), with the module configs
     of the tokenizer, the sampler, precompute and process start-up."""
 
-    load: str | None = None
-    save: str | None = None
-    iteration: int | None = None
-    seed: int = 1234
-    inference_precision: str | None = None
-    model_parallel_size: int = 1
-    pipe_parallel_size: int = 0
-    text_gen_type: str | None = None
-    sample_input_file: str | None = None
-    sample_output_file: str | None = "samples.txt"
-    prompt_end: str | None = "\n"
-    num_samples: int | None = 1
-    return_logits: bool = False
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
-    init: InitConfig = field(default_factory=InitConfig)
+    load: str | None = from_schema()
+    save: str | None = from_schema()
+    iteration: int | None = from_schema()
+    seed: int = from_schema()
+    inference_precision: Literal["fp32", "fp16", "bfloat16"] | None = from_schema()
+    model_parallel_size: int = from_schema()
+    pipe_parallel_size: int = from_schema()
+    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"]
+    sample_input_file: str | None = from_schema()
+    sample_output_file: str | None = from_schema()
+    prompt_end: str = from_schema()
+    num_samples: int = from_schema()
+    return_logits: bool = from_schema()
+    tokenizer: TokenizerConfig
+    sampling: SamplingConfig
+    precompute: PrecomputeConfig
+    init: InitConfig
     model_for: Callable[[int], GPTModelConfig] | None = None
     """The model config for a padded vocabulary size (the checkpoint's), from the run's model keys."""
 

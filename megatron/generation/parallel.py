@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,6 +24,9 @@ from megatron.model.inference_stage import InferenceStage
 from megatron.model.tp_sharding import shard_state_dict
 from megatron.neox_arguments.errors import ConfigError
 from megatron.tokenizer import build_tokenizer
+
+if TYPE_CHECKING:
+    pass
 
 logger = logging.getLogger(__name__)
 

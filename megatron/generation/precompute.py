@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_datase
 from megatron.data.staged_output import staged_builders
 from megatron.generation.config import PrecomputeConfig
 from megatron.mpu.dp_split import DataParallelSplit
+
+if TYPE_CHECKING:
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ def precompute_logprobs(
     parallel = dp is not None
     dp = dp or DataParallelSplit()
     writes = not parallel or mpu.world_rank() == 0
-    seq, micro = int(cfg.seq_length or 0), max(1, int(cfg.train_micro_batch_size_per_gpu or 1))
+    seq, micro = cfg.seq_length, cfg.train_micro_batch_size_per_gpu
     name, outputs = cfg.model_name, []
     for path in cfg.paths():
         out = f"{path}_{name}"
@@ -62,7 +65,7 @@ def precompute_logprobs(
         if mpu.broadcast_object(exists) if parallel else exists:
             logger.info("precompute: %s.idx exists, kept", out)
             continue
-        dataset = make_dataset(path, cfg.data_impl or "infer")
+        dataset = make_dataset(path, cfg.data_impl)
         if dataset is None:
             raise ValueError(f"precompute: dataset {path} (.bin/.idx) not found")
         staged: contextlib.AbstractContextManager[dict[str, Any]] = contextlib.nullcontext({})

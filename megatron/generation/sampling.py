@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.model.kv_cache import KVCache
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
@@ -30,17 +30,18 @@ class SharesTokens(Protocol):
     def share_logits(self, logits: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor: ...
 
 
-@dataclass
+@dataclass(kw_only=True)  # seq_length (required) has no default
+@schema_defaults
 class SamplingConfig:
     """GPT-NeoX text-generation keys."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 0.0
-    maximum_tokens: int = 64
-    seq_length: int = 2048
+    temperature: float = from_schema()
+    top_k: int = from_schema()
+    top_p: float = from_schema()
+    maximum_tokens: int = from_schema()
+    seq_length: int
     stop_tokens: Sequence[int] = ()
-    recompute: bool = False
+    recompute: bool = from_schema()
 
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("stop_tokens",)  # callers' stop sequences, not a config key
 

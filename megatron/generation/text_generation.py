@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -32,13 +32,16 @@ from megatron.mpu.dp_split import DataParallelSplit
 from megatron.neox_arguments.errors import ConfigError
 from megatron.tokenizer import build_tokenizer
 
+if TYPE_CHECKING:
+    pass
+
 logger = logging.getLogger(__name__)
 
 
 def setup_for_inference(config: InferenceConfig) -> tuple[torch.nn.Module, Any]:
     """Tokenizer and the sequential model with the checkpoint's weights (any training layout merged) in
     :func:`inference_dtype` (the model's padded vocabulary is the checkpoint's)."""
-    set_random_seed(int(config.seed))
+    set_random_seed(config.seed)
     tokenizer = build_tokenizer(config.tokenizer)
     ckpt = load_checkpoint_for_inference(config)
     sd, ckpt_cfg, tag = ckpt.state_dict, ckpt.cfg, ckpt.layout.tag
@@ -109,8 +112,10 @@ def generate(config: InferenceConfig) -> list[dict[str, Any]]:
     if not parallel and rank != 0:
         return []  # one process does the work (a TP/PP checkpoint is merged on read)
     # Read before loading the model: a bad prompt file fails in seconds, not after the checkpoint load.
-    prompt_end = config.prompt_end or "\n"
-    file_prompts = read_prompts(str(config.sample_input_file), prompt_end) if mode == "input-file" else []
+    prompt_end = config.prompt_end
+    file_prompts = (
+        read_prompts(config.sample_input_file, prompt_end) if config.sample_input_file and mode == "input-file" else []
+    )
     forward: ForwardFn
     if parallel:
         stage, tokenizer = parallel_lib.setup_stage_for_inference(config)
@@ -124,7 +129,7 @@ def generate(config: InferenceConfig) -> list[dict[str, Any]]:
         outputs = precompute_logprobs(score, config.precompute, inference_device(), dp=dp)
         return [{"precomputed": out} for out in outputs] if rank == 0 else []
     cfg = config.sampling
-    generator = torch.Generator(device="cpu").manual_seed(int(config.seed))
+    generator = torch.Generator(device="cpu").manual_seed(config.seed)
 
     def sample(prompts: list[str]) -> list[dict[str, Any]]:
         return generate_samples_from_prompt(
@@ -132,7 +137,7 @@ def generate(config: InferenceConfig) -> list[dict[str, Any]]:
             tokenizer,
             prompts,
             cfg,
-            return_logits=bool(config.return_logits),
+            return_logits=config.return_logits,
             generator=generator,
             device=inference_device(),
         )
@@ -154,7 +159,7 @@ def generate(config: InferenceConfig) -> list[dict[str, Any]]:
                 records.append(record)
         return records
     if mode == "unconditional":
-        prompts = [""] * int(config.num_samples or 1)
+        prompts = [""] * config.num_samples
     else:
         prompts = file_prompts
     records = sample(prompts)

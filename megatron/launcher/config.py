@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from megatron.config_utils import NeoXValues, neox_values
+from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # global_num_gpus (derived) has no default
+@schema_defaults
 class LauncherConfig:
     """GPT-NeoX's launcher keys of a resolved config (values as set, ``None`` included)."""
 
-    hostfile: str | None = None
-    include: str | None = None
-    exclude: str | None = None
-    num_nodes: int | None = -1
-    num_gpus: int | None = None
-    global_num_gpus: int | None = None
-    master_port: int = 29500
-    master_addr: str | None = None
-    launcher: str = "pdsh"
-    force_multi: bool = False
-    deepspeed_slurm: bool = False
-    deepspeed_mpi: bool = False
-    user_script: str | None = None
-    comment: str | None = None
-    account: str | None = None
+    hostfile: str | None = from_schema()
+    include: str | None = from_schema()
+    exclude: str | None = from_schema()
+    num_nodes: int = from_schema()
+    num_gpus: int | None = from_schema()
+    global_num_gpus: int
+    master_port: int = from_schema()
+    master_addr: str | None = from_schema()
+    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm"] = from_schema()
+    force_multi: bool = from_schema()
+    deepspeed_slurm: bool = from_schema()
+    deepspeed_mpi: bool = from_schema()
+    user_script: str | None = from_schema()
+    comment: str | None = from_schema()
+    account: str | None = from_schema()
     explicit_keys: frozenset[str] = field(default_factory=frozenset)
     """The keys the user set (a CPU launch picks a free port unless ``master_port`` is one of them)."""
 

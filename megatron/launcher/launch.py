@@ -103,7 +103,9 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
             "(pass --hostfile, or use tools/slurm/train.sbatch, which writes one)"
         )
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
-    argv += [str(args.user_script), "--neox_config", config_path]
+    if args.user_script is None:
+        raise ConfigError("user_script is not set: the script deepy.py launches on every rank (train.py, ...)")
+    argv += [args.user_script, "--neox_config", config_path]
     threads = ""
     if on_cpu:
         env["DS_ACCELERATOR"] = "cpu"

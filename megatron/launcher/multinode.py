@@ -168,7 +168,7 @@ def _pdsh(x: _Launch) -> ClusterCommand:
         f"cd {_pdsh_quote(os.getcwd())} && set -a && . {_pdsh_quote(env_file)} && set +a &&",
         f"exec {_pdsh_quote(sys.executable)} -u -m deepspeed.launcher.launch --world_info={info} --node_rank=%n",
         f"--master_addr={_pdsh_quote(x.env['MASTER_ADDR'])} --master_port={x.env['MASTER_PORT']}",
-        " ".join(_pdsh_quote(a) for a in (str(x.args.user_script), "--neox_config", x.config_path)),
+        " ".join(_pdsh_quote(a) for a in x.script[2:]),  # the user script, --neox_config PATH
     ]
     env = {**x.env, "PDSH_RCMD_TYPE": "ssh"}
     env["PDSH_SSH_ARGS_APPEND"] = f"{env.get('PDSH_SSH_ARGS_APPEND', '')} {SSH_KEEPALIVE}".strip()
@@ -207,7 +207,9 @@ def cluster_command(
     extra = deepspeed_env_file(environ)  # forwarded whatever their names, as DeepSpeed's runner does
     env.update(extra)
     forwarded = sorted(k for k in env if k.startswith(FORWARD_PREFIXES) or k in extra)
-    script = [sys.executable, "-u", str(args.user_script), "--neox_config", config_path]
+    if args.user_script is None:
+        raise ConfigError("user_script is not set: the script deepy.py launches on every rank (train.py, ...)")
+    script = [sys.executable, "-u", args.user_script, "--neox_config", config_path]
     return BACKENDS[args.launcher](_Launch(args, active, env, forwarded, script, run_dir, config_path))
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues
+from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
 
 
 @dataclass
+@schema_defaults
 class FlopsConfig:
     """Shape and batch values the formula needs."""
 
@@ -24,19 +25,19 @@ class FlopsConfig:
     num_layers: int
     hidden_size: int
     padded_vocab_size: int
-    checkpoint_activations: bool = False
-    peak_theoretical_tflops: float | None = None
+    checkpoint_activations: bool = from_schema()
+    peak_theoretical_tflops: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
-            train_batch_size=int(args.train_batch_size),
-            seq_length=int(args.seq_length),
-            num_layers=int(args.num_layers),
-            hidden_size=int(args.hidden_size),
-            padded_vocab_size=int(args.padded_vocab_size or 0),
-            checkpoint_activations=bool(args.checkpoint_activations),
+            train_batch_size=args.train_batch_size,
+            seq_length=args.seq_length,
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            padded_vocab_size=args.padded_vocab_size or 0,  # unset until the tokenizer is built: no vocab flops
+            checkpoint_activations=args.checkpoint_activations,
             peak_theoretical_tflops=args.peak_theoretical_tflops,
         )
 

@@ -12,30 +12,31 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.logging.run_observer import format_duration, memory_text
 
 logger = logging.getLogger("megatron.train")
 
 
 @dataclass
+@schema_defaults
 class LoggingConfig:
     """GPT-NeoX logging keys."""
 
-    log_interval: int = 100
-    tensorboard_dir: str | None = None
-    log_dir: str | None = None
-    use_wandb: bool | None = None  # unset (None) means off, as False does
-    wandb_project: str = "neox"
-    wandb_group: str | None = None
-    wandb_team: str | None = None
-    wandb_run_name: str | None = None
-    wandb_host: str = "https://api.wandb.ai"
-    wandb_init_all_ranks: bool = False
-    log_grad_norm: bool = False
-    log_param_norm: bool = False
-    wall_clock_breakdown: bool = False
-    peak_theoretical_tflops: float | None = None
+    log_interval: int = from_schema()
+    tensorboard_dir: str | None = from_schema()
+    log_dir: str | None = from_schema()
+    use_wandb: bool | None = from_schema()  # unset (None) means off, as False does
+    wandb_project: str = from_schema()
+    wandb_group: str | None = from_schema()
+    wandb_team: str | None = from_schema()
+    wandb_run_name: str | None = from_schema()
+    wandb_host: str = from_schema()
+    wandb_init_all_ranks: bool = from_schema()
+    log_grad_norm: bool = from_schema()
+    log_param_norm: bool = from_schema()
+    wall_clock_breakdown: bool = from_schema()
+    peak_theoretical_tflops: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> LoggingConfig:

@@ -101,7 +101,7 @@ class ParallelSelfAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layer_index = layer_index
-        self.attention_type = cfg.attention_config[layer_index]
+        self.attention_type = cfg.layer_types[layer_index]
         tp = mpu.get_model_parallel_world_size()
         self.tp = tp
         self.hn = cfg.head_dim
@@ -323,8 +323,9 @@ class ParallelSelfAttention(nn.Module):
         if window is not None:
             extra = (q_pos[:, None] - k_pos[None, :]) <= window
         if self.attention_type == "local":
-            block = int(self.cfg.sparsity_config.get("block", 16))
-            reach = int(self.cfg.sparsity_config.get("num_sliding_window_blocks", 3)) // 2
+            sparsity = self.cfg.sparsity_config or {}  # the key's None: no settings (DeepSpeed's defaults)
+            block = int(sparsity.get("block", 16))
+            reach = int(sparsity.get("num_sliding_window_blocks", 3)) // 2
             local = (q_pos[:, None] // block - k_pos[None, :] // block) <= reach
             extra = local if extra is None else extra & local
         mask_is_causal = allowed is None

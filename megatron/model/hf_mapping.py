@@ -80,7 +80,7 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
     problems = []
     if cfg.pos_emb != "rotary":
         problems.append(f"pos_emb={cfg.pos_emb!r} (HF models here use rotary)")
-    if any(kind == "local" for kind in cfg.attention_config):
+    if any(kind == "local" for kind in cfg.layer_types):
         problems.append("attention_config 'local' layers")
     if cfg.use_qk_layernorm:
         problems.append("use_qk_layernorm")

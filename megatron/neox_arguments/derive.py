@@ -16,7 +16,7 @@ from typing import Any
 from megatron.cluster.hostfile import count_ranks, read_hostfile
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
-from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES
+from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES, OptimizerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ ZERO_DEFAULTS: dict[str, Any] = {
     "reduce_bucket_size": 500000000,
     "contiguous_gradients": False,
 }
-DEFAULT_LR = 0.001
+DEFAULT_LR: float = OptimizerArgs.lr  # the schema's default
 MAX_LAYERS = 100_000  # far beyond any real model; guards the per-layer attention list
 
 

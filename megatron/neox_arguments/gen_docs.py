@@ -54,12 +54,19 @@ def render() -> str:
             out += [
                 f"### `{f.name}`{tag}",
                 "",
-                f"Type: {describe(hints[f.name])}. Default: `{_default(f)}`.",
+                f"Type: {describe(hints[f.name])}{_unset_note(f, hints[f.name])}. Default: `{_default(f)}`.",
                 "",
                 field_doc(f),
                 "",
             ]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _unset_note(f: dataclasses.Field, hint: object) -> str:
+    """Keys typed without null whose default is None: null (or leaving them out) means "unset", and the resolved
+    config always has a value (required keys, or derived)."""
+    nullable = hint is typing.Any or type(None) in typing.get_args(hint)
+    return " (null: unset, then required or derived)" if f.default is None and not nullable else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from megatron.cluster.worker_env import describe_ranks, discover_rank_env, launched_rank
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
@@ -33,7 +33,7 @@ from megatron.neox_arguments.gpt_neox_api import (  # noqa: F401 - GPT-NeoX's se
     NeoXArgsTokenizer,
     NeoXArgsTraining,
 )
-from megatron.neox_arguments.keys import HINTS, KEY_SECTION, KNOWN_KEYS
+from megatron.neox_arguments.keys import FIELDS, HINTS, KEY_SECTION, KNOWN_KEYS
 from megatron.neox_arguments.loader import (
     MergedConfig,
     apply_overrides,
@@ -43,13 +43,30 @@ from megatron.neox_arguments.loader import (
 )
 from megatron.neox_arguments.number_checks import huge_int_problems, short_repr
 from megatron.neox_arguments.precision import dtype_of_precision
-from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
+from megatron.neox_arguments.sections import (
+    SECTIONS,
+    DeepspeedConfigArgs,
+    DeepspeedRunnerArgs,
+    LoggingArgs,
+    LRSchedulerArgs,
+    ModelArgs,
+    MoEArgs,
+    OptimizerArgs,
+    OtherArgs,
+    ParallelismArgs,
+    TextgenArgs,
+    TokenizerArgs,
+    TrainingArgs,
+)
 from megatron.neox_arguments.types import coerce_value, describe
 from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
 from megatron.neox_arguments.validate import validate
 from megatron.neox_arguments.value_checks import value_problems
 
 logger = logging.getLogger(__name__)
+
+_Section = TypeVar("_Section")
+_SECTION_NAMES = [cls.__name__ for cls in SECTIONS.values()]
 
 
 # Objects attached while running; never serialised.
@@ -70,17 +87,31 @@ def default_values() -> dict[str, Any]:
 
 
 def neox_namespace(values: dict[str, Any] | None = None, /, **more: Any) -> SimpleNamespace:
-    """Every key with its GPT-NeoX default, then ``values`` and ``more`` over it, as plain attributes.
+    """Every key with its GPT-NeoX default, then ``values`` and ``more`` over it, then the derived keys
+    (``derive()``, as ``NeoXArgs`` computes them), as plain attributes.
 
-    Not validated or derived (unlike ``NeoXArgs``): for offline readers of a saved config (a checkpoint's
+    Not validated, and not typed (unlike ``NeoXArgs``): for offline readers of a saved config (a checkpoint's
     ``resolved_config.json`` from an older version may lack newer keys) and for module configs built from a few keys.
-    A name that is not a key raises ``ValueError`` naming the closest keys.
+    A derived key the given values cannot determine (no batch size given) keeps its default. A name that is not a
+    key raises ``ValueError`` naming the closest keys.
     """
     given = {**(values or {}), **more}
     for key in given:
         if key not in KNOWN_KEYS and key not in RUNTIME_ATTRS:
             raise ValueError(unknown_key_message(key, "neox_namespace", KNOWN_KEYS))
-    return SimpleNamespace(**{**default_values(), **given})
+    resolved = {**default_values(), **given}
+    updates, _ = derive(resolved, set(given), LaunchEnv())  # problems are the validating NeoXArgs' business
+    resolved.update({k: v for k, v in updates.items() if k not in given or given[k] is None})
+    return SimpleNamespace(**resolved)
+
+
+def _unset(key: str, value: Any) -> bool:
+    """``null`` for a key that is required or derived (schema default ``None``, or ``derived``) means "not set".
+
+    Such a key's annotation is its resolved type (``train_batch_size: int``): ``derive()`` or the required-keys rule
+    guarantee a value in every ``NeoXArgs``, so the type has no ``None`` although the input may leave it unset.
+    """
+    return value is None and (FIELDS[key].default is None or bool(FIELDS[key].metadata.get("derived")))
 
 
 def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
@@ -89,6 +120,8 @@ def _type_problems(values: dict[str, Any], origins: dict[str, str]) -> tuple[dic
         ok, coerced = coerce_value(value, HINTS[key])
         if ok:
             checked[key] = coerced
+        elif _unset(key, value):
+            continue  # keeps the schema default; derive() or validate() take it from there
         else:
             where = origins.get(key, "the configuration")
             problems.append(f"{key}={short_repr(value)} in {where}: expected {describe(HINTS[key])}")
@@ -125,7 +158,40 @@ class _SaveDir(str):
         return (str, (str(self),))  # copies and pickles are plain strings
 
 
-class NeoXArgs(GptNeoXArgsApi):
+if TYPE_CHECKING:
+
+    class _SchemaKeys(
+        ParallelismArgs,
+        ModelArgs,
+        MoEArgs,
+        OptimizerArgs,
+        LRSchedulerArgs,
+        TokenizerArgs,
+        TrainingArgs,
+        LoggingArgs,
+        TextgenArgs,
+        DeepspeedConfigArgs,
+        DeepspeedRunnerArgs,
+        OtherArgs,
+    ):
+        """For the type checker only: every key with its schema type, so mypy checks each ``args.key`` read.
+
+        At run time ``NeoXArgs`` serves the keys from its section objects (``__getattr__``); this base does not exist
+        then. tests/unit/test_typed_args.py checks mypy sees every key and reports a misuse.
+        """
+
+        # Objects attached while running (RUNTIME_ATTRS).
+        tokenizer: Any
+        tensorboard_writer: Any
+        adlr_autoresume_object: Any
+
+else:
+
+    class _SchemaKeys:
+        """Empty at run time: ``NeoXArgs.__getattr__`` serves the keys."""
+
+
+class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
     """The resolved configuration. Read any GPT-NeoX key as an attribute: ``args.hidden_size``.
 
     Build it with ``from_ymls`` (config files), ``from_dict`` or, on a launched rank, ``consume_neox_args``.
@@ -133,6 +199,11 @@ class NeoXArgs(GptNeoXArgsApi):
     table, and raises one ``ConfigError`` listing every problem. GPT-NeoX's scripting names (``get_deepspeed_main_args``,
     ``megatron_config``, ``build_tokenizer``, ...) come from ``GptNeoXArgsApi``.
     """
+
+    _sections: dict[str, Any]
+    _runtime: dict[str, Any]
+    origins: dict[str, str]
+    explicit_keys: set[str]
 
     def __init__(
         self,
@@ -297,15 +368,17 @@ class NeoXArgs(GptNeoXArgsApi):
 
     # ------------------------------------------------------------------ access
 
-    def __getattr__(self, name: str) -> Any:
-        section = KEY_SECTION.get(name)
-        if section is not None:
-            value = getattr(self._sections[section], name)
-            # `save` is both GPT-NeoX's checkpoint-directory key and (when set) a callable `args.save(path)`.
-            return _SaveDir(value, self) if name == "save" and isinstance(value, str) else value
-        if name in RUNTIME_ATTRS:
-            return self._runtime[name]
-        raise AttributeError(f"NeoXArgs has no key {name!r}")
+    if not TYPE_CHECKING:  # hidden from mypy: an unknown name is an error there, not Any
+
+        def __getattr__(self, name: str) -> Any:
+            section = KEY_SECTION.get(name)
+            if section is not None:
+                value = getattr(self._sections[section], name)
+                # `save` is both GPT-NeoX's checkpoint-directory key and (when set) a callable `args.save(path)`.
+                return _SaveDir(value, self) if name == "save" and isinstance(value, str) else value
+            if name in RUNTIME_ATTRS:
+                return self._runtime[name]
+            raise AttributeError(f"NeoXArgs has no key {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         self.update_value(name, value)
@@ -331,6 +404,16 @@ class NeoXArgs(GptNeoXArgsApi):
     def sections(self) -> dict[str, Any]:
         """Section name -> its dataclass instance (parallelism, model, moe, optimizer, ...)."""
         return dict(self._sections)
+
+    def section(self, cls: type[_Section]) -> _Section:
+        """The live, typed section object of the dataclass ``cls``: ``args.section(ModelArgs).hidden_size``.
+
+        Reads see ``update_value``'s changes; write through ``update_value`` (it type-checks) rather than to it.
+        """
+        for section in self._sections.values():
+            if type(section) is cls:
+                return section
+        raise TypeError(f"{cls.__name__} is not a config section; expected one of {', '.join(_SECTION_NAMES)}")
 
     @staticmethod
     def defaults() -> dict[str, Any]:

@@ -154,7 +154,7 @@ def check_fits_machine(
         return
     what = "weights and optimizer state" if training else "weights"
     layout = (
-        f"tensor x pipeline parallel {args.model_parallel_size} x {max(int(args.pipe_parallel_size or 0), 1)}, "
+        f"tensor x pipeline parallel {args.model_parallel_size} x {max(args.pipe_parallel_size, 1)}, "
         f"ZeRO stage {args.zero_stage}, {args.precision}"
     )
     machine = f"this machine has {_gib(available)} of {kind} memory" if local else "more than any single machine holds"

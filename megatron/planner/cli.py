@@ -96,8 +96,8 @@ def resolve_vocab(tokenizer: TokenizerConfig, vocab_size: int | None = None) -> 
         except (OSError, ValueError) as e:
             notes.append(f"tokenizer not readable ({e}); assumed {FALLBACK_VOCAB} tokens, pass --vocab-size N")
             vocab_size = FALLBACK_VOCAB
-    tp = int(tokenizer.model_parallel_size or 1)
-    return vocab_size, padded_vocab_size(vocab_size, int(tokenizer.make_vocab_size_divisible_by), tp), notes
+    tp = tokenizer.model_parallel_size
+    return vocab_size, padded_vocab_size(vocab_size, tokenizer.make_vocab_size_divisible_by, tp), notes
 
 
 def _search(inputs: PlanInputs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:

@@ -102,30 +102,32 @@ class TrainingSetup:
     def from_neox_args(cls, args: NeoXValues) -> TrainingSetup:
         """Read a resolved NeoXArgs (``padded_vocab_size`` set)."""
         zero = dict(args.zero_optimization or {})
-        heads = int(args.num_attention_heads)
+        heads = args.num_attention_heads
+        if args.padded_vocab_size is None:
+            raise ValueError("TrainingSetup.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
         attention = [str(t) for t in (args.attention_config or [])]
         data_types = args.data_types or {}
         return cls(
-            precision=str(args.precision),
-            zero_stage=int(args.zero_stage),
-            tp=int(args.model_parallel_size or 1),
-            pp=int(args.pipe_parallel_size or 0),
-            dp=int(args.dp_world_size),
-            micro_batch=int(args.train_micro_batch_size_per_gpu),
-            gas=int(args.gradient_accumulation_steps or 1),
-            train_batch=int(args.train_batch_size),
-            seq_length=int(args.seq_length),
-            hidden_size=int(args.hidden_size),
-            num_layers=int(args.num_layers),
+            precision=args.precision,
+            zero_stage=args.zero_stage,
+            tp=args.model_parallel_size,
+            pp=args.pipe_parallel_size,
+            dp=args.dp_world_size,
+            micro_batch=args.train_micro_batch_size_per_gpu,
+            gas=args.gradient_accumulation_steps,
+            train_batch=args.train_batch_size,
+            seq_length=args.seq_length,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
             num_heads=heads,
-            num_kv_heads=int(args.num_kv_heads or heads),
-            padded_vocab_size=int(args.padded_vocab_size),
-            checkpoint_activations=bool(args.checkpoint_activations),
-            checkpoint_num_layers=max(int(args.checkpoint_num_layers or 1), 1),
-            partition_activations=bool(args.partition_activations),
-            sequence_parallel=bool(args.sequence_parallel),
+            num_kv_heads=args.num_kv_heads or heads,  # unset: one key/value head per query head
+            padded_vocab_size=args.padded_vocab_size,
+            checkpoint_activations=args.checkpoint_activations,
+            checkpoint_num_layers=max(args.checkpoint_num_layers, 1),
+            partition_activations=args.partition_activations,
+            sequence_parallel=args.sequence_parallel,
             flash_attention=bool(attention) and all(t == "flash" for t in attention),
-            optimizer_type=str(args.optimizer_type or "adam").lower(),
+            optimizer_type=args.optimizer_type.lower(),
             grad_accum_fp32=str(data_types.get("grad_accum_dtype", "")).lower() in ("fp32", "float32"),
             reduce_bucket_size=int(zero.get("reduce_bucket_size", 5 * 10**8)),
             allgather_bucket_size=int(zero.get("allgather_bucket_size", 5 * 10**8)),

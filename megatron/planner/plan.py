@@ -120,7 +120,7 @@ class PlanInputs:
 
     setup: TrainingSetup
     model: GPTModelConfig
-    pipe_partition_method: str | None
+    pipe_partition_method: str
     make_vocab_size_divisible_by: int
 
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("setup", "model")
@@ -135,7 +135,7 @@ class PlanInputs:
             setup=TrainingSetup.from_neox_args(values),
             model=GPTModelConfig.from_neox_args(values),
             pipe_partition_method=args.pipe_partition_method,
-            make_vocab_size_divisible_by=int(args.make_vocab_size_divisible_by),
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         )
 
 

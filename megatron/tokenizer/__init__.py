@@ -22,9 +22,7 @@ from megatron.tokenizer.tokenizer import (
 def build_neox_args_tokenizer(args: Any) -> AbstractTokenizer:
     """GPT-NeoX's ``neox_args.build_tokenizer()``: build, attach as ``args.tokenizer``, set ``padded_vocab_size``."""
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    padded = padded_vocab_size(
-        tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
-    )
+    padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.model_parallel_size)
     args.update_value("padded_vocab_size", padded)
     args.update_value("tokenizer", tokenizer)
     return tokenizer

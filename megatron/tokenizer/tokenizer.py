@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.errors import DataError
+from megatron.neox_arguments.sections import other as schema_other
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +34,15 @@ TOKENIZER_TYPES = (
 
 
 @dataclass
+@schema_defaults
 class TokenizerConfig:
     """The tokenizer keys of a GPT-NeoX config."""
 
-    tokenizer_type: str = "GPT2BPETokenizer"
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    make_vocab_size_divisible_by: int = 128
-    model_parallel_size: int = 1
+    tokenizer_type: schema_other.TOKENIZER_TYPES = from_schema()
+    vocab_file: str | None = from_schema()
+    merge_file: str | None = from_schema()
+    make_vocab_size_divisible_by: int = from_schema()
+    model_parallel_size: int = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> TokenizerConfig:

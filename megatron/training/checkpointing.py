@@ -45,8 +45,9 @@ from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, safe_torch_load, unsafe_message
 from megatron.checkpoint.tags import checkpoint_dirs, checkpoint_tag
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.model.config import GPTModelConfig
+from megatron.neox_arguments.sections.training import CHECKPOINT_SCALES
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
 
@@ -66,25 +67,28 @@ AUTO = "auto"
 
 
 @dataclass
+@schema_defaults
 class CheckpointConfig:
     """GPT-NeoX checkpoint keys."""
 
-    save: str | None = None
-    load: str | None = None
-    checkpoint_factor: int | float | None = None
-    checkpoint_scale: str = "linear"
-    extra_save_iters: list[int] = field(default_factory=list)
-    keep_last_n_checkpoints: int | None = None
-    no_save_optim: bool = False
-    no_save_rng: bool = False
-    no_load_optim: bool = False
-    no_load_rng: bool = False
-    finetune: bool = False
-    iteration: int | None = None
-    zero_stage: int = 0
-    gpt_j_residual: bool = False  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
-    load_verify_checksums: bool = False
-    load_allow_tokenizer_change: bool = False
+    save: str | None = from_schema()
+    load: str | None = from_schema()
+    checkpoint_factor: int | float | None = from_schema()
+    checkpoint_scale: CHECKPOINT_SCALES = from_schema()
+    extra_save_iters: list | None = from_schema()
+    keep_last_n_checkpoints: int | None = from_schema()
+    no_save_optim: bool = from_schema()
+    no_save_rng: bool = from_schema()
+    no_load_optim: bool = from_schema()
+    no_load_rng: bool = from_schema()
+    finetune: bool = from_schema()
+    iteration: int | None = from_schema()
+    zero_stage: int = from_schema()
+    gpt_j_residual: bool = (
+        from_schema()
+    )  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
+    load_verify_checksums: bool = from_schema()
+    load_allow_tokenizer_change: bool = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
@@ -118,7 +122,7 @@ class CheckpointConfig:
 
 def is_save_iter(iteration: int, cfg: CheckpointConfig) -> bool:
     """True when ``iteration`` is in ``extra_save_iters`` or on the ``checkpoint_factor`` schedule."""
-    if iteration in cfg.extra_save_iters:
+    if iteration in (cfg.extra_save_iters or ()):
         return True
     if cfg.checkpoint_factor is None or iteration <= 0:
         return False

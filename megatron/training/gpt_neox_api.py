@@ -57,7 +57,7 @@ def save_checkpoint(neox_args: Any, iteration: int, model: Any, optimizer: Any, 
         iteration,
         cfg,
         checkpoint_args=pretrain_lib.checkpoint_args(neox_args),
-        consumed_train_samples=iteration * int(neox_args.train_batch_size),
+        consumed_train_samples=iteration * neox_args.train_batch_size,
         config_files=neox_args.config_files or {},
         resolved_config=neox_args.all_config,  # GPT-NeoX's name for every key with its value
     )

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.optimizer import LR_DECAY_STYLES
 
 logger = logging.getLogger(__name__)
 
@@ -29,19 +30,20 @@ DECAY_STYLES = ("constant", "linear", "cosine", "exponential", "inverse_sqrt")
 
 
 @dataclass
+@schema_defaults
 class LRScheduleConfig:
     """The GPT-NeoX keys that define the schedule."""
 
-    lr: float = 0.001
-    min_lr: float = 0.0
-    lr_decay_style: str = "linear"
-    train_iters: int | None = None
-    lr_decay_iters: int | None = None
-    lr_decay_fraction: float | None = None
-    warmup: float = 0.01
-    override_lr_scheduler: bool = False
-    use_checkpoint_lr_scheduler: bool = False
-    use_mup: bool = False
+    lr: float = from_schema()
+    min_lr: float = from_schema()
+    lr_decay_style: LR_DECAY_STYLES = from_schema()
+    train_iters: int | None = from_schema()
+    lr_decay_iters: int | None = from_schema()
+    lr_decay_fraction: float | None = from_schema()
+    warmup: float = from_schema()
+    override_lr_scheduler: bool = from_schema()
+    use_checkpoint_lr_scheduler: bool = from_schema()
+    use_mup: bool = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> LRScheduleConfig:

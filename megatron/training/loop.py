@@ -14,7 +14,7 @@ import torch
 
 import megatron.training
 from megatron import mpu
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.errors import UserError
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
@@ -33,19 +33,20 @@ MAX_CONSECUTIVE_OVERFLOWS = 50  # GPT-NeoX's OverflowMonitor limit
 
 
 @dataclass
+@schema_defaults
 class LoopConfig:
     """Loop keys of a GPT-NeoX config."""
 
     train_iters: int
     train_batch_size: int
-    eval_interval: int = 1000
-    eval_iters: int = 100
-    exit_interval: int | None = None
-    profile: bool = False
-    profile_step_start: int = 10
-    profile_step_stop: int = 12
-    memory_profiling: bool = False
-    memory_profiling_path: str | None = None
+    eval_interval: int = from_schema()
+    eval_iters: int = from_schema()
+    exit_interval: int | None = from_schema()
+    profile: bool = from_schema()
+    profile_step_start: int = from_schema()
+    profile_step_stop: int = from_schema()
+    memory_profiling: bool = from_schema()
+    memory_profiling_path: str | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> LoopConfig:

@@ -11,29 +11,32 @@ rule is checked here first (from the registry entry's ZeRO stages), so the error
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from megatron.config_utils import NeoXValues
+from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 from megatron.distributed import on_cpu
 from megatron.model.weight_decay import no_weight_decay
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.optimizer import OptimizerType
 from megatron.training.optimizer_registry import OPTIMIZERS
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
+@schema_defaults
 class OptimizerConfig:
     """GPT-NeoX keys for the optimizer."""
 
-    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "Adam", "params": {"lr": 0.001}})
-    weight_decay: float = 0.1
-    zero_stage: int = 0
+    optimizer: dict | None = from_schema()
+    optimizer_type: OptimizerType = from_schema()
+    weight_decay: float = from_schema()
+    zero_stage: int = from_schema()
     zero_allow_untested_optimizer: bool = False
-    use_mup: bool = False
+    use_mup: bool = from_schema()
     on_cpu: bool = True
 
     # not config keys: DeepSpeed's own setting (read from the DeepSpeed config) and the machine
@@ -42,30 +45,26 @@ class OptimizerConfig:
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> OptimizerConfig:
         """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args)."""
-        stage = args.zero_stage
-        if stage is None:  # set by derive(); a config that was not derived (an offline reader) has only the section
-            zero = args.zero_optimization or {}
-            stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
         allow = (args.deepspeed_extra_args or {}).get("zero_allow_untested_optimizer", False)  # a DeepSpeed-only key
-        opt = args.optimizer or {"type": args.optimizer_type or "Adam", "params": {}}
         return cls(
-            optimizer=opt,
-            weight_decay=0.1 if args.weight_decay is None else float(args.weight_decay),
-            zero_stage=int(stage or 0),
+            optimizer=args.optimizer,
+            optimizer_type=args.optimizer_type,
+            weight_decay=args.weight_decay,
+            zero_stage=args.zero_stage,
             zero_allow_untested_optimizer=bool(allow),
-            use_mup=bool(args.use_mup),
+            use_mup=args.use_mup,
             on_cpu=on_cpu(),
         )
 
     @property
     def type(self) -> str:
-        """The lower-cased optimizer type."""
-        return str(self.optimizer.get("type", "Adam")).lower()
+        """The lower-cased optimizer type: ``optimizer.type``, else ``optimizer_type`` (the config layer sets both)."""
+        return str((self.optimizer or {}).get("type", self.optimizer_type)).lower()
 
     @property
     def params(self) -> dict[str, Any]:
-        """A copy of ``optimizer.params``."""
-        return dict(self.optimizer.get("params") or {})
+        """A copy of ``optimizer.params`` (none when the ``optimizer`` section is unset)."""
+        return dict((self.optimizer or {}).get("params") or {})
 
 
 def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -91,8 +90,8 @@ def check_zero_compatibility(cfg: OptimizerConfig) -> None:
     if cfg.zero_stage > 0 and cfg.zero_stage not in tested and not cfg.zero_allow_untested_optimizer:
         usable = [name for name, spec in OPTIMIZERS.items() if cfg.zero_stage in spec.tested_stages(cfg.on_cpu)]
         raise ConfigError(
-            f"optimizer.type {cfg.optimizer.get('type')!r} is not tested by DeepSpeed under ZeRO stage "
-            f"{cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use one of "
+            f"optimizer.type {(cfg.optimizer or {}).get('type', cfg.type)!r} is not tested by DeepSpeed under ZeRO "
+            f"stage {cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use one of "
             f"{', '.join(usable)}"
         )
 
@@ -105,7 +104,7 @@ def build_optimizer(
     ``optimizer`` is None where DeepSpeed builds it from its config and the param groups (``onebitadam``).
     """
     if cfg.type not in OPTIMIZERS:
-        raise ConfigError(OPTIMIZERS.unknown(cfg.optimizer.get("type")))
+        raise ConfigError(OPTIMIZERS.unknown((cfg.optimizer or {}).get("type", cfg.type)))
     spec = OPTIMIZERS.get(cfg.type)
     if cfg.use_mup:
         raise ConfigError("use_mup is not supported by neox-forge; unset it")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
@@ -28,11 +28,12 @@ REQUEUE_EXIT_CODE = 42
 
 
 @dataclass
+@schema_defaults
 class PreemptionConfig:
     """Keys that end a run early to be requeued."""
 
-    preemption_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    exit_duration_in_mins: float | None = None
+    preemption_signals: list = from_schema()
+    exit_duration_in_mins: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> PreemptionConfig:

@@ -134,7 +134,7 @@ def setup_model_and_optimizer(
         load_module_strict=not plan.reward_head,
     )
     if result.path and plan.validate_with_forward:
-        check_validation_logits(engine, plan, int(args.padded_vocab_size), result.client_state, result.path)
+        check_validation_logits(engine, plan, model_cfg.padded_vocab_size, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
 
 
@@ -146,7 +146,7 @@ def train_iters_from_epochs(data_cfg: DataConfig, train_epochs: int, gas: int) -
     )
     if train_loader is None:
         raise DataError("train_epochs needs training data")
-    iters = int(train_epochs) * len(train_loader) // gas
+    iters = train_epochs * len(train_loader) // gas
     if iters < 1:
         raise DataError(f"train_epochs {train_epochs}: the training data holds less than one global batch")
     logger.info("train_epochs %d: %d iterations", train_epochs, iters)
@@ -185,9 +185,9 @@ def check_validation_logits(
 def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
     """The step variant the plan names (chosen once, here)."""
     guard = build_step_guard(  # the non-finite / loss-spike skip decision of every step (training/nonfinite.py)
-        int(args.max_consecutive_nonfinite_steps or 10),
-        int(args.loss_spike_skip_window or 0),
-        float(args.loss_spike_skip_zscore or 0.0),
+        args.max_consecutive_nonfinite_steps,
+        args.loss_spike_skip_window,
+        args.loss_spike_skip_zscore,
         fp16=bool(engine.fp16_enabled()),
     )
     if plan.step_variant == "post_training":
@@ -226,20 +226,19 @@ def build_data_iterators(
     return train, valid, test
 
 
-def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> Any:
-    """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``)."""
+def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> tuple[Any, int]:
+    """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``); returns the
+    tokenizer and the padded vocabulary size."""
     tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
     args.update_value("tokenizer", tokenizer)  # as GPT-NeoX; its identity goes into every checkpoint
-    padded = padded_vocab_size(
-        tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size or 1)
-    )
+    padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.model_parallel_size)
     args.update_value("padded_vocab_size", padded)
     if args.train_iters is None and args.train_epochs:
         iters = train_iters_from_epochs(
             DataConfig.from_neox_args(args), args.train_epochs, plan.gradient_accumulation_steps
         )
         args.update_value("train_iters", iters)
-    return tokenizer
+    return tokenizer, padded
 
 
 def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
@@ -254,7 +253,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     initialize_megatron(args)
     rank = mpu.world_rank()
     plan = RunPlan.from_neox_args(args)
-    tokenizer = _setup_tokenizer(args, plan)
+    tokenizer, vocab = _setup_tokenizer(args, plan)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)
@@ -291,7 +290,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         def save(it: int) -> None:
             extra = {}
             if plan.validate_with_forward:
-                extra[VALIDATION_KEY] = validation_logits(engine, plan.seq_length, int(args.padded_vocab_size))
+                extra[VALIDATION_KEY] = validation_logits(engine, plan.seq_length, vocab)
             ckpt.save_checkpoint(
                 engine,
                 it,
@@ -321,13 +320,13 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             is_save_iter=lambda it: ckpt.is_save_iter(it, save_cfg),
             profile_dir=log_cfg.log_dir or save_cfg.save or ".",
             task_eval=build_task_eval(engine, tokenizer, EvalConfig.from_neox_args(args)),
-            char_counter=char_counter_factory(tokenizer, bool(args.char_level_ppl)),
+            char_counter=char_counter_factory(tokenizer, args.char_level_ppl),
             observer=observer,
         )
         trainer.consumed_valid = consumed_valid
         step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
         trainer.stop_check = lambda it, flag: preemption.stop_from(flag, it)
-        if save_cfg.save and iteration == 0 and 0 in save_cfg.extra_save_iters:
+        if save_cfg.save and iteration == 0 and 0 in (save_cfg.extra_save_iters or ()):
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)
         result.iteration, result.train_losses = state.iteration, state.history

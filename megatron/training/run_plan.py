@@ -16,6 +16,8 @@ import torch
 from megatron.distributed import on_cpu
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.precision import dtype_of_precision
+from megatron.neox_arguments.sections.model import PRECISIONS
+from megatron.neox_arguments.sections.training import TRAIN_IMPLS
 
 logger = logging.getLogger("megatron.train")
 
@@ -27,9 +29,9 @@ class RunPlan:
     """What kind of run this is; every field is derived from validated keys and never changes during the run."""
 
     pipeline: bool  # DeepSpeed PipelineModule + PipelineEngine (``pipe_parallel_size >= 1``: ``is_pipe_parallel``)
-    precision: Literal["fp32", "fp16", "bfloat16"]
+    precision: PRECISIONS
     zero_stage: int
-    train_impl: str  # the objective: normal (language modelling, SFT), dpo, kto or rm
+    train_impl: TRAIN_IMPLS  # the objective: normal (language modelling, SFT), dpo, kto or rm
     on_cpu: bool
     gradient_accumulation_steps: int
     train_batch_size: int
@@ -42,19 +44,19 @@ class RunPlan:
     @classmethod
     def from_neox_args(cls, args: NeoXArgs) -> RunPlan:
         """The plan of a validated configuration (derived keys included)."""
-        pipeline = bool(args.is_pipe_parallel)
-        validate = bool(args.checkpoint_validation_with_forward_pass)
+        pipeline = args.is_pipe_parallel
+        validate = args.checkpoint_validation_with_forward_pass
         if validate and pipeline:
             logger.warning("checkpoint_validation_with_forward_pass is not supported with pipe_parallel_size >= 1")
         return cls(
             pipeline=pipeline,
-            precision=args.precision or "fp32",
-            zero_stage=int(args.zero_stage or 0),
-            train_impl=str(args.train_impl),
+            precision=args.precision,
+            zero_stage=args.zero_stage,
+            train_impl=args.train_impl,
             on_cpu=on_cpu(),
-            gradient_accumulation_steps=int(args.gradient_accumulation_steps or 1),
-            train_batch_size=int(args.train_batch_size),
-            seq_length=int(args.seq_length),
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            train_batch_size=args.train_batch_size,
+            seq_length=args.seq_length,
             validate_with_forward=validate and not pipeline,
         )
 

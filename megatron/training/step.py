@@ -20,7 +20,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues
+from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 from megatron.logging.timers import Timers
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
@@ -37,13 +37,14 @@ Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tenso
 
 
 @dataclass
+@schema_defaults
 class BatchConfig:
     """How token batches become model inputs."""
 
     eod_token: int
-    eod_mask_loss: bool = False
-    reset_position_ids: bool = False
-    reset_attention_mask: bool = False
+    eod_mask_loss: bool = from_schema()
+    reset_position_ids: bool = from_schema()
+    reset_attention_mask: bool = from_schema()
     with_labels: bool = False  # label datasets (SFT): a "label" stream, negative ids excluded from the loss
 
     # not config keys: the tokenizer's end-of-document id, and whether train_label_data_paths is set
@@ -53,10 +54,10 @@ class BatchConfig:
     def from_neox_args(cls, args: NeoXValues, eod_token: int) -> BatchConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
         return cls(
-            eod_token=int(eod_token),
-            eod_mask_loss=bool(args.eod_mask_loss),
-            reset_position_ids=bool(args.reset_position_ids),
-            reset_attention_mask=bool(args.reset_attention_mask),
+            eod_token=eod_token,
+            eod_mask_loss=args.eod_mask_loss,
+            reset_position_ids=args.reset_position_ids,
+            reset_attention_mask=args.reset_attention_mask,
             with_labels=bool(args.train_label_data_paths),
         )
 

@@ -92,7 +92,6 @@ def model_config(variant: dict[str, Any]) -> Any:
         "num_attention_heads": HEADS,
         "padded_vocab_size": VOCAB,
         "max_position_embeddings": SEQ,
-        "seq_length": SEQ,
         "pos_emb": "rotary",
         "no_weight_tying": not variant["tied"],
         "hidden_dropout": 0.0,

@@ -23,15 +23,17 @@ def test_filter_logits_top_k_and_top_p() -> None:
 
 def test_sample_next_modes() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
-    assert sample_next(logits, SamplingConfig()).tolist() == [1, 0]  # greedy
+    assert sample_next(logits, SamplingConfig(seq_length=64)).tolist() == [1, 0]  # greedy
     g = torch.Generator().manual_seed(0)
-    draws = torch.stack([sample_next(logits, SamplingConfig(top_k=1, temperature=1.0), g) for _ in range(20)])
+    draws = torch.stack(
+        [sample_next(logits, SamplingConfig(top_k=1, temperature=1.0, seq_length=64), g) for _ in range(20)]
+    )
     assert (draws == torch.tensor([1, 0])).all()
-    cfg = SamplingConfig(temperature=100.0)
+    cfg = SamplingConfig(temperature=100.0, seq_length=64)
     draws = torch.stack([sample_next(logits, cfg, g) for _ in range(200)])
     assert len(set(draws[:, 0].tolist())) == 3  # near-uniform at high temperature
     with pytest.raises(ValueError, match="top_p"):
-        SamplingConfig(top_p=1.5).validate()
+        SamplingConfig(top_p=1.5, seq_length=64).validate()
 
 
 class CountingLM(torch.nn.Module):
@@ -63,7 +65,7 @@ def test_generate_tokens_stops_and_budget() -> None:
     assert model.calls == [2, 3, 4]  # recompute feeds the whole context
     with pytest.raises(ValueError, match="no room"):
         generate_tokens(fwd, [1, 2, 3], SamplingConfig(seq_length=3), eod_token=15)
-    new, _ = generate_tokens(fwd, [3], SamplingConfig(maximum_tokens=3), eod_token=15, vocab_size=5)
+    new, _ = generate_tokens(fwd, [3], SamplingConfig(maximum_tokens=3, seq_length=64), eod_token=15, vocab_size=5)
     assert new == [4, 0, 1]  # id 5 (>= vocab_size) is masked, so argmax falls back to id 0
 
 

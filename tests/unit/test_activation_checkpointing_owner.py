@@ -71,7 +71,6 @@ def _build_checkpointing_models() -> tuple[tuple, tuple]:
         hidden_size=16,
         num_attention_heads=2,
         padded_vocab_size=32,
-        seq_length=8,
         max_position_embeddings=8,
         checkpoint_activations=True,
     )

@@ -204,7 +204,14 @@ def test_tokenizer_export_from_gpt2_bpe_files_and_hf_tokenizer(tmp_path: Path) -
     tok.train_from_iterator(["a tiny corpus for a tiny tokenizer"] * 10, trainer)
     vocab, merges = tok.model.save(str(tmp_path))
     tok.save(str(tmp_path / "tok.json"))
-    cfg = GPTModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, padded_vocab_size=VOCAB, pos_emb="rotary")
+    cfg = GPTModelConfig(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        padded_vocab_size=VOCAB,
+        pos_emb="rotary",
+        max_position_embeddings=64,
+    )
     sd = build_sequential_model(cfg).state_dict()
     model_yml = neox_config_yaml(cfg, 1, 0)
     text = "a tiny tokenizer"

@@ -26,6 +26,7 @@ def test_list_and_diff_across_layouts(tmp_path: Path, capsys: pytest.CaptureFixt
         num_attention_heads=4,
         padded_vocab_size=64,
         pos_emb="rotary",
+        max_position_embeddings=64,
         no_weight_tying=True,
     )
     g = torch.Generator().manual_seed(0)
@@ -76,7 +77,14 @@ def test_gpt_neox_config_files_give_the_hf_config() -> None:
 def test_tools_run_as_scripts(tmp_path: Path) -> None:
     from tests.harness import PYTHON, run_command
 
-    cfg = GPTModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, padded_vocab_size=64, pos_emb="rotary")
+    cfg = GPTModelConfig(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        padded_vocab_size=64,
+        pos_emb="rotary",
+        max_position_embeddings=64,
+    )
     full = build_sequential_model(cfg).state_dict()
     write_checkpoint(full, cfg, tmp_path / "ck", TargetLayout(2, 0), iteration=3)
     listed = run_command([PYTHON, "tools/ckpts/inspect_checkpoints.py", str(tmp_path / "ck")], timeout=300)

@@ -162,31 +162,8 @@ def test_static_loss_scale_reaches_the_fp16_block(caplog: pytest.LogCaptureFixtu
 
 # Keys whose effect is outside what the walk below observes (the DeepSpeed config, the module configs, the derived
 # keys), with the code that reads them (the static test above checks that something does).
-_LAUNCHER = "read by deepy / megatron/launcher before any rank starts"
-_GENERATE = "read by generate.py (megatron/generation)"
 READ_ELSEWHERE: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "hostfile",
-            "include",
-            "exclude",
-            "num_gpus",
-            "master_port",
-            "master_addr",
-            "launcher",
-            "force_multi",
-            "comment",
-            "account",
-            "deepspeed_mpi",
-            "deepspeed_slurm",
-            "user_script",
-        ),
-        _LAUNCHER,
-    ),
     **dict.fromkeys(("world_size", "rank", "local_rank"), "set by the launcher in each rank's environment"),
-    **dict.fromkeys(
-        ("return_logits", "prompt_end", "sample_output_file", "num_samples", "inference_precision"), _GENERATE
-    ),
     "eval_results_prefix": "read by eval.py (megatron/evaluation)",
     "padded_vocab_size": "set from the tokenizer; the model reads it (test_model_gpt_neox_golden.py)",
     "git_hash": "recorded in the saved config and the evaluation results",
@@ -222,11 +199,19 @@ def _observable(args: NeoXArgs) -> dict[str, str]:
     seen = {"deepspeed": json.dumps(args.deepspeed_config, sort_keys=True, default=str)}
     for cls in CONFIGS:
         try:
-            cfg = cls.from_neox_args(args, 0) if cls.__name__ == "BatchConfig" else cls.from_neox_args(args)
+            if cls.__name__ == "BatchConfig":
+                cfg = cls.from_neox_args(args, 0)
+            elif cls.__name__ == "PlanInputs":  # the planner passes the padded vocabulary it resolved
+                cfg = cls.from_neox_args(args, args.padded_vocab_size)
+            else:
+                cfg = cls.from_neox_args(args)
         except ValueError as e:  # refused when the module is built (ConfigError is a ValueError)
             seen[cls.__name__] = f"refused: {e}"
             continue
-        seen[cls.__name__] = repr(dataclasses.asdict(cfg))
+        # not what the module reads: a callable field (InferenceConfig.model_for) holds a snapshot of every key, and
+        # LauncherConfig.explicit_keys names every key set
+        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "explicit_keys"}
+        seen[cls.__name__] = repr({k: v for k, v in fields.items() if not callable(v)})
     seen.update({f"key {k}": repr(v) for k, v in args.to_dict().items()})
     return seen
 

@@ -33,7 +33,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "distributed": {"cluster"},
     "neox_arguments": {"errors", "cluster", "distributed"},  # not launcher, training, model, data, post_training
     "config_utils": {"neox_arguments"},
-    "parallel_config": set(),
+    "parallel_config": {"config_utils"},  # from_schema: its fields' defaults are the schema's
     "logging": {"cluster", "config_utils", "distributed", "mpu"},
     "model": {"config_utils", "mpu", "neox_arguments", "errors", "distributed", "registry"},  # not training, checkpoint
     "tokenizer": {"config_utils", "errors", "logging", "neox_arguments"},

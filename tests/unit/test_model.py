@@ -117,7 +117,7 @@ def test_from_neox_args_reads_flat_keys() -> None:
     assert cfg.gpt_j_residual and cfg.no_weight_tying and cfg.bias_gelu_fusion
     assert cfg.rotary_ndims == 24 and cfg.mlp_sizes == (24576, 24576)
     pythia = GPTModelConfig.from_neox_args(neox_namespace(**PYTHIA_160M, precision="bfloat16"))
-    assert pythia.attention_config == ("flash",) * 12 and pythia.params_dtype == torch.bfloat16
+    assert pythia.layer_types == ("flash",) * 12 and pythia.params_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="padded_vocab_size"):
         GPTModelConfig.from_neox_args(neox_namespace(num_layers=2, hidden_size=32, num_attention_heads=4))
     with pytest.raises(ValueError, match=r"missing required key.*hidden_size"):

@@ -1,6 +1,6 @@
-"""Module configs (``XConfig.from_neox_args``) read NeoX config keys under their schema names, with the schema's
-defaults: a misspelt or renamed key raises instead of silently keeping a module default, and the two defaults of one
-key cannot drift apart unnoticed.
+"""Module configs (``XConfig.from_neox_args``) read NeoX config keys under their schema names and declare nothing
+about a key but its (schema) type: defaults come from the schema (``from_schema()``), so a misspelt or renamed key
+raises instead of silently keeping a module default, and no key has two defaults or two types.
 """
 
 from __future__ import annotations
@@ -10,11 +10,18 @@ import dataclasses
 import importlib
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 
-from megatron.config_utils import check_neox_field_names, neox_overrides, not_neox_keys
+from megatron.config_utils import (
+    check_neox_field_names,
+    declaration_problems,
+    from_schema,
+    neox_overrides,
+    not_neox_keys,
+    schema_defaults,
+)
 from megatron.logging.metrics import LoggingConfig
 from megatron.neox_arguments import KNOWN_KEYS, default_values, neox_namespace
 from megatron.neox_arguments.neox_args import RUNTIME_ATTRS, NeoXArgs
@@ -23,25 +30,6 @@ from tests.harness import REPO_ROOT
 # Module configs whose fields are not a mirror of the schema, with the reason.
 NOT_MIRRORS: dict[str, str] = {
     "TrainingSetup": "the planner's derived view with its own short names (tp, dp, gas ...); every field is required",
-}
-
-# (class, field) -> why the module's default differs from the schema's. The schema's None means "set by derive()"
-# or "required"; the module's default then only serves code that builds the config directly.
-_REQUIRED = "required key (validate.REQUIRED): a NeoXArgs always sets it"
-_ZERO_STAGE = "derived from zero_optimization.stage, whose default is 0"
-DIVERGENT_DEFAULTS: dict[tuple[str, str], str] = {
-    ("SamplingConfig", "seq_length"): _REQUIRED,
-    ("GPTModelConfig", "max_position_embeddings"): _REQUIRED,
-    ("ActivationCheckpointConfig", "num_layers"): _REQUIRED,
-    ("GPTModelConfig", "attention_config"): "None = all global; from_neox_args stores the per-layer expansion",
-    ("GPTModelConfig", "sparsity_config"): "None = {} (GPT-NeoX); from_neox_args always stores a dict",
-    ("CheckpointConfig", "extra_save_iters"): "None = no extra saves; the module holds a list",
-    ("CheckpointConfig", "zero_stage"): _ZERO_STAGE,
-    ("OptimizerConfig", "zero_stage"): _ZERO_STAGE,
-    ("ParallelConfig", "zero_stage"): _ZERO_STAGE,
-    ("LRScheduleConfig", "lr"): "derived: derive() sets DEFAULT_LR (0.001) when neither lr nor optimizer.params.lr is",
-    ("OptimizerConfig", "optimizer"): "None = no optimizer section: from_neox_args builds {type: optimizer_type}",
-    ("DataConfig", "train_iters"): "None until train_epochs is converted; DataConfig counts unset as 0 (epochs)",
 }
 
 
@@ -66,14 +54,6 @@ CONFIGS = module_configs()
 MIRRORS = [cls for cls in CONFIGS if cls.__name__ not in NOT_MIRRORS]
 
 
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
-
-
 def test_every_module_config_is_found() -> None:
     names = {cls.__name__ for cls in CONFIGS}
     assert len(CONFIGS) >= 17 and {"GPTModelConfig", "CheckpointConfig", "DataConfig", "LoopConfig"} <= names
@@ -89,21 +69,48 @@ def test_fields_are_schema_keys_or_declared(cls: type) -> None:
     assert not set(declared) & KNOWN_KEYS, f"{cls.__name__}.NOT_NEOX_KEYS lists real keys: {set(declared) & KNOWN_KEYS}"
 
 
-def test_defaults_equal_the_schema_defaults() -> None:
-    schema = default_values()
-    differ, listed = [], set()
-    for cls in MIRRORS:
-        for f in dataclasses.fields(cls):
-            if f.name in not_neox_keys(cls) or (default := _default(f)) is dataclasses.MISSING:
-                continue
-            if default != schema[f.name]:
-                key = (cls.__name__, f.name)
-                listed.add(key)
-                if key not in DIVERGENT_DEFAULTS:
-                    differ.append(f"{cls.__name__}.{f.name}: module {default!r}, schema {schema[f.name]!r}")
-    assert not differ, "module-config defaults differ from the schema's (use the schema's):\n" + "\n".join(differ)
-    stale = set(DIVERGENT_DEFAULTS) - listed
-    assert not stale, f"DIVERGENT_DEFAULTS entries that no longer differ (remove them): {sorted(stale)}"
+@pytest.mark.parametrize("cls", MIRRORS, ids=lambda c: c.__name__)
+def test_each_key_is_declared_once(cls: type) -> None:
+    """A module-config field that is a key takes the schema's default (``from_schema()``) or none, and its type."""
+    assert not declaration_problems(cls), "\n".join(declaration_problems(cls))
+
+
+def test_a_second_declaration_is_caught() -> None:
+    @dataclasses.dataclass
+    class OwnDefault:
+        log_interval: int = 100  # the schema's value, still a second declaration
+
+    @dataclasses.dataclass
+    @schema_defaults
+    class OtherType:
+        log_interval: float = from_schema()
+        seq_length: int | None = None
+
+    @dataclasses.dataclass
+    class NotAKey:
+        log_intervall: int
+
+    @dataclasses.dataclass(kw_only=True)
+    @schema_defaults
+    class Fine:
+        log_interval: int = from_schema()
+        seq_length: int  # required, typed as the schema
+        padded_vocab_size: int  # set while running (schema: int | None): a module may require it
+
+    assert declaration_problems(OwnDefault) == ["OwnDefault.log_interval: declares its own default; use from_schema()"]
+    assert declaration_problems(OtherType) == [
+        "OtherType.log_interval: type <class 'float'> is not the schema's <class 'int'>",
+        "OtherType.seq_length: declares its own default; use from_schema()",
+        "OtherType.seq_length: type int | None is not the schema's <class 'int'>",
+    ]
+    assert declaration_problems(NotAKey) == ["NotAKey.log_intervall: not a config key (nor in NOT_NEOX_KEYS)"]
+    assert declaration_problems(Fine) == []
+    assert Fine(seq_length=8, padded_vocab_size=64).log_interval == default_values()["log_interval"]
+    with pytest.raises(TypeError, match=r"seq_length = from_schema\(\): the key has no default"):
+
+        @schema_defaults
+        class Required:
+            seq_length: int = from_schema()
 
 
 def _nodes_in_from_neox_args(source: str) -> Iterator[tuple[ast.AST, str]]:

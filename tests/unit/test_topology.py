@@ -89,18 +89,23 @@ def test_activation_checkpoint_config() -> None:
         == 4
     )
     with pytest.raises(ValueError, match="partition_activations"):
-        ActivationCheckpointConfig(contiguous_checkpointing=True)
+        ActivationCheckpointConfig(num_layers=2, contiguous_checkpointing=True)
     with pytest.raises(ValueError, match="checkpoint_num_layers"):
-        ActivationCheckpointConfig(checkpoint_num_layers=0)
+        ActivationCheckpointConfig(num_layers=2, checkpoint_num_layers=0)
     with pytest.raises(ValueError, match="sequence_parallel"):
-        ActivationCheckpointConfig(partition_activations=True, sequence_parallel=True)
+        ActivationCheckpointConfig(num_layers=2, partition_activations=True, sequence_parallel=True)
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_full_state_dict_of_one_process_is_the_model(tied: bool) -> None:
     mpu.destroy_model_parallel()
     cfg = GPTModelConfig(
-        num_layers=2, hidden_size=32, num_attention_heads=4, padded_vocab_size=64, no_weight_tying=not tied
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        padded_vocab_size=64,
+        max_position_embeddings=2048,
+        no_weight_tying=not tied,
     )
     model = build_sequential_model(cfg)
     full = gather_full_state_dict(model, cfg)
@@ -146,4 +151,7 @@ def test_configure_activation_checkpointing_needs_torch_distributed() -> None:
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
-    assert configure_activation_checkpointing(ActivationCheckpointConfig(partition_activations=True)) is False
+    assert (
+        configure_activation_checkpointing(ActivationCheckpointConfig(num_layers=2, partition_activations=True))
+        is False
+    )

@@ -18,11 +18,11 @@ class DeepspeedConfigArgs:
     """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
 
     deepspeed: bool = arg(True, "DeepSpeed is always used (must be true).")
-    train_batch_size: int | None = arg(
+    train_batch_size: int = arg(
         None, "Global batch = micro batch x gradient accumulation x data-parallel size.", derived=True
     )
-    train_micro_batch_size_per_gpu: int | None = arg(None, "Samples per rank per forward/backward.", derived=True)
-    gradient_accumulation_steps: int | None = arg(1, "Micro-batches accumulated per optimizer step.", derived=True)
+    train_micro_batch_size_per_gpu: int = arg(None, "Samples per rank per forward/backward.", derived=True)
+    gradient_accumulation_steps: int = arg(1, "Micro-batches accumulated per optimizer step.", derived=True)
     optimizer: dict | None = arg(None, "`{type, params}`: optimizer name and constructor arguments (lr, betas...).")
     scheduler: dict | None = arg(None, "`{type, params}` of a DeepSpeed LR scheduler (normally unset).")
     fp32_allreduce: bool = arg(False, "All-reduce gradients (and TP reductions) in fp32.")

@@ -10,6 +10,7 @@ from typing import Literal
 
 from megatron.neox_arguments.fields import arg
 
+PRECISIONS = Literal["fp16", "fp32", "bfloat16"]
 # The allowed values of norm, pos_emb and activation: exactly the entries of the model's registries (NORMS in
 # megatron/model/norms.py, POSITION_EMBEDDINGS in positional_embeddings.py, ACTIVATIONS in activations.py), which this
 # torch-free layer cannot import; tests/unit/test_registries.py checks that both name the same values.
@@ -49,27 +50,27 @@ ATTENTION_TYPES = (
 class ModelArgs:
     """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
 
-    precision: Literal["fp16", "fp32", "bfloat16"] | None = arg(
+    precision: PRECISIONS = arg(
         None, "Training precision. Derived from the `fp16`/`bf16` dicts when unset; `fp32` otherwise.", derived=True
     )
-    num_layers: int | None = arg(None, "Number of transformer layers (required).")
-    hidden_size: int | None = arg(None, "Width of the residual stream (required).")
+    num_layers: int = arg(None, "Number of transformer layers (required).")
+    hidden_size: int = arg(None, "Width of the residual stream (required).")
     intermediate_size: int | None = arg(
         None, "Width of the MLP's inner projection. Unset: 4 x hidden_size (gated activations: scaled by 2/3)."
     )
     mlp_multiple_of: int = arg(1, "Round the MLP inner width up to a multiple of this value.")
     expansion_factor: float | None = arg(None, "MLP inner width as a multiple of hidden_size (default 4).")
-    num_attention_heads: int | None = arg(None, "Number of attention (query) heads (required).")
+    num_attention_heads: int = arg(None, "Number of attention (query) heads (required).")
     num_kv_heads: int | None = arg(
         None,
         "Number of key/value heads. Unset or equal to num_attention_heads: multi-head attention; fewer: "
         "grouped-query attention; 1: multi-query attention. Must divide num_attention_heads.",
     )
-    seq_length: int | None = arg(None, "Training sequence length in tokens.")
+    seq_length: int = arg(None, "Training sequence length in tokens.")
     sliding_window_width: int | None = arg(
         None, "If set, each token attends only to this many previous tokens (sliding-window attention)."
     )
-    max_position_embeddings: int | None = arg(
+    max_position_embeddings: int = arg(
         None, "Largest position the model supports (size of a learned position table); >= seq_length (required)."
     )
     norm: NORMS = arg("layernorm", "Normalisation layer type.")

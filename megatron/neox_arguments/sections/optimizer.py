@@ -10,6 +10,8 @@ from typing import Literal, get_args
 
 from megatron.neox_arguments.fields import arg
 
+LR_DECAY_STYLES = Literal["constant", "linear", "cosine", "exponential", "inverse_sqrt"]
+MOE_ROUTER_TYPES = Literal["sinkhorn", "topk"]
 # Exactly the entries of megatron/training/optimizer_registry.py's OPTIMIZERS (checked by tests/unit/test_registries.py).
 OptimizerType = Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"]
 OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
@@ -23,27 +25,23 @@ class OptimizerArgs:
         "adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True
     )
     use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
-    zero_stage: int | list | str | None = arg(
-        None, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True
-    )
-    zero_reduce_scatter: bool | None = arg(
+    zero_stage: int = arg(0, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True)
+    zero_reduce_scatter: bool = arg(
         None, "ZeRO: reduce-scatter gradients instead of all-reduce (mirrored).", derived=True
     )
-    zero_contiguous_gradients: bool | None = arg(
+    zero_contiguous_gradients: bool = arg(
         None, "ZeRO: copy gradients into one contiguous buffer (mirrored).", derived=True
     )
-    zero_reduce_bucket_size: int | None = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
-    zero_allgather_bucket_size: int | None = arg(
-        None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True
-    )
-    lr: float | None = arg(None, "Peak learning rate, taken from `optimizer.params.lr` (default 0.001).", derived=True)
+    zero_reduce_bucket_size: int = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
+    zero_allgather_bucket_size: int = arg(None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True)
+    lr: float = arg(0.001, "Peak learning rate, taken from `optimizer.params.lr` when that is set.", derived=True)
 
 
 @dataclass
 class LRSchedulerArgs:
     """Learning-rate warmup and decay."""
 
-    lr_decay_style: Literal["constant", "linear", "cosine", "exponential", "inverse_sqrt"] = arg(
+    lr_decay_style: LR_DECAY_STYLES = arg(
         "linear", "Shape of the decay after warmup (inverse_sqrt, ours: lr_max·sqrt(max(W,1) / n) after warmup)."
     )
     lr_decay_iters: int | None = arg(None, "Iterations over which the learning rate decays (default train_iters).")
@@ -74,7 +72,7 @@ class MoEArgs:
         1, "Layer i (0-based) is an MoE layer when i % moe_expert_interval == 0 (GPT-NeoX's placement)."
     )
     moe_top_k: int = arg(1, "Experts each token is routed to (1..moe_num_experts); no token is ever dropped.")
-    moe_router_type: Literal["sinkhorn", "topk"] = arg(
+    moe_router_type: MOE_ROUTER_TYPES = arg(
         "sinkhorn",
         "Routing algorithm. topk: softmax router, the top-k probabilities weight the experts. sinkhorn: in training "
         "the experts are chosen on Sinkhorn-balanced scores and weighted by sigmoid (k=1) / softmax (k>1) of the "

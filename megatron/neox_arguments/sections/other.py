@@ -33,7 +33,7 @@ class ParallelismArgs:
     sequence_parallel: bool = arg(
         False, "Megatron sequence parallelism: norm/dropout regions sharded along the sequence (needs TP > 1)."
     )
-    dp_world_size: int | None = arg(
+    dp_world_size: int = arg(
         None,
         "Data-parallel size: global_num_gpus / (max(pipe_parallel_size, 1) x model_parallel_size) (derived).",
         derived=True,
@@ -90,7 +90,7 @@ class OtherArgs:
     do_train: bool | None = arg(None, "Whether a training set exists; set while running.")
     do_valid: bool | None = arg(None, "Whether a validation set exists; set while running.")
     do_test: bool | None = arg(None, "Whether a test set exists; set while running.")
-    global_num_gpus: int | None = arg(
+    global_num_gpus: int = arg(
         None,
         "Total number of ranks. Unset: WORLD_SIZE inside a launched rank, else the hostfile's slots (after "
         "include/exclude/num_nodes; num_gpus per host when set), else the GPUs of this node (num_gpus or all, x "

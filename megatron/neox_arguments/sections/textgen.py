@@ -15,7 +15,7 @@ from megatron.neox_arguments.fields import arg
 class TextgenArgs:
     """Sampling settings for generate.py and task settings for eval.py."""
 
-    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"] | None = arg(
+    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"] = arg(
         None, "Generation mode; unset: `input-file` if sample_input_file is set, else `unconditional`.", derived=True
     )
     precompute_model_name: str | None = arg(

@@ -10,6 +10,11 @@ from typing import Literal
 
 from megatron.neox_arguments.fields import arg
 
+DATA_IMPLS = Literal["infer", "mmap", "cached"]
+PACK_IMPLS = Literal["packed", "pack_until_overflow", "unpacked"]
+DATASET_IMPLS = Literal["gpt2", "pairwise", "online"]
+TRAIN_IMPLS = Literal["normal", "dpo", "rm", "kto", "reinforce"]
+CHECKPOINT_SCALES = Literal["linear", "log"]
 _PAIR = "Pairwise (DPO/RM) data: list of dataset prefixes for the {} {} examples{}."
 
 
@@ -55,16 +60,12 @@ class TrainingArgs:
     weighted_sampler_alpha: float = arg(
         1.0, "Exponent of weight_by_num_documents: 1 = proportional to size, 0 = uniform over groups."
     )
-    data_impl: Literal["infer", "mmap", "cached"] = arg(
-        "infer", "Indexed-dataset flavour; `infer` reads the index file's magic bytes."
-    )
-    pack_impl: Literal["packed", "pack_until_overflow", "unpacked"] = arg(
+    data_impl: DATA_IMPLS = arg("infer", "Indexed-dataset flavour; `infer` reads the index file's magic bytes.")
+    pack_impl: PACK_IMPLS = arg(
         "packed", "How documents become samples: concatenated and cut, filled until overflow, or one per sample."
     )
-    dataset_impl: Literal["gpt2", "pairwise", "online"] = arg(
-        "gpt2", "Dataset kind: plain LM, chosen/rejected pairs, or online (served) data."
-    )
-    train_impl: Literal["normal", "dpo", "rm", "kto", "reinforce"] = arg(
+    dataset_impl: DATASET_IMPLS = arg("gpt2", "Dataset kind: plain LM, chosen/rejected pairs, or online (served) data.")
+    train_impl: TRAIN_IMPLS = arg(
         "normal", "Training objective: language modelling/SFT, DPO, reward model, KTO or REINFORCE."
     )
     dpo_fp32: bool = arg(True, "Compute the DPO loss in fp32.")
@@ -96,7 +97,7 @@ class TrainingArgs:
     checkpoint_validation_with_forward_pass: bool = arg(
         False, "Store one forward pass with each checkpoint and check it after loading."
     )
-    checkpoint_scale: Literal["linear", "log"] = arg(
+    checkpoint_scale: CHECKPOINT_SCALES = arg(
         "linear", "Save at multiples of checkpoint_factor (linear) or at powers of it (log)."
     )
     checkpoint_factor: int | float | None = arg(None, "Checkpoint spacing (see checkpoint_scale).")
@@ -106,9 +107,7 @@ class TrainingArgs:
     no_load_optim: bool = arg(False, "Do not load optimizer state.")
     no_load_rng: bool = arg(False, "Do not load random-generator state.")
     finetune: bool = arg(False, "Load weights only and restart at iteration 0 (no optimizer/RNG/iteration).")
-    batch_size: int | None = arg(
-        None, "Micro-batch size per rank (mirrors train_micro_batch_size_per_gpu).", derived=True
-    )
+    batch_size: int = arg(None, "Micro-batch size per rank (mirrors train_micro_batch_size_per_gpu).", derived=True)
     train_iters: int | None = arg(None, "Number of training iterations.")
     train_epochs: int | None = arg(
         None,
@@ -136,7 +135,7 @@ class TrainingArgs:
     partition_activations: bool = arg(False, "Split activation checkpoints across tensor-parallel ranks.")
     clip_grad: float = arg(1.0, "Global gradient-norm clip (mirrors gradient_clipping).", derived=True)
     hysteresis: int = arg(2, "Dynamic loss scaling hysteresis (DeepSpeed reads the fp16 dict instead).")
-    dynamic_loss_scale: bool | None = arg(None, "True when loss_scale is unset (derived).", derived=True)
+    dynamic_loss_scale: bool = arg(None, "True when loss_scale is unset (derived).", derived=True)
     loss_scale: float | None = arg(None, "Static loss scale; unset means dynamic scaling.")
     loss_scale_window: float = arg(1000.0, "Iterations between dynamic loss-scale increases.")
     min_scale: float = arg(1.0, "Smallest dynamic loss scale.")
