@@ -146,6 +146,11 @@ class GPTSequential(nn.Module):
         if position_ids is None:
             start = kv_cache.seq_len if kv_cache is not None else 0
             position_ids = torch.arange(start, start + s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and kv_cache is None
+        # None = causal: the layers skip their mask check (one here instead of one per layer). Not under DeepSpeed's
+        # reentrant checkpoint, whose recomputation does not take a None among the arguments.
+        if not use_ckpt and kv_cache is None and attention_mask is not None and is_plain_causal(attention_mask, s):
+            attention_mask = None
         x: Any = (input_ids, position_ids, attention_mask)
         layers = list(self.sequential)
         weight = self.fused_loss_weight() if loss_targets is not None else None
@@ -153,7 +158,6 @@ class GPTSequential(nn.Module):
             if weight is None:
                 raise ValueError("loss_targets: this model cannot fuse its output layer into the loss")
             layers = layers[:-1]
-        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and kv_cache is None
         i = 0
         while i < len(layers):
             layer = layers[i]
@@ -195,6 +199,16 @@ class GPTSequential(nn.Module):
         else:
             return None
         return None if hasattr(weight, "ds_tensor") else weight
+
+
+def is_plain_causal(mask: torch.Tensor, s: int) -> bool:
+    """True when ``mask`` (bool, True = masked) is exactly the causal mask ``[1, 1, s, s]`` of ``s`` tokens (what
+    the training batches carry without ``reset_attention_mask`` or a sliding window), which attention treats as
+    no mask at all."""
+    if mask.dim() != 4 or tuple(mask.shape) != (1, 1, s, s):
+        return False
+    idx = torch.arange(s, device=mask.device)
+    return torch.equal(mask[0, 0].bool(), idx[None, :] > idx[:, None])
 
 
 def _checkpoint(function: Any, *args: Any) -> Any:

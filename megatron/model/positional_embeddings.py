@@ -64,9 +64,9 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables for integer ``positions``.
 
-        Without autograd the last result is reused while the same ``positions`` tensor (unchanged) comes back with
-        equal ``inv_freq`` values: every layer of one forward asks for the same tables (identical values; only
-        the recomputation per layer is saved).
+        The last result is reused while the same ``positions`` tensor (unchanged) comes back with equal ``inv_freq``
+        values: every layer of one forward asks for the same tables (identical values, which never require grad;
+        only the recomputation per layer is saved). Not while ``torch.compile`` traces (inductor fuses the tables).
         """
         return self._tables(positions, dtype, signed=False)
 
@@ -76,11 +76,15 @@ class RotaryEmbedding(nn.Module):
         return self._tables(positions, dtype, signed=True)
 
     def _tables(self, positions: torch.Tensor, dtype: torch.dtype, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (positions, 0 if positions.is_inference() else positions._version, dtype, self.dim, signed)
-        last = _LAST_ROTARY.get(signed)
+        caching = not torch.compiler.is_compiling() and not self.inv_freq.requires_grad
+        key = (
+            (positions, 0 if positions.is_inference() else positions._version, dtype, self.dim, signed)
+            if caching
+            else ()
+        )
+        last = _LAST_ROTARY.get(signed) if caching else None
         if (
             last is not None
-            and not torch.is_grad_enabled()
             and last[0][0] is positions
             and last[0][1:] == key[1:]
             and (last[1] is self.inv_freq or torch.equal(last[1], self.inv_freq))
@@ -93,12 +97,12 @@ class RotaryEmbedding(nn.Module):
             sin = torch.cat((-sin[..., : freqs.shape[-1]], sin[..., freqs.shape[-1] :]), dim=-1)
             cos, sin = cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
         out = cos.to(dtype), sin.to(dtype)
-        if not torch.is_grad_enabled():
+        if caching:
             _LAST_ROTARY[signed] = (key, self.inv_freq, out)
         return out
 
 
-_LAST_ROTARY: dict[bool, tuple] = {}  # per ``signed``: the last no-grad (key, inv_freq, (cos, sin)) of RotaryEmbedding
+_LAST_ROTARY: dict[bool, tuple] = {}  # per ``signed``: the last (key, inv_freq, (cos, sin)) of RotaryEmbedding
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
