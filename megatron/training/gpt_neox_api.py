@@ -42,7 +42,8 @@ def setup_model_and_optimizer(
     load_cfg = ckpt.CheckpointConfig.from_neox_args(neox_args)
     if iteration is not None:
         load_cfg = dataclasses.replace(load_cfg, iteration=iteration)
-    engine, lr_scheduler, loaded, _ = pretrain_lib.setup_model_and_optimizer(neox_args, plan, load_cfg)
+    setup = pretrain_lib.ModelSetup.from_neox_args(neox_args)
+    engine, lr_scheduler, loaded, _ = pretrain_lib.setup_model_and_optimizer(setup, plan, load_cfg)
     neox_args.update_value("iteration", loaded)
     return engine, engine.optimizer, lr_scheduler
 
@@ -56,7 +57,7 @@ def save_checkpoint(neox_args: Any, iteration: int, model: Any, optimizer: Any, 
         model,
         iteration,
         cfg,
-        checkpoint_args=pretrain_lib.checkpoint_args(neox_args),
+        checkpoint_args=pretrain_lib.ModelSetup.from_neox_args(neox_args).checkpoint_args,
         consumed_train_samples=iteration * neox_args.train_batch_size,
         config_files=neox_args.config_files or {},
         resolved_config=neox_args.all_config,  # GPT-NeoX's name for every key with its value
@@ -82,7 +83,7 @@ def load_checkpoint(
     result = ckpt.load_checkpoint(
         model,
         cfg,
-        checkpoint_args=pretrain_lib.checkpoint_args(neox_args),
+        checkpoint_args=pretrain_lib.ModelSetup.from_neox_args(neox_args).checkpoint_args,
         model=GPTModelConfig.from_neox_args(neox_args),
     )
     return result.iteration

@@ -15,7 +15,7 @@ import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import deepspeed
 import torch
@@ -48,7 +48,7 @@ from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
-from megatron.training.nonfinite import build_step_guard
+from megatron.training.nonfinite import StepGuard, build_step_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
@@ -77,13 +77,54 @@ class PretrainResult:
     preempted: bool = False  # stopped by a signal or exit_duration_in_mins after saving: exit with REQUEUE_EXIT_CODE
 
 
-def checkpoint_args(args: NeoXArgs) -> dict[str, Any]:
-    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load, plus the tokenizer's identity
-    (``megatron.checkpoint.tokenizer_identity``)."""
-    out = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
-    if args.tokenizer is not None:
-        out.update(tokenizer_identity(args.tokenizer, args.vocab_file))
+def checkpoint_args(values: dict[str, Any], tokenizer: Any, vocab_file: str | None) -> dict[str, Any]:
+    """The model-shape values GPT-NeoX stores in every checkpoint and checks on load (``values`` holds at least
+    ``ckpt.CHECKPOINT_ARG_KEYS``), plus the tokenizer's identity (``megatron.checkpoint.tokenizer_identity``)."""
+    out = {k: values[k] for k in ckpt.CHECKPOINT_ARG_KEYS}
+    if tokenizer is not None:
+        out.update(tokenizer_identity(tokenizer, vocab_file))
     return out
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """What the model, optimizer, LR schedule and DeepSpeed engine are built from: the module configs, read once."""
+
+    model: model_lib.GPTModelConfig
+    optimizer_cfg: OptimizerConfig
+    lr_schedule: LRScheduleConfig
+    parallel: ParallelConfig
+    activation_checkpointing_cfg: ActivationCheckpointConfig
+    deepspeed_config: dict[str, Any]  # the DeepSpeed config from the DeepSpeed-section keys
+    compile_layers: bool  # torch_compile
+    checkpoint_args: dict[str, Any]  # stored in and checked against every checkpoint
+
+    # bundles module configs and derived values: none of its fields is a config key itself
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "model",
+        "optimizer_cfg",
+        "lr_schedule",
+        "parallel",
+        "activation_checkpointing_cfg",
+        "deepspeed_config",
+        "compile_layers",
+        "checkpoint_args",
+    )
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXArgs) -> ModelSetup:
+        """The configs from the validated arguments (after the tokenizer set ``padded_vocab_size``)."""
+        values = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
+        return cls(
+            model=model_lib.GPTModelConfig.from_neox_args(args),
+            optimizer_cfg=OptimizerConfig.from_neox_args(args),
+            lr_schedule=LRScheduleConfig.from_neox_args(args),
+            parallel=ParallelConfig.from_neox_args(args),
+            activation_checkpointing_cfg=ActivationCheckpointConfig.from_neox_args(args),
+            deepspeed_config=args.deepspeed_config,
+            compile_layers=args.torch_compile,
+            checkpoint_args=checkpoint_args(values, args.tokenizer, args.vocab_file),
+        )
 
 
 def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module:
@@ -95,23 +136,22 @@ def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module
 
 
 def setup_model_and_optimizer(
-    args: NeoXArgs, plan: RunPlan, load_cfg: ckpt.CheckpointConfig
+    setup: ModelSetup, plan: RunPlan, load_cfg: ckpt.CheckpointConfig
 ) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
     Returns ``(engine, lr_scheduler, iteration, load_result)``.
     """
-    opt_cfg = OptimizerConfig.from_neox_args(args)
+    opt_cfg, model_cfg = setup.optimizer_cfg, setup.model
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
-    ds_config = ParallelConfig.from_neox_args(args).apply(deepspeed_config_for(args.deepspeed_config, opt_cfg))
+    ds_config = setup.parallel.apply(deepspeed_config_for(setup.deepspeed_config, opt_cfg))
     apply_cpu_precision(ds_config)
-    configure_activation_checkpointing(ActivationCheckpointConfig.from_neox_args(args))
-    model_cfg = model_lib.GPTModelConfig.from_neox_args(args)
+    configure_activation_checkpointing(setup.activation_checkpointing_cfg)
     model = build_model(model_cfg, plan)  # the builders also register the sequence-parallel norm-gradient sync
-    if args.torch_compile:
+    if setup.compile_layers:
         compile_transformer_layers(model)
     optimizer, groups = build_optimizer(model, opt_cfg)
-    lr_scheduler = AnnealingLR(optimizer, LRScheduleConfig.from_neox_args(args))
+    lr_scheduler = AnnealingLR(optimizer, setup.lr_schedule)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
@@ -129,7 +169,7 @@ def setup_model_and_optimizer(
     result = ckpt.load_checkpoint(
         engine,
         load_cfg,
-        checkpoint_args=checkpoint_args(args),
+        checkpoint_args=setup.checkpoint_args,
         model=model_cfg,
         load_module_strict=not plan.reward_head,
     )
@@ -182,18 +222,19 @@ def check_validation_logits(
     logger.info("checkpoint %s validated with a forward pass", path)
 
 
-def build_step(plan: RunPlan, args: NeoXArgs, engine: Any, eod: int, timers: Timers) -> PipeStep | SequentialStep:
-    """The step variant the plan names (chosen once, here)."""
-    guard = build_step_guard(  # the non-finite / loss-spike skip decision of every step (training/nonfinite.py)
-        args.max_consecutive_nonfinite_steps,
-        args.loss_spike_skip_window,
-        args.loss_spike_skip_zscore,
-        fp16=bool(engine.fp16_enabled()),
-    )
+def build_step(
+    plan: RunPlan,
+    engine: Any,
+    timers: Timers,
+    guard: StepGuard,
+    batch_cfg: BatchConfig,
+    post_cfg: PostTrainingConfig,
+) -> PipeStep | SequentialStep:
+    """The step variant the plan names (chosen once, here); ``guard`` is the non-finite / loss-spike skip decision
+    of every step (``training/nonfinite.py``)."""
     if plan.step_variant == "post_training":
-        post_cfg = PostTrainingConfig.from_neox_args(args)
-        return build_post_training_step(post_cfg, engine, eod, plan.gradient_accumulation_steps, timers, guard)
-    batch_cfg = BatchConfig.from_neox_args(args, eod)
+        gas = plan.gradient_accumulation_steps
+        return build_post_training_step(post_cfg, engine, batch_cfg.eod_token, gas, timers, guard)
     if plan.step_variant == "pipe":
         return PipeStep(engine, batch_cfg, timers, guard)
     loss_fn = with_aux_loss(model_lib.cross_entropy, engine.module)  # + the MoE load-balancing loss (if any)
@@ -270,13 +311,21 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     save_lock = acquire_on_rank0(save_cfg.save) if save_cfg.save else SaveLock(None, "")
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
     try:
-        engine, _, iteration, loaded = setup_model_and_optimizer(args, plan, save_cfg)
+        setup = ModelSetup.from_neox_args(args)
+        engine, _, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
+        post_cfg = PostTrainingConfig.from_neox_args(args)
         train_iter, valid_iter, test_iter = build_data_iterators(
-            DataConfig.from_neox_args(args), PostTrainingConfig.from_neox_args(args), iteration * tbs, consumed_valid
+            DataConfig.from_neox_args(args), post_cfg, iteration * tbs, consumed_valid
         )
-        step = build_step(plan, args, engine, tokenizer.eod, timers)
+        guard = build_step_guard(
+            args.max_consecutive_nonfinite_steps,
+            args.loss_spike_skip_window,
+            args.loss_spike_skip_zscore,
+            fp16=bool(engine.fp16_enabled()),
+        )
+        step = build_step(plan, engine, timers, guard, BatchConfig.from_neox_args(args, tokenizer.eod), post_cfg)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.train_iters - iteration)
         result = PretrainResult(
@@ -295,7 +344,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
                 engine,
                 it,
                 save_cfg,
-                checkpoint_args=checkpoint_args(args),
+                checkpoint_args=setup.checkpoint_args,
                 consumed_train_samples=it * tbs,
                 consumed_valid_samples=trainer.consumed_valid,
                 config_files=args.config_files or {},

@@ -167,7 +167,6 @@ READ_ELSEWHERE: dict[str, str] = {
     "eval_results_prefix": "read by eval.py (megatron/evaluation)",
     "padded_vocab_size": "set from the tokenizer; the model reads it (test_model_gpt_neox_golden.py)",
     "git_hash": "recorded in the saved config and the evaluation results",
-    "torch_compile": "read by pretrain (megatron/training/torch_compile.py)",
     "char_level_ppl": "read by the training loop and in-training evaluation",
     "max_consecutive_nonfinite_steps": "read by pretrain's non-finite guard (megatron/training/nonfinite.py)",
     "loss_spike_skip_zscore": "read by pretrain's loss-spike guard (megatron/training/loss_spike.py)",

@@ -31,9 +31,6 @@ ENTRY_LEVEL: dict[str, str] = {
     "megatron/training/pretrain.py:_CallableModule.__call__": "megatron.training.pretrain called as a function",
 }
 NOT_YET_CONVERTED: dict[str, str] = {
-    "megatron/training/pretrain.py:checkpoint_args": "the checkpoint's model keys; also GPT-NeoX API glue",
-    "megatron/training/pretrain.py:setup_model_and_optimizer": "reads 6 module configs; shared with the step work",
-    "megatron/training/pretrain.py:build_step": "owned by the step work (post-training and batch configs)",
     "megatron/training/pretrain.py:_setup_tokenizer": "writes tokenizer, padded_vocab_size, train_iters into the args",
 }
 
