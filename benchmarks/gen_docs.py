@@ -124,8 +124,9 @@ pass, 1.6 s → 0.3 s), the rotary tables per layer (once per forward) and the c
 forward; a compiled layer is now one graph instead of nine). Left: our attention and MLP output biases are added in
 separate passes (HF folds them into `addmm`; folding changes rounding). A step made only of its GEMMs and attention
 would be about 1.33x HF's, so at this shape 1.3x eager is out of reach by removing overheads: what is left is
-fusing the element-wise work, which is `torch_compile`'s job; the compiled comparison at 160M was not run on a
-quiet machine (noisy runs under load: 0.61–1.17x litgpt-compiled).
+fusing the element-wise work, which is `torch_compile`'s job. Compiled against compiled at 160M (2026-12-01, 3
+rounds, load ~4 while the test suite ran, not saved): 0.86x `hf-compiled`, 1.02x `litgpt-compiled`; our
+`torch_compile` compiles the 12 transformer layers, the peers the whole model (head, loss and embedding included).
 
 ## ZeRO memory: what is counted, and the fp32 ZeRO-3 master copy
 
