@@ -24,7 +24,7 @@ def logits_at_layout(config: dict[str, Any], text: torch.Tensor) -> torch.Tensor
     from megatron.neox_arguments import NeoXArgs
     from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
     from megatron.training import checkpointing as ckpt
-    from megatron.training.pretrain import setup_model_and_optimizer
+    from megatron.training.pretrain import ModelSetup, setup_model_and_optimizer
     from megatron.training.run_plan import RunPlan
     from megatron.training.step import BatchConfig, get_batch
 
@@ -37,7 +37,7 @@ def logits_at_layout(config: dict[str, Any], text: torch.Tensor) -> torch.Tensor
         padded_vocab_size(tokenizer.vocab_size, int(args.make_vocab_size_divisible_by), int(args.model_parallel_size)),
     )
     engine, _, _, loaded = setup_model_and_optimizer(
-        args, RunPlan.from_neox_args(args), ckpt.CheckpointConfig.from_neox_args(args)
+        ModelSetup.from_neox_args(args), RunPlan.from_neox_args(args), ckpt.CheckpointConfig.from_neox_args(args)
     )
     assert loaded.path is not None, "nothing was loaded"
     batch = get_batch({"text": text}, BatchConfig(eod_token=tokenizer.eod))

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
@@ -86,11 +87,24 @@ def main(input_args: list[str] | None = None) -> None:
         print(f"Wrote {prefix}.bin and {prefix}.idx")
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record is emitted: a caller that runs ``cli()`` in process may have
+    replaced (and closed) the stream that was current when the handler was added."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ and setStream assign it; sys.stderr wins
+        del value
+
+
 def _show_encoder_line() -> None:
     """The engine's ``encoder: ...`` line (which encoder ran and why) on stderr."""
     log = logging.getLogger("megatron.data.preprocess")
     if not any(getattr(h, "_encoder_line", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler._encoder_line = True  # type: ignore[attr-defined]
         log.addHandler(handler)
