@@ -165,8 +165,8 @@ def test_sigterm_to_process_group_saves_waits_for_ranks_and_resumes_exactly(
 
 
 def test_second_interrupt_stops_now(data: dict[str, str], tmp_path: Path) -> None:
-    """Ctrl-C twice (SIGINT to the group, twice within a second): deepy says it stops now, kills the ranks without
-    a save and returns 130; no rank survives it."""
+    """Ctrl-C twice (SIGINT to the group, twice within a second): deepy says it stops now, kills the ranks and
+    returns 130; no rank survives it, and no partial checkpoint is left."""
     ck = tmp_path / "ck"
     config = write_config(data, tmp_path / "c.yml", train_iters=100000, save=str(ck), checkpoint_factor=10**6)
     run = Deepy(config, tmp_path / "run")
@@ -181,7 +181,10 @@ def test_second_interrupt_stops_now(data: dict[str, str], tmp_path: Path) -> Non
     err = run.err_path.read_text()
     assert "interrupt: asking the ranks to save and stop" in err
     assert "second interrupt: stopping now, killing the ranks" in err
-    assert not (ck / "latest").exists()
+    # The first interrupt asked for a save; a tiny model's save may commit in the moment before the second one
+    # lands (seen under load), so what must hold is that nothing half-written is left behind.
+    if (ck / "latest").exists():
+        assert_committed(ck / (ck / "latest").read_text())
 
 
 def test_sigkill_of_deepy_takes_the_ranks_along(data: dict[str, str], tmp_path: Path) -> None:
