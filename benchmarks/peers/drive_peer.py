@@ -21,8 +21,10 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from protocol import SHAPE_DIMS  # noqa: E402
+
 VOCAB = 50304
-SHAPE_DIMS = {"pythia-14m": (6, 128, 4), "pythia-160m": (12, 768, 12), "small": (2, 64, 4)}
 
 
 def make_init(shape: str, out: str, seed: int = 1234) -> None:

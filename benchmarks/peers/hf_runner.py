@@ -36,11 +36,8 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol import runner_arguments, serve
+from protocol import SHAPE_DIMS, runner_arguments, serve
 from step_handoff import Handoff
-
-# (layers, hidden, heads) of each shape: the export in --init-hf must have them
-SHAPE_DIMS = {"pythia-14m": (6, 128, 4), "pythia-160m": (12, 768, 12), "small": (2, 64, 4)}
 
 
 def _one_line_error(message: str) -> NoReturn:

@@ -27,7 +27,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-SHAPES = ("pythia-14m", "pythia-160m", "small")
+# (layers, hidden, heads) of each benchmark shape: a runner checks the export in --init-hf against it
+SHAPE_DIMS = {"pythia-14m": (6, 128, 4), "pythia-160m": (12, 768, 12), "small": (2, 64, 4)}
+SHAPES = tuple(SHAPE_DIMS)
 StepFn = Callable[[list[list[int]]], float]
 
 
