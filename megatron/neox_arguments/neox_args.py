@@ -400,6 +400,20 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         for key, value in d.items():
             self.update_value(key, value)
 
+    def derived(self, **values: Any) -> NeoXArgs:
+        """A copy with ``values`` set (type-checked as by ``update_value``); this object is not changed.
+
+        For the values known only after validation (the tokenizer, the padded vocabulary size, ``train_iters`` from
+        ``train_epochs``): ``pretrain`` derives them into its own copy, so the caller's arguments stay as validated.
+        """
+        clone = object.__new__(type(self))
+        object.__setattr__(clone, "_sections", {name: copy.copy(s) for name, s in self._sections.items()})
+        object.__setattr__(clone, "_runtime", dict(self._runtime))
+        object.__setattr__(clone, "origins", dict(self.origins))
+        object.__setattr__(clone, "explicit_keys", set(self.explicit_keys))
+        clone.update_values(values)
+        return clone
+
     @property
     def sections(self) -> dict[str, Any]:
         """Section name -> its dataclass instance (parallelism, model, moe, optimizer, ...)."""

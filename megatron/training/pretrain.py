@@ -1,7 +1,7 @@
 """``pretrain(neox_args)``: GPT-NeoX's pretrain flow on the DeepSpeed engine.
 
-initialize (distributed, mpu, seeds) → the run's shape (:class:`RunPlan`, decided once) → tokenizer (sets
-``padded_vocab_size``) → metrics sinks → model → optimizer + LR schedule → ``deepspeed.initialize`` → optional
+initialize (distributed, mpu, seeds) → the run's shape (:class:`RunPlan`, decided once) → tokenizer (the padded vocabulary size, and ``train_iters`` from
+``train_epochs``, derived into the run's copy of the arguments) → metrics sinks → model → optimizer + LR schedule → ``deepspeed.initialize`` → optional
 load → data loaders (resuming at the consumed samples) → the step variant → optional step-0 save → ``train()`` →
 final validation → final save → test evaluation.
 """
@@ -267,19 +267,11 @@ def build_data_iterators(
     return train, valid, test
 
 
-def _setup_tokenizer(args: NeoXArgs, plan: RunPlan) -> tuple[Any, int]:
-    """Build the tokenizer and set ``padded_vocab_size`` (and ``train_iters`` from ``train_epochs``); returns the
-    tokenizer and the padded vocabulary size."""
-    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
-    args.update_value("tokenizer", tokenizer)  # as GPT-NeoX; its identity goes into every checkpoint
-    padded = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.model_parallel_size)
-    args.update_value("padded_vocab_size", padded)
-    if args.train_iters is None and args.train_epochs:
-        iters = train_iters_from_epochs(
-            DataConfig.from_neox_args(args), args.train_epochs, plan.gradient_accumulation_steps
-        )
-        args.update_value("train_iters", iters)
-    return tokenizer, padded
+def train_iters_for(train_iters: int | None, train_epochs: int | None, data_cfg: DataConfig, gas: int) -> int | None:
+    """``train_iters`` as configured, or (unset, with ``train_epochs``) derived from the training data."""
+    if train_iters is None and train_epochs:
+        return train_iters_from_epochs(data_cfg, train_epochs, gas)
+    return train_iters
 
 
 def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
@@ -294,7 +286,14 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     initialize_megatron(args)
     rank = mpu.world_rank()
     plan = RunPlan.from_neox_args(args)
-    tokenizer, vocab = _setup_tokenizer(args, plan)
+    tokenizer = build_tokenizer(TokenizerConfig.from_neox_args(args))
+    vocab = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.model_parallel_size)
+    iters = train_iters_for(
+        args.train_iters, args.train_epochs, DataConfig.from_neox_args(args), plan.gradient_accumulation_steps
+    )
+    # the values known only now, in this run's copy of the arguments (the caller's stay as validated); the
+    # tokenizer's identity goes into every checkpoint, as in GPT-NeoX
+    args = args.derived(tokenizer=tokenizer, padded_vocab_size=vocab, train_iters=iters)
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)

@@ -1,9 +1,9 @@
 """Below the entry points, functions take their module's config or plain values, not the whole argument object.
 
 A function under ``megatron/`` or ``tools/`` with a parameter annotated ``NeoXArgs``/``NeoXValues`` (or named
-``args``/``neox_args`` and annotated ``Any`` or not at all) must be listed here: ``ENTRY_LEVEL`` (the glue right
-under the entry points, and GPT-NeoX's API, which takes the argument object by design) or ``NOT_YET_CONVERTED``
-(known debt, each with what is left). docs/architecture.md lists the entry-level functions.
+``args``/``neox_args`` and annotated ``Any`` or not at all) must be listed in ``ENTRY_LEVEL`` (the glue right
+under the entry points, and GPT-NeoX's API, which takes the argument object by design). docs/architecture.md lists
+the entry-level functions.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ ENTRY_LEVEL: dict[str, str] = {
     "megatron/training/gpt_neox_api.py:save_checkpoint": "GPT-NeoX API",
     "megatron/training/gpt_neox_api.py:load_checkpoint": "GPT-NeoX API",
     "megatron/training/pretrain.py:_CallableModule.__call__": "megatron.training.pretrain called as a function",
-}
-NOT_YET_CONVERTED: dict[str, str] = {
-    "megatron/training/pretrain.py:_setup_tokenizer": "writes tokenizer, padded_vocab_size, train_iters into the args",
 }
 
 
@@ -70,14 +67,12 @@ def whole_args_functions(root: Path) -> dict[str, int]:
 
 def test_no_whole_args_below_the_entry_points() -> None:
     found = whole_args_functions(REPO)
-    unlisted = sorted(
-        f"{name} (line {line})" for name, line in found.items() if name not in {**ENTRY_LEVEL, **NOT_YET_CONVERTED}
-    )
+    unlisted = sorted(f"{name} (line {line})" for name, line in found.items() if name not in ENTRY_LEVEL)
     assert not unlisted, (
         "functions below the entry points take the whole argument object (pass the module's config or the values "
         "it needs; a new entry-level function goes into ENTRY_LEVEL and docs/architecture.md):\n" + "\n".join(unlisted)
     )
-    stale = sorted(name for name in {**ENTRY_LEVEL, **NOT_YET_CONVERTED} if name not in found)
+    stale = sorted(name for name in ENTRY_LEVEL if name not in found)
     assert not stale, f"listed functions that no longer take the argument object (remove them): {stale}"
 
 
@@ -102,11 +97,10 @@ def test_entry_level_list_is_in_the_docs() -> None:
 
 
 # Writes into the argument object after validation: GPT-NeoX's API does them by design (its callers read the
-# values back); the pretrain ones are NOT_YET_CONVERTED debt.
+# values back). pretrain derives its values into its own copy (``NeoXArgs.derived``).
 WRITERS: dict[str, str] = {
     "megatron/tokenizer/__init__.py": "GPT-NeoX API build_tokenizer(neox_args) sets tokenizer and padded_vocab_size",
     "megatron/training/gpt_neox_api.py": "GPT-NeoX API setup_model_and_optimizer sets iteration",
-    "megatron/training/pretrain.py": "NOT_YET_CONVERTED: _setup_tokenizer",
 }
 
 

@@ -115,6 +115,22 @@ def test_section_gives_the_live_typed_section() -> None:
         args.section(LaunchEnv)
 
 
+def test_derived_is_a_copy_and_leaves_the_validated_arguments_alone() -> None:
+    args = _resolved()
+    before = args.to_dict()
+    tokenizer = object()
+    run = args.derived(tokenizer=tokenizer, padded_vocab_size=50304, train_iters=7)
+    assert (run.padded_vocab_size, run.train_iters, run.tokenizer) == (50304, 7, tokenizer)
+    assert run.hidden_size == args.hidden_size and run.origins == args.origins
+    assert args.to_dict() == before and args.tokenizer is None  # the caller's object is unchanged
+    run.update_value("hidden_size", 128)  # and the copy does not share its sections
+    assert args.hidden_size == before["hidden_size"]
+    with pytest.raises(ValueError, match="update_value: train_iters='x': expected"):
+        args.derived(train_iters="x")
+    with pytest.raises(ValueError, match="trian_iters"):
+        args.derived(trian_iters=1)
+
+
 def test_null_for_a_derived_or_required_key_means_unset() -> None:
     # GPT-NeoX configs write `gradient_accumulation_steps: null`: derived as if it were not given
     args = NeoXArgs(
