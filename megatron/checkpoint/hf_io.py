@@ -8,6 +8,7 @@ folder. Import reads only safetensors or ``weights_only`` torch files.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -80,7 +81,11 @@ def hf_tokenizer(config: TokenizerConfig, vocab_is_hf_tokenizer: bool = False) -
         tok: Any = build_tokenizer(config)  # these kinds wrap an HF .tokenizer
         if kind.lower() == "hfgpt2tokenizer":
             return tok.tokenizer
-        return _fast_tokenizer(tok.tokenizer)
+        fast = _fast_tokenizer(tok.tokenizer)
+        template = chat_template_beside(Path(vocab_file))
+        if template is not None:
+            fast.chat_template = template
+        return fast
     logger.warning("tokenizer_type %r has no Hugging Face tokenizer form: no tokenizer files written", kind or None)
     return None
 
@@ -296,10 +301,40 @@ def hf_tokenizer_vocab(hf_dir: str | Path) -> Vocabulary:
     return Vocabulary(Path(hf_dir) / "tokenizer.json")
 
 
+# What an HF tokenizer folder holds besides tokenizer.json; transformers 5 keeps the chat template in its own file
+# (older versions in tokenizer_config.json), and named templates under additional_chat_templates/.
+TOKENIZER_FOLDER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
 def tokenizer_files(hf_dir: str | Path) -> dict[str, str]:
-    """``{"tokenizer/<name>": text}`` for the HF folder's ``tokenizer.json`` and its configs (empty if none)."""
+    """``{"tokenizer/<name>": text}`` for the HF folder's ``tokenizer.json``, its configs and its chat templates
+    (empty if it has no ``tokenizer.json``)."""
     hf_dir = Path(hf_dir)
     if not (hf_dir / "tokenizer.json").is_file():
         return {}
-    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-    return {f"tokenizer/{n}": (hf_dir / n).read_text() for n in names if (hf_dir / n).is_file()}
+    files = [hf_dir / n for n in TOKENIZER_FOLDER_FILES if (hf_dir / n).is_file()]
+    files += sorted((hf_dir / "additional_chat_templates").glob("*.jinja"))
+    return {f"tokenizer/{f.relative_to(hf_dir).as_posix()}": f.read_text(encoding="utf-8") for f in files}
+
+
+def chat_template_beside(tokenizer_json: Path) -> str | None:
+    """The chat template stored next to a ``tokenizer.json`` (``chat_template.jinja``, else the
+    ``tokenizer_config.json`` string), or None: carried into an exported HF tokenizer."""
+    folder = tokenizer_json.parent
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    except (ValueError, AttributeError):
+        return None  # not ours to judge here: the tokenizer itself was read from tokenizer.json
+    return template if isinstance(template, str) else None

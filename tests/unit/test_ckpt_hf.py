@@ -57,6 +57,9 @@ CASES = {
 }  # fmt: skip
 
 
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+
+
 def _tokenizer(path: Path) -> transformers.PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -68,6 +71,7 @@ def _tokenizer(path: Path) -> transformers.PreTrainedTokenizerFast:
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|padding|>"
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(path))
     return fast
 
@@ -138,6 +142,11 @@ def test_hf_to_neox_tp2_pp2_to_hf_is_bit_identical(name: str, tmp_path: Path) ->
         tokenizer("the lazy dog")["input_ids"]
         == transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))("the lazy dog")["input_ids"]
     )
+    # the chat template travels both ways (transformers 5 keeps it in chat_template.jinja)
+    chat = [{"role": "user", "content": "the fox"}, {"role": "assistant", "content": "the dog"}]
+    for folder in (neox / "tokenizer", back):
+        assert transformers.AutoTokenizer.from_pretrained(str(folder)).chat_template == CHAT_TEMPLATE, folder
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == "<|user|>the fox<|assistant|>the dog"
 
     # resharding the converted checkpoint to (1, 0) changes nothing in the exported model
     flat, back2 = tmp_path / "flat", tmp_path / "back2"
