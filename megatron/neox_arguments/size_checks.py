@@ -22,6 +22,7 @@ from typing import Any
 
 from megatron.cluster.worker_env import launched_local_rank
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.model import GATED_ACTIVATIONS
 
 INT64_MAX = 2**63 - 1
 MARGIN = 2  # refuse only above MARGIN x the machine's memory
@@ -29,7 +30,6 @@ NO_MACHINE = 2**50  # 1 PiB per rank: beyond any single machine (the ceiling whe
 # fp32 optimizer-state tensors per parameter (Adam-family: two moments); as megatron/planner/inputs.py.
 STATE_FLOATS = {"lion": 1, "sgd": 1, "madgrad_wd": 3, "sm3": 1}
 FP32 = 4
-GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")  # as megatron/model/config.py
 
 
 def param_lower_bound(v: Any) -> int:
