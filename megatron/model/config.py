@@ -230,8 +230,9 @@ class GPTModelConfig:
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads (== heads for MHA)."""
-        return self.num_kv_heads or self.num_attention_heads
+        """Key/value heads (``num_kv_heads``; unset: MHA, one per query head)."""
+        # explicit None: a direct construction's num_kv_heads=0 is refused by _validate, not read as MHA
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_attention_heads
 
     @property
     def is_gqa(self) -> bool:
