@@ -69,11 +69,11 @@ def start_processes(cfg: InitConfig) -> InitConfig:
     if on_cpu() and backend != "gloo":
         logger.info("distributed_backend %s is not available on CPU: using gloo", backend)
         backend = "gloo"
-    init_distributed(backend, timeout_minutes=float(cfg.distributed_timeout_minutes))
-    mpu.initialize_model_parallel(int(cfg.model_parallel_size), int(cfg.pipe_parallel_size))
-    mpu.set_fp32_allreduce(bool(cfg.fp32_allreduce))
+    init_distributed(backend, timeout_minutes=cfg.distributed_timeout_minutes)
+    mpu.initialize_model_parallel(cfg.model_parallel_size, cfg.pipe_parallel_size)
+    mpu.set_fp32_allreduce(cfg.fp32_allreduce)
     set_random_seed(
-        int(cfg.seed),
+        cfg.seed,
         pipe_rank=mpu.get_pipe_parallel_rank(),
         pipe_size=mpu.get_pipe_parallel_world_size(),
         model_parallel_size=mpu.get_model_parallel_world_size(),

@@ -57,7 +57,7 @@ def file_mode() -> int:
 
 def hf_tokenizer(config: TokenizerConfig, vocab_is_hf_tokenizer: bool = False) -> Any | None:
     """A ``PreTrainedTokenizerFast`` for the config's tokenizer, or None when it has no Hugging Face form."""
-    kind, vocab_file = str(config.tokenizer_type or ""), config.vocab_file
+    kind, vocab_file = config.tokenizer_type, config.vocab_file
     if vocab_is_hf_tokenizer:
         if not vocab_file or not Path(vocab_file).exists():
             raise CheckpointError(f"--vocab-is-hf-tokenizer: vocab_file {vocab_file!r} does not exist")

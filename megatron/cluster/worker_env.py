@@ -128,7 +128,8 @@ def discover_rank_env(
     if "MASTER_ADDR" not in env:
         env["MASTER_ADDR"] = _master_addr(env, source)
     if "MASTER_PORT" not in env:
-        env["MASTER_PORT"] = str(master_port or 29500)
+        # master_port None: a caller without a config (megatron.distributed); 29500 is DeepSpeed's default too
+        env["MASTER_PORT"] = str(master_port if master_port is not None else 29500)
     return source
 
 

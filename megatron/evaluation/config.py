@@ -29,10 +29,10 @@ class EvalConfig:
 
     @property
     def max_length(self) -> int:
-        """The longest request in tokens: ``max_position_embeddings``, else ``seq_length``."""
-        return int(self.max_position_embeddings or self.seq_length or 0)
+        """The longest request in tokens: ``max_position_embeddings``."""
+        return self.max_position_embeddings
 
     @property
     def micro_batch_size(self) -> int:
         """Requests scored per forward."""
-        return int(self.train_micro_batch_size_per_gpu or 1)
+        return self.train_micro_batch_size_per_gpu

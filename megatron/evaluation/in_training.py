@@ -32,7 +32,7 @@ def build_task_eval(engine: Any, tokenizer: Any, cfg: EvalConfig) -> Callable[[]
     """The ``eval_tasks`` callable for the loop, or None when no tasks are configured (tasks resolved now)."""
     if not cfg.eval_tasks:
         return None
-    pp = int(cfg.pipe_parallel_size or 0)
+    pp = cfg.pipe_parallel_size
     resolve_tasks(cfg.eval_tasks)  # a bad task name fails before training starts
     module = engine.module
     stages = None
@@ -68,7 +68,7 @@ def build_task_eval(engine: Any, tokenizer: Any, cfg: EvalConfig) -> Callable[[]
             vocab_size=tokenizer.vocab_size,
             device=next(module.parameters()).device,
             dp=DataParallelSplit(group),
-            seed=int(cfg.seed),
+            seed=cfg.seed,
             recompute=pp >= 1,
         )
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()

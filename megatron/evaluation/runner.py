@@ -51,7 +51,7 @@ def build_adapter(
         vocab_size=getattr(tokenizer, "vocab_size", None),
         device=device,
         dp=dp,
-        seed=int(cfg.seed),
+        seed=cfg.seed,
     )
 
 
@@ -60,7 +60,7 @@ def run_eval_harness(adapter: Any, cfg: EvalConfig, tasks: list[str] | None = No
     import lm_eval  # optional heavy dependency: imported only when tasks are evaluated
 
     resolved = resolve_tasks(tasks if tasks is not None else cfg.eval_tasks)
-    limit, seed = cfg.eval_limit, int(cfg.seed)
+    limit, seed = cfg.eval_limit, cfg.seed
     try:
         with _every_rank_reports():
             results = lm_eval.simple_evaluate(
@@ -69,7 +69,7 @@ def run_eval_harness(adapter: Any, cfg: EvalConfig, tasks: list[str] | None = No
                 task_manager=resolved.manager,
                 num_fewshot=cfg.eval_num_fewshot,
                 limit=int(limit) if limit else None,
-                bootstrap_iters=int(cfg.eval_bootstrap_iters or 0),
+                bootstrap_iters=cfg.eval_bootstrap_iters,
                 log_samples=False,
                 random_seed=seed,
                 numpy_random_seed=seed,

@@ -132,17 +132,12 @@ class InferenceConfig:
             raise ConfigError("load: generation needs the checkpoint directory to load")
         return str(load)
 
-    @property
-    def mode(self) -> str:
-        """``text_gen_type``; unset: ``input-file`` with a ``sample_input_file``, else ``unconditional``."""
-        return self.text_gen_type or ("input-file" if self.sample_input_file else "unconditional")
-
     def output_path(self) -> str:
         """``sample_output_file``; unset (null): ``<sample_input_file>.output.jsonl`` for input-file (GPT-NeoX),
         else ``samples.txt``."""
         if self.sample_output_file:
-            return str(self.sample_output_file)
-        if self.mode == "input-file":
+            return self.sample_output_file
+        if self.text_gen_type == "input-file":
             return f"{self.sample_input_file}.output.jsonl"
         return "samples.txt"
 

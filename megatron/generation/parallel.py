@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -25,20 +25,16 @@ from megatron.model.tp_sharding import shard_state_dict
 from megatron.neox_arguments.errors import ConfigError
 from megatron.tokenizer import build_tokenizer
 
-if TYPE_CHECKING:
-    pass
-
 logger = logging.getLogger(__name__)
 
 
-def runs_model_parallel(model_parallel_size: int | None, pipe_parallel_size: int | None) -> bool:
+def runs_model_parallel(model_parallel_size: int, pipe_parallel_size: int) -> bool:
     """True when this launch generates under the training layout: several ranks and TP or PP in the config
     (``pipe_parallel_size`` 0 counts as one stage).
 
     On one process a TP/PP checkpoint is merged into the sequential model instead.
     """
-    tp, pp = int(model_parallel_size or 1), max(int(pipe_parallel_size or 0), 1)
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and tp * pp > 1
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and model_parallel_size * max(pipe_parallel_size, 1) > 1
 
 
 def stage_key_filter(cfg: Any) -> Callable[[str], bool]:

@@ -74,7 +74,7 @@ def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
             f"sample_input_file {path}:{line}: invalid UTF-8 (byte {e.start}); prompts must be UTF-8 text"
         ) from None
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text gives
-    prompts = [p.strip() for p in text.split(prompt_end or "\n")]
+    prompts = [p.strip() for p in text.split(prompt_end)]
     return [p for p in prompts if p]
 
 
@@ -100,7 +100,7 @@ def run_generation(args: NeoXValues) -> list[dict[str, Any]]:
 def generate(config: InferenceConfig) -> list[dict[str, Any]]:
     """Generate per ``text_gen_type`` (unconditional / input-file / interactive; writes JSONL records) or write the
     reference log-probs of ``precompute``."""
-    mode = config.mode
+    mode = config.text_gen_type
     if mode not in ("unconditional", "input-file", "interactive", "precompute"):
         raise ConfigError(
             f"text_gen_type {mode!r} is not supported (unconditional, input-file, interactive, precompute)"

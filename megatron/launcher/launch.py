@@ -83,7 +83,7 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
     if on_cpu and not has_hosts:
         # One node of CPU ranks: as many as the resolved world size.
         nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else 1
-        num_gpus = int(args.global_num_gpus or 1) // nodes
+        num_gpus = args.global_num_gpus // nodes
     if num_gpus is not None:
         if args.include or args.exclude:
             notes.append("num_gpus is ignored because include/exclude select the devices")

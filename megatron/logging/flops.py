@@ -30,13 +30,15 @@ class FlopsConfig:
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
-        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        """Read every field strictly under its NeoX key (``padded_vocab_size`` set)."""
+        if args.padded_vocab_size is None:
+            raise ValueError("FlopsConfig.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
         return cls(
             train_batch_size=args.train_batch_size,
             seq_length=args.seq_length,
             num_layers=args.num_layers,
             hidden_size=args.hidden_size,
-            padded_vocab_size=args.padded_vocab_size or 0,  # unset until the tokenizer is built: no vocab flops
+            padded_vocab_size=args.padded_vocab_size,
             checkpoint_activations=args.checkpoint_activations,
             peak_theoretical_tflops=args.peak_theoretical_tflops,
         )

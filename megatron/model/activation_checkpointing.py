@@ -105,12 +105,12 @@ def configure_activation_checkpointing(cfg: ActivationCheckpointConfig) -> bool:
 
     deepspeed.checkpointing.configure(
         mpu,
-        partition_activations=bool(cfg.partition_activations),
-        contiguous_checkpointing=bool(cfg.contiguous_checkpointing),
+        partition_activations=cfg.partition_activations,
+        contiguous_checkpointing=cfg.contiguous_checkpointing,
         num_checkpoints=cfg.num_checkpoints,
-        checkpoint_in_cpu=bool(cfg.checkpoint_in_cpu),
-        synchronize=bool(cfg.synchronize_each_layer),
-        profile=bool(cfg.profile_backward),
+        checkpoint_in_cpu=cfg.checkpoint_in_cpu,
+        synchronize=cfg.synchronize_each_layer,
+        profile=cfg.profile_backward,
     )
     logger.debug("activation checkpointing configured: %s", cfg)
     return True

@@ -30,9 +30,7 @@ from megatron.neox_arguments.sections.optimizer import MOE_ROUTER_TYPES
 logger = logging.getLogger(__name__)
 
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
-# against them by tests/unit/test_registries.py). These tuples are the built-in activations at import time.
-GATED_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if spec.gated)
-PLAIN_ACTIVATIONS = tuple(name for name, spec in ACTIVATION_REGISTRY.items() if not spec.gated)
+# against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
 SUPPORTED_ATTENTION = ("global", "flash", "local")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
@@ -232,8 +230,9 @@ class GPTModelConfig:
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads (== heads for MHA)."""
-        return self.num_kv_heads or self.num_attention_heads
+        """Key/value heads (``num_kv_heads``; unset: MHA, one per query head)."""
+        # explicit None: a direct construction's num_kv_heads=0 is refused by _validate, not read as MHA
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_attention_heads
 
     @property
     def is_gqa(self) -> bool:

@@ -110,7 +110,7 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
             problems.append("sliding_window_width")
         if problems:
             raise ValueError(f"no exact GPTNeoXForCausalLM equivalent: {'; '.join(problems)}")
-        rope["partial_rotary_factor"] = float(cfg.rotary_pct)
+        rope["partial_rotary_factor"] = cfg.rotary_pct
         hf: transformers.PretrainedConfig = transformers.GPTNeoXConfig(
             **common,
             intermediate_size=cfg.mlp_sizes[0],

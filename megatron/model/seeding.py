@@ -14,5 +14,5 @@ import torch
 def seeded(seed: int) -> Iterator[None]:
     """Run the block with the CPU default generator seeded to ``seed``; restore the previous state after."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
+        torch.manual_seed(seed)
         yield

@@ -232,7 +232,7 @@ def _zero(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> None:
     stage = zero.get("stage", 0)
     if v["autotuning"] is None and (not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
         problems.append(f"zero_optimization.stage={stage!r}: expected 0, 1, 2 or 3")
-    if stage == 0 and out.get("precision") == "fp16" and (v["pipe_parallel_size"] or 0) >= 1:
+    if stage == 0 and out.get("precision") == "fp16" and v["pipe_parallel_size"] >= 1:
         stage = zero["stage"] = 1  # see PIPE_FP16_ZERO_NOTE
     out["zero_optimization"] = zero
     out["zero_stage"] = stage
@@ -277,8 +277,8 @@ def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[
         problems.append(f"hostfile resources: {e}")
         world = 0
     out["global_num_gpus"] = world or None
-    pp, mp = max(v["pipe_parallel_size"] or 0, 1), max(v["model_parallel_size"] or 1, 1)
-    out["is_pipe_parallel"] = (v["pipe_parallel_size"] or 0) >= 1
+    pp, mp = max(v["pipe_parallel_size"], 1), v["model_parallel_size"]
+    out["is_pipe_parallel"] = v["pipe_parallel_size"] >= 1
     if world <= 0:
         if not problems:
             problems.append("no ranks to run on: set num_gpus or global_num_gpus")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.neox_arguments.sections.model import GATED_ACTIVATIONS
+
 ROUTER_TYPES = ("sinkhorn", "topk")
-GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")  # megatron.model.config's (it imports this file)
 
 
 def moe_problems(cfg: Any) -> list[str]:
@@ -15,10 +16,10 @@ def moe_problems(cfg: Any) -> list[str]:
     problems: list[str] = []
     if not isinstance(cfg.moe_num_experts, int) or cfg.moe_num_experts < 1:
         return [f"moe_num_experts={cfg.moe_num_experts!r} must be an int >= 1 (1 = dense MLPs)"]
-    if getattr(cfg, "moe_gated_experts", False):
+    if cfg.moe_gated_experts:
         if cfg.moe_num_experts == 1:
             problems.append("moe_gated_experts applies to MoE models only (moe_num_experts > 1)")
-        elif getattr(cfg, "activation", "swiglu") not in GATED_ACTIVATIONS:
+        elif cfg.activation not in GATED_ACTIVATIONS:
             problems.append(
                 f"moe_gated_experts needs a gated activation ({', '.join(GATED_ACTIVATIONS)}), got {cfg.activation!r}"
             )
@@ -37,7 +38,7 @@ def moe_problems(cfg: Any) -> list[str]:
         problems.append(
             "moe_jitter_eps applies to moe_router_type: topk only (GPT-NeoX's sinkhorn router has no jitter)"
         )
-    if getattr(cfg, "moe_normalize_expert_weights", False) and str(cfg.moe_router_type).lower() != "topk":
+    if cfg.moe_normalize_expert_weights and str(cfg.moe_router_type).lower() != "topk":
         problems.append("moe_normalize_expert_weights applies to moe_router_type: topk only")
     if cfg.moe_loss_weight is None or not cfg.moe_loss_weight >= 0.0:
         problems.append(f"moe_loss_weight={cfg.moe_loss_weight!r} must be >= 0")

@@ -353,7 +353,7 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         """Set ``rank``, ``local_rank`` and ``world_size`` from the launcher's environment (torchrun/DeepSpeed
         variables, else SLURM's or MPI's) and check the world size is the one the config was resolved for."""
         discover_rank_env(
-            os.environ, prefer_slurm=bool(self.deepspeed_slurm), master_port=self.master_port, fill_defaults=False
+            os.environ, prefer_slurm=self.deepspeed_slurm, master_port=self.master_port, fill_defaults=False
         )
         env = os.environ
         world = int(env.get("WORLD_SIZE", "1"))

@@ -22,6 +22,7 @@ from typing import Any
 
 from megatron.cluster.worker_env import launched_local_rank
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.model import GATED_ACTIVATIONS
 
 INT64_MAX = 2**63 - 1
 MARGIN = 2  # refuse only above MARGIN x the machine's memory
@@ -29,7 +30,6 @@ NO_MACHINE = 2**50  # 1 PiB per rank: beyond any single machine (the ceiling whe
 # fp32 optimizer-state tensors per parameter (Adam-family: two moments); as megatron/planner/inputs.py.
 STATE_FLOATS = {"lion": 1, "sgd": 1, "madgrad_wd": 3, "sm3": 1}
 FP32 = 4
-GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")  # as megatron/model/config.py
 
 
 def param_lower_bound(v: Any) -> int:
@@ -60,9 +60,9 @@ def param_lower_bound(v: Any) -> int:
 def bytes_per_param(v: Any) -> tuple[int, int, bool, bool]:
     """(weight bytes, master + optimizer-state bytes, weights sharded over DP, states sharded over DP) per parameter,
     DeepSpeed's layout for the precision, ZeRO stage and optimizer (as ``megatron.planner.memory.bytes_per_param``)."""
-    zero, pp = int(v.zero_stage or 0), int(v.pipe_parallel_size or 0)
+    zero, pp = v.zero_stage, v.pipe_parallel_size
     weights = 4 if v.precision == "fp32" else 2
-    states = STATE_FLOATS.get(str(v.optimizer_type or "adam").lower(), 2) * FP32
+    states = STATE_FLOATS.get(v.optimizer_type, 2) * FP32
     grad_fp32 = str((v.data_types or {}).get("grad_accum_dtype", "")).lower() in ("fp32", "float32")
     if v.precision == "bfloat16" and ((zero == 0 and pp >= 1) or (zero == 1 and grad_fp32)):
         return weights, FP32 + states, False, True  # DeepSpeed's BF16_Optimizer
@@ -74,7 +74,7 @@ def rank_bytes(v: Any, params: int, on_cpu: bool) -> float:
     """Weights + master weights + optimizer states one rank holds (ZeRO offload to the CPU counts on CPU only)."""
     weights, states, weights_sharded, states_sharded = bytes_per_param(v)
     dp = max(int(v.dp_world_size or 1), 1)
-    per_rank = params / (max(int(v.model_parallel_size or 1), 1) * max(int(v.pipe_parallel_size or 0), 1))
+    per_rank = params / (v.model_parallel_size * max(v.pipe_parallel_size, 1))
     zero = v.zero_optimization or {}
 
     def offloaded(section: str) -> bool:

@@ -143,6 +143,10 @@ def _one_of(*choices: str) -> Check:
     return lambda value: None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
 
 
+def _separator(value: str) -> str | None:
+    return None if value else "must not be empty (it separates the prompts; default a newline)"
+
+
 def _url(value: str) -> str | None:
     return None if re.match(r"^https?://[^\s/]+", value) else "must be a URL starting with http:// or https://"
 
@@ -174,6 +178,7 @@ SYNTAX: dict[str, Check] = {
     "distributed_backend": _one_of("nccl", "gloo", "mpi", "ccl", "hccl", "xccl"),
     "param_sharing_style": _one_of("grouped", "spaced"),
     "wandb_host": _url,
+    "prompt_end": _separator,
 }
 
 

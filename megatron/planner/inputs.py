@@ -123,11 +123,11 @@ class TrainingSetup:
             num_kv_heads=args.num_kv_heads or heads,  # unset: one key/value head per query head
             padded_vocab_size=args.padded_vocab_size,
             checkpoint_activations=args.checkpoint_activations,
-            checkpoint_num_layers=max(args.checkpoint_num_layers, 1),
+            checkpoint_num_layers=args.checkpoint_num_layers,
             partition_activations=args.partition_activations,
             sequence_parallel=args.sequence_parallel,
             flash_attention=bool(attention) and all(t == "flash" for t in attention),
-            optimizer_type=args.optimizer_type.lower(),
+            optimizer_type=args.optimizer_type,
             grad_accum_fp32=str(data_types.get("grad_accum_dtype", "")).lower() in ("fp32", "float32"),
             reduce_bucket_size=int(zero.get("reduce_bucket_size", 5 * 10**8)),
             allgather_bucket_size=int(zero.get("allgather_bucket_size", 5 * 10**8)),

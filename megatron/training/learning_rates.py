@@ -53,13 +53,13 @@ class LRScheduleConfig:
     def decay_iters(self) -> int:
         """``T``: ``lr_decay_iters``, else ``floor(train_iters · lr_decay_fraction)``, else ``train_iters`` (≥ 1)."""
         if self.lr_decay_iters is not None:
-            total = int(self.lr_decay_iters)
+            total = self.lr_decay_iters
         elif self.train_iters is None:
             raise ConfigError("the LR schedule needs train_iters or lr_decay_iters")
         elif self.lr_decay_fraction is not None:
             total = math.floor(self.train_iters * self.lr_decay_fraction)
         else:
-            total = int(self.train_iters)
+            total = self.train_iters
         return max(total, 1)
 
 
@@ -104,10 +104,10 @@ class AnnealingLR:
         if cfg.override_lr_scheduler and cfg.use_checkpoint_lr_scheduler:
             raise ConfigError("override_lr_scheduler and use_checkpoint_lr_scheduler cannot both be set")
         self.optimizer = optimizer
-        self.start_lr = float(cfg.lr)
-        self.min_lr = float(cfg.min_lr)
+        self.start_lr = cfg.lr
+        self.min_lr = cfg.min_lr
         self.end_iter = cfg.decay_iters()
-        self.warmup_iter = float(cfg.warmup or 0.0) * self.end_iter
+        self.warmup_iter = cfg.warmup * self.end_iter
         self.decay_style = cfg.lr_decay_style
         self.override_lr_scheduler = cfg.override_lr_scheduler
         self.use_checkpoint_lr_scheduler = cfg.use_checkpoint_lr_scheduler

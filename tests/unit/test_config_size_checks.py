@@ -12,11 +12,8 @@ import logging
 
 import pytest
 
-from megatron.model.config import GATED_ACTIVATIONS, GPTModelConfig
+from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments import ConfigError, NeoXArgs
-from megatron.neox_arguments.size_checks import (
-    GATED_ACTIVATIONS as CONFIG_GATED,
-)
 from megatron.neox_arguments.size_checks import (
     NO_MACHINE,
     bytes_per_param,
@@ -59,10 +56,6 @@ def test_parameter_bound_is_below_the_planners_exact_count(path: str) -> None:
     assert bound <= exact
     if not args.moe_num_experts > 1:  # MoE: one expert's MLP counted
         assert bound >= 0.98 * exact, (bound, exact)
-
-
-def test_gated_activations_match_the_model() -> None:
-    assert set(CONFIG_GATED) == set(GATED_ACTIVATIONS)
 
 
 def test_bytes_per_param_are_the_planners() -> None:

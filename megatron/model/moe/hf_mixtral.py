@@ -52,8 +52,9 @@ def mixtral_config(cfg: GPTModelConfig, kwargs: dict[str, Any], window: int | No
         sliding_window=window,
         num_local_experts=cfg.moe_num_experts,
         num_experts_per_tok=cfg.moe_top_k,
-        router_jitter_noise=float(cfg.moe_jitter_eps or 0.0),
-        router_aux_loss_coef=float(cfg.moe_loss_weight),
+        # moe_jitter_eps None: no jitter, which HF spells 0.0
+        router_jitter_noise=cfg.moe_jitter_eps if cfg.moe_jitter_eps is not None else 0.0,
+        router_aux_loss_coef=cfg.moe_loss_weight,
         **extra,
     )
     hf.architectures = ["MixtralForCausalLM"]

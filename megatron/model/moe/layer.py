@@ -35,7 +35,7 @@ class ParallelDroplessMoE(nn.Module):
         self.layer_index = layer_index
         self.top_k = cfg.moe_top_k
         self.parallel_output = cfg.gpt_j_residual
-        self.loss_weight = float(cfg.moe_loss_weight)
+        self.loss_weight = cfg.moe_loss_weight
         self.aux_coeff = self.loss_weight / max(cfg.num_moe_layers, 1)
         self.router = Router(cfg, init_method)
         self.experts = DroplessExperts(cfg, init_method, output_layer_init_method)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,9 +17,11 @@ PRECISIONS = Literal["fp16", "fp32", "bfloat16"]
 # torch-free layer cannot import; tests/unit/test_registries.py checks that both name the same values.
 NORMS = Literal["layernorm", "rmsnorm", "non_parametric_layernorm", "scalenorm", "te_rmsnorm", "te_layernorm"]
 POS_EMBS = Literal["learned", "rotary", "sinusoidal", "rpe", "alibi", "none"]
-ACTIVATIONS = Literal[
-    "gelu", "geglu", "relu", "softsign", "swish", "mish", "silu", "reglu", "swiglu", "bilinear", "glu"
-]
+# A gated activation's MLP is gated (linear1 gives [x | gate]): the config layer's size and MoE checks read this list,
+# and test_registries.py checks the registry marks the same entries `gated`.
+GatedActivation = Literal["geglu", "reglu", "swiglu", "bilinear", "glu"]
+ACTIVATIONS = Literal["gelu", "relu", "softsign", "swish", "mish", "silu", GatedActivation]
+GATED_ACTIVATIONS: tuple[str, ...] = typing.get_args(GatedActivation)
 INIT_METHODS = Literal[
     "normal",
     "scaled_normal",
@@ -103,7 +106,7 @@ class ModelArgs:
     make_vocab_size_divisible_by: int = arg(
         128, "Pad the vocabulary to a multiple of this value times model_parallel_size."
     )
-    activation: ACTIVATIONS = arg("gelu", "MLP activation; the *glu variants are gated.")
+    activation: ACTIVATIONS = arg("gelu", f"MLP activation; gated ones: {', '.join(GATED_ACTIVATIONS)}.")
     use_flashattn_swiglu: bool = arg(False, "Use flash-attn's fused SwiGLU kernel (CUDA only).")
     scaled_upper_triang_masked_softmax_fusion: bool = arg(
         False, "Fused scale + causal mask + softmax kernel (CUDA only; same result as the unfused path)."
