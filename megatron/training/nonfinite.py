@@ -4,7 +4,8 @@
 (``megatron/training/step.py`` calls it in plain sight). Every rank packs its micro-batch losses, the metrics of the
 step (post-training objectives) and a local "non-finite" flag into one tensor; ONE all-reduce sums them over the
 world and ONE host read (``tolist``) brings back the rank-averaged losses and metrics, their mean (the logged
-``lm_loss``) and the number of ranks that saw a non-finite value: the one host synchronisation of a step. When any
+``lm_loss``) and the number of ranks that saw a non-finite value: the one host synchronisation of a step (under the
+pipeline engine only the last stage's loss ranks give a loss, and it is averaged over those: ``loss_ranks``). When any
 rank saw one, every rank skips the step (as DeepSpeed skips an fp16 overflow); under fp16 only the loss is checked,
 since non-finite gradients there are loss-scale overflows, left to DeepSpeed's dynamic loss scaler. With
 ``loss_spike_skip_window`` set, a step whose loss spikes (:mod:`megatron.training.loss_spike`) is skipped too (the
