@@ -177,3 +177,24 @@ def allow_fp16_on_cpu() -> None:
 
 def _supported() -> bool:
     return True
+
+
+# 9. The pipeline's loss at its optimizer step (read only). DeepSpeed 0.19.8's ``PipelineEngine.train_batch`` sets
+#    ``total_loss = None`` before running ``TrainSchedule``; on the last stage ``_exec_forward_pass`` adds each
+#    micro-batch's detached loss into ``total_loss`` (a sum, in the loss's dtype), and the schedule's ``OptimizerStep``
+#    is its last instruction, after every forward pass. After the schedule, ``_aggregate_total_loss`` returns
+#    ``total_loss / gradient_accumulation_steps()`` summed over the data-parallel group and divided by its size,
+#    broadcast from the last stage over the pipe group: train_batch's return value. At the optimizer step the sum of
+#    the iteration's ``gas`` losses is therefore already there, so the step's one reduction can carry it.
+def pipeline_loss_sum(engine: Any) -> torch.Tensor | None:
+    """On the last pipeline stage, the sum of this iteration's micro-batch losses (complete at the schedule's
+    optimizer step), shape ``[1]``; None on the other stages, which compute no loss."""
+    if not engine.is_last_stage():
+        return None
+    total = engine.total_loss
+    if not torch.is_tensor(total) or total.numel() != 1:
+        raise ValueError(
+            f"the pipeline's loss at its optimizer step is {type(total).__name__}, not a scalar tensor: the model's "
+            "loss_fn must return one scalar loss"
+        )
+    return total.detach().reshape(1)

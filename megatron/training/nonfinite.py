@@ -4,7 +4,8 @@
 (``megatron/training/step.py`` calls it in plain sight). Every rank packs its micro-batch losses, the metrics of the
 step (post-training objectives) and a local "non-finite" flag into one tensor; ONE all-reduce sums them over the
 world and ONE host read (``tolist``) brings back the rank-averaged losses and metrics, their mean (the logged
-``lm_loss``) and the number of ranks that saw a non-finite value: the one host synchronisation of a step. When any
+``lm_loss``) and the number of ranks that saw a non-finite value: the one host synchronisation of a step (under the
+pipeline engine only the last stage's loss ranks give a loss, and it is averaged over those: ``loss_ranks``). When any
 rank saw one, every rank skips the step (as DeepSpeed skips an fp16 overflow); under fp16 only the loss is checked,
 since non-finite gradients there are loss-scale overflows, left to DeepSpeed's dynamic loss scaler. With
 ``loss_spike_skip_window`` set, a step whose loss spikes (:mod:`megatron.training.loss_spike`) is skipped too (the
@@ -52,7 +53,7 @@ class Verdict:
     """What :meth:`StepGuard.decide` decided, with the step's reduced values (host floats, read once)."""
 
     apply: bool
-    lm_loss: float | None = None  # mean over micro-batches and ranks (None: the pipeline's loss comes later)
+    lm_loss: float | None = None  # mean over micro-batches and ranks (None: no losses were given)
     metrics: dict[str, float] = field(default_factory=dict)
     stop: float = 0.0  # the max over ranks of the ``stop`` flags (preemption: 2 a signal, 1 out of time)
 
@@ -72,11 +73,14 @@ class StepGuard:
         iteration: int,
         metrics: dict[str, torch.Tensor] | None = None,
         stop: float = 0.0,
+        loss_ranks: int | None = None,
     ) -> Verdict:
-        """``losses``: this rank's micro-batch losses ``[gas]`` (None under the pipeline engine, whose loss is
-        aggregated after its optimizer step); ``metrics``: this rank's step metrics (scalars) to average over ranks;
+        """``losses``: this rank's micro-batch losses ``[gas]`` (under the pipeline: the last stage's gas-averaged
+        loss ``[1]``, zeros elsewhere); ``metrics``: this rank's step metrics (scalars) to average over ranks;
         ``iteration``: the step's 1-based number (for messages); ``stop``: this rank's preemption flag (2, 1 or 0),
-        reduced here so that the loop's stop check needs no reduction of its own."""
+        reduced here so that the loop's stop check needs no reduction of its own; ``loss_ranks``: how many ranks
+        contribute losses, the others passing zeros (None: every rank), so that the losses are averaged over those
+        ranks only."""
         metrics = metrics or {}
         device = losses.device if losses is not None else (gradients[0].device if gradients else mpu.comm_device())
         parts = [] if losses is None else [losses.detach().float().reshape(-1)]
@@ -92,8 +96,11 @@ class StepGuard:
         world = mpu.world_size()
         if world > 1:
             mpu.all_reduce_sum(packet)  # the step's one reduction: losses, metrics and the flag together
-        values = packet[:-3] / world if world > 1 else packet[:-3]
         n = 0 if losses is None else losses.numel()
+        if loss_ranks is not None:  # the losses' own mean (divided as DeepSpeed divides the pipeline's loss)
+            values = torch.cat([packet[:n] / loss_ranks, packet[n:-3] / world if world > 1 else packet[n:-3]])
+        else:
+            values = packet[:-3] / world if world > 1 else packet[:-3]
         mean = values[:n].mean().reshape(1) if n else torch.zeros(1, device=device)
         host = torch.cat([values, mean, packet[-3:]]).tolist()  # the step's one host read
         *averaged, lm_loss, signals, out_of_time, nonfinite_ranks = host

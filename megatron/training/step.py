@@ -26,6 +26,7 @@ from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
 from megatron.training.deepspeed_adapter import (
     manual_loss_scale,
+    pipeline_loss_sum,
     reduced_gradients,
     run_optimizer_step_through,
     skip_optimizer_step,
@@ -129,18 +130,40 @@ class OptimizerStep:
         if self.clip is not None:
             self.grad_norm = self.clip()
 
-    def decide(self, losses: torch.Tensor | None, metrics: dict[str, torch.Tensor] | None = None) -> Verdict:
-        """Apply or skip: the step's one all-reduce and one host read (losses, metrics, non-finite and stop flags)."""
+    def decide(
+        self,
+        losses: torch.Tensor | None,
+        metrics: dict[str, torch.Tensor] | None = None,
+        loss_ranks: int | None = None,
+    ) -> Verdict:
+        """Apply or skip: the step's one all-reduce and one host read (losses, metrics, non-finite and stop flags);
+        ``loss_ranks``: how many ranks contribute losses (None: all)."""
         stop = self.stop_flag() if self.stop_flag is not None else 0.0
         iteration = int(self.engine.global_steps) + 1
-        self.last = self.guard.decide(losses, reduced_gradients(self.engine), iteration, metrics, stop)
+        gradients = reduced_gradients(self.engine)
+        self.last = self.guard.decide(losses, gradients, iteration, metrics, stop, loss_ranks)
         return self.last
+
+    def pipeline_loss(self) -> tuple[torch.Tensor, int]:
+        """This rank's share of the pipeline's loss and how many ranks have one: the last stage's micro-batch losses
+        of the iteration, averaged over ``gas`` as DeepSpeed's ``_aggregate_total_loss`` does, on tensor-parallel
+        rank 0 of the last stage (one value per data-parallel rank, as DeepSpeed reduces); zero on every other rank.
+        The step's reduction then averages it over the data-parallel ranks: train_batch's value, on every rank."""
+        total = pipeline_loss_sum(self.engine)
+        if total is None or mpu.get_model_parallel_rank() != 0:
+            device = total.device if total is not None else get_accelerator().current_device_name()
+            return torch.zeros(1, device=device), mpu.get_data_parallel_world_size()
+        # the very operation of DeepSpeed's ``_scale_loss_by_gas`` (a tensor / a Python int): the same bits
+        return (total / self.engine.gradient_accumulation_steps()).float(), mpu.get_data_parallel_world_size()
 
     def __call__(self, apply: Callable[[], None]) -> Verdict:
         """The pipeline schedule's optimizer step; ``apply`` is DeepSpeed's (``optimizer.step()``, ``zero_grad``,
-        ``engine.lr_scheduler.step()``, the counters; fp16 overflows are skipped there)."""
+        ``engine.lr_scheduler.step()``, the counters; fp16 overflows are skipped there). The last stage's losses of
+        the iteration are complete here (``deepspeed_adapter.pipeline_loss_sum``), so the decision sees the loss as
+        the sequential step's does: non-finite and loss-spike skips, and the iteration's loss in its one host read."""
         self.clip_gradients()
-        verdict = self.decide(None)  # the pipeline's loss is known after its optimizer step only
+        loss, loss_ranks = self.pipeline_loss()
+        verdict = self.decide(loss, loss_ranks=loss_ranks)
         if verdict.apply:
             apply()
         else:
@@ -234,8 +257,9 @@ class PipeStep:
 
     The pipeline engine runs forward, backward and the optimizer step inside ``train_batch``; its ``OptimizerStep``
     instruction calls the same :class:`OptimizerStep` as the sequential step (clipping, decision, step or skip).
-    Its loss is aggregated by DeepSpeed after that step, so the decision sees the gradients only (no loss-spike
-    skip under the pipeline) and reading the loss is a second host read per iteration."""
+    There the last stage has the iteration's micro-batch losses already, so the decision's one reduction carries
+    the loss (non-finite and loss-spike skips as in the sequential step) and its one host read yields the value
+    ``train_batch`` returns, on every rank; that tensor (DeepSpeed's own aggregate) is not read."""
 
     def __init__(self, engine: Any, batch_cfg: BatchConfig, timers: Timers, guard: StepGuard | None = None) -> None:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
@@ -249,9 +273,12 @@ class PipeStep:
     def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
         """One iteration (``gas`` micro-batches, then the optimizer step, inside the engine)."""
         skipped_before = self.engine.skipped_steps
-        loss = self.engine.train_batch(data_iter=self._batches(data_iter))
-        stop = self.optimizer_step.last.stop if self.optimizer_step.last is not None else 0.0
-        return StepResult(float(loss), self.engine.skipped_steps > skipped_before, stop=stop)
+        self.optimizer_step.last = None
+        self.engine.train_batch(data_iter=self._batches(data_iter))  # its return value: the loss decided on already
+        verdict = self.optimizer_step.last
+        assert verdict is not None and verdict.lm_loss is not None, "train_batch ran no optimizer step"
+        skipped = not verdict.apply or self.engine.skipped_steps > skipped_before  # ours, or an fp16 overflow
+        return StepResult(verdict.lm_loss, skipped, stop=verdict.stop)
 
     def global_grad_norm(self) -> float | None:
         """The last step's gradient norm before clipping (logging)."""

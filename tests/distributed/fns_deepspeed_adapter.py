@@ -200,6 +200,56 @@ def pipeline_optimizer_hook() -> dict[str, Any]:
     }
 
 
+def pipeline_loss_at_step() -> dict[str, Any]:
+    """Item 9: at the schedule's optimizer step the engine holds the sum of the iteration's micro-batch losses (all
+    ``gas`` forward passes done), and ``train_batch`` returns that sum over ``gas`` (one data-parallel rank)."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    micro_losses: list[torch.Tensor] = []
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.mse_loss(out, y)
+        micro_losses.append(loss.detach().clone())
+        return loss
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
+    module = PipelineModule(layers=layers, num_stages=1, loss_fn=loss_fn)
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 3,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "steps_per_print": 10**9,
+    }
+    engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=cfg)
+    at_step: list[dict[str, Any]] = []
+
+    def optimizer_step(apply: Any) -> None:
+        total = ad.pipeline_loss_sum(engine)
+        at_step.append({"total": None if total is None else total.clone(), "forwards": len(micro_losses)})
+        apply()
+
+    ad.run_optimizer_step_through(engine, optimizer_step)
+    out: dict[str, Any] = {"iterations": []}
+    for first in (0, 2):  # two iterations: the sum starts afresh in each
+        micro_losses.clear()
+        batches = [(X[i : i + 2], Y[i : i + 2]) for i in (first, first + 2, first + 4)]
+        returned = engine.train_batch(data_iter=iter(batches))
+        want = torch.zeros_like(micro_losses[0])
+        for loss in micro_losses:
+            want += loss  # DeepSpeed's accumulation, in its order
+        step = at_step[-1]
+        out["iterations"].append(
+            {
+                "forwards_at_step": step["forwards"],
+                "total_is_sum": step["total"] is not None and torch.equal(step["total"], want.reshape(1)),
+                "returned_is_mean": float(returned) == float(step["total"] / engine.gradient_accumulation_steps()),
+            }
+        )
+    return out
+
+
 def single_rank_allreduce() -> dict[str, Any]:
     """Item 6: the boundary backward all-reduces through ``allreduce_gradients`` exactly while
     ``enable_backward_allreduce`` is True."""

@@ -238,7 +238,15 @@ def train_steps(
     for step in range(first_step, first_step + steps):
         if pipe:
             batches = (_batch(d) for d in _micro_batches(step, micro_batch))
-            losses.append(float(engine.train_batch(data_iter=batches)))
+            loss = float(engine.train_batch(data_iter=batches))
+            # the loss the step read in its one decision at DeepSpeed's optimizer step is DeepSpeed's own aggregate,
+            # bit for bit (dp <= 2 in every layout here: the sums agree exactly; see tests/e2e/test_train_pipe_loss.py)
+            decided = _OPTIMIZER_STEPS[engine].last.lm_loss
+            if decided != loss and not (math.isnan(decided) and math.isnan(loss)):
+                raise AssertionError(
+                    f"step {step}: the step decided on loss {decided!r}, train_batch returned {loss!r}"
+                )
+            losses.append(loss)
         else:
             total = 0.0
             micro_losses = []

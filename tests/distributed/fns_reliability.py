@@ -20,24 +20,28 @@ def run_with_nan(
     config: dict[str, Any], nan_iters: list[int], nan_rank: int, factor: float = float("nan")
 ) -> dict[str, Any]:
     """``run_pretrain`` with the training loss of ``nan_iters`` (1-based) multiplied by ``factor`` (NaN: replaced
-    by NaN; a large factor: a loss spike) on rank ``nan_rank``; returns the result plus the warnings logged and the
-    abort message (if any)."""
+    by NaN; a large factor: a loss spike) on rank ``nan_rank`` (under a pipeline: a rank of the last stage);
+    returns the result plus the warnings logged and the abort message (if any)."""
     import torch.distributed as dist
 
     import megatron.model as model_lib
+    from megatron.model import gpt2_model
     from megatron.training import step as step_mod
 
     state = {"iteration": 0}
-    original_train = step_mod.SequentialStep.train
+    originals = {cls: cls.train for cls in (step_mod.SequentialStep, step_mod.PipeStep)}
 
-    def counting_train(self: Any, data_iter: Any) -> Any:
-        state["iteration"] += 1
-        return original_train(self, data_iter)
+    def counting(original: Any) -> Any:
+        def counting_train(self: Any, data_iter: Any) -> Any:
+            state["iteration"] += 1
+            return original(self, data_iter)
+
+        return counting_train
 
     cross_entropy = model_lib.cross_entropy
 
-    def poisoned(logits: torch.Tensor, targets: Any, *args: Any) -> torch.Tensor:
-        loss = cross_entropy(logits, targets, *args)
+    def poisoned(logits: torch.Tensor, targets: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        loss = cross_entropy(logits, targets, *args, **kwargs)
         if logits.requires_grad and state["iteration"] in nan_iters and dist.get_rank() == nan_rank:
             loss = loss * factor
         return loss
@@ -46,8 +50,10 @@ def run_with_nan(
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("megatron.train").addHandler(handler)
-    step_mod.SequentialStep.train = counting_train  # type: ignore[method-assign]
+    for cls, original in originals.items():
+        cls.train = counting(original)  # type: ignore[method-assign]
     model_lib.cross_entropy = poisoned  # the training step's loss (pretrain reads it when it builds the step)
+    gpt2_model.cross_entropy = poisoned  # the pipeline model's loss_fn (bound when GPT2ModelPipe is built)
     try:
         out = {**run_pretrain(config), "abort": None}
     except ValueError as e:
@@ -56,8 +62,10 @@ def run_with_nan(
         mpu.destroy_model_parallel()
         out = {"abort": f"{type(e).__name__}: {e}"}
     finally:
-        step_mod.SequentialStep.train = original_train  # type: ignore[method-assign]
+        for cls, original in originals.items():
+            cls.train = original  # type: ignore[method-assign]
         model_lib.cross_entropy = cross_entropy
+        gpt2_model.cross_entropy = cross_entropy
         logging.getLogger("megatron.train").removeHandler(handler)
     out["warnings"] = [r for r in records if "non-finite" in r or "loss spike" in r]
     return out

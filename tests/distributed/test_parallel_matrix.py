@@ -5,7 +5,8 @@ fixed data and gathers the full weights in GPT-NeoX names. They must equal the (
 for bit (layout-invariant initialisation), the 5 losses, the eval loss and the final weights to <= 1e-5 in fp32
 (bf16: within bf16 rounding). Variants: tied/untied embeddings, ZeRO-1/ZeRO-3 (ZeRO-1 under a pipeline, where
 DeepSpeed refuses 2/3), activation checkpointing (every layer; 2 layers per chunk with partitioned, contiguous,
-CPU and synchronised checkpoints), sequence parallelism, bf16, and the single-stage pipe engine.
+CPU and synchronised checkpoints), sequence parallelism, bf16, and the single-stage pipe engine. Under every
+pipeline, each step's loss as the training step decided on it equals what ``train_batch`` returns, bit for bit.
 """
 
 from __future__ import annotations

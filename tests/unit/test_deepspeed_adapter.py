@@ -68,6 +68,15 @@ def test_the_pipeline_schedule_steps_through_the_instance_hook() -> None:
     assert got["skipped_steps"] == 1 and got["global_steps_advanced"] == 1
 
 
+def test_the_pipeline_loss_is_complete_at_the_optimizer_step() -> None:
+    got = one_rank(fns.pipeline_loss_at_step)
+    assert len(got["iterations"]) == 2
+    for it in got["iterations"]:
+        assert it["forwards_at_step"] == 3, "DeepSpeed's schedule no longer steps after every forward pass"
+        assert it["total_is_sum"], "total_loss no longer holds the sum of the micro-batch losses at the step"
+        assert it["returned_is_mean"], "train_batch no longer returns total_loss / gas"
+
+
 def test_the_backward_allreduce_follows_its_flag() -> None:
     got = one_rank(fns.single_rank_allreduce)
     assert got["calls_default"] == 1 and got["switched_off"] and got["calls_skipped"] == 0
