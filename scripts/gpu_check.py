@@ -117,6 +117,7 @@ def check_train(steps: int, tiny: bool) -> str:
             "attention_config": [[["flash"], shape["num_layers"]]] if CUDA else [[["global"], shape["num_layers"]]],
         }  # fmt: skip
         args = NeoXArgs.from_dict(config)
+        args.build_tokenizer()  # as GPT-NeoX's train.py does first: sets padded_vocab_size (pretrain uses a copy)
         result = pretrain(args)
     step_mod.SequentialStep.train = original
     assert result.iteration == steps and all(math.isfinite(x) for x in result.train_losses), result.train_losses
