@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.shared_files import SHARED
+from tests.shared_files import shared_file
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
@@ -28,7 +28,7 @@ def make_chat_tokenizer(root: Path, vocab_size: int = 384) -> Path:
 
     corpus = root / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
-    text = (SHARED / "data" / "corpora" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:60000]
+    text = shared_file("data", "corpora", "tinyshakespeare.txt").read_text(encoding="utf-8")[:60000]
     extra = " ".join(USER_TURNS + GOOD + BAD + ["<|user|>", "<|assistant|>", "<|system|>"])
     with open(corpus / "c.jsonl", "w", encoding="utf-8") as f:
         for para in [*text.split("\n\n"), extra]:

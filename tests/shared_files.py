@@ -26,11 +26,21 @@ def _find() -> Path:
 SHARED = _find()
 
 
+def shared_file(*parts: str) -> Path:
+    """``SHARED/<parts>``; a test that needs it skips when it is absent (``_find`` already failed under CI)."""
+    import pytest
+
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared reference file {path} is not on this machine (set NEOX_FORGE_SHARED)")
+    return path
+
+
 def train_shakespeare_spm(model_prefix: Path, vocab_size: int, lines: int = 3000) -> Path:
     """A small SentencePiece BPE model on tinyshakespeare with GPT-NeoX's special tokens; returns the .model path."""
     import sentencepiece as spm
 
-    text = (SHARED / "data" / "corpora" / "tinyshakespeare.txt").read_text().splitlines()[:lines]
+    text = shared_file("data", "corpora", "tinyshakespeare.txt").read_text().splitlines()[:lines]
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(text),
         model_prefix=str(model_prefix),

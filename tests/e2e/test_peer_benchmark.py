@@ -11,12 +11,20 @@ import sys
 import pytest
 
 from tests.harness import PYTHON, REPO_ROOT, run_command
+from tests.shared_files import shared_file
 
 BENCH = str(REPO_ROOT / "benchmarks" / "bench_train.py")
 SMALL = ["--small", "--peer", "hf-loop", "--threads", "1", "--log-interval", "1"]
 
 
-def test_peer_interleaved_same_batches_gate_and_ratio():
+@pytest.fixture
+def corpus() -> None:
+    """bench_train.py trains on the shared tinyshakespeare with the 20B tokenizer."""
+    shared_file("data", "corpora", "tinyshakespeare.txt")
+    shared_file("data", "tokenizers", "20B_tokenizer.json")
+
+
+def test_peer_interleaved_same_batches_gate_and_ratio(corpus: None):
     out = run_command([PYTHON, BENCH, *SMALL, "--rounds", "2", "--warmup", "1"], timeout=400)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["benchmark"] == "train_vs_hf-loop_small" and result["peer"] == "hf-loop"
@@ -31,7 +39,7 @@ def test_peer_interleaved_same_batches_gate_and_ratio():
     assert len(set(peer)) == 3  # different batches (and updated weights) every step
 
 
-def test_peer_with_a_different_initial_model_is_refused():
+def test_peer_with_a_different_initial_model_is_refused(corpus: None):
     cmd = [PYTHON, BENCH, *SMALL, "--rounds", "1", "--warmup", "0", "--peer-arg=--perturb-init"]
     out = run_command(cmd, timeout=400, check=False)
     assert out.returncode == 1, out.stdout + out.stderr

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 
 from tests.harness import PYTHON, REPO_ROOT, run_command
+from tests.shared_files import shared_file
 
 
 def test_train_benchmark_small_gate_and_json():
+    shared_file("data", "corpora", "tinyshakespeare.txt")  # bench_train.py's corpus and tokenizer
+    shared_file("data", "tokenizers", "20B_tokenizer.json")
     out = run_command(
         [PYTHON, str(REPO_ROOT / "benchmarks" / "bench_train.py"), "--small", "--rounds", "1", "--warmup", "0"],
         timeout=400,
