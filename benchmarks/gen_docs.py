@@ -139,10 +139,12 @@ the fused AdamW 0.2–0.3 s, the non-finite `aminmax` 0.02–0.03 s. The Trainer
 interleaved): the same GEMM calls (99 `mm` + 48 `addmm`, biases inside), the same SDPA kernels, its whole forward
 and backward as two inductor graphs (the cross-entropy fused into one kernel each way over the materialised
 logits), clipping with `linalg_vector_norm` + `_foreach_mul_` ~0.06 s, fused AdamW. Forward + backward alone
-(`model(...)` + `backward`, interleaved, 4 rounds): ours 13.19 s, HF compiled 13.40 s (1.01x). Compiling more of
-ours made it slower, not faster: the whole `GPTSequential` (one graph after the causal-mask check; dynamo traces
-the fused loss's autograd.Function and inductor fuses each chunk's softmax and gradient into one kernel) 1.09x the
-time of the compiled layers (`mm` 10.3 s vs 9.2 s, 0.4 s more copies), the fused loss compiled on its own 1.09x.
+(`model(...)` + `backward`, interleaved in one process): at load ~1.2 ours 9.90 / 9.62 s vs HF compiled 9.59 /
+9.42 s (HF 2–3% faster), at load ~2.5 13.19 vs 13.40 s (medians of 4). Compiling more of ours did not help: the
+whole `GPTSequential` (one graph after the causal-mask check; dynamo traces the fused loss's autograd.Function and
+inductor fuses each chunk's softmax and gradient into one kernel) took 1.00 / 1.05x the time of the compiled layers
+at load ~1.2 and 1.09x at load ~2.5 (`mm` 10.3 s vs 9.2 s, 0.4 s more copies); the fused loss compiled on its own
+1.09x (load ~2.5).
 Torch's fp32 `linalg_vector_norm`/`_foreach_norm` on CPU is fast but inexact on large tensors (162M random values:
 12724.56 vs the float64 12740.93, -0.13%); our per-gradient `pow(2).sum()` is exact to 6e-8, for ~0.15 s per step.
 With ~91% of both steps in the same GEMM and attention kernels, 1.2x over a compiled peer at this shape in fp32 is
