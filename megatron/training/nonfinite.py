@@ -97,10 +97,9 @@ class StepGuard:
         if world > 1:
             mpu.all_reduce_sum(packet)  # the step's one reduction: losses, metrics and the flag together
         n = 0 if losses is None else losses.numel()
+        values = packet[:-3] / world  # exact for one rank
         if loss_ranks is not None:  # the losses' own mean (divided as DeepSpeed divides the pipeline's loss)
-            values = torch.cat([packet[:n] / loss_ranks, packet[n:-3] / world if world > 1 else packet[n:-3]])
-        else:
-            values = packet[:-3] / world if world > 1 else packet[:-3]
+            values[:n] = packet[:n] / loss_ranks
         mean = values[:n].mean().reshape(1) if n else torch.zeros(1, device=device)
         host = torch.cat([values, mean, packet[-3:]]).tolist()  # the step's one host read
         *averaged, lm_loss, signals, out_of_time, nonfinite_ranks = host

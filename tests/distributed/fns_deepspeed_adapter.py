@@ -157,21 +157,27 @@ def skip_bookkeeping() -> dict[str, Any]:
     return out
 
 
-def pipeline_optimizer_hook() -> dict[str, Any]:
-    """Item 5: ``train_batch`` reaches the optimizer step through the instance's ``_take_model_step``."""
+def _pipeline_engine(loss_fn: Any, micro: int, gas: int) -> Any:
+    """A one-stage DeepSpeed pipeline engine over a tiny MLP (AdamW, no step printing)."""
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
-    module = PipelineModule(layers=layers, num_stages=1, loss_fn=lambda out, y: F.mse_loss(out, y))
+    module = PipelineModule(layers=layers, num_stages=1, loss_fn=loss_fn)
     cfg = {
-        "train_micro_batch_size_per_gpu": 4,
-        "gradient_accumulation_steps": 2,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
         "steps_per_print": 10**9,
     }
     engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=cfg)
+    return engine
+
+
+def pipeline_optimizer_hook() -> dict[str, Any]:
+    """Item 5: ``train_batch`` reaches the optimizer step through the instance's ``_take_model_step``."""
+    engine = _pipeline_engine(lambda out, y: F.mse_loss(out, y), micro=4, gas=2)
     calls: list[str] = []
     decide = {"apply": True}
 
@@ -203,9 +209,6 @@ def pipeline_optimizer_hook() -> dict[str, Any]:
 def pipeline_loss_at_step() -> dict[str, Any]:
     """Item 9: at the schedule's optimizer step the engine holds the sum of the iteration's micro-batch losses (all
     ``gas`` forward passes done), and ``train_batch`` returns that sum over ``gas`` (one data-parallel rank)."""
-    import deepspeed
-    from deepspeed.pipe import PipelineModule
-
     micro_losses: list[torch.Tensor] = []
 
     def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -213,16 +216,7 @@ def pipeline_loss_at_step() -> dict[str, Any]:
         micro_losses.append(loss.detach().clone())
         return loss
 
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
-    module = PipelineModule(layers=layers, num_stages=1, loss_fn=loss_fn)
-    cfg = {
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 3,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-        "steps_per_print": 10**9,
-    }
-    engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=cfg)
+    engine = _pipeline_engine(loss_fn, micro=2, gas=3)
     at_step: list[dict[str, Any]] = []
 
     def optimizer_step(apply: Any) -> None:
