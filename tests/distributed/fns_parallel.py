@@ -198,9 +198,9 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
     )
     if variant.get("fp16"):
         # DeepSpeed refuses fp16 on CPUs without native fp16 kernels; it runs (emulated, slowly) when allowed.
-        from deepspeed.accelerator import get_accelerator
+        from megatron.training.deepspeed_adapter import allow_fp16_on_cpu
 
-        type(get_accelerator()).is_fp16_supported = lambda self: True
+        allow_fp16_on_cpu()
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -221,7 +221,7 @@ def _attach_optimizer_step(engine: Any, pipe: bool) -> None:
     from megatron.training.nonfinite import build_step_guard
     from megatron.training.step import OptimizerStep
 
-    opt_step = OptimizerStep(engine, build_step_guard(10, fp16=engine.fp16_enabled()))
+    opt_step = OptimizerStep(engine, build_step_guard(10, fp16=engine.fp16_enabled()), None)  # constant LR
     if pipe:
         run_optimizer_step_through(engine, opt_step)
     _OPTIMIZER_STEPS[engine] = opt_step
