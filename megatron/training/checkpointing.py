@@ -50,9 +50,11 @@ from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.sections.training import CHECKPOINT_SCALES
 from megatron.training import checkpoint_commit as commit_lib
 from megatron.training.checkpoint_commit import delete_old_checkpoints
+from megatron.training.learning_rates import AnnealingLR
 
 logger = logging.getLogger(__name__)
 
+LR_SCHEDULER_KEY = "lr_scheduler"  # where DeepSpeed writes an engine's LR schedule in mp_rank_XX_model_states.pt
 CHECKPOINT_ARG_KEYS = (
     "num_layers",
     "hidden_size",
@@ -190,6 +192,7 @@ def _strip_optimizer_states(directory: Path, zero_stage: int) -> None:
 
 def save_checkpoint(
     engine: Any,
+    lr_scheduler: AnnealingLR | None,
     iteration: int,
     cfg: CheckpointConfig,
     *,
@@ -201,7 +204,8 @@ def save_checkpoint(
     extra_state: dict[str, Any] | None = None,
     run_id: str = "",
 ) -> Path:
-    """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call).
+    """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call), with the
+    LR schedule's state in the model-states files' ``lr_scheduler`` entry, where DeepSpeed puts an engine's own.
 
     ``run_id`` (from the save folder's lock) names the temporary folder, and the cleanup before the save only
     removes this run's; without it every leftover temporary folder is removed.
@@ -218,6 +222,8 @@ def save_checkpoint(
     if not cfg.no_save_rng:
         client_state.update(rng_state())
     client_state.update(extra_state or {})
+    if lr_scheduler is not None:
+        client_state[LR_SCHEDULER_KEY] = lr_scheduler.state_dict()
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = written_layout(cfg.gpt_j_residual, tp, cfg.zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
@@ -377,6 +383,18 @@ def _weight_file(directory: Path, name: str, pipe: bool, zero3: bool) -> Path:
     return directory / f"mp_rank_{tp:02d}_model_states.pt"
 
 
+def restore_lr_schedule(lr_scheduler: AnnealingLR, state: dict[str, Any] | None, iteration: int, path: str) -> None:
+    """The schedule as saved (GPT-NeoX's policy keys decide between it and the config); a checkpoint without one
+    (written by a converter) resumes the configured schedule at the loaded iteration."""
+    if state is None:
+        logger.warning(
+            "checkpoint %s has no LR scheduler state: the configured schedule resumes at iteration %d", path, iteration
+        )
+        lr_scheduler.step(iteration)
+        return
+    lr_scheduler.load_state_dict(state)
+
+
 def check_loaded_weights_finite(engine: Any, directory: Path) -> None:
     """Every rank checks its loaded parameters (ZeRO-3: its partition) for NaN/inf; all ranks fail together with the
     first bad tensor's file and name (a rank failing alone would leave the others waiting in a collective)."""
@@ -404,13 +422,15 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
 
 def load_checkpoint(
     engine: Any,
+    lr_scheduler: AnnealingLR | None,
     cfg: CheckpointConfig,
     *,
     checkpoint_args: dict[str, Any],
     model: GPTModelConfig | None = None,
     load_module_strict: bool = True,
 ) -> LoadResult:
-    """Load ``cfg.load`` into ``engine``; a directory without ``latest`` means a fresh start (iteration 0).
+    """Load ``cfg.load`` into ``engine`` and ``lr_scheduler`` (its state unless only weights are loaded); a directory
+    without ``latest`` means a fresh start (iteration 0).
 
     ``load_module_strict`` False lets the module lack parameters of the checkpoint and have new ones (a reward
     model, ``train_impl: rm``, starts from a language model: its rm_linear head is new, the LM head is dropped).
@@ -452,7 +472,7 @@ def load_checkpoint(
                 load_root,
                 tag=tag,
                 load_optimizer_states=load_optim,
-                load_lr_scheduler_states=not weights_only,
+                load_lr_scheduler_states=False,  # the schedule is not the engine's: restored below
                 load_module_only=weights_only,
                 load_module_strict=load_module_strict,
             )
@@ -485,6 +505,8 @@ def load_checkpoint(
             "to start from its weights at iteration 0, set finetune: true"
         )
     iteration = int(client["iteration"] if "iteration" in client else client["total_iters"])
+    if lr_scheduler is not None and not weights_only:  # no_load_optim: neither the optimizer nor the schedule
+        restore_lr_schedule(lr_scheduler, client.get(LR_SCHEDULER_KEY), iteration, path)
     if not cfg.no_load_rng:
         set_rng_state(client, path)
     logger.info("loaded checkpoint %s at iteration %d", path, iteration)

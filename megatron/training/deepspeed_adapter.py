@@ -1,7 +1,7 @@
 """Every place where neox-forge relies on DeepSpeed internals, each checked against DeepSpeed 0.19.8.
 
 DeepSpeed's public API covers most of a training step (``engine.backward``, ``engine.step``,
-``engine.is_gradient_accumulation_boundary``, ``engine.get_global_grad_norm``, ``engine.lr_scheduler``); what it
+``engine.is_gradient_accumulation_boundary``, ``engine.get_global_grad_norm``, ``engine.was_step_applied``); what it
 does not offer is collected here, one function per item, so that the step itself (``megatron/training/step.py``)
 reads top to bottom and a DeepSpeed upgrade has exactly one file to review. ``tests/unit/test_deepspeed_adapter.py``
 holds a test per item that fails when DeepSpeed changes what the item relies on, and
@@ -105,7 +105,8 @@ def skip_optimizer_step(engine: Any, count_micro_step: bool) -> None:
 #    (looked up on the instance). The step's decision is run there, on this engine only.
 def run_optimizer_step_through(engine: Any, optimizer_step: Callable[[Callable[[], None]], object]) -> None:
     """Make the pipeline schedule's optimizer step call ``optimizer_step(apply)``; ``apply()`` is DeepSpeed's step
-    (clipping of wrapped optimizers, ``optimizer.step()``, ``zero_grad``, the LR step and the counters)."""
+    (clipping of wrapped optimizers, ``optimizer.step()``, ``zero_grad`` and the counters; the engine has no LR
+    schedule: ``optimizer_step`` moves the LR after ``apply``)."""
     original = engine._take_model_step
 
     def take_model_step(lr_kwargs: Any = None) -> None:

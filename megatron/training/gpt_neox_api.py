@@ -49,12 +49,13 @@ def setup_model_and_optimizer(
 
 
 def save_checkpoint(neox_args: Any, iteration: int, model: Any, optimizer: Any, lr_scheduler: Any) -> None:
-    """Save ``model`` (the DeepSpeed engine, which holds the optimizer and schedule) as ``global_step<iteration>``
+    """Save ``model`` (the DeepSpeed engine, which holds the optimizer) and ``lr_scheduler`` as ``global_step<iteration>``
     under ``save``, with GPT-NeoX's files; every rank calls it."""
-    del optimizer, lr_scheduler  # saved through the engine
+    del optimizer  # saved through the engine
     cfg = ckpt.CheckpointConfig.from_neox_args(neox_args)
     ckpt.save_checkpoint(
         model,
+        lr_scheduler,
         iteration,
         cfg,
         checkpoint_args=pretrain_lib.ModelSetup.from_neox_args(neox_args).checkpoint_args,
@@ -74,7 +75,7 @@ def load_checkpoint(
 ) -> int:
     """Load ``load`` (its ``latest``, or ``iteration``) into ``model`` (the DeepSpeed engine); returns the iteration
     (0 when there is nothing to load). ``inference`` loads the weights only, as does ``finetune``."""
-    del optimizer, lr_scheduler  # restored through the engine
+    del optimizer  # restored through the engine
     cfg = ckpt.CheckpointConfig.from_neox_args(neox_args)
     if iteration is not None:
         cfg = dataclasses.replace(cfg, iteration=iteration)
@@ -82,6 +83,7 @@ def load_checkpoint(
         cfg = dataclasses.replace(cfg, no_load_optim=True, no_load_rng=True)
     result = ckpt.load_checkpoint(
         model,
+        lr_scheduler,
         cfg,
         checkpoint_args=pretrain_lib.ModelSetup.from_neox_args(neox_args).checkpoint_args,
         model=GPTModelConfig.from_neox_args(neox_args),

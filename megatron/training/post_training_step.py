@@ -14,6 +14,7 @@ import torch
 from megatron.logging.timers import Timers
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.objectives import DPOObjective, KTOObjective, RewardModelObjective, frozen_copy
+from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard
 from megatron.training.step import SequentialStep, StepResult
 
@@ -22,8 +23,16 @@ class PostTrainStep(SequentialStep):
     """``gas`` × (objective batch, objective loss, backward, step); the objective's metrics are averaged over the
     iteration's micro-batches and all ranks and returned as ``train/<name>`` in ``StepResult.extra``."""
 
-    def __init__(self, engine: Any, objective: Any, gas: int, timers: Timers, guard: StepGuard | None = None) -> None:
-        super().__init__(engine, loss_fn=None, batch_cfg=None, gas=gas, timers=timers, guard=guard)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        engine: Any,
+        objective: Any,
+        gas: int,
+        timers: Timers,
+        lr_scheduler: AnnealingLR | None,
+        guard: StepGuard | None = None,
+    ) -> None:
+        super().__init__(engine, None, None, gas, timers, lr_scheduler, guard)  # type: ignore[arg-type]
         self.objective = objective
         self.metrics: list[dict[str, torch.Tensor]] = []
 
@@ -49,16 +58,22 @@ class PostTrainStep(SequentialStep):
 
 
 def build_post_training_step(
-    cfg: PostTrainingConfig, engine: Any, eod: int, gas: int, timers: Timers, guard: StepGuard | None = None
+    cfg: PostTrainingConfig,
+    engine: Any,
+    eod: int,
+    gas: int,
+    timers: Timers,
+    lr_scheduler: AnnealingLR | None,
+    guard: StepGuard | None = None,
 ) -> PostTrainStep:
     """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
     # no frozen copy (a second model in memory) when there is no reference or it was precomputed
     needs_copy = not (cfg.reads_precomputed_reference or (cfg.train_impl == "dpo" and cfg.dpo_reference_free))
     reference = frozen_copy(engine.module) if needs_copy and cfg.train_impl in ("dpo", "kto") else None
     if cfg.train_impl == "dpo":
-        return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers, guard)
+        return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers, lr_scheduler, guard)
     if cfg.train_impl == "kto":
-        return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers, guard)
+        return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers, lr_scheduler, guard)
     if cfg.train_impl == "rm":
-        return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers, guard)
+        return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers, lr_scheduler, guard)
     raise ValueError(f"train_impl {cfg.train_impl!r} has no post-training step")

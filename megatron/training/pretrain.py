@@ -156,8 +156,7 @@ def setup_model_and_optimizer(
         model=model,
         optimizer=optimizer,
         model_parameters=groups if optimizer is None else None,
-        lr_scheduler=lr_scheduler,
-        config=ds_config,
+        config=ds_config,  # no lr_scheduler: the training step moves the LR (step.py), checkpoints save it
         mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
         dist_init_required=False,
     )
@@ -168,6 +167,7 @@ def setup_model_and_optimizer(
     lr_scheduler.step(lr_scheduler.num_iters)
     result = ckpt.load_checkpoint(
         engine,
+        lr_scheduler,
         load_cfg,
         checkpoint_args=setup.checkpoint_args,
         model=model_cfg,
@@ -225,6 +225,7 @@ def check_validation_logits(
 def build_step(
     plan: RunPlan,
     engine: Any,
+    lr_scheduler: AnnealingLR,
     timers: Timers,
     guard: StepGuard,
     batch_cfg: BatchConfig,
@@ -234,11 +235,11 @@ def build_step(
     of every step (``training/nonfinite.py``)."""
     if plan.step_variant == "post_training":
         gas = plan.gradient_accumulation_steps
-        return build_post_training_step(post_cfg, engine, batch_cfg.eod_token, gas, timers, guard)
+        return build_post_training_step(post_cfg, engine, batch_cfg.eod_token, gas, timers, lr_scheduler, guard)
     if plan.step_variant == "pipe":
-        return PipeStep(engine, batch_cfg, timers, guard)
+        return PipeStep(engine, batch_cfg, timers, lr_scheduler, guard)
     loss_fn = with_aux_loss(model_lib.cross_entropy, engine.module)  # + the MoE load-balancing loss (if any)
-    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers, guard)
+    return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers, lr_scheduler, guard)
 
 
 def build_data_iterators(
@@ -311,7 +312,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
     try:
         setup = ModelSetup.from_neox_args(args)
-        engine, _, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
+        engine, lr_scheduler, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
         post_cfg = PostTrainingConfig.from_neox_args(args)
@@ -324,7 +325,8 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
             args.loss_spike_skip_zscore,
             fp16=bool(engine.fp16_enabled()),
         )
-        step = build_step(plan, engine, timers, guard, BatchConfig.from_neox_args(args, tokenizer.eod), post_cfg)
+        batch_cfg = BatchConfig.from_neox_args(args, tokenizer.eod)
+        step = build_step(plan, engine, lr_scheduler, timers, guard, batch_cfg, post_cfg)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.train_iters - iteration)
         result = PretrainResult(
@@ -341,6 +343,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
                 extra[VALIDATION_KEY] = validation_logits(engine, plan.seq_length, vocab)
             ckpt.save_checkpoint(
                 engine,
+                lr_scheduler,
                 it,
                 save_cfg,
                 checkpoint_args=setup.checkpoint_args,

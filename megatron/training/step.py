@@ -1,9 +1,9 @@
 """Batches and the two step variants (chosen once): sequential (``pp=0``) and DeepSpeed pipeline (``pp>=1``).
 
 ``SequentialStep.train`` is the whole training step, top to bottom: ``gas`` × (forward, ``engine.backward``), the
-gradient norm and clipping, the skip decision (one all-reduce, one host read), then ``engine.step()`` (optimizer and
-LR step) or the skip. ``PipeStep.train`` is ``engine.train_batch()``, whose schedule runs the same
-:class:`OptimizerStep`. What DeepSpeed's public API lacks is in ``deepspeed_adapter.py`` (docs/training.md).
+gradient norm and clipping, the skip decision (one all-reduce, one host read), then ``engine.step()`` (the optimizer
+step) and the LR step, or the skip. ``PipeStep.train`` is ``engine.train_batch()``, whose schedule runs the same
+:class:`OptimizerStep`. The LR schedule is the step's, not DeepSpeed's (``deepspeed.initialize`` gets none). What DeepSpeed's public API lacks is in ``deepspeed_adapter.py`` (docs/training.md).
 
 A batch from the loader is ``{"text": LongTensor[b, s+1]}``; the model sees ``tokens = text[:, :-1]`` and is
 scored on ``labels = text[:, 1:]`` under ``loss_mask`` (GPT-NeoX's ``_get_batch``).
@@ -32,6 +32,7 @@ from megatron.training.deepspeed_adapter import (
     skip_optimizer_step,
 )
 from megatron.training.grad_clipping import fp32_clipping_for
+from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard, Verdict, build_step_guard
 
 Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -117,8 +118,10 @@ class OptimizerStep:
     that order itself; under the pipeline engine DeepSpeed's schedule calls :meth:`__call__` at its
     ``OptimizerStep`` instruction (``deepspeed_adapter.run_optimizer_step_through``), which runs the same pieces."""
 
-    def __init__(self, engine: Any, guard: StepGuard) -> None:
-        self.engine, self.guard = engine, guard
+    def __init__(self, engine: Any, guard: StepGuard, lr_scheduler: AnnealingLR | None) -> None:
+        if lr_scheduler is not None and getattr(engine, "lr_scheduler", None) is not None:
+            raise ValueError("the engine has an LR schedule of its own: the step would move the learning rate twice")
+        self.engine, self.guard, self.lr_scheduler = engine, guard, lr_scheduler
         self.clip = fp32_clipping_for(engine)  # None: DeepSpeed's wrapper optimizer clips inside engine.step()
         self.grad_norm: torch.Tensor | None = None  # the last step's norm before clipping (plain fp32 optimizer)
         self.stop_flag: Callable[[], float] | None = None  # this rank's preemption flag (training/preemption.py)
@@ -144,6 +147,12 @@ class OptimizerStep:
         self.last = self.guard.decide(losses, gradients, iteration, metrics, stop, loss_ranks)
         return self.last
 
+    def step_lr(self) -> None:
+        """The LR step, after an applied optimizer step (``engine.was_step_applied()`` is False after an fp16
+        overflow, whose step DeepSpeed skipped); None: the engine's LR is constant."""
+        if self.lr_scheduler is not None and self.engine.was_step_applied():
+            self.lr_scheduler.step()
+
     def pipeline_loss(self) -> tuple[torch.Tensor, int]:
         """This rank's share of the pipeline's loss and how many ranks have one: the last stage's micro-batch losses
         of the iteration, averaged over ``gas`` as DeepSpeed's ``_aggregate_total_loss`` does, on tensor-parallel
@@ -157,8 +166,8 @@ class OptimizerStep:
         return (total / self.engine.gradient_accumulation_steps()).float(), mpu.get_data_parallel_world_size()
 
     def __call__(self, apply: Callable[[], None]) -> Verdict:
-        """The pipeline schedule's optimizer step; ``apply`` is DeepSpeed's (``optimizer.step()``, ``zero_grad``,
-        ``engine.lr_scheduler.step()``, the counters; fp16 overflows are skipped there). The last stage's losses of
+        """The pipeline schedule's optimizer step; ``apply`` is DeepSpeed's (``optimizer.step()``, ``zero_grad``, the
+        counters; fp16 overflows are skipped there), followed by the LR step. The last stage's losses of
         the iteration are complete here (``deepspeed_adapter.pipeline_loss_sum``), so the decision sees the loss as
         the sequential step's does: non-finite and loss-spike skips, and the iteration's loss in its one host read."""
         self.clip_gradients()
@@ -166,6 +175,7 @@ class OptimizerStep:
         verdict = self.decide(loss, loss_ranks=loss_ranks)
         if verdict.apply:
             apply()
+            self.step_lr()
         else:
             skip_optimizer_step(self.engine, count_micro_step=False)  # train_batch counts no micro-steps
         return verdict
@@ -188,11 +198,13 @@ class SequentialStep:
         batch_cfg: BatchConfig,
         gas: int,
         timers: Timers,
+        lr_scheduler: AnnealingLR | None,
         guard: StepGuard | None = None,
     ) -> None:
         self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
         self.fused_loss = uses_fused_loss(engine, loss_fn)
-        self.optimizer_step = OptimizerStep(engine, guard or build_step_guard(10, fp16=engine.fp16_enabled()))
+        guard = guard or build_step_guard(10, fp16=engine.fp16_enabled())
+        self.optimizer_step = OptimizerStep(engine, guard, lr_scheduler)
 
     def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
         """Forward one micro-batch; returns the loss."""
@@ -234,7 +246,8 @@ class SequentialStep:
         self.optimizer_step.clip_gradients()  # norm + clipping (plain fp32; wrapped optimizers clip in engine.step())
         verdict = self.optimizer_step.decide(torch.cat(losses), self.step_metrics())  # one all-reduce, one host read
         if verdict.apply:
-            self.engine.step()  # optimizer.step(), zero_grad, engine.lr_scheduler.step() (fp16 overflow: skipped)
+            self.engine.step()  # optimizer.step(), zero_grad, the counters (an fp16 overflow: skipped)
+            self.optimizer_step.step_lr()  # unless DeepSpeed skipped the step
         else:
             skip_optimizer_step(self.engine, count_micro_step=True)  # drop the gradients; weights and LR unchanged
         self.timers("optimizer").stop()
@@ -261,9 +274,17 @@ class PipeStep:
     the loss (non-finite and loss-spike skips as in the sequential step) and its one host read yields the value
     ``train_batch`` returns, on every rank; that tensor (DeepSpeed's own aggregate) is not read."""
 
-    def __init__(self, engine: Any, batch_cfg: BatchConfig, timers: Timers, guard: StepGuard | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        batch_cfg: BatchConfig,
+        timers: Timers,
+        lr_scheduler: AnnealingLR | None,
+        guard: StepGuard | None = None,
+    ) -> None:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
-        self.optimizer_step = OptimizerStep(engine, guard or build_step_guard(10, fp16=engine.fp16_enabled()))
+        guard = guard or build_step_guard(10, fp16=engine.fp16_enabled())
+        self.optimizer_step = OptimizerStep(engine, guard, lr_scheduler)
         run_optimizer_step_through(engine, self.optimizer_step)  # its schedule calls OptimizerStep.__call__
 
     def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> Iterator[Batch]:

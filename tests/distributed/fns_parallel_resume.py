@@ -63,7 +63,7 @@ def save_and_resume(tp: int, pp: int, directory: str, variant: dict[str, Any] | 
     seed(fp.SEED)
     engine, cfg = fp.build_engine(variant, pipe, micro, zero)
     first = fp.train_steps(engine, pipe, micro, 0, SAVE_AT)
-    ckpt.save_checkpoint(engine, SAVE_AT, cfg_ckpt, checkpoint_args=_args(), consumed_train_samples=0)
+    ckpt.save_checkpoint(engine, None, SAVE_AT, cfg_ckpt, checkpoint_args=_args(), consumed_train_samples=0)
     uninterrupted = fp.train_steps(engine, pipe, micro, SAVE_AT, TOTAL - SAVE_AT)
     full_a = gather_full_state_dict(engine, cfg)
 
@@ -71,7 +71,7 @@ def save_and_resume(tp: int, pp: int, directory: str, variant: dict[str, Any] | 
     seed(fp.SEED + 17)
     other = dict(variant, model={**variant.get("model", {}), "seed": fp.SEED + 17})
     engine_b, cfg_b = fp.build_engine(other, pipe, micro, zero)
-    loaded = ckpt.load_checkpoint(engine_b, cfg_ckpt, checkpoint_args=_args())
+    loaded = ckpt.load_checkpoint(engine_b, None, cfg_ckpt, checkpoint_args=_args())
     resumed = fp.train_steps(engine_b, pipe, micro, loaded.iteration, TOTAL - loaded.iteration)
     full_b = gather_full_state_dict(engine_b, cfg_b)
 

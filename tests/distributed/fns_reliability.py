@@ -21,7 +21,8 @@ def run_with_nan(
 ) -> dict[str, Any]:
     """``run_pretrain`` with the training loss of ``nan_iters`` (1-based) multiplied by ``factor`` (NaN: replaced
     by NaN; a large factor: a loss spike) on rank ``nan_rank`` (under a pipeline: a rank of the last stage);
-    returns the result plus the warnings logged and the abort message (if any)."""
+    returns the result plus the warnings logged, the abort message (if any) and the learning rate each iteration's
+    optimizer step was given (``lrs``)."""
     import torch.distributed as dist
 
     import megatron.model as model_lib
@@ -29,11 +30,13 @@ def run_with_nan(
     from megatron.training import step as step_mod
 
     state = {"iteration": 0}
+    lrs: list[float] = []
     originals = {cls: cls.train for cls in (step_mod.SequentialStep, step_mod.PipeStep)}
 
     def counting(original: Any) -> Any:
         def counting_train(self: Any, data_iter: Any) -> Any:
             state["iteration"] += 1
+            lrs.append(float(self.engine.optimizer.param_groups[0]["lr"]))
             return original(self, data_iter)
 
         return counting_train
@@ -68,6 +71,7 @@ def run_with_nan(
         gpt2_model.cross_entropy = cross_entropy
         logging.getLogger("megatron.train").removeHandler(handler)
     out["warnings"] = [r for r in records if "non-finite" in r or "loss spike" in r]
+    out["lrs"] = lrs
     return out
 
 

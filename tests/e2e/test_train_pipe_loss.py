@@ -76,6 +76,9 @@ def test_nan_losses_and_loss_spikes_skip_the_pipeline_step(data: dict[str, str])
         # the spike's gradients were not applied: the next step trains from the weights of step 4
         assert spiked["train_losses"][5] != clean["train_losses"][5]
         assert spiked["train_losses"][5] < spiked["train_losses"][3] + 0.5
+        # the LR schedule moves after applied steps only: a skipped iteration's successor gets the same LR
+        assert nan["lrs"][2] == nan["lrs"][3] and spiked["lrs"][4] == spiked["lrs"][5], (nan["lrs"], spiked["lrs"])
+        assert len(set(clean["lrs"])) == 6 and clean["lrs"][:3] == nan["lrs"][:3]
     assert results[0][0]["warnings"] == ["iteration 3: non-finite loss or gradient, step skipped (1 in a row)"]
     assert len(results[0][1]["warnings"]) == 1
     assert results[0][1]["warnings"][0].startswith("iteration 5: loss spike, step skipped")

@@ -54,6 +54,9 @@ def test_nonfinite_steps_and_loss_spikes_are_skipped_and_repeats_abort(data: dic
         assert all(math.isfinite(x) for i, x in enumerate(fp32["train_losses"]) if i != 2)
         assert [i for i, x in enumerate(bf16["train_losses"]) if not math.isfinite(x)] == [1, 4]
         assert bf16["skipped_iters"] == 2 and bf16["zero_stage"] == 1 and bf16["params_dtype"] == "bfloat16"
+        # the LR schedule moves after applied steps only (warm-up, then cosine: every applied step a new value)
+        assert fp32["lrs"][2] == fp32["lrs"][3] and len(set(fp32["lrs"])) == 5, fp32["lrs"]
+        assert bf16["lrs"][1] == bf16["lrs"][2] and bf16["lrs"][4] == bf16["lrs"][5] and len(set(bf16["lrs"])) == 4
         assert "NonFiniteAbort: 3 consecutive steps" in aborted["abort"] and "iteration 4" in aborted["abort"]
         assert spiked["skipped_iters"] == 1 and spiked["train_losses"][4] > 10 * spiked["train_losses"][3]
         assert spiked["train_losses"][5] < spiked["train_losses"][3] + 0.5  # the spike's gradients were not applied

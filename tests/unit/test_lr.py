@@ -117,3 +117,21 @@ def test_state_dict_roundtrip_and_policies() -> None:
     )
     take_cfg.load_state_dict(sd)
     assert take_cfg.num_iters == 37 and take_cfg.get_lr() == pytest.approx(2 * LR)
+
+
+def test_a_checkpoint_restores_the_schedule_or_resumes_it_at_its_iteration(caplog: pytest.LogCaptureFixture) -> None:
+    """The step owns the schedule (DeepSpeed is given none), so loading restores it from the checkpoint's
+    ``lr_scheduler`` entry; a checkpoint without one (a converter's) resumes the configured schedule at its
+    iteration, with a warning."""
+    from megatron.training.checkpointing import restore_lr_schedule
+
+    saved = _sched("cosine")
+    saved.step(37)
+    restored = _sched("cosine")
+    restore_lr_schedule(restored, saved.state_dict(), 40, "ckpt/global_step40")
+    assert restored.num_iters == 37 and restored.get_lr() == saved.get_lr()  # skipped steps: 37 LR steps in 40
+    converted = _sched("cosine")
+    with caplog.at_level("WARNING", logger="megatron.training.checkpointing"):
+        restore_lr_schedule(converted, None, 40, "ckpt/global_step40")
+    assert converted.num_iters == 40 and converted.get_lr() == _at(_sched("cosine"), 40)
+    assert any("has no LR scheduler state" in r.getMessage() for r in caplog.records)
