@@ -111,6 +111,21 @@ def _stop(pid_file: Path) -> None:
             kill_tree(pid)
 
 
+def _stop_job_steps(conf: Path) -> None:
+    """Kill the ``slurmstepd`` processes of this cluster's jobs: slurmd daemonises them, so stopping slurmd's process
+    tree misses them. They carry the cluster's ``SLURM_CONF`` in their environment, read raw: slurmstepd retitles
+    itself over the start of that memory (psutil's ``environ()`` then parses nothing)."""
+    import psutil
+
+    mark = f"SLURM_CONF={conf}".encode()
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != "slurmstepd":
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if mark in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+                kill_tree(proc.pid)
+
+
 @contextlib.contextmanager
 def single_host_slurm() -> Iterator[SlurmCluster]:
     """Start munged, slurmctld and slurmd for this host; stop them (and any job) at exit."""
@@ -161,4 +176,5 @@ def single_host_slurm() -> Iterator[SlurmCluster]:
         time.sleep(0.5)
         for pid_file in (root / "slurmd.pid", root / "slurmctld.pid", munge_dir / "pid"):
             _stop(pid_file)
+        _stop_job_steps(conf)
         shutil.rmtree(root, ignore_errors=True)
