@@ -383,7 +383,7 @@ def _weight_file(directory: Path, name: str, pipe: bool, zero3: bool) -> Path:
     return directory / f"mp_rank_{tp:02d}_model_states.pt"
 
 
-def restore_lr_schedule(lr_scheduler: AnnealingLR, state: dict[str, Any] | None, iteration: int, path: str) -> None:
+def restore_lr_schedule(lr_scheduler: AnnealingLR, state: Any, iteration: int, path: str) -> None:
     """The schedule as saved (GPT-NeoX's policy keys decide between it and the config); a checkpoint without one
     (written by a converter) resumes the configured schedule at the loaded iteration."""
     if state is None:
@@ -392,6 +392,15 @@ def restore_lr_schedule(lr_scheduler: AnnealingLR, state: dict[str, Any] | None,
         )
         lr_scheduler.step(iteration)
         return
+    keys = sorted(lr_scheduler.state_dict())  # GPT-NeoX's AnnealingLR keys
+    missing = [k for k in keys if k not in state] if isinstance(state, dict) else keys
+    steps = state.get("num_iters") if isinstance(state, dict) else None
+    if missing or not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        problem = f"missing {', '.join(missing)}" if missing else f"num_iters={steps!r} is not a step count"
+        raise CheckpointError(
+            f"checkpoint {path}: its {LR_SCHEDULER_KEY!r} entry is not an LR schedule's state ({problem}; expected a "
+            f"dict with {', '.join(keys)}); to start from its weights with a fresh schedule, set finetune: true"
+        )
     lr_scheduler.load_state_dict(state)
 
 

@@ -1,6 +1,7 @@
 """Hostile checkpoints through ``deepy.py train.py`` (load / finetune) and ``convert_neox_to_hf.py``: NaN weights
 (manifest rewritten to match), another tokenizer of the same padded size, a ``global_stepN`` symlink out of the load
-folder, a ``latest`` naming ``.`` — each a one-line error, exit 1, nothing written."""
+folder, a ``latest`` naming ``.``, an ``lr_scheduler`` entry that is not a schedule's state — each a one-line
+error, exit 1, nothing written."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _copy(trained: dict[str, Any], dest: Path) -> Path:
 
 
 def _deepy(tmp_path: Path, data: dict[str, str], **overrides: Any) -> CommandResult:
-    cfg = tiny_config(data, train_iters=2, eval_interval=100, master_port=free_port(), **overrides)
+    cfg = tiny_config(data, **{"train_iters": 2, "eval_interval": 100, "master_port": free_port(), **overrides})
     cfg.pop("global_num_gpus")
     cfg["num_gpus"] = 1
     config_file = tmp_path / "run.yml"
@@ -89,6 +90,32 @@ def test_nonfinite_weights_are_refused(trained: dict[str, Any], tmp_path: Path, 
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists() and not list(tmp_path.glob(".hf*"))
+
+
+@pytest.mark.parametrize("entry", ["missing", "hostile"])
+def test_lr_schedule_state_missing_resumes_and_hostile_is_refused(
+    trained: dict[str, Any], tmp_path: Path, entry: str
+) -> None:
+    """The step owns the LR schedule, so the checkpoint's ``lr_scheduler`` entry is read by neox-forge: absent (a
+    converter's checkpoint) the run resumes at the checkpoint's iteration with a warning; not a schedule's state, it
+    is one line naming the file and the entry, nothing written."""
+    load = _copy(trained, tmp_path / entry)
+    step = load / "global_step2"
+    state_file = step / "mp_rank_00_model_states.pt"
+    state = torch.load(state_file, map_location="cpu", weights_only=False)
+    state["lr_scheduler"] = None if entry == "missing" else {"num_iters": "2; rm -rf /"}
+    torch.save(state, state_file)
+    _rewrite_manifest(step)
+    if entry == "missing":
+        result = _deepy(tmp_path, trained["data"], load=str(load), train_iters=3)
+        assert result.returncode == 0, result.describe()
+        assert (
+            "has no LR scheduler state: the configured schedule resumes at iteration 2" in result.stderr + result.stdout
+        )
+        return
+    before = {p: p.stat().st_mtime_ns for p in load.rglob("*")}
+    _one_line_error(_deepy(tmp_path, trained["data"], load=str(load)), str(step), "'lr_scheduler' entry", "finetune")
+    assert {p: p.stat().st_mtime_ns for p in load.rglob("*")} == before
 
 
 def test_another_tokenizer_is_refused_unless_allowed(trained: dict[str, Any], tmp_path: Path) -> None:

@@ -135,3 +135,22 @@ def test_a_checkpoint_restores_the_schedule_or_resumes_it_at_its_iteration(caplo
         restore_lr_schedule(converted, None, 40, "ckpt/global_step40")
     assert converted.num_iters == 40 and converted.get_lr() == _at(_sched("cosine"), 40)
     assert any("has no LR scheduler state" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        ("not a dict", "missing"),
+        ({"num_iters": 3}, "missing decay_style"),
+        ({**_sched("cosine").state_dict(), "num_iters": -1}, "num_iters=-1 is not a step count"),
+        ({**_sched("cosine").state_dict(), "num_iters": "7"}, "num_iters='7' is not a step count"),
+    ],
+    ids=["str", "keys", "negative", "text"],
+)
+def test_a_hostile_lr_schedule_state_is_one_checkpoint_error(state: object, problem: str) -> None:
+    from megatron.checkpoint.layout import CheckpointError
+    from megatron.training.checkpointing import restore_lr_schedule
+
+    with pytest.raises(CheckpointError, match="lr_scheduler") as err:
+        restore_lr_schedule(_sched("cosine"), state, 5, "ckpt/global_step5")
+    assert problem in str(err.value) and "ckpt/global_step5" in str(err.value) and "finetune" in str(err.value)
