@@ -37,19 +37,21 @@ def slow_half_precision_warning(ds_config: dict[str, Any]) -> str | None:
 
 
 def apply_cpu_precision(ds_config: dict[str, Any]) -> None:
-    """Warn about emulated half precision on the CPU; refuse fp16 there unless ``NEOX_FORGE_ALLOW_CPU_FP16=1``.
+    """Warn about emulated half precision on the CPU; refuse fp16 on a CPU without native fp16 unless
+    ``NEOX_FORGE_ALLOW_CPU_FP16=1``.
 
-    DeepSpeed's CPU accelerator reports no fp16 support and refuses fp16 configs. The environment variable is the
-    one documented way around it (tests use it): it tells DeepSpeed fp16 is supported, for this process only.
+    DeepSpeed's CPU accelerator reports fp16 support only where oneDNN has native fp16 kernels (AVX-512 FP16 /
+    AMX-FP16) and refuses fp16 configs elsewhere. There the environment variable is the one documented way around
+    it (tests use it): it tells DeepSpeed fp16 is supported, for this process only.
     """
     warning = slow_half_precision_warning(ds_config)
     if warning:
         logger.warning(warning)
-    if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu():
+    if not (ds_config.get("fp16") or {}).get("enabled") or not on_cpu() or cpu_has_native("fp16"):
         return
     if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
         raise ConfigError(
-            "fp16.enabled: DeepSpeed has no fp16 support on this CPU; train in fp32 (or bf16 on a CPU with native bf16), or set "
+            f"fp16.enabled: DeepSpeed has no fp16 support on this CPU (no {' / '.join(CPU_FLAGS['fp16'])}); train in fp32 (or bf16 on a CPU with native bf16), or set "
             f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
         )
     logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)

@@ -21,8 +21,8 @@ def run_with_nan(
 ) -> dict[str, Any]:
     """``run_pretrain`` with the training loss of ``nan_iters`` (1-based) multiplied by ``factor`` (NaN: replaced
     by NaN; a large factor: a loss spike) on rank ``nan_rank`` (under a pipeline: a rank of the last stage);
-    returns the result plus the warnings logged, the abort message (if any) and the learning rate each iteration's
-    optimizer step was given (``lrs``)."""
+    returns the result plus the warnings logged, the abort message (if any), the learning rate each iteration's
+    optimizer step was given (``lrs``) and whether each iteration's step was skipped (``step_skipped``)."""
     import torch.distributed as dist
 
     import megatron.model as model_lib
@@ -31,13 +31,16 @@ def run_with_nan(
 
     state = {"iteration": 0}
     lrs: list[float] = []
+    skips: list[bool] = []
     originals = {cls: cls.train for cls in (step_mod.SequentialStep, step_mod.PipeStep)}
 
     def counting(original: Any) -> Any:
         def counting_train(self: Any, data_iter: Any) -> Any:
             state["iteration"] += 1
             lrs.append(float(self.engine.optimizer.param_groups[0]["lr"]))
-            return original(self, data_iter)
+            result = original(self, data_iter)
+            skips.append(result.skipped)
+            return result
 
         return counting_train
 
@@ -71,7 +74,7 @@ def run_with_nan(
         gpt2_model.cross_entropy = cross_entropy
         logging.getLogger("megatron.train").removeHandler(handler)
     out["warnings"] = [r for r in records if "non-finite" in r or "loss spike" in r]
-    out["lrs"] = lrs
+    out["lrs"], out["step_skipped"] = lrs, skips
     return out
 
 

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron.cpu_features import cpu_has_native
 from megatron.generation.loading import load_module_state
+from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
+from tests.distributed.fns_reliability import run_with_nan
 from tests.distributed.fns_train import make_tiny_data, run_pretrain, run_pretrain_many, tiny_config
 from tests.harness import DistributedTestError, run_distributed
 
@@ -81,18 +84,30 @@ def test_bf16_zero_0_1_and_fp32_grad_accumulation(data: dict[str, str]) -> None:
         assert run["train_losses"][-1] < run["train_losses"][0] and run["skipped_iters"] == 0
 
 
-def test_fp16_dynamic_loss_scale_skips_overflow_steps(data: dict[str, str]) -> None:
+def test_fp16_dynamic_loss_scale_skips_overflow_steps(data: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     # A 2^20 initial scale overflows: DeepSpeed skips those steps and halves the scale until it fits.
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1}
     cfg = tiny_config(data, fp16=fp16, train_iters=12, eval_interval=100, eval_iters=1, log_interval=2)
-    run = run_distributed(run_pretrain, 1, cfg, {"NEOX_FORGE_ALLOW_CPU_FP16": "1"}, timeout=400)[0]
+    monkeypatch.setenv("NEOX_FORGE_ALLOW_CPU_FP16", "1")  # the ranks take this environment
+    run = run_distributed(run_with_nan, 1, cfg, [], 0, timeout=400)[0]
     assert run["params_dtype"] == "float16"
-    assert 1 <= run["skipped_iters"] < 12
+    assert 1 <= run["skipped_iters"] < 12 and sum(run["step_skipped"]) == run["skipped_iters"]
     assert run["train_losses"][-1] < run["train_losses"][0]
+    # the LR schedule moves only after the steps DeepSpeed applied (engine.was_step_applied)
+    lr_cfg = LRScheduleConfig(lr=0.003, min_lr=0.0003, lr_decay_style="cosine", train_iters=12, warmup=0.1)
+    schedule = AnnealingLR(None, lr_cfg)  # tiny_config's schedule
+    applied = [sum(not s for s in run["step_skipped"][:i]) for i in range(12)]
+    assert run["lrs"] == [(schedule.step(n), schedule.get_lr())[1] for n in applied]
 
 
-def test_fp16_on_cpu_without_opt_in_is_a_clear_error(data: dict[str, str]) -> None:
+def test_fp16_on_cpu_without_opt_in_trains_only_on_native_fp16(data: dict[str, str]) -> None:
+    """Without the opt-in, fp16 trains on a CPU with native fp16 (DeepSpeed accepts it there) and is a clear error
+    elsewhere (both branches with a monkeypatched probe: tests/unit/test_cpu_precision.py)."""
     cfg = tiny_config(data, fp16={"enabled": True}, train_iters=2)
+    if cpu_has_native("fp16"):
+        run = run_distributed(run_pretrain, 1, cfg, {"NEOX_FORGE_ALLOW_CPU_FP16": "0"}, timeout=200)[0]
+        assert run["params_dtype"] == "float16" and run["iteration"] == 2
+        return
     with pytest.raises(DistributedTestError, match="NEOX_FORGE_ALLOW_CPU_FP16"):
         run_distributed(run_pretrain, 1, cfg, {"NEOX_FORGE_ALLOW_CPU_FP16": "0"}, timeout=200)
 

@@ -32,3 +32,24 @@ def test_no_warning_for_fp32_or_native_half(monkeypatch: pytest.MonkeyPatch) -> 
     assert slow_half_precision_warning({}) is None
     monkeypatch.setattr(cpu_precision, "cpu_has_native", lambda dtype: True)
     assert slow_half_precision_warning({"bf16": {"enabled": True}}) is None
+
+
+def test_fp16_is_refused_only_on_a_cpu_without_native_fp16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's CPU accelerator accepts fp16 where oneDNN has native fp16 kernels (the same probe as
+    ``cpu_has_native``): there fp16 trains as configured; elsewhere it is one error naming the opt-in."""
+    from megatron.neox_arguments.errors import ConfigError
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.delenv(cpu_precision.ALLOW_CPU_FP16_ENV, raising=False)
+    allowed: list[bool] = []
+    monkeypatch.setattr(cpu_precision, "allow_fp16_on_cpu", lambda: allowed.append(True))
+    fp16 = {"fp16": {"enabled": True}}
+    monkeypatch.setattr(cpu_precision, "cpu_has_native", lambda dtype: True)
+    cpu_precision.apply_cpu_precision(fp16)  # native: no error, no override of DeepSpeed's own answer
+    assert not allowed
+    monkeypatch.setattr(cpu_precision, "cpu_has_native", lambda dtype: False)
+    with pytest.raises(ConfigError, match=r"no avx512_fp16 / amx_fp16.*NEOX_FORGE_ALLOW_CPU_FP16=1"):
+        cpu_precision.apply_cpu_precision(fp16)
+    monkeypatch.setenv(cpu_precision.ALLOW_CPU_FP16_ENV, "1")
+    cpu_precision.apply_cpu_precision(fp16)
+    assert allowed == [True]
