@@ -28,7 +28,8 @@ def setup_model_and_optimizer(
     neox_args: Any, use_cache: bool = False, iteration: int | None = None
 ) -> tuple[Any, Any, Any]:
     """Build the model, optimizer and LR schedule under DeepSpeed and load ``load`` (at ``iteration`` if given);
-    returns ``(model, optimizer, lr_scheduler)`` and sets the ``iteration`` key to the loaded iteration.
+    returns ``(model, optimizer, lr_scheduler)`` and sets the ``iteration`` key to the loaded iteration. As in
+    GPT-NeoX, ``model.step()`` moves ``lr_scheduler`` (the engine holds it).
 
     Initialises distributed state and the tokenizer when the caller has not (GPT-NeoX requires both first).
     ``use_cache`` is accepted for GPT-NeoX's signature: our sequential model takes its KV cache per call.
@@ -43,7 +44,10 @@ def setup_model_and_optimizer(
     if iteration is not None:
         load_cfg = dataclasses.replace(load_cfg, iteration=iteration)
     setup = pretrain_lib.ModelSetup.from_neox_args(neox_args)
-    engine, lr_scheduler, loaded, _ = pretrain_lib.setup_model_and_optimizer(setup, plan, load_cfg)
+    # GPT-NeoX's engine moves the LR at engine.step(): callers of this API drive that loop themselves
+    engine, lr_scheduler, loaded, _ = pretrain_lib.setup_model_and_optimizer(
+        setup, plan, load_cfg, engine_steps_lr=True
+    )
     neox_args.update_value("iteration", loaded)
     return engine, engine.optimizer, lr_scheduler
 

@@ -136,11 +136,13 @@ def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module
 
 
 def setup_model_and_optimizer(
-    setup: ModelSetup, plan: RunPlan, load_cfg: ckpt.CheckpointConfig
+    setup: ModelSetup, plan: RunPlan, load_cfg: ckpt.CheckpointConfig, *, engine_steps_lr: bool = False
 ) -> tuple[Any, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
-    Returns ``(engine, lr_scheduler, iteration, load_result)``.
+    The training step moves the LR schedule itself (``OptimizerStep.step_lr``), so DeepSpeed gets none; with
+    ``engine_steps_lr`` (GPT-NeoX's API, whose callers drive ``engine.step()`` themselves) the engine is given the
+    schedule and moves it, as in GPT-NeoX. Returns ``(engine, lr_scheduler, iteration, load_result)``.
     """
     opt_cfg, model_cfg = setup.optimizer_cfg, setup.model
     # The layout's rules (ZeRO-2/3 without the pipe engine; pipe activation partitioning off under SP).
@@ -156,7 +158,8 @@ def setup_model_and_optimizer(
         model=model,
         optimizer=optimizer,
         model_parameters=groups if optimizer is None else None,
-        config=ds_config,  # no lr_scheduler: the training step moves the LR (step.py), checkpoints save it
+        lr_scheduler=lr_scheduler if engine_steps_lr else None,  # checkpoints save it either way
+        config=ds_config,
         mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
         dist_init_required=False,
     )

@@ -71,6 +71,7 @@ def gpt_neox_flow(config: dict[str, Any], work: str) -> dict[str, Any]:
     args.build_tokenizer()
     model, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args=args, use_cache=True)
     out["loaded_iteration"] = args.iteration
+    out["engine_holds_the_lr_schedule"] = model.lr_scheduler is lr_scheduler  # model.step() moves it, as in GPT-NeoX
     out["is_mp_rank_0"] = is_mp_rank_0()
     records = generate_samples_from_prompt(args, model, ["hello"], maximum_tokens=3)
     out["api_generated"] = [r["text"] for r in records]
