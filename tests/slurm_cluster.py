@@ -111,19 +111,21 @@ def _stop(pid_file: Path) -> None:
             kill_tree(pid)
 
 
-def _stop_job_steps(conf: Path) -> None:
-    """Kill the ``slurmstepd`` processes of this cluster's jobs: slurmd daemonises them, so stopping slurmd's process
-    tree misses them. They carry the cluster's ``SLURM_CONF`` in their environment, read raw: slurmstepd retitles
-    itself over the start of that memory (psutil's ``environ()`` then parses nothing)."""
+def job_steps(conf: Path) -> list[int]:
+    """The pids of the ``slurmstepd`` processes of the cluster configured by ``conf``. slurmd daemonises them, so they
+    are not in its process tree; they carry the cluster's ``SLURM_CONF`` in their environment, read raw: slurmstepd
+    retitles itself over the start of that memory (psutil's ``environ()`` then parses nothing)."""
     import psutil
 
     mark = f"SLURM_CONF={conf}".encode()
+    pids = []
     for proc in psutil.process_iter(["name"]):
         if proc.info["name"] != "slurmstepd":
             continue
-        with contextlib.suppress(psutil.Error, OSError):
+        with contextlib.suppress(OSError):
             if mark in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
-                kill_tree(proc.pid)
+                pids.append(proc.pid)
+    return pids
 
 
 @contextlib.contextmanager
@@ -176,5 +178,6 @@ def single_host_slurm() -> Iterator[SlurmCluster]:
         time.sleep(0.5)
         for pid_file in (root / "slurmd.pid", root / "slurmctld.pid", munge_dir / "pid"):
             _stop(pid_file)
-        _stop_job_steps(conf)
+        for pid in job_steps(conf):  # missed by slurmd's process tree
+            kill_tree(pid)
         shutil.rmtree(root, ignore_errors=True)

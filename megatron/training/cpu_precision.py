@@ -51,8 +51,9 @@ def apply_cpu_precision(ds_config: dict[str, Any]) -> None:
         return
     if os.environ.get(ALLOW_CPU_FP16_ENV) != "1":
         raise ConfigError(
-            f"fp16.enabled: DeepSpeed has no fp16 support on this CPU (no {' / '.join(CPU_FLAGS['fp16'])}); train in fp32 (or bf16 on a CPU with native bf16), or set "
-            f"{ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, ~20x slower)"
+            f"fp16.enabled: DeepSpeed has no fp16 support on this CPU (no {' / '.join(CPU_FLAGS['fp16'])}); train in "
+            f"fp32 (or bf16 on a CPU with native bf16), or set {ALLOW_CPU_FP16_ENV}=1 to run fp16 anyway (emulated, "
+            "~20x slower)"
         )
     logger.warning("%s=1: running fp16 on CPU (emulated and slow)", ALLOW_CPU_FP16_ENV)
     allow_fp16_on_cpu()

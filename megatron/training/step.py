@@ -3,7 +3,8 @@
 ``SequentialStep.train`` is the whole training step, top to bottom: ``gas`` × (forward, ``engine.backward``), the
 gradient norm and clipping, the skip decision (one all-reduce, one host read), then ``engine.step()`` (the optimizer
 step) and the LR step, or the skip. ``PipeStep.train`` is ``engine.train_batch()``, whose schedule runs the same
-:class:`OptimizerStep`. The LR schedule is the step's, not DeepSpeed's (``deepspeed.initialize`` gets none). What DeepSpeed's public API lacks is in ``deepspeed_adapter.py`` (docs/training.md).
+:class:`OptimizerStep`. The LR schedule is the step's, not DeepSpeed's (``deepspeed.initialize`` gets none). What
+DeepSpeed's public API lacks is in ``deepspeed_adapter.py`` (docs/training.md).
 
 A batch from the loader is ``{"text": LongTensor[b, s+1]}``; the model sees ``tokens = text[:, :-1]`` and is
 scored on ``labels = text[:, 1:]`` under ``loss_mask`` (GPT-NeoX's ``_get_batch``).

@@ -288,8 +288,9 @@ def zero3_partitions() -> dict[str, Any]:
 def fp16_on_cpu() -> dict[str, Any]:
     """Item 8: the CPU accelerator says no to fp16 (unless the CPU has native fp16: oneDNN's check) until the adapter
     answers on its (singleton) instance; the class keeps its own method."""
-    import torch
     from deepspeed.accelerator import get_accelerator
+
+    from megatron.cpu_features import cpu_has_native
 
     cls = type(get_accelerator())
     method = cls.__dict__["is_fp16_supported"]
@@ -297,7 +298,7 @@ def fp16_on_cpu() -> dict[str, Any]:
     ad.allow_fp16_on_cpu()
     return {
         "before": before,
-        "native_fp16": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
+        "native_fp16": cpu_has_native("fp16"),
         "after": get_accelerator().is_fp16_supported(),
         "singleton": get_accelerator() is get_accelerator(),
         "class_answer": cls.is_fp16_supported(get_accelerator()),

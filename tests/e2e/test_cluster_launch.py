@@ -144,7 +144,7 @@ def test_deepy_pdsh_launcher_runs_through_a_real_ssh_login(setup, tmp_path):
 
 
 def test_sbatch_template_trains_on_a_real_single_host_slurm(setup, tmp_path):
-    from tests.slurm_cluster import single_host_slurm
+    from tests.slurm_cluster import job_steps, single_host_slurm
 
     run = tmp_path / "run"
     config = write_config(
@@ -172,6 +172,7 @@ def test_sbatch_template_trains_on_a_real_single_host_slurm(setup, tmp_path):
         result = run_command(sbatch, timeout=600, env=env, check=False)
         out = job_out.read_text() if job_out.exists() else "<no job output>"
         assert result.returncode == 0, result.describe() + out + cluster.logs()
+    assert not job_steps(cluster.conf)  # the cluster stopped its job steps too (slurmd daemonises them)
     assert f"neox: job {result.stdout.split()[-1]} on {cluster.node}, 2 task(s) per node" in out
     srun = shlex.split(next(ln for ln in out.splitlines() if ln.startswith("srun ")))
     assert srun[:7] == ["srun", "-n", "2", "--nodes", "1", "--ntasks-per-node", "2"]
@@ -199,7 +200,7 @@ def _wait_for(path: Path, pattern: str, timeout: float, logs: Any) -> re.Match[s
 def test_scancel_signal_term_saves_requeues_and_resumes(setup, tmp_path):
     """``scancel --signal=TERM`` (what SLURM's preemption sends): every rank agrees, saves the same step and exits
     with the requeue code; the batch script requeues the job, which resumes from that checkpoint."""
-    from tests.slurm_cluster import single_host_slurm
+    from tests.slurm_cluster import job_steps, single_host_slurm
 
     run = tmp_path / "run"
     config = write_config(
@@ -232,6 +233,7 @@ def test_scancel_signal_term_saves_requeues_and_resumes(setup, tmp_path):
         cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
         loaded = _wait_for(job_out, r"loaded checkpoint \S+ at iteration (\d+)", 300, cluster.logs)
         cluster.run("scancel", "--full", job)  # ends the test's job (its ranks may save once more on the way out)
+    assert not job_steps(cluster.conf)  # the cancelled job's steps were stopped with the cluster
     first_run = job_out.read_text().split("requeueing job")[0]
     saved = re.findall(r"saving at iteration (\d+) and exiting with requeue exit code 42", first_run)
     assert len(set(saved)) == 1, first_run[-4000:]  # every rank that reports it saved the same step
