@@ -10,13 +10,11 @@ to be exactly 10⁸ bytes (its definition: the first 10⁸ bytes of an English W
 from __future__ import annotations
 
 import logging
-import os
-import tarfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron.data.download import RemoteFile, download_file
+from megatron.data.archives import ARCHIVE_SUFFIXES, unpack
+from megatron.data.download import META_SUFFIX, RemoteFile, download_file
 from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -73,55 +71,41 @@ def _datasets() -> dict[str, RemoteDataset]:
 DATASETS: dict[str, RemoteDataset] = _datasets()
 
 
-def _unpack_zip(archive: Path, folder: Path) -> None:
-    with zipfile.ZipFile(archive) as z:
-        bad = z.testzip()
-        if bad is not None:
-            raise DataError(f"{archive}: member {bad} fails its CRC check; delete the file and run again")
-        for info in z.infolist():
-            name = Path(info.filename)
-            if info.is_dir():
-                continue
-            if name.is_absolute() or ".." in name.parts:
-                raise DataError(f"{archive}: member {info.filename!r} points outside the folder; not unpacked")
-            # a member without a document suffix (enwik8) is plain text
-            target = folder / (
-                str(name) if name.suffix in (".jsonl", ".json", ".txt", ".zst", ".gz") else f"{name}.txt"
-            )
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".partial")
-            with z.open(info) as src, open(tmp, "wb") as out:
-                while block := src.read(1 << 20):
-                    out.write(block)
-            os.replace(tmp, target)
+def artefacts(dataset: RemoteDataset, folder: Path) -> list[Path]:
+    """Everything a download of ``dataset`` leaves in ``folder`` besides the documents (``-f`` deletes them)."""
+    return [
+        folder / f"{remote.filename}{suffix}"
+        for remote in dataset.files
+        for suffix in ("", ".partial", META_SUFFIX, UNPACKED_MARK)
+    ]
 
 
-def _unpack(archive: Path, folder: Path) -> None:
-    """Unpack ``archive`` into ``folder`` once (a marker file records it)."""
-    mark = folder / (archive.name + UNPACKED_MARK)
-    if mark.exists():
-        return
-    logger.info("unpacking %s", archive)
-    try:
-        if archive.suffix == ".zip":
-            _unpack_zip(archive, folder)
-        else:
-            with tarfile.open(archive) as t:
-                t.extractall(folder, filter="data")  # refuses members outside the folder, links, devices
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError) as e:
-        raise DataError(f"{archive}: not a readable archive ({e}); delete it and run again") from None
-    mark.touch()
+def download_state(name: str, folder: str | Path) -> bool | None:
+    """None: no trace of a download of ``name`` in ``folder`` (its documents, if any, were put there by hand);
+    True: every file downloaded and every archive unpacked; False: a download or an unpacking is unfinished."""
+    dataset, folder = DATASETS[name], Path(folder)
+    if not any(p.exists() for p in artefacts(dataset, folder)):
+        return None
+    return all(
+        (folder / r.filename).is_file()
+        and (not r.filename.endswith(ARCHIVE_SUFFIXES) or (folder / (r.filename + UNPACKED_MARK)).is_file())
+        for r in dataset.files
+    )
 
 
 def fetch_dataset(name: str, folder: str | Path) -> list[Path]:
-    """Download (or finish downloading) corpus ``name`` into ``folder`` and unpack its archives; returns the files."""
+    """Download (or finish downloading) corpus ``name`` into ``folder`` and unpack its archives (each checked first,
+    all or nothing, a marker written once unpacked); checks the unpacked sizes the table records; returns the files."""
     dataset = DATASETS[name]
     folder = Path(folder)
     paths = []
     for remote in dataset.files:
         path = download_file(remote, folder / remote.filename)
-        if path.name.endswith((".zip", ".tar", ".tar.gz", ".tgz")):
-            _unpack(path, folder)
+        mark = folder / (path.name + UNPACKED_MARK)
+        if path.name.endswith(ARCHIVE_SUFFIXES) and not mark.is_file():
+            logger.info("unpacking %s", path)
+            unpack(path, folder)
+            mark.touch()
         paths.append(path)
     for member, size in dataset.unpacked_sizes.items():
         have = (folder / member).stat().st_size if (folder / member).is_file() else None
