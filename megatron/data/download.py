@@ -174,6 +174,13 @@ def _attempt(remote: RemoteFile, part: _Partial, timeout: float, confirm_end: bo
                 logger.info("%s: the server's reply does not continue byte %d; starting again", remote.url, have)
                 part.restart()
                 raise _Interrupted(f"Content-Range {response.headers.get('Content-Range')!r} does not match")
+            if known is not None:  # a 206 may omit validators the first reply gave: keep them for the next resume
+                fresh = _Validators(
+                    remote.url,
+                    fresh.etag or known.etag,
+                    fresh.last_modified or known.last_modified,
+                    total or known.total,
+                )
         else:
             if confirm_end:
                 logger.warning("%s: the server neither announces the length nor resumes; trusting its end", remote.url)

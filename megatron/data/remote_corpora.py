@@ -1,10 +1,12 @@
 """GPT-NeoX's downloadable corpora (the names and URLs of its ``tools/datasets/corpora.py``) and their download.
 
 ``fetch_dataset(name, folder)`` downloads a corpus's files into ``folder`` (``megatron.data.download``: resumable,
-verified, atomic) and unpacks archives (``.zip``, ``.tar``, ``.tar.gz``) next to them, so that the tokenizer finds
-documents it reads (``.jsonl[.zst|.gz]``, ``.json[.gz]``, ``.txt``). GPT-NeoX publishes no checksums for them: each
-file is checked against the length its server announces and archives against their own CRCs; enwik8 is also checked
-to be exactly 10⁸ bytes (its definition: the first 10⁸ bytes of an English Wikipedia dump).
+verified, atomic) and unpacks archives (``.zip``, ``.tar``, ``.tar.gz``; ``megatron.data.archives``: every member
+checked first, all or nothing) next to them, so that the tokenizer finds documents it reads (``.jsonl[.zst|.gz]``,
+``.json[.gz]``, ``.txt``). GPT-NeoX publishes no checksums for them: each file is checked against the length its
+server announces and by its format (``megatron.data.stream_check``); enwik8.zip against its known size
+(36,445,475 bytes) and its unpacked text against its definition (exactly 10⁸ bytes, the first 10⁸ bytes of an
+English Wikipedia dump). No SHA-256 is recorded: none is published for these URLs.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ UNPACKED_MARK = ".unpacked"
 
 @dataclass(frozen=True)
 class RemoteDataset:
-    """A corpus GPT-NeoX's ``prepare_data.py`` downloads by name; ``unpacked_sizes`` checks extracted files."""
+    """A corpus GPT-NeoX's ``prepare_data.py`` downloads by name; ``sizes`` (by file name) checks downloaded files,
+    ``unpacked_sizes`` extracted ones."""
 
     name: str
     urls: list[str]
     unpacked_sizes: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def files(self) -> list[RemoteFile]:
-        return [RemoteFile(url) for url in self.urls]
+        return [RemoteFile(url, self.sizes.get(RemoteFile(url).filename)) for url in self.urls]
 
 
 def _datasets() -> dict[str, RemoteDataset]:
@@ -63,7 +67,14 @@ def _datasets() -> dict[str, RemoteDataset]:
         RemoteDataset("youtube_subtitles", [f"{_EYE}/yt_subs.jsonl.zst"]),
         RemoteDataset("c4", [f"{c4}/en/c4-train.{i:05}-of-01024.json.gz" for i in range(1024)]),
         RemoteDataset("c4_openwebtext", [f"{c4}/realnewslike/c4-train.{i:05}-of-00512.json.gz" for i in range(512)]),
-        RemoteDataset("enwik8", ["http://mattmahoney.net/dc/enwik8.zip"], {"enwik8.txt": 100_000_000}),
+        # enwik8.zip's size: the Hugging Face enwik8 dataset card's download_size, and the size TensorFlow-tutorial
+        # style loaders check (maybe_download('enwik8.zip', 36445475)); no published SHA-256 was found
+        RemoteDataset(
+            "enwik8",
+            ["http://mattmahoney.net/dc/enwik8.zip"],
+            {"enwik8.txt": 100_000_000},
+            {"enwik8.zip": 36_445_475},
+        ),
     ]
     return {d.name: d for d in table}
 

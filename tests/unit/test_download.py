@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import io
 import json
+import tarfile
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -143,6 +144,10 @@ def test_enwik8_style_zip_is_downloaded_unpacked_and_tokenized(
     done = corpora.prepare_dataset("enwik8", "CharLevelTokenizer", data_dir=str(tmp_path))
     assert done.inputs == [str(tmp_path / "enwik8" / "enwik8.txt")] and done.result.documents > 0
     assert (tmp_path / "enwik8" / "enwik8_text_document.idx").is_file()
+    with open(tmp_path / "enwik8" / "enwik8.txt", "r+b") as f:  # damaged after the download: every run checks it
+        f.truncate(len(text) - 1)
+    with pytest.raises(DataError, match=f"should be {len(text)} bytes but is {len(text) - 1}"):
+        corpora.prepare_dataset("enwik8", "CharLevelTokenizer", data_dir=str(tmp_path))
     assert remote_corpora.DATASETS["pile"].urls[0].endswith("/00.jsonl.zst")  # GPT-NeoX's URL table stays intact
 
 
@@ -159,6 +164,7 @@ def test_gpt_neox_names_and_urls() -> None:
     downloaders = load_tool("tools/datasets/corpora.py").DATA_DOWNLOADERS
     assert downloaders["enwik8"].urls == ["http://mattmahoney.net/dc/enwik8.zip"]
     assert len(downloaders["c4"].urls) == 1024 and set(corpora.REMOTE_DATASETS) == set(downloaders)
+    assert downloaders["enwik8"].files[0].size == 36_445_475  # its known size; no SHA-256 is published
 
 
 def test_force_redownload_fetches_and_unpacks_again(server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -352,3 +358,83 @@ def test_an_unfinished_multi_file_download_is_finished_not_tokenized(
     handler.files["/01.jsonl.gz"] = second
     done = corpora.prepare_dataset("pile_subset", "CharLevelTokenizer", data_dir=str(tmp_path))
     assert done.result.documents == 30  # not the 10 of the first file alone
+
+
+def _tar_gz(members: list[tarfile.TarInfo], data: bytes = b"") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for info in members:
+            t.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return buf.getvalue()
+
+
+def _tar_member(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.linkname = kind, size, link
+    return info
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        (_tar_member("docs/link.jsonl", tarfile.SYMTYPE, link="/etc/passwd"), "is a link or device"),
+        (_tar_member("docs/hard.jsonl", tarfile.LNKTYPE, link="docs/a.jsonl"), "is a link or device"),
+        (_tar_member("../up.jsonl", size=12), "points outside the folder"),
+    ],
+)
+def test_a_tar_archive_is_checked_whole_before_anything_is_extracted(
+    tmp_path: Path, bad: tarfile.TarInfo, expected: str
+) -> None:
+    from megatron.data.archives import unpack
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    archive = folder / "docs.tar.gz"
+    line = b'{"text": "x"}\n'
+    archive.write_bytes(_tar_gz([_tar_member("docs/a.jsonl", size=len(line)), bad], line))
+    for _ in range(2):
+        with pytest.raises(DataError, match=expected):
+            unpack(archive, folder)
+        assert sorted(p.name for p in folder.iterdir()) == ["docs.tar.gz"]
+    archive.write_bytes(_tar_gz([_tar_member("docs/a.jsonl", size=len(line))], line))
+    assert unpack(archive, folder) == [folder / "docs" / "a.jsonl"]
+    assert (folder / "docs" / "a.jsonl").read_bytes() == line
+
+
+def _corrupt_files() -> list[tuple[str, bytes, str]]:
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(b'{"text": "a"}\n' * 1000)
+    gz = gzip.compress(b'{"text": "a"}\n' * 1000)
+    zipped = _zip([("a.jsonl", b'{"text": "a"}\n' * 1000, None)])
+    tarred = io.BytesIO()
+    with tarfile.open(fileobj=tarred, mode="w") as t:
+        t.addfile(_tar_member("a.jsonl", size=100_000), io.BytesIO(b"x" * 100_000))
+    return [
+        ("x.jsonl.zst", frame + b"junk", "corrupt zstd stream"),  # bytes after the last frame
+        ("x.jsonl.zst", frame[:-4] + bytes(4), "checksum"),  # the frame's content checksum
+        ("x.jsonl.gz", gz[:-8] + bytes(8), "CRC check failed"),  # the trailer's CRC-32 and ISIZE
+        ("x.zip", zipped[:-30], "not a complete zip archive"),  # no central directory
+        ("x.tar", tarred.getvalue()[:50_000], "cut off"),
+        ("x.jsonl.zst", b"", "empty"),
+    ]
+
+
+@pytest.mark.parametrize(("name", "data", "expected"), _corrupt_files())
+def test_a_file_is_checked_by_its_format(tmp_path: Path, name: str, data: bytes, expected: str) -> None:
+    from megatron.data.stream_check import check_complete
+
+    (tmp_path / "f").write_bytes(data)
+    with pytest.raises(DataError, match=expected) as e:
+        check_complete(tmp_path / "f", name)
+    assert "\n" not in str(e.value)
+
+
+def test_an_archive_larger_than_the_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron.data import archives
+
+    (tmp_path / "a.zip").write_bytes(_zip([("a.jsonl", b"x" * 1000, None)]))
+    monkeypatch.setattr(archives, "MAX_TOTAL_BYTES", 999)
+    with pytest.raises(DataError, match="unpacks to 1000 bytes"):
+        archives.unpack(tmp_path / "a.zip", tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["a.zip"]
