@@ -15,10 +15,18 @@ import os
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+from megatron.data.archives import UNPACKING_SUFFIX
 from megatron.data.document_reader import SUFFIXES
 from megatron.data.preprocess import PreprocessConfig, PreprocessResult, preprocess
-from megatron.data.remote_corpora import DATASETS, UNPACKED_MARK, fetch_dataset, fetch_gpt2_tokenizer_files
+from megatron.data.remote_corpora import (
+    DATASETS,
+    artefacts,
+    download_state,
+    fetch_dataset,
+    fetch_gpt2_tokenizer_files,
+)
 from megatron.errors import DataError
 
 # GPT-NeoX's prepare_data.py dataset names, downloaded when missing (megatron.data.remote_corpora)
@@ -86,6 +94,7 @@ def _local_inputs(path: str) -> list[str]:
     return sorted(
         os.path.join(dirpath, f)
         for dirpath, _, files in os.walk(path)
+        if not any(part.endswith(UNPACKING_SUFFIX) for part in Path(dirpath).parts)  # a stopped unpacking
         for f in files
         if f.endswith(SUFFIXES) and not f.endswith((".partial", ".tar.gz", ".tgz"))  # archives are unpacked first
     )
@@ -94,6 +103,29 @@ def _local_inputs(path: str) -> list[str]:
 def offline() -> bool:
     """``HF_DATASETS_OFFLINE=1`` (the Hugging Face switch for dataset downloads) forbids downloading corpora."""
     return os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _remote_inputs(dataset: str, data_dir: str, force_redownload: bool) -> list[str]:
+    """The documents of GPT-NeoX's corpus ``dataset``: the ones put in its folder by hand, else those of a finished
+    download (an unfinished one, or ``-f``, downloads and unpacks first; each time, a download's checks run)."""
+    folder = os.path.join(data_dir, dataset)
+    state = download_state(dataset, folder)
+    inputs = _local_inputs(folder) if os.path.isdir(folder) else []
+    if state is None and inputs and not force_redownload:
+        return inputs
+    if (state is not True or force_redownload) and offline():
+        raise DataError(
+            f"dataset {dataset!r} has to be downloaded and downloads are off (HF_DATASETS_OFFLINE=1): put its "
+            f"documents ({', '.join(SUFFIXES)}) in {folder}/, pass a local file or folder, or use {EMBEDDED!r}"
+        )
+    if force_redownload:
+        for stale in artefacts(DATASETS[dataset], Path(folder)):
+            stale.unlink(missing_ok=True)
+    fetch_dataset(dataset, folder)
+    inputs = _local_inputs(folder)
+    if not inputs:
+        raise DataError(f"dataset {dataset!r}: the download holds no documents ({', '.join(SUFFIXES)}) in {folder}")
+    return inputs
 
 
 def _resolve(dataset: str, data_dir: str, force_redownload: bool, max_docs: int | None) -> tuple[str, list[str]]:
@@ -112,26 +144,7 @@ def _resolve(dataset: str, data_dir: str, force_redownload: bool, max_docs: int 
             name = name.removesuffix(suffix)
         return name, inputs
     if dataset in REMOTE_DATASETS:
-        folder = os.path.join(data_dir, dataset)
-        inputs = _local_inputs(folder) if os.path.isdir(folder) else []
-        if inputs and not force_redownload:
-            return dataset, inputs
-        if offline():
-            raise DataError(
-                f"dataset {dataset!r} has to be downloaded and downloads are off (HF_DATASETS_OFFLINE=1): put its "
-                f"documents ({', '.join(SUFFIXES)}) in {folder}/, pass a local file or folder, or use {EMBEDDED!r}"
-            )
-        if force_redownload:
-            for remote in DATASETS[dataset].files:
-                for stale in (
-                    os.path.join(folder, remote.filename),
-                    os.path.join(folder, remote.filename + ".partial"),
-                    os.path.join(folder, remote.filename + UNPACKED_MARK),  # unpack the new copy again
-                ):
-                    if os.path.isfile(stale):
-                        os.remove(stale)
-        fetch_dataset(dataset, folder)
-        return dataset, _local_inputs(folder)
+        return dataset, _remote_inputs(dataset, data_dir, force_redownload)
     close = difflib.get_close_matches(dataset, [EMBEDDED, *REMOTE_DATASETS], n=3)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     raise ValueError(

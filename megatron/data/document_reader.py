@@ -68,10 +68,12 @@ class _ZstdLines(io.RawIOBase):
         super().close()
 
 
-def _open_binary(path: str) -> io.BufferedIOBase:
-    if path.endswith(".zst"):
+def open_binary(path: str, name: str | None = None) -> io.BufferedIOBase:
+    """The decompressed bytes of ``path``, by the suffix of ``name`` (default: ``path``): ``.zst``, ``.gz``, raw."""
+    name = name or path
+    if name.endswith(".zst"):
         return io.BufferedReader(_ZstdLines(path))
-    if path.endswith(".gz"):
+    if name.endswith((".gz", ".tgz")):
         return gzip.open(path, "rb")
     return open(path, "rb")
 
@@ -181,7 +183,7 @@ def read_documents(
         if path.endswith(".json") and _starts_with_array(path):
             yield from _read_json_array(path, keys, stats)
             continue
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             for lineno, line in enumerate(_checked_lines(path, f), 1):
                 if not line.strip():
                     continue

@@ -1,22 +1,22 @@
 """GPT-NeoX's downloadable corpora (the names and URLs of its ``tools/datasets/corpora.py``) and their download.
 
 ``fetch_dataset(name, folder)`` downloads a corpus's files into ``folder`` (``megatron.data.download``: resumable,
-verified, atomic) and unpacks archives (``.zip``, ``.tar``, ``.tar.gz``) next to them, so that the tokenizer finds
-documents it reads (``.jsonl[.zst|.gz]``, ``.json[.gz]``, ``.txt``). GPT-NeoX publishes no checksums for them: each
-file is checked against the length its server announces and archives against their own CRCs; enwik8 is also checked
-to be exactly 10⁸ bytes (its definition: the first 10⁸ bytes of an English Wikipedia dump).
+verified, atomic) and unpacks archives (``.zip``, ``.tar``, ``.tar.gz``; ``megatron.data.archives``: every member
+checked first, all or nothing) next to them, so that the tokenizer finds documents it reads (``.jsonl[.zst|.gz]``,
+``.json[.gz]``, ``.txt``). GPT-NeoX publishes no checksums for them: each file is checked against the length its
+server announces and by its format (``megatron.data.stream_check``); enwik8.zip against its known size
+(36,445,475 bytes) and its unpacked text against its definition (exactly 10⁸ bytes, the first 10⁸ bytes of an
+English Wikipedia dump). No SHA-256 is recorded: none is published for these URLs.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import tarfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron.data.download import RemoteFile, download_file
+from megatron.data.archives import ARCHIVE_SUFFIXES, unpack
+from megatron.data.download import META_SUFFIX, RemoteFile, download_file
 from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -29,15 +29,17 @@ UNPACKED_MARK = ".unpacked"
 
 @dataclass(frozen=True)
 class RemoteDataset:
-    """A corpus GPT-NeoX's ``prepare_data.py`` downloads by name; ``unpacked_sizes`` checks extracted files."""
+    """A corpus GPT-NeoX's ``prepare_data.py`` downloads by name; ``sizes`` (by file name) checks downloaded files,
+    ``unpacked_sizes`` extracted ones."""
 
     name: str
     urls: list[str]
     unpacked_sizes: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def files(self) -> list[RemoteFile]:
-        return [RemoteFile(url) for url in self.urls]
+        return [RemoteFile(url, self.sizes.get(RemoteFile(url).filename)) for url in self.urls]
 
 
 def _datasets() -> dict[str, RemoteDataset]:
@@ -65,7 +67,14 @@ def _datasets() -> dict[str, RemoteDataset]:
         RemoteDataset("youtube_subtitles", [f"{_EYE}/yt_subs.jsonl.zst"]),
         RemoteDataset("c4", [f"{c4}/en/c4-train.{i:05}-of-01024.json.gz" for i in range(1024)]),
         RemoteDataset("c4_openwebtext", [f"{c4}/realnewslike/c4-train.{i:05}-of-00512.json.gz" for i in range(512)]),
-        RemoteDataset("enwik8", ["http://mattmahoney.net/dc/enwik8.zip"], {"enwik8.txt": 100_000_000}),
+        # enwik8.zip's size: the Hugging Face enwik8 dataset card's download_size, and the size TensorFlow-tutorial
+        # style loaders check (maybe_download('enwik8.zip', 36445475)); no published SHA-256 was found
+        RemoteDataset(
+            "enwik8",
+            ["http://mattmahoney.net/dc/enwik8.zip"],
+            {"enwik8.txt": 100_000_000},
+            {"enwik8.zip": 36_445_475},
+        ),
     ]
     return {d.name: d for d in table}
 
@@ -73,55 +82,41 @@ def _datasets() -> dict[str, RemoteDataset]:
 DATASETS: dict[str, RemoteDataset] = _datasets()
 
 
-def _unpack_zip(archive: Path, folder: Path) -> None:
-    with zipfile.ZipFile(archive) as z:
-        bad = z.testzip()
-        if bad is not None:
-            raise DataError(f"{archive}: member {bad} fails its CRC check; delete the file and run again")
-        for info in z.infolist():
-            name = Path(info.filename)
-            if info.is_dir():
-                continue
-            if name.is_absolute() or ".." in name.parts:
-                raise DataError(f"{archive}: member {info.filename!r} points outside the folder; not unpacked")
-            # a member without a document suffix (enwik8) is plain text
-            target = folder / (
-                str(name) if name.suffix in (".jsonl", ".json", ".txt", ".zst", ".gz") else f"{name}.txt"
-            )
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".partial")
-            with z.open(info) as src, open(tmp, "wb") as out:
-                while block := src.read(1 << 20):
-                    out.write(block)
-            os.replace(tmp, target)
+def artefacts(dataset: RemoteDataset, folder: Path) -> list[Path]:
+    """Everything a download of ``dataset`` leaves in ``folder`` besides the documents (``-f`` deletes them)."""
+    return [
+        folder / f"{remote.filename}{suffix}"
+        for remote in dataset.files
+        for suffix in ("", ".partial", META_SUFFIX, UNPACKED_MARK)
+    ]
 
 
-def _unpack(archive: Path, folder: Path) -> None:
-    """Unpack ``archive`` into ``folder`` once (a marker file records it)."""
-    mark = folder / (archive.name + UNPACKED_MARK)
-    if mark.exists():
-        return
-    logger.info("unpacking %s", archive)
-    try:
-        if archive.suffix == ".zip":
-            _unpack_zip(archive, folder)
-        else:
-            with tarfile.open(archive) as t:
-                t.extractall(folder, filter="data")  # refuses members outside the folder, links, devices
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError) as e:
-        raise DataError(f"{archive}: not a readable archive ({e}); delete it and run again") from None
-    mark.touch()
+def download_state(name: str, folder: str | Path) -> bool | None:
+    """None: no trace of a download of ``name`` in ``folder`` (its documents, if any, were put there by hand);
+    True: every file downloaded and every archive unpacked; False: a download or an unpacking is unfinished."""
+    dataset, folder = DATASETS[name], Path(folder)
+    if not any(p.exists() for p in artefacts(dataset, folder)):
+        return None
+    return all(
+        (folder / r.filename).is_file()
+        and (not r.filename.endswith(ARCHIVE_SUFFIXES) or (folder / (r.filename + UNPACKED_MARK)).is_file())
+        for r in dataset.files
+    )
 
 
 def fetch_dataset(name: str, folder: str | Path) -> list[Path]:
-    """Download (or finish downloading) corpus ``name`` into ``folder`` and unpack its archives; returns the files."""
+    """Download (or finish downloading) corpus ``name`` into ``folder`` and unpack its archives (each checked first,
+    all or nothing, a marker written once unpacked); checks the unpacked sizes the table records; returns the files."""
     dataset = DATASETS[name]
     folder = Path(folder)
     paths = []
     for remote in dataset.files:
         path = download_file(remote, folder / remote.filename)
-        if path.name.endswith((".zip", ".tar", ".tar.gz", ".tgz")):
-            _unpack(path, folder)
+        mark = folder / (path.name + UNPACKED_MARK)
+        if path.name.endswith(ARCHIVE_SUFFIXES) and not mark.is_file():
+            logger.info("unpacking %s", path)
+            unpack(path, folder)
+            mark.touch()
         paths.append(path)
     for member, size in dataset.unpacked_sizes.items():
         have = (folder / member).stat().st_size if (folder / member).is_file() else None
