@@ -87,6 +87,25 @@ def test_rewards_keep_their_float_value(tok_dir: Path, tmp_path: Path) -> None:
     assert set(make_dataset(str(tmp_path / "k_messages_reward_document")).get(1).tolist()) == {-1.0}
 
 
+def test_binary_reward_signs_and_a_missing_reward(tok_dir: Path, tmp_path: Path) -> None:
+    """--binary-reward: > 0 or true -> 1, <= 0 or false -> -1 (GPT-NeoX makes every truthy value 1, -1 included).
+    A document without the reward (GPT-NeoX: KeyError) or with null (GPT-NeoX: -1) is a one-line error."""
+    rows = kto_rows(5)
+    for row, reward in zip(rows, [True, False, -1, 0, 0.5], strict=True):
+        row["reward"] = reward
+    args = ["--output-prefix", str(tmp_path / "k"), "--tokenizer-path", str(tok_dir), "--reward-key", "reward"]
+    assert run_tool("--input", str(write_jsonl(tmp_path / "kto.jsonl", rows)), *args, "--binary-reward").returncode == 0
+    rewards = make_dataset(str(tmp_path / "k_messages_reward_document"))
+    assert [set(rewards.get(i).tolist()) for i in range(5)] == [{1.0}, {-1.0}, {-1.0}, {-1.0}, {1.0}]
+    for name, bad in (("missing", {}), ("null", {"reward": None})):
+        row = {"messages": rows[0]["messages"], **bad}
+        data = write_jsonl(tmp_path / f"{name}.jsonl", [rows[0], row])
+        out = ["--output-prefix", str(tmp_path / name), *args[2:], "--binary-reward"]
+        r = run_tool("--input", str(data), *out)
+        assert r.returncode == 1 and f"{data}:2: reward key 'reward' must be a number, got None" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not list(tmp_path.glob(f"{name}_*"))
+
+
 def test_only_last_and_no_mask(tok_dir: Path, tmp_path: Path) -> None:
     rows = [{"messages": [{"role": "user", "content": "Say a word."}, {"role": "assistant", "content": "Peace."}] * 2}]
     data = write_jsonl(tmp_path / "two.jsonl", rows)
