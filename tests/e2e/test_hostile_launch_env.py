@@ -83,3 +83,21 @@ def test_deepy_reports_a_port_taken_between_its_check_and_the_bind(tmp_path) -> 
     assert res.returncode != 0, res.describe()
     out = res.stdout + res.stderr
     assert f"error: {_port_in_use(port)}" in out and "Traceback" not in out, res.describe()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("MASTER_ADDR", "a;b", "environment variable MASTER_ADDR='a;b' is not valid: it must be the host name or IP"),
+        ("WORLD_SIZE", "abc", "environment variable WORLD_SIZE='abc' is not valid: it must be an integer from 1 to"),
+    ],
+)
+def test_deepy_refuses_a_hostile_launch_variable(
+    name: str, value: str, expected: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import deepy
+
+    monkeypatch.setenv(name, value)
+    assert deepy.main(["train.py", TINY, "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"deepy.py: error: {expected}") and err.count("\n") == 1 and "Traceback" not in out + err
