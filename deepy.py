@@ -19,6 +19,7 @@ import sys
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.console import safe_console
+from megatron.errors import UserError
 from megatron.launcher.config import LauncherConfig
 from megatron.launcher.launch import (
     default_run_dir,
@@ -30,7 +31,7 @@ from megatron.launcher.launch import (
 )
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.size_checks import check_fits_machine
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         write_run_dir(args, plan, command)
         print(f"run folder: {plan.run_dir}", flush=True)
         return run_cluster(cluster) if cluster else launch(plan)
-    except ConfigError as e:
+    except UserError as e:  # the config, or a variable of the launch environment
         print(f"deepy.py: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # e.g. an unwritable log_dir or run folder

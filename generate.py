@@ -25,6 +25,7 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
     GPT-NeoX's signature: called with arguments (``get_deepspeed_main_args()``'s list, key overrides) it runs in
     this process and raises on errors; as a script it prints them in one line and ends the rank."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    from megatron.cluster.worker_env import launched_world_size
     from megatron.distributed import shutdown_and_exit
     from megatron.generation.text_generation import run_generation
     from megatron.neox_arguments import NeoXArgs
@@ -37,7 +38,7 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
         if in_process:
             raise
         print(f"error: {e}", file=sys.stderr, flush=True)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if os.environ.get("WORLD_SIZE", "1") != "1":  # several ranks, or a bad WORLD_SIZE just reported: end the rank
             shutdown_and_exit(1)
         return 1
     for record in records:
@@ -46,7 +47,7 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
             continue
         note = f" [{record['message']}]" if record["message"] else ""
         print(f"----- prompt: {record['context']!r}{note}\n{record['context']}{record['text'] or ''}", flush=True)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not in_process:
+    if launched_world_size() > 1 and not in_process:
         shutdown_and_exit(0)
     return 0
 

@@ -8,7 +8,6 @@ as GPT-NeoX's own tests use it; run as a script it prints user errors in one lin
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ import megatron.setup_check  # noqa: F401  (first: a one-line hint when the envi
 
 
 def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None, tee: bool) -> int:
+    from megatron.cluster.worker_env import launched_local_rank
     from megatron.errors import UserError
     from megatron.logging.tee import tee_output
     from megatron.neox_arguments import NeoXArgs
@@ -29,7 +29,7 @@ def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None
     if args.log_dir and tee:  # in-process callers keep their own stdout
         try:
             assert args.rank is not None  # set by consume_neox_args (configure_distributed_args)
-            tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
+            tee_output(args.log_dir, args.rank, launched_local_rank())
         except OSError as e:
             raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
     result = pretrain(args)

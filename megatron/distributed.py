@@ -11,11 +11,13 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from megatron.cluster.worker_env import discover_rank_env
+from megatron.cluster.env_values import LaunchEnvError, master_port
+from megatron.cluster.worker_env import discover_rank_env, launched_local_rank, launched_rank
 
 logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_MINUTES = 10.0  # distributed_timeout_minutes' default (Megatron-LM's, and NCCL's in torch)
@@ -55,13 +57,29 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float = DEF
         ds_comm: Any = importlib.import_module("deepspeed.comm.torch")
         ds_comm.build_shm_op = lambda: None
     else:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    deepspeed.init_distributed(
-        dist_backend=backend or default_backend(),
-        auto_mpi_discovery=False,
-        timeout=datetime.timedelta(minutes=timeout_minutes),
-    )
+        torch.cuda.set_device(launched_local_rank() % torch.cuda.device_count())
+    try:
+        deepspeed.init_distributed(
+            dist_backend=backend or default_backend(),
+            auto_mpi_discovery=False,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    except torch.distributed.DistNetworkError as e:
+        raise store_error(e, env) from None
     _record_hosts(timeout_minutes)
+
+
+def store_error(error: Exception, env: Mapping[str, str]) -> Exception:
+    """The rendezvous store's failure to listen on ``MASTER_PORT`` (rank 0 creates it there) as one line; any
+    other error as it is. The port may be free when deepy.py checks it and taken when the store binds it."""
+    text = str(error)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return error
+    return LaunchEnvError(
+        f"MASTER_PORT {env.get('MASTER_PORT')} is already in use on this machine (rank 0 cannot listen there for "
+        f"the ranks meeting at MASTER_ADDR {env.get('MASTER_ADDR')}): another run or service holds it; set "
+        "MASTER_PORT (master_port with deepy.py) to a free port"
+    )
 
 
 def _record_hosts(timeout_minutes: float) -> None:
@@ -69,8 +87,8 @@ def _record_hosts(timeout_minutes: float) -> None:
     from megatron.cluster import peers
 
     env = os.environ
-    addr = peers.local_address(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
-    me = peers.RankHost(int(env["RANK"]), socket.gethostname(), addr)
+    addr = peers.local_address(env["MASTER_ADDR"], master_port(env))
+    me = peers.RankHost(launched_rank(env), socket.gethostname(), addr)
     table: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(table, me)
     peers.record(table, me, timeout_minutes)

@@ -2,7 +2,8 @@
 
 torch.distributed reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. torchrun and
 DeepSpeed's per-node launcher set them; ``srun`` (``deepspeed_slurm``) and ``mpirun`` (``deepspeed_mpi``) set their
-own variables instead, which are translated here.
+own variables instead, which are translated here. Every value is parsed and range-checked first
+(``megatron/cluster/env_values.py``): a bad one is one line naming the variable.
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ import os
 import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+
+from megatron.cluster.env_values import (
+    DEFAULT_MASTER_PORT,
+    MAX_WORLD_SIZE,
+    LaunchEnvError,
+    check_launch_env,
+    env_int,
+    world_size,
+)
 
 
 @dataclass(frozen=True)
@@ -58,24 +68,39 @@ def expand_nodelist(nodelist: str) -> list[str]:
             if not hi:
                 hosts.append(prefix + lo)
                 continue
-            if not (lo.isdigit() and hi.isdigit()):
-                raise ValueError(f"cannot read the SLURM node list {nodelist!r} (range {part!r})")
+            if not (lo.isdigit() and hi.isdigit() and len(lo) <= 9 and len(hi) <= 9):
+                raise LaunchEnvError(f"cannot read the SLURM node list {nodelist!r} (range {part!r})")
+            if int(hi) - int(lo) + len(hosts) >= MAX_WORLD_SIZE:
+                raise LaunchEnvError(f"the SLURM node list {nodelist[:60]!r} names more than {MAX_WORLD_SIZE} hosts")
             hosts.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
     return hosts
 
 
-def _first_count(tasks_per_node: str) -> str:
+_TASKS_PER_NODE = re.compile(r"([0-9]{1,9})(\(x[0-9]{1,9}\))?(,[0-9]{1,9}(\(x[0-9]{1,9}\))?)*")
+
+
+def _first_count(env: Mapping[str, str], name: str, world: int) -> int:
     """``SLURM_STEP_TASKS_PER_NODE`` looks like ``4(x2),3``; the first node's count."""
-    m = re.match(r"\d+", tasks_per_node)
-    return m.group(0) if m else "1"
+    raw = env.get(name)
+    m = _TASKS_PER_NODE.fullmatch(raw) if raw is not None else None
+    if raw is None or (m and 1 <= int(m.group(1)) <= world):
+        return int(m.group(1)) if m else world
+    raise LaunchEnvError(
+        f"environment variable {name}={raw[:40]!r} is not valid: it must list tasks per node as SLURM writes it "
+        f"(e.g. 4(x2),3), each from 1 to {world} (the step's task count)"
+    )
 
 
 def _apply(env: MutableMapping[str, str], src: RankSource) -> None:
-    env["RANK"] = env[src.rank]
-    env["LOCAL_RANK"] = env.get(src.local_rank, "0")
-    env["WORLD_SIZE"] = env[src.size]
-    local = env.get(src.local_size, env[src.size])
-    env["LOCAL_WORLD_SIZE"] = _first_count(local) if src is SLURM_SOURCE else local
+    """Translate a scheduler's variables, each parsed and range-checked under its own name."""
+    world = env_int(env, src.size, 1, MAX_WORLD_SIZE)
+    rank = env_int(env, src.rank, 0, world - 1, why=f" ({src.size} is {world})")
+    if src is SLURM_SOURCE:
+        local_world = _first_count(env, src.local_size, world)
+    else:
+        local_world = env_int(env, src.local_size, 1, world, world, f" ({src.size} is {world})")
+    local_rank = env_int(env, src.local_rank, 0, local_world - 1, 0, f" ({src.local_size} is {local_world})")
+    env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(local_world))
 
 
 def _master_addr(env: MutableMapping[str, str], source: str) -> str:
@@ -84,9 +109,9 @@ def _master_addr(env: MutableMapping[str, str], source: str) -> str:
         hosts = expand_nodelist(nodelist) if nodelist else []
         if hosts:
             return hosts[0]
-    if env["LOCAL_WORLD_SIZE"] == env["WORLD_SIZE"]:
+    if int(env["LOCAL_WORLD_SIZE"]) == int(env["WORLD_SIZE"]):
         return "127.0.0.1"  # every rank is on this node
-    raise ValueError(
+    raise LaunchEnvError(
         f"ranks started by {source} span several nodes but MASTER_ADDR is not set: export MASTER_ADDR=<first node> "
         "(deepy.py's openmpi/mvapich/slurm launches do)"
     )
@@ -109,27 +134,26 @@ def discover_rank_env(
     """
     if "RANK" in env:
         source = "launcher"
+        check_launch_env(env)  # before any default is derived from these values
     else:
         candidates = [SLURM_SOURCE, *MPI_SOURCES] if prefer_slurm else [*MPI_SOURCES, SLURM_SOURCE]
         found = next((s for s in candidates if s.rank in env and s.size in env), None)
         source = found.name if found else "single process"
         if found:
             _apply(env, found)
-        elif not fill_defaults:
-            return source
-        else:
+        elif fill_defaults:
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    if source == "launcher" and not fill_defaults:
-        return source
-    env.setdefault("LOCAL_RANK", "0")
-    env.setdefault("WORLD_SIZE", "1")
-    env.setdefault("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", env["WORLD_SIZE"]))
-    env.setdefault("LOCAL_SIZE", env["LOCAL_WORLD_SIZE"])  # DeepSpeed's name
-    if "MASTER_ADDR" not in env:
-        env["MASTER_ADDR"] = _master_addr(env, source)
-    if "MASTER_PORT" not in env:
-        # master_port None: a caller without a config (megatron.distributed); 29500 is DeepSpeed's default too
-        env["MASTER_PORT"] = str(master_port if master_port is not None else 29500)
+    if fill_defaults or source not in ("launcher", "single process"):
+        env.setdefault("LOCAL_RANK", "0")
+        env.setdefault("WORLD_SIZE", "1")
+        env.setdefault("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", env["WORLD_SIZE"]))
+        env.setdefault("LOCAL_SIZE", env["LOCAL_WORLD_SIZE"])  # DeepSpeed's name
+        if "MASTER_ADDR" not in env:
+            env["MASTER_ADDR"] = _master_addr(env, source)
+        if "MASTER_PORT" not in env:
+            # master_port None: a caller without a config (megatron.distributed)
+            env["MASTER_PORT"] = str(master_port if master_port is not None else DEFAULT_MASTER_PORT)
+    check_launch_env(env)
     return source
 
 
@@ -143,17 +167,14 @@ def launched_rank(env: Mapping[str, str] | None = None) -> int:
     """The global rank the launcher gave this process (``RANK``; 0 in a plain process). Before the process group
     exists this is the only source; afterwards :func:`megatron.mpu.world_rank` reads the group (and falls back to
     this)."""
-    return _rank_var(env, "RANK")
+    return env_int(os.environ if env is None else env, "RANK", 0, MAX_WORLD_SIZE - 1, 0)
 
 
 def launched_local_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's index among the ranks on its host (``LOCAL_RANK``; 0 in a plain process)."""
-    return _rank_var(env, "LOCAL_RANK")
+    return env_int(os.environ if env is None else env, "LOCAL_RANK", 0, MAX_WORLD_SIZE - 1, 0)
 
 
-def _rank_var(env: Mapping[str, str] | None, name: str) -> int:
-    value = (os.environ if env is None else env).get(name, "0")
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer rank") from None
+def launched_world_size(env: Mapping[str, str] | None = None) -> int:
+    """How many ranks the launcher started (``WORLD_SIZE``; 1 in a plain process)."""
+    return world_size(os.environ if env is None else env)

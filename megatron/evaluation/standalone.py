@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from megatron import mpu
+from megatron.cluster.worker_env import launched_world_size
 from megatron.distributed import init_distributed
 from megatron.evaluation.adapter import DataParallelSplit
 from megatron.evaluation.config import EvalConfig
@@ -57,7 +57,7 @@ def evaluate(
     share. Rank 0 writes the results (with ``run_config``, the resolved keys) and the ``eval/<task>_<metric>``
     scalars.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_world_size()
     if not cfg.eval_tasks:
         logger.info("eval_tasks unset: GPT-NeoX's default tasks %s", " ".join(GPT_NEOX_DEFAULT_TASKS))
         cfg.eval_tasks = list(GPT_NEOX_DEFAULT_TASKS)

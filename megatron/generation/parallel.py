@@ -10,13 +10,13 @@ tokens to every stage (:class:`StageForward`), so all ranks extend the same sequ
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from megatron import mpu
+from megatron.cluster.worker_env import launched_world_size
 from megatron.generation.config import InferenceConfig
 from megatron.generation.loading import inference_device, inference_dtype, load_checkpoint_for_inference
 from megatron.initialize import start_processes
@@ -34,7 +34,7 @@ def runs_model_parallel(model_parallel_size: int, pipe_parallel_size: int) -> bo
 
     On one process a TP/PP checkpoint is merged into the sequential model instead.
     """
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and model_parallel_size * max(pipe_parallel_size, 1) > 1
+    return launched_world_size() > 1 and model_parallel_size * max(pipe_parallel_size, 1) > 1
 
 
 def stage_key_filter(cfg: Any) -> Callable[[str], bool]:

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from megatron.cluster.env_values import master_addr as env_master_addr
 from megatron.launcher.config import LauncherConfig
 from megatron.launcher.multinode import ClusterCommand
 from megatron.launcher.secrets import redact, write_env_file
@@ -93,7 +94,7 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
     if on_cpu and not has_hosts and "master_port" not in explicit:
         port = free_port()  # local CPU ranks: never collide with another run on the default port
     argv += ["--master_port", str(port)]
-    master_addr = args.master_addr or os.environ.get("MASTER_ADDR")
+    master_addr = args.master_addr or env_master_addr(os.environ)
     if master_addr:
         argv += ["--master_addr", master_addr]
     # launcher, force_multi, comment and account only matter across nodes: see multinode.cluster_command.

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from megatron.cluster.env_values import master_addr
 from megatron.cluster.hostfile import active_resources, read_hostfile
 from megatron.launcher.config import LauncherConfig
 from megatron.neox_arguments.errors import ConfigError
@@ -202,7 +203,7 @@ def cluster_command(
         env.setdefault("OMP_NUM_THREADS", "1")
     cwd = os.getcwd()
     env["PYTHONPATH"] = f"{cwd}:{environ['PYTHONPATH']}" if environ.get("PYTHONPATH") else cwd
-    env["MASTER_ADDR"] = args.master_addr or environ.get("MASTER_ADDR") or next(iter(active))
+    env["MASTER_ADDR"] = args.master_addr or master_addr(environ) or next(iter(active))
     env["MASTER_PORT"] = str(args.master_port)
     extra = deepspeed_env_file(environ)  # forwarded whatever their names, as DeepSpeed's runner does
     env.update(extra)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron.cluster.hostfile import count_ranks, read_hostfile
+from megatron.cluster.worker_env import launched_world_size
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import OPTIMIZER_TYPES, OptimizerArgs
@@ -48,7 +49,7 @@ class LaunchEnv:
         # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
         from megatron.distributed import on_cpu
 
-        ws = os.environ.get("WORLD_SIZE")
+        ws = launched_world_size() if "WORLD_SIZE" in os.environ else None
         cpu = on_cpu()
         gpus = 0
         if not cpu:
@@ -60,7 +61,7 @@ class LaunchEnv:
             hosts = read_hostfile(path) if path and os.path.isfile(path) else None
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"bad hostfile: {e}") from None
-        return cls(world_size=int(ws) if ws and ws.isdigit() else None, on_cpu=cpu, gpu_count=gpus, hosts=hosts)
+        return cls(world_size=ws, on_cpu=cpu, gpu_count=gpus, hosts=hosts)
 
 
 def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, model_parallel_size: int = 1) -> int:

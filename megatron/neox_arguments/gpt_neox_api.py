@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from megatron.cluster.env_values import master_addr
+from megatron.cluster.worker_env import launched_world_size
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections import (
     SECTIONS,
@@ -138,8 +140,9 @@ class GptNeoXArgsApi:
             args += _cli_pair("comment", runner["comment"]) + _cli_pair("account", runner["account"])
         if "DLTS_HOSTFILE" in os.environ:
             args += _cli_pair("hostfile", os.environ["DLTS_HOSTFILE"])
-        if "MASTER_ADDR" in os.environ:
-            args += _cli_pair("master_addr", os.environ["MASTER_ADDR"])
+        addr = master_addr(os.environ)
+        if addr is not None:
+            args += _cli_pair("master_addr", addr)
         if ("--include" in args or "--exclude" in args) and "--num_gpus" in args:
             logger.warning("both include/exclude and num_gpus are set: include/exclude wins over num_gpus")
             i = args.index("--num_gpus")
@@ -147,7 +150,7 @@ class GptNeoXArgsApi:
         user_script = getattr(self, "user_script", None)
         if not user_script:
             raise ConfigError("get_deepspeed_main_args: user_script is not set (the script deepy.py launches)")
-        if int(os.environ.get("WORLD_SIZE", "1")) == getattr(self, "global_num_gpus", 1):
+        if launched_world_size() == getattr(self, "global_num_gpus", 1):
             # GPT-NeoX sets this process's rank values here; deepy's side of a multi-rank launch has none to set
             getattr(self, "configure_distributed_args")()  # noqa: B009 - NeoXArgs' method
         return [

@@ -14,7 +14,13 @@ import sys
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from megatron.cluster.worker_env import describe_ranks, discover_rank_env, launched_rank
+from megatron.cluster.worker_env import (
+    describe_ranks,
+    discover_rank_env,
+    launched_local_rank,
+    launched_rank,
+    launched_world_size,
+)
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
@@ -333,7 +339,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         if overwrite_values:
             d = {**d, **overwrite_values}
         # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them first, the world size resolves the config.
-        port = int(d.get("master_port") or 29500)
+        port = d.get("master_port")  # checked with the config below; only a valid one may fill MASTER_PORT
+        port = port if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535 else None
         source = discover_rank_env(
             os.environ, prefer_slurm=bool(d.get("deepspeed_slurm")), master_port=port, fill_defaults=False
         )
@@ -356,14 +363,15 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
             os.environ, prefer_slurm=self.deepspeed_slurm, master_port=self.master_port, fill_defaults=False
         )
         env = os.environ
-        world = int(env.get("WORLD_SIZE", "1"))
+        world = launched_world_size(env)
         if world != self.global_num_gpus:
             raise ConfigError(
                 f"this rank was launched with WORLD_SIZE={world} but the config was resolved for "
                 f"global_num_gpus={self.global_num_gpus}; relaunch with deepy.py"
             )
         self.update_value("rank", launched_rank(env))
-        self.update_value("local_rank", int(env.get("LOCAL_RANK", local_rank if local_rank is not None else 0)))
+        given = local_rank if local_rank is not None else 0
+        self.update_value("local_rank", launched_local_rank(env) if "LOCAL_RANK" in env else given)
         self.update_value("world_size", world)
 
     # ------------------------------------------------------------------ access

@@ -68,7 +68,8 @@ RANGES: dict[str, Range] = {
     "num_gpus": AT_LEAST_ONE,
     "num_nodes": Range(1, also=(-1,)),
     "master_port": PORT,
-    "distributed_timeout_minutes": POSITIVE,
+    # 0.001 minutes is a 60 ms socket timeout (torch needs >= 1 ms); 7 days fits any timedelta and socket timeout
+    "distributed_timeout_minutes": Range(0.001, 7 * 24 * 60),
     "local_rank": NON_NEGATIVE,
     "rank": NON_NEGATIVE,
     "online_dataserver_ports": PORT,

@@ -4,8 +4,10 @@
 It is created atomically (written to a temp file, then ``os.link``, which fails if the lock exists, also on NFS), so
 two runs never both get it. A second run on the same folder is refused before it writes anything, naming the
 holder. A lock whose holder is gone (same host, pid not running or reused by another process) is taken over with a
-warning; one held from another host cannot be checked from here and is refused with its path, to delete by hand
-once that run is known to be gone. The run id (random per run) also names the run's temporary checkpoint folders,
+warning: under a takeover guard (megatron/training/lock_takeover.py) the process checks that the stale lock is still
+there and replaces it atomically, so of several processes taking over at once exactly one gets it. One held from
+another host cannot be checked from here and is refused with its path, to delete by hand once that run is known to
+be gone; a lock file this program never writes (megatron/training/lock_holder.py) is refused the same way. The run id (random per run) also names the run's temporary checkpoint folders,
 so a save's cleanup only ever removes its own.
 """
 
@@ -20,12 +22,13 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError
+from megatron.training.lock_holder import parse, read_holder, read_raw
+from megatron.training.lock_takeover import takeover_guard
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +47,11 @@ class SaveLock:
         """Remove the lock file if it is still ours (and the save folder if the lock created it and it is empty)."""
         if self.path is None:
             return
-        holder = _read(self.path)
-        if holder is not None and holder.get("run_id") == self.run_id:
+        try:
+            holder = read_holder(self.path)
+        except CheckpointError:  # replaced by something else: not ours to remove
+            holder = None
+        if holder is not None and holder.run_id == self.run_id:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             if self.created_folder:
@@ -54,38 +60,9 @@ class SaveLock:
         self.path = None
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _describe(holder: dict[str, Any]) -> str:
-    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}"
-
-
-def _is_gone(holder: dict[str, Any]) -> bool:
-    """True when the holder ran on this host and that process no longer runs (a reused pid counts as gone)."""
-    if holder.get("host") != socket.gethostname():
-        return False
-    try:
-        pid, created = int(holder["pid"]), float(holder["process_start"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    try:
-        return abs(psutil.Process(pid).create_time() - created) > 1.0
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
 def acquire(save: str) -> SaveLock:
-    """Take ``save``'s lock for this process; CheckpointError naming the holder when another run has it."""
+    """Take ``save``'s lock for this process; CheckpointError naming the holder when another run has it, or naming
+    the lock file when it is not a lock this program wrote."""
     folder = Path(save)
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,22 +78,27 @@ def acquire(save: str) -> SaveLock:
     tmp = folder / f".neox-run.lock.{me['host']}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(me) + "\n", encoding="utf-8")
     try:
-        for _ in range(3):
+        for _ in range(5):
             try:
                 os.link(tmp, path)
                 return SaveLock(path, run_id, created)
             except FileExistsError:
-                holder = _read(path)
-                if holder is None:
-                    continue  # released just now
-                if not _is_gone(holder):
-                    raise CheckpointError(
-                        f"save folder {save} is in use by another run ({_describe(holder)}; lock file {path}): "
-                        "wait for it to end or use another save folder; delete the lock file only if that run is gone"
-                    ) from None
-                logger.warning("taking over the lock of a run that is gone (%s): %s", _describe(holder), path)
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                pass
+            seen = read_raw(path)
+            if seen is None:
+                continue  # released just now
+            holder = parse(path, seen)
+            if not holder.is_gone():
+                raise CheckpointError(
+                    f"save folder {save} is in use by another run ({holder.describe()}; lock file {path}): "
+                    "wait for it to end or use another save folder; delete the lock file only if that run is gone"
+                )
+            with takeover_guard(path):  # one process at a time checks the stale lock is still there and replaces it
+                if read_raw(path) != seen:
+                    continue  # taken over or released meanwhile: look again
+                logger.warning("taking over the lock of a run that is gone (%s): %s", holder.describe(), path)
+                os.replace(tmp, path)  # atomic: the lock file exists throughout, so no other run can link it in
+                return SaveLock(path, run_id, created)
         raise CheckpointError(f"save folder {save}: could not take the lock {path} (other runs keep taking it)")
     finally:
         tmp.unlink(missing_ok=True)

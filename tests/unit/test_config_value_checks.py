@@ -166,6 +166,12 @@ def test_defaults_are_in_range_and_messages_are_readable() -> None:
         ({"checkpoint_factor": 2.5, "save": "x"}, "checkpoint_factor=2.5 must be a whole number"),
         ({"profile": True, "profile_step_start": 5, "profile_step_stop": 3}, "profile_step_stop=3 is before"),
         ({"loss_spike_skip_window": 1}, "loss_spike_skip_window=1 must be 0 or >= 2"),
+        # an OverflowError in datetime.timedelta, and a 0 ms socket timeout, without the range
+        (
+            {"distributed_timeout_minutes": 1e15},
+            "distributed_timeout_minutes=1000000000000000.0 must be between 0.001 and 10080",
+        ),
+        ({"distributed_timeout_minutes": 1e-9}, "distributed_timeout_minutes=1e-09 must be between 0.001 and 10080"),
     ],
 )
 def test_impossible_combinations_are_refused(overrides: dict[str, Any], expected: str) -> None:

@@ -26,7 +26,7 @@ KNOWN_MODULE_CYCLES: dict[tuple[str, ...], str] = {}
 # cycle check only. ``megatron/__init__.py`` (the package's public face) is not a layer.
 MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
-    "cluster": set(),  # hostfiles and launcher rank variables
+    "cluster": {"errors"},  # hostfiles and launcher rank variables
     "cpu_features": set(),
     "registry": set(),  # the name -> entry tables of optimizers, activations, norms, position embeddings
     "mpu": {"cluster"},  # collectives and process groups; the launcher's rank variables before the group exists

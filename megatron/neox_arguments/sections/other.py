@@ -60,7 +60,7 @@ class OtherArgs:
         "How long a collective (and the start-up rendezvous) waits for a missing rank before every waiting rank fails "
         "with an error, instead of hanging: a dead or unreachable node ends the run after at most this long (NCCL "
         "needs TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default). Raise it when one rank legitimately works alone for "
-        "long (building data indices, saving large checkpoints); see docs/cluster.md.",
+        "long (building data indices, saving large checkpoints); see docs/cluster.md. Valid: 0.001 (60 ms) to 10080 (7 days).",
     )
     local_rank: int | None = arg(None, "Rank within the node; set by the launcher.")
     rank: int | None = arg(None, "Global rank; set by the launcher.")
