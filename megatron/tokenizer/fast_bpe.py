@@ -21,14 +21,16 @@ then the normalized ones (whose contents are normalized too). NFC is ``tokenizer
 Why the merge check makes the ids equal for every text. Within a pre-tokenized piece both run the same loop:
 merge the adjacent pair of lowest rank, the leftmost of equal ones, until none is left. They differ in which
 pairs count: ``tokenizers`` only listed merges ``(x, y)``; tiktoken any pair whose concatenation ``xy`` is a token
-(ranked as the merge that makes ``xy``), and a piece that is a token as a whole is emitted whole. Every listed
-merge is such a pair with the same rank, so the two can only part where tiktoken takes a pair ``(c, d)`` that is
-not a merge, ``cd = t`` being a token made by another merge, or emits a piece that is a token ``t``. In the first
-case no merge so far crossed the start of ``c`` or the end of ``d``, so the merges inside that span were exactly
-``tokenizers``' first merges on the text ``t`` alone, which reached ``[c, d]`` and stop there; in both cases
-``tokenizers`` does not encode ``t`` alone as ``[t]``. :func:`check_merges` encodes every merge result with the
-``tokenizers`` model and refuses the file when one is not ``[t]`` (GPT-NeoX's 20B and GPT-2's files pass: training
-makes a token where its text was merged, in the order encoding merges).
+(ranked as the merge that makes ``xy``), and a piece that is a token as a whole it emits whole. Every listed merge
+is such a pair with the same rank (no token is made by two merges), so the two can only part at a step where
+tiktoken takes a pair ``(c, d)`` that is not a listed merge though ``cd = t`` is a token, or at a piece that is a
+token ``t``. In the first case both made the same merges so far, none across the start of ``c`` or the end of
+``d`` (symbols only grow), so the merges inside that span were the ones ``tokenizers`` makes first on the text
+``t`` alone (each was the lowest pair of the piece, so of the span); they reached ``[c, d]``, where ``tokenizers``
+stops. In the second, ``tokenizers`` gives ``[t]`` only if it encodes ``t`` alone so. Hence, when ``tokenizers``
+encodes every merge result ``t`` alone as ``[t]`` (what :func:`check_merges` tests with the tokenizer's own BPE
+model), the two never part; otherwise the file is refused. GPT-NeoX's 20B and GPT-2's files pass (training makes
+a token where its text was merged, in the order encoding merges).
 """
 
 from __future__ import annotations

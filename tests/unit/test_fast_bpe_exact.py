@@ -126,6 +126,12 @@ def test_tokenizers_nfc_matches_the_normalizer_and_skips_inert_text():
     assert all(is_inert(ch) for ch in "café naïve 日本語 한국어 😀")
     assert not any(is_inert(ch) for ch in "\u0301\u1161\u11a8\u0898\u212b\U000e0000\U00030000"[:-2])
     assert not is_inert("\ufdd0") and not is_inert("\U0010ffff")  # unassigned (noncharacters) are never inert
+    # every inert character of the first four planes, in code point order and shuffled: tokenizers leaves it as is
+    inert = [chr(c) for c in range(0x80, 0x40000) if is_inert(chr(c))]
+    assert len(inert) > 100_000
+    random.Random(0).shuffle(shuffled := inert.copy())
+    for text in ("".join(inert), "".join(shuffled), " ".join(shuffled)):
+        assert plain.normalize_str(text) == text
 
 
 # --- property test: random merge tables and random text ------------------------------------------------------------
