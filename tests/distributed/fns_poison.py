@@ -55,7 +55,8 @@ def poisoned_resume_per_stage(configs: list[dict[str, Any]], work: str) -> list[
         poisoned = poison_moments(bad / "global_step2")
         result: dict[str, Any] = {"file": str(poisoned)}
         try:
-            run_pretrain({**config, "load": str(bad), "save": str(bad), "train_iters": 4, "checkpoint_factor": 1})
+            resume = {**config, "load": str(bad), "save": str(bad), "train_iters": 4, "checkpoint_factor": 1}
+            run_pretrain({**resume, "use_checkpoint_lr_scheduler": True})
             result["resume"] = "resumed"
         except CheckpointError as e:
             result["resume"] = str(e)

@@ -69,6 +69,7 @@ def test_poisoned_moments_through_deepy_keep_the_only_good_checkpoint(data: dict
     poisoned = poison_moments(save / "global_step2")
     before = tree_hashes(save)
     run = {**cfg, "load": str(save), "train_iters": 4, "checkpoint_factor": 1, "keep_last_n_checkpoints": 1}
+    run["use_checkpoint_lr_scheduler"] = True  # the schedule of the 2-step run continues
     run.update(master_port=free_port(), num_gpus=1)
     run.pop("global_num_gpus")
     config_file = tmp_path / "run.yml"
