@@ -43,8 +43,8 @@ def checkpoint_config_args(directory: str | Path) -> SimpleNamespace | None:
             values = json.loads(resolved.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
             raise CheckpointError(f"cannot read {resolved} ({type(e).__name__}: {e})") from None
-        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
-            raise CheckpointError(f"{resolved} is not a JSON object of config keys")
+        if not isinstance(values, dict):
+            raise CheckpointError(f"{resolved} holds a JSON {type(values).__name__}, expected an object of config keys")
         return SimpleNamespace(**{**default_values(), **values})
     ymls = sorted(p for p in configs.glob("*") if p.suffix in (".yml", ".yaml", ".json")) if configs.is_dir() else []
     if ymls:
