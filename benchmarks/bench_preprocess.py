@@ -11,7 +11,7 @@ chunksize=25)`` where each call tokenises one document, and one ``add_item`` + `
 command with ``PYTHONPATH`` set to it, by ``--gpt-neox-python``, whose environment needs its imports, e.g.
 ``lm_dataformat``), and ours run as commands too (``tools/datasets/preprocess_data.py``), so that both sides'
 start-up is counted. Sides run interleaved each round: baseline, ours with ``--no-fast-encoder``, ours (the fast
-encoder when its sample check passes; the ``encoder:`` line is reported). All ``.bin/.idx`` are checked to be
+encoder when its merge check and sample check pass; the ``encoder:`` line is reported). All ``.bin/.idx`` are checked to be
 byte-identical. Prints median times, tokens/s, the ratio (baseline time / ours) and a JSON line.
 """
 

@@ -24,7 +24,7 @@ from typing import Any, cast
 import numpy as np
 
 from megatron.data.document_reader import ReadStats, read_documents
-from megatron.data.encoder_choice import EncoderChoice, choose_encoder, tokenizer_json
+from megatron.data.encoder_choice import EncoderChoice, choose_encoder, tokenizer_json, tokenizer_model
 from megatron.data.indexed_dataset import make_builder
 from megatron.data.staged_output import staged_builders, worker_pool
 from megatron.errors import DataError
@@ -97,7 +97,7 @@ def _init_worker(cfg: PreprocessConfig, dtype: str, single_thread: bool, use_fas
         fast = _CHOSEN.get("fast")
         if fast is None:  # a spawned worker: build it again (the main process proved it identical)
             spec = tokenizer_json(tok)
-            fast, why = build_fast_bpe(spec) if spec is not None else (None, "no tokenizers JSON")
+            fast, why = build_fast_bpe(spec, tokenizer_model(tok)) if spec is not None else (None, "no tokenizers JSON")
             if fast is None:
                 raise DataError(f"the fast encoder could not be rebuilt in a worker: {why}")
         _WORKER["fast"] = fast

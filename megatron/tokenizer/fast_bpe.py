@@ -9,15 +9,28 @@ the same byte-level BPE about 4x faster in one thread. :func:`build_fast_bpe` bu
   ``ByteLevel`` (adds no tokens); decoder none or ``ByteLevel``; no truncation or padding;
 - every byte that UTF-8 text can contain is a vocabulary token, every merge part and result is one, and no token
   is the result of two merges;
+- every merge result is its own encoding by the ``tokenizers`` BPE model (see below);
 - added tokens without ``lstrip``/``rstrip``/``single_word`` (the flags GPT-NeoX's 20B and GPT-2's files use).
 
 Ranks are the merge order (bytes first), the priority ``tokenizers`` merges by; token ids are the vocabulary's
 (the same numbers when the ids grow with the merge order, else mapped after encoding). Added tokens are split out
 as ``tokenizers`` does: leftmost-longest matches of the non-normalized ones in the raw text, then NFC on the rest,
-then the normalized ones (whose contents are normalized too). tiktoken merges any adjacent pair whose
-concatenation is a token, ``tokenizers`` only listed merges; the two agree on trained vocabularies, which is why
-preprocessing also compares both encoders on a sample of its input before using this one
-(:mod:`megatron.data.encoder_choice`).
+then the normalized ones (whose contents are normalized too). NFC is ``tokenizers``' own normalizer
+(:mod:`megatron.tokenizer.tokenizers_nfc`): Python's ``unicodedata`` has another Unicode version.
+
+Why the merge check makes the ids equal for every text. Within a pre-tokenized piece both run the same loop:
+merge the adjacent pair of lowest rank, the leftmost of equal ones, until none is left. They differ in which
+pairs count: ``tokenizers`` only listed merges ``(x, y)``; tiktoken any pair whose concatenation ``xy`` is a token
+(ranked as the merge that makes ``xy``), and a piece that is a token as a whole it emits whole. Every listed merge
+is such a pair with the same rank (no token is made by two merges), so the two can only part at a step where
+tiktoken takes a pair ``(c, d)`` that is not a listed merge though ``cd = t`` is a token, or at a piece that is a
+token ``t``. In the first case both made the same merges so far, none across the start of ``c`` or the end of
+``d`` (symbols only grow), so the merges inside that span were the ones ``tokenizers`` makes first on the text
+``t`` alone (each was the lowest pair of the piece, so of the span); they reached ``[c, d]``, where ``tokenizers``
+stops. In the second, ``tokenizers`` gives ``[t]`` only if it encodes ``t`` alone so. Hence, when ``tokenizers``
+encodes every merge result ``t`` alone as ``[t]`` (what :func:`check_merges` tests with the tokenizer's own BPE
+model), the two never part; otherwise the file is refused. GPT-NeoX's 20B and GPT-2's files pass (training makes
+a token where its text was merged, in the order encoding merges).
 """
 
 from __future__ import annotations
@@ -25,13 +38,14 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
+
+from megatron.tokenizer.tokenizers_nfc import TokenizersNFC
 
 # The GPT-2 pre-tokenizer regex (the ByteLevel pre-tokenizer's, written as tiktoken's gpt2 encoding writes it).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -61,7 +75,7 @@ class FastBPE:
     """tiktoken's byte-level BPE plus ``tokenizers``' added-token split and NFC; ids as ``tokenizers`` gives."""
 
     core: Any  # tiktoken's CoreBPE (encode_ordinary on a str)
-    nfc: bool
+    normalize: Callable[[str], str] | None  # tokenizers' NFC (None: no normalizer)
     raw_split: re.Pattern[str] | None  # non-normalized added tokens, in a capture group (re.split keeps them)
     normalized_split: re.Pattern[str] | None
     added_ids: dict[str, int]
@@ -83,13 +97,12 @@ class FastBPE:
         """The ids ``tokenizers`` gives for ``text`` (``encode(text).ids``)."""
         out: list[int] = []
         parts = [text] if self.raw_split is None else self.raw_split.split(text)
-        nfc = self.nfc
+        normalize = self.normalize
         for i, part in enumerate(parts):
             if i % 2:
                 out.append(self.added_ids[part])
             elif part:
-                # NFC leaves ASCII as it is; isascii() is a cheap way to skip normalize()'s own quick check.
-                self._ordinary(unicodedata.normalize("NFC", part) if nfc and not part.isascii() else part, out)
+                self._ordinary(normalize(part) if normalize is not None else part, out)
         if self.id_of_rank is not None:
             return self._to_ids(out)
         return out
@@ -148,7 +161,9 @@ def _check_shape(spec: dict[str, Any]) -> None:
         raise NotSupported("truncation or padding is set")
 
 
-def _added_tokens(spec: dict[str, Any], nfc: bool) -> tuple[dict[str, int], dict[str, int]]:
+def _added_tokens(
+    spec: dict[str, Any], normalize: Callable[[str], str] | None
+) -> tuple[dict[str, int], dict[str, int]]:
     """(non-normalized, normalized) added tokens: content as matched -> id."""
     raw: dict[str, int] = {}
     normalized: dict[str, int] = {}
@@ -160,7 +175,7 @@ def _added_tokens(spec: dict[str, Any], nfc: bool) -> tuple[dict[str, int], dict
         if not isinstance(content, str) or not content or not isinstance(tok.get("id"), int):
             raise NotSupported(f"added token {tok!r} has no content or id")
         if tok.get("normalized", not tok.get("special", False)):
-            normalized[unicodedata.normalize("NFC", content) if nfc else content] = tok["id"]
+            normalized[normalize(content) if normalize is not None else content] = tok["id"]
         else:
             raw[content] = tok["id"]
     return raw, normalized
@@ -213,8 +228,34 @@ def _ranks(spec: dict[str, Any]) -> tuple[dict[bytes, int], np.ndarray | None]:
     return ranks, table
 
 
-def build_fast_bpe(tokenizer_json: str) -> tuple[FastBPE | None, str]:
-    """The fast encoder of a ``tokenizers`` JSON string, or ``(None, why not)``."""
+def check_merges(pairs: list[tuple[str, str]], model: Any) -> None:
+    """Refuse merges unless the ``tokenizers`` BPE ``model`` encodes every merge result as that one token (the
+    condition under which tiktoken gives ``tokenizers``' ids; the module's doc says why)."""
+    tokenize = model.tokenize
+    for n, (left, right) in enumerate(pairs):
+        if len(left) + len(right) == 2:  # two bytes: the merge itself is the only way to join them
+            continue
+        got = tokenize(left + right)
+        if len(got) != 1:
+            parts = " + ".join(repr(t.value) for t in got)
+            raise NotSupported(
+                f"tokenizers encodes merge {n}'s result {left + right!r} as {parts}, not by merge {left!r} + "
+                f"{right!r}: tiktoken, which joins any pair that makes a token, could give other ids"
+            )
+
+
+def _load_model(tokenizer_json: str) -> Any:
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(tokenizer_json).model
+    except Exception as e:  # tokenizers raises plain Exception on a file it cannot load
+        raise NotSupported(f"tokenizers cannot load it ({e})") from None
+
+
+def build_fast_bpe(tokenizer_json: str, model: Any = None) -> tuple[FastBPE | None, str]:
+    """The fast encoder of a ``tokenizers`` JSON string, or ``(None, why not)``. ``model``: the ``tokenizers``
+    model loaded from that JSON (``Tokenizer.model``), to check the merges with (None: loaded here)."""
     try:
         import tiktoken
     except ImportError:
@@ -224,9 +265,11 @@ def build_fast_bpe(tokenizer_json: str) -> tuple[FastBPE | None, str]:
         if not isinstance(spec, dict):
             raise NotSupported("not a tokenizers JSON object")
         _check_shape(spec)
-        nfc = spec.get("normalizer") is not None
-        raw, normalized = _added_tokens(spec, nfc)
+        normalize = TokenizersNFC() if spec.get("normalizer") is not None else None
+        raw, normalized = _added_tokens(spec, normalize)
         ranks, table = _ranks(spec)
+        pairs = _merge_pairs(spec["model"].get("merges") or [])
+        check_merges(pairs, model if model is not None else _load_model(tokenizer_json))
     except NotSupported as e:
         return None, str(e)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -244,10 +287,11 @@ def build_fast_bpe(tokenizer_json: str) -> tuple[FastBPE | None, str]:
         return None, f"tiktoken refused the ranks ({type(e).__name__}: {e})"
     fast = FastBPE(
         core=encoding._core_bpe,
-        nfc=nfc,
+        normalize=normalize,
         raw_split=_split_pattern(raw),
         normalized_split=_split_pattern(normalized),
         added_ids={**raw, **normalized},
         id_of_rank=table,
     )
-    return fast, "byte-level BPE"
+    why = f"byte-level BPE; each of its {len(pairs)} merge results is its own tokenizers encoding, so tiktoken merges"
+    return fast, why + " as tokenizers does"
