@@ -169,3 +169,12 @@ def test_each_package_imports_alone() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_config_layer_loads_no_torch() -> None:
+    """docs/architecture.md: the config layer imports no torch-level code (deepy.py resolves configs without it), so
+    the schema keeps allowed values as ``Literal``s that tests/unit/test_registries.py compares with the registries."""
+    script = "import sys, megatron.neox_arguments; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", f"importing megatron.neox_arguments loaded {done.stdout.strip()}"
