@@ -13,9 +13,15 @@ import sys
 from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
+from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals, StoppedBeforeTraining
 
 
-def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None, tee: bool) -> int:
+def _train(
+    input_args: list[str] | None,
+    overwrite_values: dict[str, Any] | None,
+    tee: bool,
+    startup: StartupSignals | None = None,
+) -> int:
     from megatron.errors import UserError
     from megatron.logging.tee import tee_output
     from megatron.neox_arguments import NeoXArgs
@@ -32,7 +38,9 @@ def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None
             tee_output(args.log_dir, args.rank, int(os.environ.get("LOCAL_RANK", "0")))
         except OSError as e:
             raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
-    result = pretrain(args)
+    result = pretrain(args, startup=startup)
+    if result.stopped_before_training:  # a signal before the first step: nothing to save (the log line says so)
+        return STOPPED_EXIT_CODE
     if args.rank == 0:
         print(f"training {'stopped' if result.preempted else 'finished'} at iteration {result.iteration}", flush=True)
     # saved at a step boundary: the job can be requeued and resumes from there
@@ -41,6 +49,20 @@ def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None
 
 def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
     """Parse the worker arguments, train; returns the exit code (see the module docstring for the two modes)."""
+    if input_args is None and overwrite_values is None:
+        # first: a stop signal while the rank starts ends it with STOPPED_EXIT_CODE, not the default action's status
+        startup = StartupSignals().install()
+        try:
+            return _main_script(startup)
+        except StoppedBeforeTraining:  # before the process group formed: nothing to save, no peer waits for us
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(STOPPED_EXIT_CODE)  # no interpreter finalisation over a half-finished import
+    _setup_logging()
+    return _train(input_args, overwrite_values, tee=False)
+
+
+def _setup_logging() -> None:
     from megatron.console import safe_console
     from megatron.launcher.secrets import install_log_redaction
     from megatron.logging.tee import CurrentStdout
@@ -50,15 +72,21 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
     install_log_redaction()
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if input_args is not None or overwrite_values is not None:
-        return _train(input_args, overwrite_values, tee=False)
+
+
+def _main_script(startup: StartupSignals) -> int:
+    """Run as a script: user errors in one line, then end the rank (the handlers of ``startup`` stay installed until
+    the process exits, so a launcher's late SIGTERM cannot cut its last steps short)."""
+    _setup_logging()
     from megatron.cluster.peers import lost_peer_message
     from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
 
     code = 0
     try:
-        code = _train(None, None, tee=True)
+        code = _train(None, None, tee=True, startup=startup)
+    except StoppedBeforeTraining:
+        code = STOPPED_EXIT_CODE
     except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
