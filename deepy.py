@@ -31,7 +31,7 @@ from megatron.launcher.launch import (
 )
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
-from megatron.launcher.supervise import SignalQueue
+from megatron.launcher.supervise import SignalQueue, stopped_before_launch
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.size_checks import check_fits_machine
@@ -94,6 +94,8 @@ def _launch(argv: list[str], signals: SignalQueue) -> int:
     print(command, flush=True)
     if cli.dry_run:
         return 0
+    if signals.pending:  # asked to stop while reading the configs: nothing started, nothing written
+        return stopped_before_launch(signals.pending[0])
     write_run_dir(args, plan, command)
     print(f"run folder: {plan.run_dir}", flush=True)
     return run_cluster(cluster, signals) if cluster else launch(plan, signals)
