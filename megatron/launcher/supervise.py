@@ -181,9 +181,10 @@ class Supervisor:
             if self.killed:
                 return 128 + signal.SIGINT
             status = exit_status(code)
-            if self.stop is not None and status in (128 + self.stop, 256 - self.stop):
-                # a rank ended by the stop signal itself (hit before its interpreter ran train.py's first line,
-                # 256 - N: DeepSpeed's per-node launcher's sys.exit(-N)): no rank had trained, nothing was saved
+            if self.stop is not None and status in (128 + self.stop, 256 - self.stop, int(self.stop)):
+                # a rank ended by the stop signal itself (hit before its interpreter ran train.py's first line;
+                # 256 - N: DeepSpeed's per-node launcher's sys.exit(-N), N: MPICH hydra's report of a rank killed by
+                # signal N): no rank had trained, nothing was saved
                 status = STOPPED_EXIT_CODE
             if self.stop is not None and status == STOPPED_EXIT_CODE:
                 _say(

@@ -4,7 +4,9 @@ the signal usually lands in a save). deepy must return 42 with the stop iteratio
 yet, 143 with one line saying so; no process of the launch may outlive it.
 
 Launchers on this host: DeepSpeed's runner (local), Open MPI's mpirun (``launcher: openmpi``), MPICH's hydra
-(``launcher: mvapich``), pdsh over a loopback sshd, and srun on a single-host SLURM (``launcher: slurm``)."""
+(``launcher: mvapich``), pdsh over a loopback sshd, and srun on a single-host SLURM (``launcher: slurm``); and pdsh
+and mpirun across the two nodes of the simulated cluster (``tests/netns_cluster.py``), where the signal must cross an
+ssh connection to reach node2's ranks."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import yaml
 
 from megatron.launcher.signal_ranks import catches
 from megatron.training.preemption import REQUEUE_EXIT_CODE
+from megatron.training.save_lock import LOCK_NAME
 from megatron.training.startup_signals import STOPPED_EXIT_CODE
 from tests.distributed.fns_train import make_tiny_data, tiny_config
 from tests.e2e.test_launcher_signals import assert_committed
@@ -84,7 +87,9 @@ def launcher(name: str, tmp_path: Path) -> Iterator[Launcher]:
 class Run:
     """``python deepy.py train.py CONFIG [--hostfile H]`` in its own process group; output to a file."""
 
-    def __init__(self, setup: Launcher, data: dict[str, str], folder: Path, **overrides: Any) -> None:
+    def __init__(
+        self, setup: Launcher, data: dict[str, str], folder: Path, prefix: tuple[str, ...] = (), **overrides: Any
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         cfg = tiny_config(data, world=2, eval_iters=0, log_interval=1, **overrides)
         cfg.pop("global_num_gpus")
@@ -92,7 +97,7 @@ class Run:
         config = folder / "c.yml"
         config.write_text(yaml.safe_dump(cfg))
         self.run_dir = folder / "run"
-        cmd = [PYTHON, "deepy.py", "train.py", str(config), "--run_dir", str(self.run_dir)]
+        cmd = [*prefix, PYTHON, "deepy.py", "train.py", str(config), "--run_dir", str(self.run_dir)]
         if setup.hosts is not None:
             (folder / "hosts").write_text(setup.hosts)
             cmd += ["--hostfile", str(folder / "hosts")]
@@ -221,6 +226,7 @@ def test_sigterm_mid_training_saves_and_returns_42(name: str, data: dict[str, st
     assert saved == {str(stop)} and stop >= 3, out[-6000:]
     assert "Traceback" not in out, out[-6000:]
     assert not left, f"{name}: processes outlived deepy: {left}"
+    assert not (ck / LOCK_NAME).exists(), f"{name}: the save lock was left behind"  # rank 0 was not cut short
 
 
 def test_sigterm_before_the_launch_starts_nothing(data: dict[str, str], tmp_path: Path):
@@ -240,3 +246,31 @@ def test_sigterm_before_the_launch_starts_nothing(data: dict[str, str], tmp_path
     assert len(lines) == 1 and lines[0].startswith("deepy.py: SIGTERM"), run.output[-4000:]
     assert not run.run_dir.exists()  # nothing was written either
     assert "Traceback" not in run.output and not left and took < STOP_BOUND
+
+
+@pytest.mark.parametrize("name", ["pdsh", "openmpi"])
+def test_sigterm_mid_training_across_two_nodes(name: str, data: dict[str, str], tmp_path: Path):
+    """deepy on node1, one rank on each of node1 and node2: SIGTERM after step 3 reaches node2's rank too (pdsh: the
+    relay over ssh; mpirun: SIGUSR1 through its daemon on node2); both save the same step, deepy returns 42."""
+    from tests.netns_cluster import netns_cluster, require_netns
+
+    require_netns()
+    ck = tmp_path / "ck"
+    keys = {"launcher": name, "deepspeed_mpi": name == "openmpi"}
+    with netns_cluster(2) as cluster:
+        setup = Launcher(keys, "node1 slots=1\nnode2 slots=1\n", cluster.env)
+        on = tuple(cluster.on("node1"))
+        run = Run(setup, data, tmp_path / "a", on, train_iters=100000, save=str(ck), load=str(ck), checkpoint_factor=1)
+        try:
+            run.wait_until(lambda: re.search(r"^(\S+: )?iteration\s+3/", run.output, re.M), "iteration 3")
+            code, _ = run.stop()
+            left = run.leftovers()
+        finally:
+            run.cleanup()
+    out = run.output
+    assert code == REQUEUE_EXIT_CODE, f"{name}: exit {code}\n{out[-6000:]}"
+    latest = (ck / "latest").read_text()
+    assert_committed(ck / latest)
+    saved = set(re.findall(r"saving at iteration (\d+) and exiting with requeue exit code 42", out))
+    assert saved == {latest.removeprefix("global_step")}, out[-6000:]
+    assert "Traceback" not in out and not left, (left, out[-6000:])
