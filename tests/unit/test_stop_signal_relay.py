@@ -86,24 +86,44 @@ def test_startup_handlers_raise_before_the_group_forms_and_record_after() -> Non
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-def test_a_launch_ended_by_the_stop_signal_itself_is_reported_as_stopped(capsys) -> None:
-    """The launcher's tasks died of the relayed signal before any handler existed (nothing trained): 143, one line."""
+def test_a_signal_before_the_launch_starts_nothing(capsys) -> None:
     queue = SignalQueue().install()
     try:
-        sup = Supervisor([sys.executable, "-c", "import time; time.sleep(60)"], signals=queue)
-        queue.pending.append(signal.SIGTERM)  # as if it arrived just after the start
-        assert sup.run() == STOPPED_EXIT_CODE  # nothing started at all
+        queue.pending.append(signal.SIGTERM)  # it came while deepy read the configs
+        sup = Supervisor([sys.executable, "-c", "raise SystemExit('must not start')"], signals=queue)
+        assert sup.run() == STOPPED_EXIT_CODE and sup.proc is None
         assert "SIGTERM before the launch: no rank was started" in capsys.readouterr().err
-        queue.pending.clear()
-        launcher = [sys.executable, "-c", "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), 15)"]
-        sup = Supervisor(launcher, signals=queue)
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        previous = signal.signal(signal.SIGALRM, lambda *a: queue.pending.append(signal.SIGTERM))
+    finally:
+        queue.uninstall()
+
+
+# a launcher that reports the relayed SIGTERM as the given exit status, the way each reports a rank killed by it
+REPORTS = (
+    "import signal, sys, time; signal.signal(15, lambda *a: sys.exit({code})); print('up', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize(("reported", "deepy"), [(143, 143), (241, 143), (15, 143), (42, 42), (1, 1)])
+def test_a_launch_ended_by_the_stop_signal_itself_is_reported_as_stopped(reported: int, deepy: int, capfd) -> None:
+    """srun/mpirun 128+N, DeepSpeed's launcher 256-N, hydra N for a rank killed by the relayed signal N before any
+    handler existed (nothing trained): 143 with one line; a save (42) and a failure (1) pass through unchanged."""
+    queue = SignalQueue().install()
+    try:
+        sup = Supervisor([sys.executable, "-c", REPORTS.format(code=reported)], signals=queue)
+
+        def stop_once_it_catches(*_: object) -> None:  # deepy gets SIGTERM once the launcher's handler exists
+            if sup.proc is not None and catches(sup.proc.pid, signal.SIGTERM):
+                queue.pending.append(signal.SIGTERM)
+            else:
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+
+        previous = signal.signal(signal.SIGALRM, stop_once_it_catches)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
         try:
-            assert sup.run() == STOPPED_EXIT_CODE
+            assert sup.run() == deepy
         finally:
             signal.signal(signal.SIGALRM, previous)
-        err = capsys.readouterr().err
-        assert err.count("stopped before the first training step: nothing to save") == 1
+        err = capfd.readouterr().err
+        assert err.count("stopped before the first training step: nothing to save") == (deepy == STOPPED_EXIT_CODE)
     finally:
         queue.uninstall()
