@@ -274,3 +274,26 @@ def test_sigterm_mid_training_across_two_nodes(name: str, data: dict[str, str], 
     saved = set(re.findall(r"saving at iteration (\d+) and exiting with requeue exit code 42", out))
     assert saved == {latest.removeprefix("global_step")}, out[-6000:]
     assert "Traceback" not in out and not left, (left, out[-6000:])
+
+
+def test_sigterm_after_the_group_formed_before_the_first_step(data: dict[str, str], tmp_path: Path):
+    """Locally, SIGTERM once the ranks' process group exists (model, data and engine still being built): the ranks
+    agree on it in one all-reduce before the first step and end with 143 without a save (or, when the first step had
+    begun, save it and end with 42)."""
+    ck = tmp_path / "ck"
+    with launcher("local", tmp_path) as setup:
+        run = Run(setup, data, tmp_path / "a", train_iters=1000, save=str(ck), checkpoint_factor=1000)
+        try:
+            run.wait_until(lambda: "model parallel initialised" in run.output, "the process group")
+            code, took = run.stop()
+            left = run.leftovers()
+        finally:
+            run.cleanup()
+    out = run.output
+    assert code in (STOPPED_EXIT_CODE, REQUEUE_EXIT_CODE), out[-6000:]
+    if code == STOPPED_EXIT_CODE:
+        assert "a preemption signal before the first training step: nothing to save" in out, out[-6000:]
+        assert out.count("deepy.py: stopped before the first training step") == 1 and not (ck / "latest").exists()
+    else:
+        assert_committed(ck / (ck / "latest").read_text())
+    assert "Traceback" not in out and not left and took < STOP_BOUND, (left, took, out[-6000:])
