@@ -136,7 +136,7 @@ class _Launch:
 
     def signal_map(self, backend: str) -> tuple[dict[str, str], list[str]]:
         """(deepy's stop signals -> the one the launcher forwards, notes) for srun and mpirun."""
-        wanted = list(self.args.preemption_signals or [])
+        wanted = list(self.args.preemption_signals)
         usable = [s for s in wanted if s in FORWARDED_BY_LAUNCHER[backend]]
         if usable:
             return {"SIGTERM": usable[0], "SIGUSR1": usable[0], "SIGUSR2": usable[0]}, []

@@ -162,7 +162,7 @@ def setup_model_and_optimizer(
         model_parameters=groups if optimizer is None else None,
         lr_scheduler=lr_scheduler if engine_steps_lr else None,  # checkpoints save it either way
         config=ds_config,
-        mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
+        mpu=None if plan.pipeline else mpu,  # the pipe engine builds its own grid
         dist_init_required=False,
     )
     share_fp32_zero3_partitions(engine)  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)

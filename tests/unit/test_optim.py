@@ -63,7 +63,7 @@ def test_param_groups_follow_gpt_neox() -> None:
 
 
 def _cfg(kind: str, **params) -> OptimizerConfig:
-    return OptimizerConfig(optimizer={"type": kind, "params": {"lr": 0.01, **params}}, weight_decay=0.1)
+    return OptimizerConfig(optimizer={"type": kind, "params": {"lr": 0.01, **params}}, lr=0.01, weight_decay=0.1)
 
 
 def test_adam_is_adamw_with_groups() -> None:
@@ -157,7 +157,9 @@ def test_each_optimizer_fits_a_regression(kind: str) -> None:
     x = torch.randn(64, 4)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     lr = {"adam": 0.01, "sgd": 0.05, "lion": 0.01, "sm3": 0.05, "madgrad_wd": 0.01}[kind]
-    opt, _ = build_optimizer(model, OptimizerConfig(optimizer={"type": kind, "params": {"lr": lr}}, weight_decay=0.0))
+    opt, _ = build_optimizer(
+        model, OptimizerConfig(optimizer={"type": kind, "params": {"lr": lr}}, lr=lr, weight_decay=0.0)
+    )
     losses = []
     for _ in range(60):
         opt.zero_grad()
@@ -190,7 +192,9 @@ def test_cpu_adam_follows_adamw(kind: str) -> None:
         model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         params = {"lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8}
-        opt, _ = build_optimizer(model, OptimizerConfig(optimizer={"type": name, "params": params}, weight_decay=0.1))
+        opt, _ = build_optimizer(
+            model, OptimizerConfig(optimizer={"type": name, "params": params}, lr=0.01, weight_decay=0.1)
+        )
         assert isinstance(opt, DeepSpeedCPUAdam) == (name != "adam")
         x, y = torch.randn(32, 4, generator=torch.Generator().manual_seed(1)), torch.ones(32, 1)
         for _ in range(5):
