@@ -38,7 +38,8 @@ HOSTILE_NUMBERS: list[Any] = [0, -1, -(2**63), 2**63, 2**64 + 1, 10**400, 1e308,
                               float("-inf"), -0.0, 1e-320, 0.5, True, False]  # fmt: skip
 HOSTILE_TEXT = ["", " ", "\u202e\u0645\u0631\u062d\u0628\u0627", "\U0001f600" * 50, "a\u0000b", "\ufeffkey", "~",
                 "null", "NaN", ".inf", "0x10", "1_000", "1e999", "-", "..", "/", "${HOME}", "%s%n", "x" * 100_000,
-                "\ud7ff\ue000\uffff", "line\nbreak", "'quote", "{a: [b", "&a", "*a", "!!python/object:os.system"]  # fmt: skip
+                "\ud7ff\ue000\uffff", "line\nbreak", "'quote", "{a: [b", "&a", "*a", "!!python/object:os.system",
+                "nan,1,1", "1e400,1,0", "type:(", "host:99999999999999999999"]  # fmt: skip
 HOSTILE_FLAGS = [
     ["--train_iters", "1e999"], ["--hidden_size", "-1"], ["--lr", "nan"], ["--seq_length", "9" * 400],
     ["--train_iters", "0x10"], ["--num_layers", "[1, 2]"], ["--optimizer", '{"type": 5}'], ["--hidden_size"],
@@ -53,7 +54,7 @@ HOSTILE_FLAGS = [
 
 def _seeds() -> list[Path]:
     files = sorted((REPO / "configs").rglob("*.yml")) + sorted(REFERENCE.rglob("*.yml"))
-    assert len(files) > 50, "seed configs missing"
+    assert len(files) >= 30, "seed configs missing"  # GPT-NeoX's join them when shared/ is there
     return files
 
 
@@ -75,7 +76,10 @@ def _hostile_value(rnd: random.Random, old: Any) -> Any:
     if pick == 3:
         return [old] * rnd.choice([0, 2, 10_000]) if rnd.random() < 0.5 else {"nested": old, str(old)[:20]: [old]}
     if pick == 4:
-        return str(old)  # the right value in the wrong type
+        try:
+            return str(old)  # the right value in the wrong type
+        except RecursionError:  # an earlier mutation nested it deeply
+            return "x"
     if pick == 5:
         return None
     if pick == 6:
@@ -99,7 +103,13 @@ def _structured(rnd: random.Random, text: str) -> str:
     for _ in range(rnd.choice([1, 1, 2, 3])):
         key = rnd.choice(list(data))
         roll = rnd.random()
-        if roll < 0.7:
+        if roll < 0.25 and isinstance(data[key], dict) and data[key]:  # inside a dict-valued key
+            inner = data[key]
+            while rnd.random() < 0.5 and any(isinstance(v, dict) and v for v in inner.values()):
+                inner = rnd.choice([v for v in inner.values() if isinstance(v, dict) and v])
+            name = rnd.choice(list(inner))
+            inner[name] = _hostile_value(rnd, inner[name])
+        elif roll < 0.7:
             data[key] = _hostile_value(rnd, data[key])
         elif roll < 0.85:
             data[rnd.choice([key.upper(), key + "_", "k\u00e9y", "", "  ", "1", "__class__"])] = data.pop(key)
@@ -111,7 +121,18 @@ def _structured(rnd: random.Random, text: str) -> str:
         return text
 
 
+def _block(text: str) -> str:
+    """The seed as block-style YAML, so that appended lines extend its mapping (most seeds are one JSON-like
+    ``{...}`` flow mapping, after which any appended key is a syntax error)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return _dump(data) if isinstance(data, dict) else text
+
+
 def _duplicate_key(rnd: random.Random, text: str) -> str:
+    text = _block(text)
     keys = [line.split(":")[0].strip().strip('"') for line in text.splitlines() if ":" in line and line[:1].isalpha()]
     key = rnd.choice(keys) if keys else "train_iters"
     return f"{text}\n{key}: 1\n"
@@ -121,7 +142,7 @@ def _truncate(rnd: random.Random, text: str) -> str:
     return text[: rnd.randrange(len(text) + 1)]
 
 
-def _aliases(rnd: random.Random, text: str) -> str:
+def _yaml_features(rnd: random.Random, text: str) -> str:
     bombs = [
         "deepspeed_extra_args:\n  a: &a [x, x, x, x, x, x, x, x, x]\n"
         + "".join(f"  {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")),
@@ -133,8 +154,12 @@ def _aliases(rnd: random.Random, text: str) -> str:
         "train_iters: !!python/name:os.system\n",
         "optimizer: !!set {a, b}\n",
         "seq_length: !!timestamp 2001-12-14\n",
+        "? [1, 2]\n: 3\n",
+        "? {a: 1}\n: 2\n",
+        "2001-12-14: 1\n",
+        "~: 1\n",
     ]
-    return text + "\n" + rnd.choice(bombs)
+    return _block(text) + rnd.choice(bombs)
 
 
 def _garbage(rnd: random.Random, data: bytes) -> bytes:
@@ -152,7 +177,7 @@ def _whole_document(rnd: random.Random, text: str) -> str:
 
 
 TEXT_MUTATIONS: list[Callable[[random.Random, str], str]] = [
-    _structured, _structured, _structured, _duplicate_key, _truncate, _aliases, _whole_document,
+    _structured, _structured, _structured, _duplicate_key, _truncate, _yaml_features, _whole_document,
 ]  # fmt: skip
 
 
@@ -254,3 +279,24 @@ def test_printable_keys_and_values_round_trip_through_the_loader(tmp_path: Path)
     data = yaml.safe_load(seed.read_text())
     assert yaml.safe_load(_dump(data)) == data
     assert all(c in string.printable for c in _dump(data))
+
+
+# ---------------------------------------------------------------- what the fuzz found
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("? [1, 2]\n: 3\n", "a list cannot be a key; keys are names"),  # was a TypeError traceback
+        ("deepspeed_extra_args:\n  ? {a: 1}\n  : 2\n", "a dict cannot be a key; keys are names"),
+        ("split: 'nan,1,1'\n", "split='nan,1,1': needs finite non-negative parts"),  # was accepted: NaN fractions
+        ("split: '1e400,1,0'\n", "split='1e400,1,0': needs finite non-negative parts"),
+    ],
+)
+def test_fuzz_findings(text: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "found.yml"
+    path.write_text(_dump(yaml.safe_load((REPO / "configs" / "cpu" / "tiny.yml").read_text())) + text)
+    rc, err = _run([SCRIPT, str(path), "--dry-run"], text)
+    _check_outcome(rc, err, text)
+    assert rc == 2 and message in err, err
