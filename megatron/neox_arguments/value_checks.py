@@ -28,8 +28,8 @@ def parse_split(split: str) -> list[float]:
     except ValueError:
         raise DataError(f"split {split!r} must be numbers separated by ',' or '/', e.g. '949,50,1'") from None
     parts = [*parts, 0.0, 0.0, 0.0][:3]
-    if any(p < 0 for p in parts) or sum(parts) <= 0:
-        raise DataError(f"split {split!r} needs non-negative parts with a positive sum")
+    if not all(0 <= p < math.inf for p in parts) or not 0 < sum(parts) < math.inf:
+        raise DataError(f"split {split!r} needs finite non-negative parts with a positive sum (and a finite one)")
     total = sum(parts)
     return [p / total for p in parts]
 

@@ -172,9 +172,22 @@ def test_defaults_are_in_range_and_messages_are_readable() -> None:
             "distributed_timeout_minutes=1000000000000000.0 must be between 0.001 and 10080",
         ),
         ({"distributed_timeout_minutes": 1e-9}, "distributed_timeout_minutes=1e-09 must be between 0.001 and 10080"),
+        (
+            {"train_iters": 0, "extra_save_iters": [5], "save": "x"},
+            "extra_save_iters [5] lie beyond train_iters=0: the run never reaches them",
+        ),
+        (
+            {"train_iters": 10, "extra_save_iters": [0, 10, 11, 40], "save": "x"},
+            "extra_save_iters [11, 40] lie beyond train_iters=10",
+        ),
     ],
 )
 def test_impossible_combinations_are_refused(overrides: dict[str, Any], expected: str) -> None:
     with pytest.raises(ConfigError) as e:
         NeoXArgs({**TINY, **overrides}, env=CPU1)
     assert any(expected in p for p in e.value.problems), e.value.problems
+
+
+def test_extra_save_iters_up_to_train_iters_pass() -> None:
+    args = NeoXArgs({**TINY, "train_iters": 10, "extra_save_iters": [0, 10], "save": "x"}, env=CPU1)
+    assert args.extra_save_iters == [0, 10]
