@@ -15,7 +15,7 @@ from megatron import mpu
 from megatron.initialize import initialize_megatron
 from megatron.model import GPTModelConfig
 from megatron.training import checkpointing as ckpt
-from megatron.training import pretrain as pretrain_lib
+from megatron.training import pretraining as pretrain_lib
 from megatron.training.run_plan import RunPlan
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-import megatron.training
 from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.errors import UserError
@@ -158,6 +157,7 @@ class Trainer:
         task_eval: Callable[[], dict[str, float]] | None = None,
         char_counter: Callable[[Iterator[Any] | None], Any] | None = None,
         observer: RunObserver | None = None,
+        on_step: Callable[[int, StepResult], None] | None = None,
     ) -> None:
         self.engine, self.step, self.loop_cfg, self.log_cfg = engine, step, loop_cfg, log_cfg
         self.flops_cfg, self.metrics, self.timers = flops_cfg, metrics, timers
@@ -170,6 +170,7 @@ class Trainer:
         # preemption: (iteration, the step's reduced stop flag) -> True on every rank to stop now
         self.stop_check: Callable[[int, float], bool] | None = None
         self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
+        self.on_step = on_step  # called with (iteration, result) after every training step, on every rank
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -189,7 +190,8 @@ class Trainer:
             interval_iters += 1
             self.profiler.after(state.iteration)
             state.history.append(result.lm_loss)
-            megatron.training.collect_loss_for_unit_test(result.lm_loss)  # GPT-NeoX's hook, read at call time
+            if self.on_step is not None:
+                self.on_step(state.iteration, result)
             self._count(state, result)
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
             scalars.update(result.extra)

@@ -137,7 +137,7 @@ def _worker_main() -> int:
     import json
     import time
 
-    from megatron.training import pretrain as pretrain_mod
+    from megatron.training import pretraining as pretrain_mod
 
     out_dir = Path(os.environ["RELIAB_DIR"])
     rank = int(os.environ["RANK"])

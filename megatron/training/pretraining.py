@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,7 +53,7 @@ from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.save_lock import SaveLock, acquire_on_rank0
 from megatron.training.startup_signals import StartupSignals
-from megatron.training.step import BatchConfig, PipeStep, SequentialStep
+from megatron.training.step import BatchConfig, PipeStep, SequentialStep, StepResult
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
 
 logger = logging.getLogger("megatron.train")
@@ -285,11 +283,16 @@ def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
         logger.info(observer.summary_line(iteration))
 
 
-def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainResult:
+def pretrain(
+    args: NeoXArgs,
+    startup: StartupSignals | None = None,
+    on_step: Callable[[int, StepResult], None] | None = None,
+) -> PretrainResult:
     """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes.
 
     ``startup``: the stop-signal handlers ``train.py`` installed first (a signal they recorded stops the run before its
-    first step)."""
+    first step). ``on_step``: called with ``(iteration, StepResult)`` after every training step, on every rank (what
+    GPT-NeoX's tests get by patching ``megatron.training.collect_loss_for_unit_test``)."""
     start_time = time.monotonic()
     timers = Timers()
     if startup is not None:
@@ -383,6 +386,7 @@ def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainR
             task_eval=build_task_eval(engine, tokenizer, EvalConfig.from_neox_args(args)),
             char_counter=char_counter_factory(tokenizer, args.char_level_ppl),
             observer=observer,
+            on_step=on_step,
         )
         trainer.consumed_valid = consumed_valid
         step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
@@ -414,14 +418,3 @@ def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainR
         preemption.uninstall()
         metrics.close()
         save_lock.release()
-
-
-class _CallableModule(types.ModuleType):
-    """GPT-NeoX's ``from megatron.training import pretrain`` names the function; here the name is this module
-    (imported as ``megatron.training.pretrain``), which therefore calls through to it."""
-
-    def __call__(self, neox_args: NeoXArgs) -> PretrainResult:
-        return pretrain(neox_args)
-
-
-sys.modules[__name__].__class__ = _CallableModule
