@@ -61,9 +61,37 @@ def test_introspection_names() -> None:
 
 
 def test_build_tokenizer_sets_padded_vocab() -> None:
+    import megatron.tokenizer  # noqa: F401 - hands NeoXArgs.build_tokenizer() its builder (GPT-NeoX's imports do)
+
     args = NeoXArgs.from_dict(TINY)
     tokenizer = args.build_tokenizer()
     assert args.tokenizer is tokenizer and args.padded_vocab_size == 512
+
+
+def test_build_tokenizer_works_after_gpt_neox_train_py_imports_and_says_what_is_missing_before() -> None:
+    """The config layer reaches the tokenizer layer above it only through the builder that layer hands down on
+    import (no import of the package root or the tokenizer from the config layer): after GPT-NeoX's train.py imports
+    it works; with the config package alone, one line names the fix."""
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""\
+        from megatron.neox_arguments import NeoXArgs
+        args = NeoXArgs.from_dict({TINY!r})
+        try:
+            args.build_tokenizer()
+        except RuntimeError as e:
+            print("before:", e)
+        from megatron.training import pretrain  # GPT-NeoX's train.py imports
+        print("after:", args.build_tokenizer() is args.tokenizer, args.padded_vocab_size)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("before: NeoXArgs.build_tokenizer(): the tokenizer package is not loaded; import ")
+    assert lines[-1] == "after: True 512"
 
 
 def test_entry_points_take_gpt_neox_arguments() -> None:

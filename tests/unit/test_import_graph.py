@@ -26,10 +26,7 @@ KNOWN_MODULE_CYCLES: dict[tuple[str, ...], str] = {}
 
 # Imports of the package root ``megatron`` (its public face: GPT-NeoX's ``from megatron import NeoXArgs``) from
 # inside it, with the reason. The root imports its subpackages on first use, so each of these closes a cycle.
-ROOT_IMPORTS: dict[str, str] = {
-    "megatron.neox_arguments.gpt_neox_api": "GPT-NeoX's NeoXArgs.build_tokenizer(): the config layer reaches the "
-    "tokenizer layer above it through the root (issue 33)",
-}
+ROOT_IMPORTS: dict[str, str] = {}
 
 # What the lower layers may import (of megatron's own layers). A layer not listed here is constrained by the
 # cycle check only. ``megatron/__init__.py`` (the package's public face) is not a layer.
