@@ -22,8 +22,9 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.moe import moe_metrics
 from megatron.neox_arguments.errors import ConfigError
+from megatron.training.engine_protocol import Engine
 from megatron.training.memory_usage import log_param_optimizer_bytes
-from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
+from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
 
@@ -108,7 +109,7 @@ class Profiler:
             torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def _loss_scale(engine: Any) -> float | None:
+def _loss_scale(engine: Engine) -> float | None:
     opt = getattr(engine, "optimizer", None)
     for name in ("cur_scale", "loss_scale"):
         value = getattr(opt, name, None)
@@ -117,7 +118,7 @@ def _loss_scale(engine: Any) -> float | None:
     return None
 
 
-def param_norm(engine: Any) -> float:
+def param_norm(engine: Engine) -> float:
     """Global L2 norm of the parameters (TP shards and ZeRO-3 partitions summed once)."""
     total = torch.zeros(1, dtype=torch.float64)
     tp_total = torch.zeros(1, dtype=torch.float64)
@@ -144,8 +145,8 @@ class Trainer:
     def __init__(
         self,
         *,
-        engine: Any,
-        step: SequentialStep | PipeStep,
+        engine: Engine,
+        step: AccumulatingStep | PipeStep,
         loop_cfg: LoopConfig,
         log_cfg: LoggingConfig,
         flops_cfg: FlopsConfig,
