@@ -143,8 +143,8 @@ def _worker_main() -> int:
     rank = int(os.environ["RANK"])
     original = pretrain_mod.pretrain
 
-    def recording(args: Any) -> Any:
-        result = original(args)
+    def recording(args: Any, **kwargs: Any) -> Any:  # train_entry passes startup=
+        result = original(args, **kwargs)
         record = {"start": result.start_iteration, "losses": result.train_losses, "preempted": result.preempted}
         (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
         return result
