@@ -18,7 +18,7 @@ pytest_plugins = ["pytester"]
 # tests/conftest.py's hooks and fixture, for a pytest session in a temporary folder
 CONFTEST = "from tests.conftest import _fast_tier_starts_no_launcher, pytest_collection_modifyitems, pytest_configure\n"
 
-SYNTHETIC = '''
+SYNTHETIC = """
 import subprocess as sp
 import multiprocessing
 
@@ -66,7 +66,7 @@ def test_plain(monkeypatch) -> "subprocess.CompletedProcess":
     mp = monkeypatch
     mp.setenv("A", "1")
     return sp.CompletedProcess([], 0)
-'''
+"""
 
 # The helpers of tests/ that start ranks, programs or clusters: each must be recognised by the scan.
 HARNESS_HELPERS = [
@@ -109,7 +109,7 @@ def test_every_process_starting_helper_is_recognised(module: str, helper: str) -
 def test_fixtures_and_explicit_marks_put_a_test_in_the_launches_tier(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(
-        test_tiers='''
+        test_tiers="""
 import pytest
 
 from tests.harness import run_command
@@ -136,7 +136,7 @@ def test_distributed():
 
 def test_unit():
     pass
-'''
+"""
     )
     items, _ = pytester.inline_genitems()
     marks = {item.name: item.get_closest_marker("launches") for item in items}
@@ -169,7 +169,7 @@ def test_the_watch_records_interpreters_and_launchers_but_not_git() -> None:
 def test_an_unmarked_test_that_starts_python_fails(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(
-        test_hidden='''
+        test_hidden="""
 from tests.process_watch import is_launch_program
 
 
@@ -181,7 +181,7 @@ def _product_code():  # stands for code under test: the scan does not read it
 
 def test_hides_a_start():
     _product_code()
-'''
+"""
     )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, errors=1)
