@@ -3,7 +3,8 @@
 A test *launches* when its function, a fixture it uses, or any function of the test tree these call (followed
 through module-level helpers, methods reached by ``self.``, and names imported from ``tests.*`` modules such as
 ``tests.harness.run_distributed``) references a process-starting API: ``subprocess.run``/``Popen``/…,
-``os.fork``/``os.system``/…, or anything of ``multiprocessing``/``torch.multiprocessing`` that starts workers.
+``os.fork``/``os.system``/…, or anything of ``multiprocessing``/``torch.multiprocessing`` that starts workers,
+except a call whose program is a literal that is no interpreter and no launcher (``subprocess.run(["git", …])``).
 The scan reads source with :mod:`ast`; it never imports or runs the code it reads.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.process_watch import is_launch_program
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,9 +108,32 @@ class ModuleScan:
             return dotted
         return f"{origin}.{rest}" if rest else origin
 
+    def _harmless_program_calls(self, node: ast.AST) -> set[int]:
+        """ids of the callee nodes of calls like ``subprocess.run(["git", ...])``: a process API given a literal
+        program that is no interpreter, no shell and no launcher (``tests.process_watch.is_launch_program``)."""
+        ids: set[int] = set()
+        for call in ast.walk(node):
+            if not (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.List | ast.Tuple)):
+                continue
+            dotted = _dotted(call.func)
+            program = call.args[0].elts[0] if call.args[0].elts else None
+            if (
+                dotted is not None
+                and self._resolve(dotted) in PROCESS_APIS
+                and isinstance(program, ast.Constant)
+                and isinstance(program.value, str)
+                and not is_launch_program(program.value)
+                and program.value not in ("sh", "bash")
+            ):
+                ids.add(id(call.func))
+        return ids
+
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, cls: str | None) -> _Function:
         found = _Function()
+        harmless = self._harmless_program_calls(node)
         for sub in ast.walk(node):
+            if id(sub) in harmless:
+                continue
             if isinstance(sub, ast.Attribute | ast.Name) and not (
                 isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
             ):

@@ -21,6 +21,9 @@ CONFTEST = "from tests.conftest import _fast_tier_starts_no_launcher, pytest_col
 SYNTHETIC = """
 import subprocess as sp
 import multiprocessing
+import sys
+
+PYTHON = sys.executable
 
 import pytest
 
@@ -45,13 +48,13 @@ def test_via_module_attribute():
 
 
 def test_alias():
-    sp.check_output(["true"])
+    sp.check_output([PYTHON, "-c", "pass"])  # not a literal: counts
 
 
 def test_function_level_import():
     import subprocess
 
-    subprocess.run(["true"])
+    subprocess.run([PYTHON, "-c", "pass"])
 
 
 class TestMethods:
@@ -60,6 +63,16 @@ class TestMethods:
 
     def test_method(self):
         self._start()
+
+
+def test_short_programs():
+    sp.run(["git", "ls-files"])
+    sp.Popen(("true",))
+
+
+def test_a_shell_or_an_interpreter_by_literal():
+    sp.run(["bash", "-c", "python3 train.py"])
+    sp.run(["python3", "-c", "pass"])
 
 
 def test_plain(monkeypatch) -> "subprocess.CompletedProcess":
@@ -98,6 +111,8 @@ def test_scan_follows_helpers_aliases_imports_and_methods(tmp_path: Path) -> Non
         "test_synthetic.py::TestMethods._start",
         "multiprocessing.get_context",
     )
+    assert scanner.launch_chain(module, "test_short_programs") is None  # git, true: no interpreter, no launcher
+    assert scanner.launch_chain(module, "test_a_shell_or_an_interpreter_by_literal") is not None
     assert scanner.launch_chain(module, "test_plain") is None  # a monkeypatch named mp, a type: no process
 
 
