@@ -36,8 +36,8 @@ def _finite(name: str, x: float) -> list[str]:
 
 
 def number(rng: Range | None = None, *, numeric_string: bool = False) -> Rule:
-    """A finite int or float in ``rng``. ``numeric_string``: also a string that is a number (PyYAML reads GPT-NeoX's
-    ``lr: 6e-4`` as the string ``'6e-4'``; the optimizer builder converts it)."""
+    """A finite int or float in ``rng``. ``numeric_string``: also a string that is a number (``lr: '6e-4'``, as
+    GPT-NeoX's builders take it; ``OptimizerConfig.params`` converts it)."""
     what = "a finite number" + (f" {rng.describe()}" if rng else "")
 
     def check(name: str, x: Any) -> list[str]:
@@ -49,7 +49,7 @@ def number(rng: Range | None = None, *, numeric_string: bool = False) -> Rule:
             return (
                 []
                 if math.isfinite(value) and (rng is None or rng.contains(value))
-                else [f"{name}={x!r} must be {what}"]
+                else [f"{name}={short_repr(x)} must be {what}"]
             )
         if not _is_number(x):
             return [f"{name}={short_repr(x)} must be {what}"]
@@ -115,7 +115,7 @@ def _zero_stage(name: str, x: Any) -> list[str]:
     stages = x if isinstance(x, list) else [x]
     if x == "all" or (stages and all(type(s) is int and 0 <= s <= 3 for s in stages)):
         return []
-    return [f"{name}={short_repr(x)}: stage must be 0, 1, 2 or 3"]
+    return [f"{name}={short_repr(x)} must be 0, 1, 2 or 3"]
 
 
 BETA = Range(0, 1, hi_open=True)

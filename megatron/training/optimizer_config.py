@@ -52,6 +52,6 @@ class OptimizerConfig:
     @property
     def params(self) -> dict[str, Any]:
         """A copy of ``optimizer.params`` (none when the ``optimizer`` section is unset), numbers written as strings
-        converted (PyYAML reads GPT-NeoX's ``eps: 1e-8`` as ``'1e-8'``; the config layer checked they are numbers)."""
+        (``eps: '1e-8'``) converted to floats (the config layer checked that they are numbers: nested_checks.py)."""
         params = dict((self.optimizer or {}).get("params") or {})
         return {k: float(v) if k in NUMERIC_PARAMS and isinstance(v, str) else v for k, v in params.items()}

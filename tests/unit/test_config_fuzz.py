@@ -315,7 +315,7 @@ def test_fuzz_findings(text: str, message: str, tmp_path: Path, monkeypatch: pyt
         ),
         (
             {"deepspeed_extra_args": {"zero_optimization": {"stage": "x"}}},
-            "deepspeed_extra_args.zero_optimization.stage='x': stage must be 0, 1, 2 or 3",
+            "deepspeed_extra_args.zero_optimization.stage='x' must be 0, 1, 2 or 3",
         ),
     ],
 )

@@ -41,7 +41,7 @@ def _fp16(**block: Any) -> dict[str, Any]:
         (_zero(reduce_bucket_size="5e8"), "zero_optimization.reduce_bucket_size='5e8' must be an integer >= 1"),
         (
             {"deepspeed_extra_args": {"zero_optimization": {"stage": "x"}}},
-            "deepspeed_extra_args.zero_optimization.stage='x': stage must be 0, 1, 2 or 3",
+            "deepspeed_extra_args.zero_optimization.stage='x' must be 0, 1, 2 or 3",
         ),
         # optimizer.params
         (_adam(betas=[0.9]), "optimizer.params.betas=[0.9] must be two numbers in [0, 1)"),
@@ -76,7 +76,7 @@ def _fp16(**block: Any) -> dict[str, Any]:
         (_zero(allgather_bucket_size=True), "zero_optimization.allgather_bucket_size=True must be an integer >= 1"),
         (_zero(allgather_bucket_size=None), "zero_optimization.allgather_bucket_size=None must be an integer >= 1"),
         (_zero(stage3_max_live_parameters=-1), "zero_optimization.stage3_max_live_parameters=-1 must be an integer"),
-        (_zero(stage=1.0), "zero_optimization.stage=1.0: stage must be 0, 1, 2 or 3"),
+        (_zero(stage=1.0), "zero_optimization.stage=1.0 must be 0, 1, 2 or 3"),
         (_zero(overlap_comm="yes"), "zero_optimization.overlap_comm='yes' must be true or false"),
         (_zero(contiguous_gradients=1), "zero_optimization.contiguous_gradients=1 must be true or false"),
         (_zero(offload_optimizer={"device": "gpu"}), "zero_optimization.offload_optimizer.device='gpu' must be one of"),
@@ -149,7 +149,7 @@ def test_message_names_the_file(tmp_path: Any) -> None:
     [
         _zero(reduce_bucket_size=5.0e8, allgather_bucket_size=500000000),  # an integral float: DeepSpeed converts it
         _zero(overlap_comm=None, offload_optimizer={"device": "cpu", "pin_memory": True, "ratio": 0.5}),
-        _adam(eps="1e-8", lr="6e-4"),  # PyYAML reads GPT-NeoX's `eps: 1e-8` as a string; the optimizer converts it
+        _adam(eps="1e-8", lr="6e-4"),  # numbers written as strings: the optimizer builder converts them
         _fp16(loss_scale=0, initial_scale_power=12, loss_scale_window=1000, hysteresis=2, min_loss_scale=1),
         {"bf16": {"enabled": True, "loss_scale": 0, "hysteresis": 2}},  # GPT-NeoX's bf16 blocks
         {"optimizer": {"type": "lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99]}}},

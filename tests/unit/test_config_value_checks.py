@@ -46,7 +46,7 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "fp16": ({"enabled": "yes"}, "fp16.enabled='yes' must be true or false"),
     "bf16": ({"enable": True}, "must contain 'enabled'"),  # misspelt: DeepSpeed would quietly train in fp32
     "amp": ({"opt_level": "O1"}, "must contain 'enabled'"),
-    "zero_optimization": ({"stage": 4}, "stage must be 0, 1, 2 or 3"),
+    "zero_optimization": ({"stage": 4}, "zero_optimization.stage=4 must be 0, 1, 2 or 3"),
     "scheduler": ({"type": "WarmupLR", "params": {"warmup_num_steps": "10"}}, "must be an integer >= 0"),
     "activation_checkpointing": ({"partition_activations": "no"}, "must be true or false"),
     "flops_profiler": ({"profile_step": 1}, "must contain 'enabled'"),
