@@ -7,70 +7,33 @@ as GPT-NeoX's own tests use it; run as a script it prints user errors in one lin
 
 from __future__ import annotations
 
-import logging
+import os
 import sys
 from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
-
-
-def _train(input_args: list[str] | None, overwrite_values: dict[str, Any] | None, tee: bool) -> int:
-    from megatron.cluster.worker_env import launched_local_rank
-    from megatron.errors import UserError
-    from megatron.logging.tee import tee_output
-    from megatron.neox_arguments import NeoXArgs
-    from megatron.neox_arguments.size_checks import check_fits_machine
-    from megatron.training.preemption import REQUEUE_EXIT_CODE
-    from megatron.training.pretrain import pretrain
-
-    # validated as deepy.py validates, whatever started this rank
-    args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)
-    check_fits_machine(args)  # before any model is built: an impossible size is one line, not a failed allocation
-    if args.log_dir and tee:  # in-process callers keep their own stdout
-        try:
-            assert args.rank is not None  # set by consume_neox_args (configure_distributed_args)
-            tee_output(args.log_dir, args.rank, launched_local_rank())
-        except OSError as e:
-            raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
-    result = pretrain(args)
-    if args.rank == 0:
-        print(f"training {'stopped' if result.preempted else 'finished'} at iteration {result.iteration}", flush=True)
-    # saved at a step boundary: the job can be requeued and resumes from there
-    return REQUEUE_EXIT_CODE if result.preempted else 0
+from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals, StoppedBeforeTraining
 
 
 def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
     """Parse the worker arguments, train; returns the exit code (see the module docstring for the two modes)."""
-    from megatron.console import safe_console
-    from megatron.launcher.secrets import install_log_redaction
-    from megatron.logging.tee import CurrentStdout
+    if input_args is None and overwrite_values is None:
+        # first: a stop signal while the rank starts ends it with STOPPED_EXIT_CODE, not the default action's status
+        startup = StartupSignals().install()
+        try:
+            from megatron.train_entry import run_script
 
-    safe_console()  # a non-ASCII path on an ASCII console is escaped, not a UnicodeEncodeError
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=CurrentStdout())
-    install_log_redaction()
-    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "wandb"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if input_args is not None or overwrite_values is not None:
-        return _train(input_args, overwrite_values, tee=False)
-    from megatron.cluster.peers import lost_peer_message
-    from megatron.distributed import shutdown_and_exit
-    from megatron.errors import UserError
+            return run_script(startup)
+        except StoppedBeforeTraining:  # before the process group formed: nothing to save, no peer waits for us
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(STOPPED_EXIT_CODE)  # no interpreter finalisation over a half-finished import
+        finally:  # reached only where shutdown_and_exit returns (tests); a rank ends inside it
+            startup.uninstall()
+    from megatron.train_entry import setup_logging, train
 
-    code = 0
-    try:
-        code = _train(None, None, tee=True)
-    except UserError as e:  # configuration, data or checkpoint mistakes: one line, no traceback
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        code = 1
-    except Exception as e:
-        lost = lost_peer_message(e)
-        if lost:  # a node died or became unreachable, or another rank stopped first: one line naming it
-            print(f"error: {lost}", file=sys.stderr, flush=True)
-        else:  # a bug: keep the traceback
-            logging.getLogger("megatron.train").exception("training failed")
-        code = 1
-    shutdown_and_exit(code)
-    return code
+    setup_logging()
+    return train(input_args, overwrite_values, tee=False)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ Only this module and ``megatron.mpu`` talk to ``torch.distributed`` directly.
 from __future__ import annotations
 
 import datetime
-import importlib
 import logging
 import os
 import socket
@@ -54,8 +53,10 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float = DEF
         socket.gethostname(),
     )  # fmt: skip
     if on_cpu():
-        ds_comm: Any = importlib.import_module("deepspeed.comm.torch")
-        ds_comm.build_shm_op = lambda: None
+        import deepspeed.comm.torch as ds_torch_comm
+
+        # the one write into DeepSpeed outside training/deepspeed_adapter.py (tests/unit/test_no_deepspeed_patches.py)
+        ds_torch_comm.build_shm_op = lambda: None
     else:
         torch.cuda.set_device(launched_local_rank() % torch.cuda.device_count())
     try:

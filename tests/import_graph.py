@@ -1,8 +1,12 @@
-"""The import graph of ``megatron/``, read with ``ast``: module-level and function-level imports alike.
+"""The import graph of ``megatron/``, read with ``ast``: every import statement is an edge.
 
-Imports under ``if TYPE_CHECKING:`` are left out (they never run). A module is named by its dotted path
-(``megatron.data.indexed_dataset``); its layer is the first component below ``megatron`` (``data``, ``mpu``,
-``distributed`` for ``megatron/distributed.py``).
+Module-level, function-level and type-only (``if TYPE_CHECKING:``) imports alike: a type-level cycle still ties
+two modules together (neither can be understood, moved or tested without the other). An import of a module's own
+package or of an ancestor package (``import megatron``, ``from megatron import NeoXArgs``, ``import
+megatron.training`` inside ``megatron/training/``) is an edge too (``from megatron import mpu`` names the module
+``megatron.mpu``, not the root). A module is named by its dotted path (``megatron.data.indexed_dataset``); its
+layer is the first component below ``megatron`` (``data``, ``mpu``, ``distributed`` for
+``megatron/distributed.py``).
 """
 
 from __future__ import annotations
@@ -20,15 +24,6 @@ class Edge:
     source: str
     target: str
     where: str
-
-
-def _type_checking_ids(tree: ast.AST) -> set[int]:
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            for stmt in node.body:
-                inside.update(id(n) for n in ast.walk(stmt))
-    return inside
 
 
 def module_names(root: Path, package: str = "megatron") -> dict[str, Path]:
@@ -54,16 +49,13 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
 
 
 def import_edges(root: Path, package: str = "megatron") -> list[Edge]:
-    """Every import of one ``package`` module by another (self-imports and parent packages left out)."""
+    """Every import of one ``package`` module by another (self-imports left out)."""
     modules = module_names(root, package)
     edges: list[Edge] = []
     for source, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        skip = _type_checking_ids(tree)
         is_pkg = path.name == "__init__.py"
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -75,7 +67,7 @@ def import_edges(root: Path, package: str = "megatron") -> list[Edge]:
                 names = [f"{base}.{a.name}" for a in node.names]
             for name in names:
                 target = _resolve(name, modules)
-                if target and target != source and not source.startswith(target + "."):
+                if target and target != source:
                     where = f"{path.relative_to(root).as_posix()}:{node.lineno}"
                     edges.append(Edge(source, target, where))
     return edges

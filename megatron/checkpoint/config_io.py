@@ -39,7 +39,13 @@ def checkpoint_config_args(directory: str | Path) -> SimpleNamespace | None:
     configs = Path(directory) / "configs"
     resolved = configs / RESOLVED
     if resolved.is_file():
-        return SimpleNamespace(**{**default_values(), **json.loads(resolved.read_text())})
+        try:
+            values = json.loads(resolved.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+            raise CheckpointError(f"cannot read {resolved} ({type(e).__name__}: {e})") from None
+        if not isinstance(values, dict):
+            raise CheckpointError(f"{resolved} holds a JSON {type(values).__name__}, expected an object of config keys")
+        return SimpleNamespace(**{**default_values(), **values})
     ymls = sorted(p for p in configs.glob("*") if p.suffix in (".yml", ".yaml", ".json")) if configs.is_dir() else []
     if ymls:
         try:

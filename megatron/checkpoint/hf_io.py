@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from megatron.checkpoint import hf_checks
+from megatron.checkpoint.hf_config_checks import check_hf_config
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
@@ -197,6 +198,7 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
     if not config_json.is_file():
         raise CheckpointError(f"{hf_dir} is not a Hugging Face model folder (no config.json)")
     hf_checks.refuse_custom_code(config_json, "model")
+    check_hf_config(config_json, hf_checks.read_json_object(config_json))
     try:
         hf_config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as e:  # transformers' errors for configs it cannot read

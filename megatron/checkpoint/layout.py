@@ -36,8 +36,10 @@ class CheckpointError(UserError):
 def confined(root: str | Path, name: str, what: str) -> Path:
     """``root / name`` when it stays inside ``root`` (no ``..``, no absolute path, no symlink escape), else an error."""
     base = Path(root).resolve()
+    if not name or "\0" in name or Path(name).is_absolute():
+        raise CheckpointError(f"{what} names {name!r}, which is outside {root}; refusing to follow it")
     target = (base / name).resolve()
-    if not name or Path(name).is_absolute() or (target != base and base not in target.parents):
+    if target != base and base not in target.parents:
         raise CheckpointError(f"{what} names {name!r}, which is outside {root}; refusing to follow it")
     return Path(root) / name
 
@@ -45,9 +47,10 @@ def confined(root: str | Path, name: str, what: str) -> Path:
 def checkpoint_folder(root: str | Path, tag: str, what: str) -> Path:
     """``root / tag`` for a tag read from ``latest`` or picked from ``root``'s folders: one plain folder name (not
     ``.``/``..``, no path separator) whose folder, followed through symlinks, stays inside ``root``."""
-    if tag in ("", ".", "..") or "/" in tag or "\\" in tag:
+    if tag in ("", ".", "..") or "/" in tag or "\\" in tag or "\0" in tag or len(tag.encode()) > 255:
+        shown = repr(tag) if len(tag) <= 80 else f"{tag[:60]!r}... ({len(tag)} characters)"
         raise CheckpointError(
-            f"{what} names {tag!r}, which is not a checkpoint folder name (expected one folder inside {root}, "
+            f"{what} names {shown}, which is not a checkpoint folder name (expected one folder inside {root}, "
             "e.g. global_step100)"
         )
     target = Path(root) / tag

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST = "manifest.json"
@@ -68,17 +69,69 @@ def write_manifest(directory: Path, **meta: Any) -> dict[str, Any]:
     return manifest
 
 
+MAX_FILE_SIZE = 2**63 - 1  # the largest size a file can have (off_t)
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _short(value: Any) -> str:
+    """``repr`` cut to 60 characters: a hostile manifest's values stay one readable line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _check_name(name: Any) -> str | None:
+    """What is wrong with a file name listed in a manifest (None: a relative path inside the checkpoint folder)."""
+    if not isinstance(name, str) or not name:
+        return f"file name {_short(name)} is not a non-empty string"
+    parts = PurePosixPath(name).parts
+    if "\\" in name or "\0" in name or name.startswith("/") or ".." in parts:
+        return f"file name {_short(name)} is not a relative path inside the checkpoint folder"
+    return None
+
+
+def _check_entry(name: str, entry: Any) -> str | None:
+    """What is wrong with the ``{"size": N, "sha256": "…"}`` entry of ``name`` (None: nothing)."""
+    if not isinstance(entry, dict):
+        return f"the entry of {_short(name)} is {type(entry).__name__}, expected an object with size and sha256"
+    size = entry.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_SIZE:
+        return f"the size of {_short(name)} is {_short(size)}, expected a byte count from 0 to {MAX_FILE_SIZE}"
+    sha = entry.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and SHA256_RE.match(sha)):
+        return f"the sha256 of {_short(name)} is {_short(sha)}, expected 64 lower-case hex digits"
+    return None
+
+
+def manifest_structure_problem(manifest: Any) -> str | None:
+    """What is wrong with a decoded manifest's structure (None: a dict whose ``files`` is a list of names or an
+    object of name → ``{size, sha256}``, every name a relative path inside the folder)."""
+    if not isinstance(manifest, dict):
+        return f"it holds a JSON {type(manifest).__name__}, expected an object"
+    if "files" not in manifest:
+        return "no 'files' entry"
+    files = manifest["files"]
+    if not isinstance(files, (dict, list)):
+        return f"'files' is a JSON {type(files).__name__}, expected an object of file name -> {{size, sha256}}"
+    for name in files:
+        problem = _check_name(name) or (_check_entry(name, files[name]) if isinstance(files, dict) else None)
+        if problem:
+            return problem
+    return None
+
+
 def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """The manifest of ``directory``, None when it has none; a ValueError naming it when it is unreadable."""
+    """The manifest of ``directory``, None when it has none; a ValueError naming it when it is unreadable or its
+    structure is not a manifest's (see :func:`manifest_structure_problem`)."""
     path = directory / MANIFEST
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or "files" not in manifest:
-            raise ValueError("no 'files' entry")
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{path} is not a valid checkpoint manifest ({e})") from None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path} is not a valid checkpoint manifest ({type(e).__name__}: {e})") from None
+    problem = manifest_structure_problem(manifest)
+    if problem:
+        raise ValueError(f"{path} is not a valid checkpoint manifest: {problem}")
     return manifest
 
 
@@ -95,13 +148,25 @@ def verify_checkpoint(directory: Path, *, checksums: bool = False) -> str | None
     for name, entry in entries:
         if name == MANIFEST:
             continue
-        path = directory / name
-        if not path.is_file():
-            return f"{path} is missing"
-        if isinstance(entry, dict):
-            size = path.stat().st_size
-            if size != entry.get("size"):
-                return f"{path} has {size} bytes, the manifest records {entry.get('size')} (truncated or replaced)"
-            if checksums and entry.get("sha256") and _sha256(path) != entry["sha256"]:
-                return f"{path} does not match its sha256 in the manifest (corrupted)"
+        try:
+            problem = _file_problem(directory, name, entry, checksums)
+        except OSError as e:  # unreadable, a name too long for the filesystem …
+            problem = f"{directory / name} cannot be read ({type(e).__name__}: {e})"
+        if problem:
+            return problem
+    return None
+
+
+def _file_problem(directory: Path, name: str, entry: dict[str, Any] | None, checksums: bool) -> str | None:
+    path = directory / name
+    if directory.resolve() not in path.resolve().parents:  # a symlink inside the folder that leads out of it
+        return f"{directory / MANIFEST} lists {_short(name)}, which resolves outside {directory}"
+    if not path.is_file():
+        return f"{path} is missing"
+    if isinstance(entry, dict):
+        size = path.stat().st_size
+        if size != entry.get("size"):
+            return f"{path} has {size} bytes, the manifest records {entry.get('size')} (truncated or replaced)"
+        if checksums and entry.get("sha256") and _sha256(path) != entry["sha256"]:
+            return f"{path} does not match its sha256 in the manifest (corrupted)"
     return None

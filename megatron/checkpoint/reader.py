@@ -24,6 +24,7 @@ from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
 from megatron.checkpoint.layout import CheckpointError, CheckpointLayout, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.rules import merge_tensor, rename_legacy
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_loading, safe_torch_load
+from megatron.checkpoint.structure import checkpoint_structure
 from megatron.checkpoint.tags import tag_iteration
 from megatron.model import build_sequential_model
 from megatron.model.config import GPTModelConfig
@@ -342,6 +343,20 @@ def read_checkpoint(
     """
     if row_bias not in ("auto", "effective", "sum"):
         raise ValueError(f"row_bias={row_bias!r} must be auto, effective or sum")
+    with checkpoint_structure(path):  # a pickled value of an unexpected type: one line naming the checkpoint
+        return _read_checkpoint(path, config_files, model, iteration, row_bias, progress, keep_for, tp_shard)
+
+
+def _read_checkpoint(
+    path: str | Path,
+    config_files: list[str | Path] | None,
+    model: GPTModelConfig | Callable[[int], GPTModelConfig] | None,
+    iteration: int | None,
+    row_bias: str,
+    progress: Callable[[str], None] | None,
+    keep_for: Callable[[GPTModelConfig], KeyFilter] | None,
+    tp_shard: tuple[int, int] | None,
+) -> NeoXCheckpoint:
     directory = resolve_checkpoint_dir(path, iteration)
     layout = detect_layout(directory)
     own = tp_shard if tp_shard is not None and tp_shard[1] == layout.tp > 1 and not layout.zero3_files else None

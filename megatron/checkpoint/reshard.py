@@ -18,6 +18,7 @@ from megatron.checkpoint.optimizer_state import (
 )
 from megatron.checkpoint.reader import NeoXCheckpoint, load_torch, read_checkpoint
 from megatron.checkpoint.rules import resize_vocab, split_tensor
+from megatron.checkpoint.structure import checkpoint_structure
 from megatron.checkpoint.writer import TargetLayout, write_checkpoint
 from megatron.checkpoint.zero_state import ZERO_OPTIM_RE, gather_zero_optimizer_state
 from megatron.model.config import GPTModelConfig, pad_vocab_size
@@ -60,17 +61,26 @@ def gather_full_optimizer_state(ckpt: NeoXCheckpoint) -> tuple[FullOptimizerStat
     """The per-parameter optimizer state of ``ckpt`` (ZeRO-0 torch state, else ZeRO-1/2/3 or bf16-optimizer shards)
     and whether it came from ZeRO shards; a ``CheckpointError`` saying why when it has none that can be carried."""
     layout, cfg = ckpt.layout, ckpt.cfg
-    optimizers = [load_torch(p).get("optimizer") for p in layout.mp_files]
-    src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
-    src_shard = {key: tuple(split_tensor(key, value, cfg, src_tp)[0].shape) for key, value in ckpt.state_dict.items()}
-    try:
-        return gather_optimizer_state(optimizers, lambda name, _tp: src_shard[name], cfg, src_tp, src_pp), False
-    except CheckpointError as plain:
+    with checkpoint_structure(layout.directory):
+        optimizers = [_optimizer_entry(p) for p in layout.mp_files]
+        src_tp, src_pp = layout.tp, layout.pp if layout.is_pipe else 0
+        src_shard = {k: tuple(split_tensor(k, v, cfg, src_tp)[0].shape) for k, v in ckpt.state_dict.items()}
         try:
-            full = gather_zero_optimizer_state(layout.directory, cfg, src_tp, lambda name, _tp: src_shard[name])
-        except CheckpointError as zero:
-            raise CheckpointError(f"{plain}; {zero}") from None
-        return full, True
+            return gather_optimizer_state(optimizers, lambda name, _tp: src_shard[name], cfg, src_tp, src_pp), False
+        except CheckpointError as plain:
+            try:
+                full = gather_zero_optimizer_state(layout.directory, cfg, src_tp, lambda name, _tp: src_shard[name])
+            except CheckpointError as zero:
+                raise CheckpointError(f"{plain}; {zero}") from None
+            return full, True
+
+
+def _optimizer_entry(path: Path) -> Any:
+    """The ``optimizer`` entry of a model-states file (None when it has none)."""
+    state = load_torch(path)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a DeepSpeed model-states dict")
+    return state.get("optimizer")
 
 
 def _has_optimizer_state(ckpt: NeoXCheckpoint) -> bool:

@@ -29,6 +29,7 @@ class LauncherConfig:
     user_script: str | None = from_schema()
     comment: str | None = from_schema()
     account: str | None = from_schema()
+    preemption_signals: list = from_schema()  # the signal deepy relays through srun/mpirun must be one of them
     explicit_keys: frozenset[str] = field(default_factory=frozenset)
     """The keys the user set (a CPU launch picks a free port unless ``master_port`` is one of them)."""
 

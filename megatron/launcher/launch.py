@@ -6,16 +6,18 @@ import json
 import logging
 import os
 import shlex
+import signal
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 from megatron.cluster.env_values import master_addr as env_master_addr
 from megatron.launcher.config import LauncherConfig
-from megatron.launcher.multinode import ClusterCommand
+from megatron.launcher.multinode import RELAY_SIGNAL, ClusterCommand
 from megatron.launcher.secrets import redact, write_env_file
-from megatron.launcher.supervise import Supervisor, local_ranks
+from megatron.launcher.supervise import SignalQueue, Supervisor, local_ranks
 from megatron.launcher.threads import threads_per_rank
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
@@ -142,16 +144,17 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) 
         f.write(redact(command or plan.command_line()) + "\n")
 
 
-def launch(plan: LaunchPlan) -> int:
+def launch(plan: LaunchPlan, signals: SignalQueue | None = None) -> int:
     """Run DeepSpeed's runner (``plan.command_line()``) under deepy's supervision; returns the ranks' exit status.
 
     Signals to deepy reach every rank and deepy waits for them (``megatron.launcher.supervise``): 42 after a
-    preemption save.
+    preemption save. ``signals``: deepy's signal queue, installed before the configs were read.
     """
     check_master_port(plan)
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_runner.py")
     env = {**os.environ, **plan.env}
-    return Supervisor([sys.executable, "-u", runner, *plan.runner_argv], env, ranks=local_ranks).run()
+    argv = [sys.executable, "-u", runner, *plan.runner_argv]
+    return Supervisor(argv, env, ranks=local_ranks, signals=signals).run()
 
 
 def check_master_port(plan: LaunchPlan) -> None:
@@ -171,9 +174,9 @@ def check_master_port(plan: LaunchPlan) -> None:
             ) from None
 
 
-def run_cluster(cmd: ClusterCommand) -> int:
+def run_cluster(cmd: ClusterCommand, signals: SignalQueue | None = None) -> int:
     """Start a multi-node launch (srun/mpirun/pdsh) and wait; signals are relayed as ``Supervisor`` describes
-    (srun and mpirun pass SIGTERM/SIGUSR1 on to their tasks).
+    (srun and Open MPI's mpirun get the stop signal they forward, pdsh launches are signalled through ``cmd.relay``).
 
     The hostfile for mpirun and pdsh's 0600 environment file are written first; the environment file is removed
     when the launch ends.
@@ -184,9 +187,22 @@ def run_cluster(cmd: ClusterCommand) -> int:
     if cmd.env_file:
         write_env_file(cmd.env_file, cmd.forwarded_env())
     try:
-        return Supervisor(cmd.argv, cmd.env).run()
+        relay = (lambda sig: _run_relay(cmd, sig)) if cmd.relay else None
+        return Supervisor(cmd.argv, cmd.env, signals=signals, relay=relay, signal_map=cmd.signal_map).run()
     except FileNotFoundError:
         raise ConfigError(f"launcher {cmd.backend}: {cmd.argv[0]} is not installed (not on PATH)") from None
     finally:
         if cmd.env_file and os.path.exists(cmd.env_file):
             os.unlink(cmd.env_file)
+
+
+def _run_relay(cmd: ClusterCommand, sig: signal.Signals) -> int:
+    """Run ``cmd.relay`` for ``sig`` (every host's ranks of the run get it once they catch it); its exit status."""
+    argv = [a.replace(RELAY_SIGNAL, sig.name) for a in cmd.relay]
+    try:
+        return subprocess.run(
+            argv, env=cmd.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            timeout=60, check=False,
+        ).returncode  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return 1

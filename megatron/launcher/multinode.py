@@ -31,6 +31,11 @@ PDSH_FAN_OUT = 1024
 # and win (ssh keeps the first value of an option).
 SSH_KEEPALIVE = "-o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 ENV_FILE = "launch.env"
+RELAY_SIGNAL = "{signal}"  # replaced in ClusterCommand.relay by the signal's name
+# srun and Open MPI's mpirun end their tasks on SIGTERM (SIGKILL within a second or two, no save) and pass on only
+# some signals, SIGUSR1 and SIGUSR2 among them: deepy gives them the first of those that is a preemption signal
+FORWARDED_BY_LAUNCHER = {"slurm": ("SIGUSR1", "SIGUSR2"), "openmpi": ("SIGUSR1", "SIGUSR2")}
+LAUNCHER_PROGRAM = {"slurm": "srun", "openmpi": "Open MPI's mpirun"}
 
 
 @dataclass
@@ -44,6 +49,8 @@ class ClusterCommand:
     hostfile: tuple[str, str] | None = None  # (path, text) for mpirun
     env_file: str | None = None  # pdsh: path of the 0600 file holding the forwarded variables
     notes: list[str] = field(default_factory=list)
+    signal_map: dict[str, str] = field(default_factory=dict)  # the signal the launcher gets for one deepy relays
+    relay: list[str] = field(default_factory=list)  # pdsh: argv signalling every host's ranks (RELAY_SIGNAL: which)
 
     def forwarded_env(self) -> dict[str, str]:
         return {k: self.env[k] for k in self.forwarded}
@@ -127,6 +134,20 @@ class _Launch:
     def notes(self) -> list[str]:
         return [f"{k} is used by launcher slurm only" for k in ("comment", "account") if getattr(self.args, k)]
 
+    def signal_map(self, backend: str) -> tuple[dict[str, str], list[str]]:
+        """(deepy's stop signals -> the one the launcher forwards, notes) for srun and mpirun."""
+        wanted = list(self.args.preemption_signals)
+        usable = [s for s in wanted if s in FORWARDED_BY_LAUNCHER[backend]]
+        if usable:
+            return {"SIGTERM": usable[0], "SIGUSR1": usable[0], "SIGUSR2": usable[0]}, []
+        if not wanted:
+            return {}, []  # preemption is off: a signal ends the ranks the launcher's way
+        return {}, [
+            f"launcher {backend}: {LAUNCHER_PROGRAM[backend]} does not pass SIGTERM on to the ranks (it kills them, no "
+            f"save); a signal to deepy.py saves only when preemption_signals includes SIGUSR1 or SIGUSR2 (it has "
+            f"{', '.join(wanted)})"
+        ]
+
 
 def _slurm(x: _Launch) -> ClusterCommand:
     per_node = _uniform_slots("slurm", x.active, same_count=True)
@@ -137,7 +158,9 @@ def _slurm(x: _Launch) -> ClusterCommand:
     argv += ["--kill-on-bad-exit=1"]
     argv += ["--comment", x.args.comment] if x.args.comment else []
     argv += ["--account", x.args.account] if x.args.account else []
-    return ClusterCommand("slurm", [*argv, "--export=ALL", *x.script], x.env, x.forwarded)  # srun passes env
+    signals, notes = x.signal_map("slurm")
+    argv = [*argv, "--export=ALL", *x.script]  # srun passes the environment
+    return ClusterCommand("slurm", argv, x.env, x.forwarded, notes=notes, signal_map=signals)
 
 
 def _openmpi(x: _Launch) -> ClusterCommand:
@@ -147,7 +170,10 @@ def _openmpi(x: _Launch) -> ClusterCommand:
     argv = ["mpirun", "-n", str(x.total), "-hostfile", path, "--mca", "btl", "^openib"]
     for name in x.forwarded:
         argv += ["-x", name]  # the value comes from mpirun's own environment
-    return ClusterCommand("openmpi", [*argv, *x.script], x.env, x.forwarded, (path, text), notes=x.notes())
+    signals, notes = x.signal_map("openmpi")
+    return ClusterCommand(
+        "openmpi", [*argv, *x.script], x.env, x.forwarded, (path, text), notes=x.notes() + notes, signal_map=signals
+    )
 
 
 def _mvapich(x: _Launch) -> ClusterCommand:
@@ -173,8 +199,14 @@ def _pdsh(x: _Launch) -> ClusterCommand:
     ]
     env = {**x.env, "PDSH_RCMD_TYPE": "ssh"}
     env["PDSH_SSH_ARGS_APPEND"] = f"{env.get('PDSH_SSH_ARGS_APPEND', '')} {SSH_KEEPALIVE}".strip()
-    argv = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(x.active), " ".join(remote)]
-    return ClusterCommand("pdsh", argv, env, x.forwarded, env_file=env_file, notes=x.notes())
+    pdsh = ["pdsh", "-S", "-f", str(PDSH_FAN_OUT), "-w", ",".join(x.active)]
+    # pdsh's ssh passes no signal on: deepy signals each host's ranks of this run itself (signal_ranks.py)
+    relay_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "signal_ranks.py")
+    relay = (
+        f"exec {_pdsh_quote(sys.executable)} {_pdsh_quote(relay_script)} {RELAY_SIGNAL} {_pdsh_quote(x.config_path)}"
+    )
+    argv = [*pdsh, " ".join(remote)]
+    return ClusterCommand("pdsh", argv, env, x.forwarded, env_file=env_file, notes=x.notes(), relay=[*pdsh, relay])
 
 
 BACKENDS = {"slurm": _slurm, "openmpi": _openmpi, "mvapich": _mvapich, "pdsh": _pdsh}

@@ -7,10 +7,17 @@ The launcher (DeepSpeed's runner, or srun/mpirun/pdsh) runs in its own process g
 * SIGHUP and a first SIGINT: SIGTERM to the ranks (the same save), with one line on stderr;
 * a second SIGINT within :data:`STOP_NOW_WINDOW_S` seconds: "stop now", SIGKILL to the whole group.
 
-deepy then waits for the launcher and returns its exit status (42 after a preemption save). Whatever is still
-alive in the group after the launcher ended (a rank the launcher lost track of) is stopped, so no rank outlives
-deepy. Local launches signal the ranks themselves (the runner's grandchildren): DeepSpeed's per-node launcher would
-otherwise turn a signal into exit status 1 and a SIGKILL after 30 s.
+deepy then waits for the launcher and returns its exit status (42 after a preemption save; ``STOPPED_EXIT_CODE``,
+with one line, when the ranks stopped before their first step, or when the signal came before the launch started).
+Whatever is still alive in the group after the launcher ended (a rank the launcher lost track of) is stopped, so no
+rank outlives deepy.
+
+How the signal reaches the ranks depends on the launcher: locally deepy signals the ranks themselves (the runner's
+grandchildren; DeepSpeed's per-node launcher would turn a signal into exit status 1 and a SIGKILL after 30 s), each
+only once it catches the signal (``signal_ranks.ready``: a rank still starting its interpreter would be killed);
+srun and Open MPI's mpirun end their tasks on SIGTERM without passing it on, so they get a signal they forward
+(``ClusterCommand.signal_map``, SIGUSR1); MPICH's hydra passes SIGTERM on; pdsh's ssh passes nothing on, so deepy
+runs ``signal_ranks.py`` on every host through pdsh (``relay``) until every rank there caught the signal.
 """
 
 from __future__ import annotations
@@ -28,8 +35,12 @@ from typing import IO, TextIO
 
 import psutil
 
+from megatron.launcher.signal_ranks import send_when_ready
+from megatron.training.startup_signals import STOPPED_EXIT_CODE
+
 STOP_NOW_WINDOW_S = 5.0  # a second Ctrl-C within this many seconds kills the ranks
 LEFTOVER_GRACE_S = 10.0  # how long processes left in the group after the launcher exits get before SIGKILL
+RELAY_RETRY_S = 1.0  # how often a relay (pdsh) is repeated while a host has ranks not yet catching the signal
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
@@ -82,11 +93,41 @@ def _say(message: str) -> None:
     print(f"deepy.py: {message}", file=sys.stderr, flush=True)
 
 
+class SignalQueue:
+    """deepy's handlers for :data:`HANDLED`: a signal is only queued (acted on by :class:`Supervisor`). Installed
+    before the configs are read, so a signal during deepy's own start-up is not lost (nor a traceback)."""
+
+    def __init__(self) -> None:
+        self.pending: list[signal.Signals] = []
+        self._previous: dict[signal.Signals, object] = {}
+
+    def install(self) -> SignalQueue:
+        for s in HANDLED:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]  # what signal.signal returned
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.pending.append(signal.Signals(signum))
+
+
+def stopped_before_launch(sig: signal.Signals) -> int:
+    """One line and :data:`STOPPED_EXIT_CODE`: a stop signal came before any rank was started."""
+    _say(f"{sig.name} before the launch: no rank was started, nothing to save (exit status {STOPPED_EXIT_CODE})")
+    return STOPPED_EXIT_CODE
+
+
 class Supervisor:
     """Start ``argv`` in a new process group, relay signals to the ranks, wait, return the exit status.
 
-    ``ranks`` finds the processes a signal goes to (default: the launcher itself, which forwards to its tasks, as
-    srun and mpirun do); when it finds none yet, the signal goes to the whole group.
+    Where a stop signal goes: ``ranks`` (local launches) finds the rank processes, each signalled once it catches
+    the signal; ``relay`` (pdsh) is called with the signal until it returns 0 (every rank reached); otherwise the
+    launcher itself gets it, as ``signal_map`` translates it (srun and mpirun forward SIGUSR1, not SIGTERM).
+    ``signals``: deepy's queue, installed early (default: one installed for the run).
     """
 
     def __init__(
@@ -94,22 +135,29 @@ class Supervisor:
         argv: Sequence[str],
         env: dict[str, str] | None = None,
         ranks: Callable[[int], list[psutil.Process]] | None = None,
+        *,
+        signals: SignalQueue | None = None,
+        relay: Callable[[signal.Signals], int] | None = None,
+        signal_map: dict[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.env = env
         self.ranks = ranks
-        self.pending: list[signal.Signals] = []
+        self.relay = relay
+        self.signal_map = signal_map or {}
+        self.signals = signals
+        self.stop: signal.Signals | None = None  # the stop signal the ranks are to get (None: no stop asked)
+        self.delivered: set[int] = set()  # local ranks that got ``stop``
         self.last_interrupt = -1e9
         self.killed = False
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def _handler(self, signum: int, _frame: FrameType | None) -> None:
-        self.pending.append(signal.Signals(signum))  # acted on in the wait loop, not inside the handler
-
     def run(self) -> int:
         """Run to completion; raises FileNotFoundError when the launcher executable is missing."""
-        previous = {s: signal.signal(s, self._handler) for s in HANDLED}
+        queue = self.signals or SignalQueue().install()
         try:
+            if queue.pending:  # deepy was asked to stop while it read the configs: start nothing
+                return stopped_before_launch(queue.pending[0])
             # The ranks run in their own process group, so that a terminal's Ctrl-C reaches only deepy (which asks
             # them to save). A process group that is not the terminal's foreground group is stopped (SIGTTIN) when it
             # reads the terminal, so a terminal's lines are relayed through a pipe (interactive generation reads
@@ -120,8 +168,10 @@ class Supervisor:
             if tty:
                 threading.Thread(target=_relay_lines, args=(sys.stdin, self.proc.stdin), daemon=True).start()
             while True:
-                while self.pending:
-                    self._act(self.pending.pop(0))
+                while queue.pending:
+                    self._act(queue.pending.pop(0))
+                if self.stop is not None and self.ranks is not None:
+                    self._deliver_local(self.stop)
                 try:
                     code = self.proc.wait(timeout=0.05)
                     break
@@ -130,10 +180,21 @@ class Supervisor:
             self._stop_leftovers()
             if self.killed:
                 return 128 + signal.SIGINT
-            return exit_status(code)
+            status = exit_status(code)
+            if self.stop is not None and status in (128 + self.stop, 256 - self.stop, int(self.stop)):
+                # a rank ended by the stop signal itself (hit before its interpreter ran train.py's first line;
+                # 256 - N: DeepSpeed's per-node launcher's sys.exit(-N), N: MPICH hydra's report of a rank killed by
+                # signal N): no rank had trained, nothing was saved
+                status = STOPPED_EXIT_CODE
+            if self.stop is not None and status == STOPPED_EXIT_CODE:
+                _say(
+                    "stopped before the first training step: nothing to save, no checkpoint written or changed "
+                    f"(exit status {STOPPED_EXIT_CODE}; the same command starts the run again)"
+                )
+            return status
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            if self.signals is None:
+                queue.uninstall()
 
     def _act(self, sig: signal.Signals) -> None:
         assert self.proc is not None
@@ -151,14 +212,30 @@ class Supervisor:
             )
         elif sig == signal.SIGHUP:
             _say("hangup: asking the ranks to save and stop")
-        forwarded = signal.SIGTERM if sig in (signal.SIGINT, signal.SIGHUP) else sig
-        targets = self.ranks(self.proc.pid) if self.ranks else [psutil.Process(self.proc.pid)]
-        if not targets:  # the ranks are not started yet: nothing to save, stop the launch
-            self._killpg(signal.SIGTERM)
-            return
-        for target in targets:
-            with contextlib.suppress(psutil.Error):  # it has just exited
-                target.send_signal(forwarded)
+        asked = signal.SIGTERM if sig in (signal.SIGINT, signal.SIGHUP) else sig
+        forwarded = signal.Signals[self.signal_map.get(asked.name, asked.name)]
+        self.stop = forwarded
+        self.delivered.clear()  # every signal received is passed on once more
+        if self.ranks is not None:
+            self._deliver_local(forwarded)  # and again from the wait loop, to ranks not ready yet
+        elif self.relay is not None:
+            threading.Thread(target=self._relay_until_delivered, args=(forwarded,), daemon=True).start()
+        else:
+            with contextlib.suppress(ProcessLookupError):  # it has just exited
+                os.kill(self.proc.pid, forwarded)
+
+    def _deliver_local(self, sig: signal.Signals) -> None:
+        """``sig`` to the local ranks that catch it and have not had it yet (one still starting waits)."""
+        assert self.proc is not None and self.ranks is not None
+        waiting = [r.pid for r in self.ranks(self.proc.pid) if r.pid not in self.delivered]
+        self.delivered.update(send_when_ready(waiting, sig))
+
+    def _relay_until_delivered(self, sig: signal.Signals) -> None:
+        assert self.proc is not None and self.relay is not None
+        while self.proc.poll() is None and self.stop == sig:
+            if self.relay(sig) == 0:
+                return
+            time.sleep(RELAY_RETRY_S)
 
     def _killpg(self, sig: signal.Signals) -> None:
         assert self.proc is not None

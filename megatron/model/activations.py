@@ -9,15 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from megatron.model.variant_config import ActivationConfig
 from megatron.registry import Registry
-
-if TYPE_CHECKING:  # config.py reads this registry (gating, validation)
-    from megatron.model.config import GPTModelConfig
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -40,7 +37,7 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 class ActivationSpec:
     """One ``activation`` value."""
 
-    function: Callable[[GPTModelConfig], Activation]
+    function: Callable[[ActivationConfig], Activation]
     """``cfg`` -> the element-wise function (for gated ones: the function applied to the gate)."""
     gated: bool
     """The MLP's first projection produces ``[x | gate]`` and the output is ``function(gate) · x``."""
@@ -49,13 +46,13 @@ class ActivationSpec:
 ACTIVATIONS: Registry[ActivationSpec] = Registry("activation")
 
 
-def _gelu(cfg: GPTModelConfig) -> Activation:
+def _gelu(cfg: ActivationConfig) -> Activation:
     if cfg.onnx_safe:
         return erf_gelu
     return gelu_tanh if cfg.bias_gelu_fusion else F.gelu
 
 
-def _fixed(fn: Activation) -> Callable[[GPTModelConfig], Activation]:
+def _fixed(fn: Activation) -> Callable[[ActivationConfig], Activation]:
     return lambda cfg: fn
 
 
@@ -72,7 +69,7 @@ ACTIVATIONS.register("bilinear", ActivationSpec(_fixed(_identity), gated=True))
 ACTIVATIONS.register("glu", ActivationSpec(_fixed(torch.sigmoid), gated=True))
 
 
-def get_activation(cfg: GPTModelConfig) -> Activation:
+def get_activation(cfg: ActivationConfig) -> Activation:
     """The element-wise function of ``cfg.activation`` (for gated ones: the function applied to the gate)."""
     return ACTIVATIONS.get(cfg.activation).function(cfg)
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.variant_config import NormConfig
 from megatron.registry import Registry
-
-if TYPE_CHECKING:  # config.py reads this registry (epsilons, validation)
-    from megatron.model.config import GPTModelConfig
 
 
 class LayerNorm(nn.LayerNorm):
@@ -75,7 +73,7 @@ class NormSpec:
     """One ``norm`` type: its module class, the builder and which config key holds its epsilon."""
 
     cls: type[nn.Module]
-    build: Callable[[GPTModelConfig, int | list[int], float], nn.Module]
+    build: Callable[[NormConfig, int | list[int], float], nn.Module]
     """``(cfg, dim, epsilon)`` -> the norm over the trailing ``dim``."""
     epsilon_key: str
     """The GPTModelConfig field with this norm's epsilon."""
@@ -84,19 +82,19 @@ class NormSpec:
 NORMS: Registry[NormSpec] = Registry("norm")
 
 
-def _layernorm(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+def _layernorm(cfg: NormConfig, dim: int | list[int], eps: float) -> nn.Module:
     return LayerNorm(dim, eps=eps, bias=cfg.use_bias_in_norms, dtype=cfg.params_dtype)
 
 
-def _rmsnorm(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+def _rmsnorm(cfg: NormConfig, dim: int | list[int], eps: float) -> nn.Module:
     return RMSNorm(dim, eps=eps, dtype=cfg.params_dtype)
 
 
-def _scalenorm(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+def _scalenorm(cfg: NormConfig, dim: int | list[int], eps: float) -> nn.Module:
     return ScaleNorm(dim, eps=eps, dtype=cfg.params_dtype)
 
 
-def _non_parametric(cfg: GPTModelConfig, dim: int | list[int], eps: float) -> nn.Module:
+def _non_parametric(cfg: NormConfig, dim: int | list[int], eps: float) -> nn.Module:
     return NonParametricLayerNorm(dim, eps=eps)
 
 
@@ -109,7 +107,7 @@ NORMS.register("te_rmsnorm", NormSpec(RMSNorm, _rmsnorm, "rms_norm_epsilon"))
 NORMS.register("te_layernorm", NormSpec(LayerNorm, _layernorm, "layernorm_epsilon"))
 
 
-def build_norm(cfg: GPTModelConfig, dim: int | list[int] | None = None) -> Norm:
+def build_norm(cfg: NormConfig, dim: int | list[int] | None = None) -> Norm:
     """The norm selected by ``cfg.norm`` over ``dim`` (default ``hidden_size``) with its epsilon."""
     spec = NORMS.get(cfg.norm)
     return cast(Norm, spec.build(cfg, cfg.hidden_size if dim is None else dim, getattr(cfg, spec.epsilon_key)))

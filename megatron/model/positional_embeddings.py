@@ -6,17 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
+from megatron.model.variant_config import PositionEmbeddingConfig
 from megatron.registry import Registry
-
-if TYPE_CHECKING:  # config.py reads the registry (validation)
-    from megatron.model.config import GPTModelConfig
 
 InitMethod = Callable[[torch.Tensor], object]
 
@@ -26,7 +24,7 @@ class LearnedPositionEmbedding(nn.Module):
     the parameter is created in ``__init__`` so DeepSpeed ``zero.Init`` can partition it). Positions are shifted by
     ``opt_pos_emb_offset``."""
 
-    def __init__(self, cfg: GPTModelConfig, init_method: InitMethod) -> None:
+    def __init__(self, cfg: PositionEmbeddingConfig, init_method: InitMethod) -> None:
         super().__init__()
         master = torch.empty(cfg.max_position_embeddings, cfg.hidden_size, dtype=torch.float32)
         init_method(master)
@@ -237,15 +235,15 @@ class RelativePositionBias(nn.Module):
 class PositionEmbeddingSpec:
     """What one ``pos_emb`` value adds to the model; every hook is optional (``none``: nothing)."""
 
-    embedding: Callable[[GPTModelConfig, InitMethod], nn.Module] | None = None
+    embedding: Callable[[PositionEmbeddingConfig, InitMethod], nn.Module] | None = None
     """Added to the word embeddings (``embedding.position_embeddings``): ``module(position_ids, dtype)`` →
     ``[b, s, h]``."""
-    rotary: Callable[[GPTModelConfig], RotaryEmbedding] | None = None
+    rotary: Callable[[PositionEmbeddingConfig], RotaryEmbedding] | None = None
     """Rotates queries and keys in every attention layer (``attention.rotary_emb``)."""
-    attention_bias: Callable[[GPTModelConfig], nn.Module] | None = None
+    attention_bias: Callable[[PositionEmbeddingConfig], nn.Module] | None = None
     """Per attention layer (``attention.position_bias``): ``module(q_pos, k_pos)`` → ``[heads/tp, sq, sk]``
     added to the scores."""
-    shared_attention_bias: Callable[[GPTModelConfig, InitMethod], nn.Module] | None = None
+    shared_attention_bias: Callable[[PositionEmbeddingConfig, InitMethod], nn.Module] | None = None
     """Like ``attention_bias`` but one module shared by all layers (``attention.rpe``), built once under
     ``seed + 1``."""
 
@@ -253,11 +251,11 @@ class PositionEmbeddingSpec:
 POSITION_EMBEDDINGS: Registry[PositionEmbeddingSpec] = Registry("pos_emb")
 
 
-def _rotary(cfg: GPTModelConfig) -> RotaryEmbedding:
+def _rotary(cfg: PositionEmbeddingConfig) -> RotaryEmbedding:
     return RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rotary_save_freqs_buffer)
 
 
-def _rpe(cfg: GPTModelConfig, init_method: InitMethod) -> nn.Module:
+def _rpe(cfg: PositionEmbeddingConfig, init_method: InitMethod) -> nn.Module:
     return RelativePositionBias(
         cfg.num_attention_heads,
         cfg.rpe_num_buckets,

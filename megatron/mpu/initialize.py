@@ -283,10 +283,3 @@ get_tensor_model_parallel_src_rank = get_model_parallel_src_rank
 get_pipeline_model_parallel_group = get_pipe_parallel_group
 get_pipeline_model_parallel_rank = get_pipe_parallel_rank
 get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
-
-
-def get_deepspeed_mpu() -> Any:
-    """The object to pass as ``deepspeed.initialize(mpu=...)``: the ``megatron.mpu`` module itself."""
-    import megatron.mpu
-
-    return megatron.mpu

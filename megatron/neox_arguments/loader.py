@@ -33,7 +33,11 @@ class _ConfigLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             norm = normalize_key(key) if top_level and isinstance(key, str) else key
-            if isinstance(norm, (str, int, float, bool)) and norm in seen:
+            if isinstance(norm, (list, dict, set)):  # YAML's complex keys (`? [a, b]`): not a name
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {type(norm).__name__} cannot be a key; keys are names", key_node.start_mark
+                )
+            if norm in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (first set on line {seen[norm]})", key_node.start_mark
                 )

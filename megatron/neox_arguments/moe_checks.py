@@ -70,7 +70,7 @@ def moe_layout_problems(v: dict[str, Any]) -> list[str]:
     stage = v.get("zero_stage")
     if isinstance(stage, int) and stage >= 2:
         out.append(f"moe_num_experts={experts} needs ZeRO stage 0 or 1 (GPT-NeoX's rule), got stage {stage}")
-    impl = v.get("train_impl", "normal")
+    impl = v.get("train_impl")
     if impl not in (None, "normal"):
         out.append(f"not supported yet: moe_num_experts={experts} with train_impl {impl} (MoE trains with normal)")
     return out

@@ -131,10 +131,18 @@ def _data(c: Ctx) -> list[str]:
 
 
 def _checkpoints(c: Ctx) -> list[str]:
-    v = c.v
+    v, out = c.v, []
     if v["save"] is not None and v["checkpoint_factor"] is None and v["extra_save_iters"] is None:
-        return [f"{c.at('save')} needs checkpoint_factor or extra_save_iters to know when to save"]
-    return []
+        out.append(f"{c.at('save')} needs checkpoint_factor or extra_save_iters to know when to save")
+    iters, extra = v["train_iters"], v["extra_save_iters"] or []
+    late = [i for i in extra if type(i) is int and iters is not None and i > iters]
+    if late:  # iterations the run never reaches: the save would silently never happen
+        where = c.origins.get("extra_save_iters")
+        out.append(
+            f"extra_save_iters {late} lie beyond {c.at('train_iters')}: the run never reaches them; use iterations "
+            f"between 0 (the initial model) and {iters}" + (f" (set in {where})" if where else "")
+        )
+    return out
 
 
 def _layers(c: Ctx) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, TextIO
 
@@ -11,14 +10,29 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
+from megatron.planner.flags import add_flags, check_flags, check_gpus
 from megatron.planner.gpus import GPU_TYPES, gpu_type
 from megatron.planner.inputs import Hardware, parse_bytes
 from megatron.planner.plan import PlanInputs, build_plan
-from megatron.planner.report import format_plan, plan_to_json
-from megatron.planner.search import DEFAULT_HEADROOM, search_layouts
+from megatron.planner.report import format_plan, plan_to_json, strict_json
+from megatron.planner.search import DEFAULT_HEADROOM, DEFAULT_SEARCH_SECONDS, search_layouts
 from megatron.planner.search_report import format_search
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
+FLAG_HELP = {
+    "--gpus": "GPUs in all (default: the config's, else TP x PP)",
+    "--gpus-per-node": "GPUs per node",
+    "--peak-tflops": "peak TFLOP/s per GPU in the training dtype",
+    "--intra-node-GBps": "GB/s between GPUs of a node",
+    "--inter-node-GBps": "GB/s per GPU between nodes",
+    "--hbm-GBps": "GPU memory bandwidth in GB/s",
+    "--top": "with --search: how many layouts to list",
+    "--memory-headroom": "with --search: fraction of memory kept free",
+    "--search-seconds": "with --search: time budget; the best layouts found by then are listed",
+    "--vocab-size": "tokenizer vocabulary (default: read the tokenizer)",
+    "--kv-batch": "sequences for the generation KV-cache estimate",
+    "--kv-tokens": "tokens per sequence (default: seq_length)",
+}
 FALLBACK_VOCAB = 50277  # the GPT-NeoX-20B tokenizer, which most GPT-NeoX configs use
 GPU_NAMES = [g.name for g in GPU_TYPES.values()]
 
@@ -31,22 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--plan", action="store_true", help="plan instead of launching")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs in all (default: the config's, else TP x PP)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-type", default="A100-40GB", help=f"accelerator preset: {', '.join(GPU_NAMES)}")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 40GB, 80GiB (default: the preset's)")
-    p.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s per GPU in the training dtype")
-    p.add_argument("--intra-node-GBps", type=float, default=None, help="GB/s between GPUs of a node")
-    p.add_argument("--inter-node-GBps", type=float, default=None, help="GB/s per GPU between nodes")
-    p.add_argument("--hbm-GBps", type=float, default=None, help="GPU memory bandwidth in GB/s")
     p.add_argument("--search", action="store_true", help="rank the layouts that fit (docs/planner.md#search)")
-    p.add_argument("--top", type=int, default=5, help="with --search: how many layouts to list")
-    p.add_argument(
-        "--memory-headroom", type=float, default=DEFAULT_HEADROOM, help="with --search: fraction of memory kept free"
-    )
-    p.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: read the tokenizer)")
-    p.add_argument("--kv-batch", type=int, default=1, help="sequences for the generation KV-cache estimate")
-    p.add_argument("--kv-tokens", type=int, default=None, help="tokens per sequence (default: seq_length)")
+    defaults = {"--gpus-per-node": 8, "--top": 5, "--memory-headroom": DEFAULT_HEADROOM, "--kv-batch": 1}
+    add_flags(p, {**defaults, "--search-seconds": DEFAULT_SEARCH_SECONDS}, FLAG_HELP)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -55,11 +58,15 @@ def _default_gpus(files: list[str], overrides: dict[str, Any]) -> int:
     merged = merge_config_files(files, KNOWN_KEYS)
     apply_overrides(merged, overrides, KNOWN_KEYS, "the command line")
     v = merged.values
-    if v.get("global_num_gpus"):
-        return int(v["global_num_gpus"])
-    if v.get("num_gpus"):
-        return int(v["num_gpus"]) * max(int(v.get("num_nodes") or 1), 1)
-    return int(v.get("model_parallel_size") or 1) * max(int(v.get("pipe_parallel_size") or 0), 1)
+    try:
+        if v.get("global_num_gpus"):
+            return int(v["global_num_gpus"])
+        if v.get("num_gpus"):
+            return int(v["num_gpus"]) * max(int(v.get("num_nodes") or 1), 1)
+        return int(v.get("model_parallel_size") or 1) * max(int(v.get("pipe_parallel_size") or 0), 1)
+    except (TypeError, ValueError, OverflowError):
+        keys = "global_num_gpus, num_gpus, num_nodes, model_parallel_size, pipe_parallel_size"
+        raise ConfigError(f"--gpus not given and the config's {keys} are not all integers; pass --gpus N") from None
 
 
 def _hardware(ns: argparse.Namespace, gpus: int) -> Hardware:
@@ -88,8 +95,6 @@ def resolve_vocab(tokenizer: TokenizerConfig, vocab_size: int | None = None) -> 
     GPT-NeoX-20B tokenizer's size; the returned note says so.
     """
     notes = []
-    if vocab_size is not None and vocab_size <= 0:
-        raise ConfigError(f"--vocab-size {vocab_size}: must be > 0")
     if vocab_size is None:
         try:
             vocab_size = int(build_tokenizer(tokenizer).vocab_size)
@@ -101,27 +106,21 @@ def resolve_vocab(tokenizer: TokenizerConfig, vocab_size: int | None = None) -> 
 
 
 def _search(inputs: PlanInputs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
-    if ns.top <= 0:
-        raise ConfigError(f"--top {ns.top}: must be > 0")
     hw.check()
     try:
-        result = search_layouts(inputs, hw, vocab, ns.memory_headroom)
+        result = search_layouts(inputs, hw, vocab, ns.memory_headroom, ns.search_seconds)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
-    print(
-        json.dumps(result.to_json(ns.top), indent=2) if ns.json else format_search(result, ns.top), file=out, flush=True
-    )
+    print(strict_json(result.to_json(ns.top)) if ns.json else format_search(result, ns.top), file=out, flush=True)
     return 0
 
 
 def plan_main(argv: list[str], out: TextIO | None = None) -> int:
     """Parse, plan, print to ``out`` (default stdout); raises ConfigError for bad input (deepy prints it, exits 2)."""
     ns, rest = _parser().parse_known_args(argv)
+    check_flags(ns)
     cli = parse_deepy_args(rest)
-    for flag, value in (("--kv-batch", ns.kv_batch), ("--kv-tokens", ns.kv_tokens or 1), ("--gpus", ns.gpus or 1)):
-        if value <= 0:
-            raise ConfigError(f"{flag} {value}: must be > 0")
-    gpus = ns.gpus or _default_gpus(cli.config_files, cli.overrides)
+    gpus = ns.gpus or check_gpus(_default_gpus(cli.config_files, cli.overrides), "the config")
     args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "global_num_gpus": gpus})
     hw = _hardware(ns, gpus)
     notes = [] if ns.gpus else [f"--gpus not given: planning for {gpus} GPUs"]
@@ -137,7 +136,5 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
         plan = build_plan(inputs, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
-    print(
-        json.dumps(plan_to_json(plan), indent=2) if ns.json else format_plan(plan), file=out or sys.stdout, flush=True
-    )
+    print(strict_json(plan_to_json(plan)) if ns.json else format_plan(plan), file=out or sys.stdout, flush=True)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -11,15 +12,17 @@ from megatron.training.optimizer_registry import OPTIMIZERS
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
 _UNITS.update({"gib": 2**30, "tib": 2**40})
+MAX_BYTES = 2**50  # 1 PiB per GPU: far beyond any accelerator, small enough for exact arithmetic
 
 
 def parse_bytes(text: str, what: str = "--gpu-memory") -> int:
     """``40GB`` / ``80GiB`` / ``512MB`` / a plain number of bytes → bytes (GB = 10^9, GiB = 2^30)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]{0,30}\.?[0-9]{1,30})\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
-        raise ConfigError(f"{what} {text!r}: expected a positive size such as 40GB, 80GiB or 512MB")
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = float(m.group(1)) * _UNITS[unit] if m and unit in _UNITS else 0.0
+    if not 1 <= size <= MAX_BYTES:
+        raise ConfigError(f"{what} {text!r}: expected a size between 1 byte and 1 PiB such as 40GB, 80GiB or 512MB")
+    return int(size)
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Hardware:
             "--inter-node-GBps": self.inter_node_GBps,
             "--hbm-GBps": self.hbm_GBps,
         }
-        bad = [f"{flag} {value}: must be > 0" for flag, value in values.items() if not value > 0]
+        bad = [f"{flag} {value}: must be > 0 and finite" for flag, value in values.items() if not 0 < value < math.inf]
         if bad:
             raise ConfigError(bad)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -17,6 +19,23 @@ MEMORY_ROWS = (
     ("activations", "activations (in flight)"),
     ("communication_buffers", "communication buffers"),
 )
+
+
+def finite_or_null(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, ±inf) replaced by None, in nested dicts, lists and tuples."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_or_null(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_or_null(v) for v in data]
+    return data
+
+
+def strict_json(data: Any) -> str:
+    """What ``--json`` prints: RFC 8259 JSON (no ``NaN``/``Infinity``); a number the models cannot give as a finite
+    value (the flag ranges keep every estimate finite) would be ``null``."""
+    return json.dumps(finite_or_null(data), indent=2, allow_nan=False)
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:

@@ -10,7 +10,9 @@ checks GPT-NeoX or DeepSpeed would refuse, then memory).
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -26,6 +28,7 @@ from megatron.planner.throughput import estimate_step
 
 GB = 1e9
 MAX_MICRO_BATCH = 64
+DEFAULT_SEARCH_SECONDS = 60.0  # --search-seconds: time budget of the candidate loop
 DEFAULT_HEADROOM = 0.10  # of the GPU memory kept free for the CUDA context, NCCL buffers, fragmentation
 SHOWN_REJECTIONS = 50  # rejected layouts listed in full (the rest are counted by reason)
 Reason = tuple[str, str]  # (kind, message); kinds: tp-spans-nodes, heads, layers, zero-pipeline, batch, memory
@@ -91,11 +94,17 @@ class SearchResult:
     rejected_counts: dict[str, int]
     configured: tuple[int, int, int, int, bool]
     configured_rank: int | None  # 1-based among the fitting layouts; None: the configured layout does not fit
+    evaluated: int = 0  # candidate layouts evaluated
+    cut_short: bool = False  # the time budget ran out before every candidate was evaluated
+    budget_seconds: float = DEFAULT_SEARCH_SECONDS
 
     def to_json(self, top: int) -> dict[str, Any]:
         """Plain data for ``--json``."""
         return {
             "gpus": self.hardware.gpus,
+            "cut_short": self.cut_short,
+            "candidates_evaluated": self.evaluated,
+            "search_seconds": self.budget_seconds,
             "usable_memory_bytes": self.usable_memory_bytes,
             "train_batch_size": self.train_batch,
             "layouts": [c.to_dict() for c in self.layouts[:top]],
@@ -111,11 +120,13 @@ class SearchResult:
 
 
 def _powers_of_two(limit: int) -> list[int]:
-    return [2**i for i in range(int(math.log2(limit)) + 1)]
+    return [2**i for i in range(limit.bit_length())]
 
 
 def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+    """The divisors of ``n`` up to ``limit``, ascending (trial division up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return [d for d in sorted({*small, *(n // d for d in small)}) if d <= limit]
 
 
 def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, zero: int) -> Reason | None:
@@ -136,16 +147,44 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
     return None
 
 
+Layout = tuple[int, int, int, int, int, bool]  # (TP, pipe_parallel_size, DP, ZeRO, micro-batch, checkpointing)
+
+
+def _candidates(base: TrainingSetup, hw: Hardware) -> Iterator[tuple[Layout, Reason | None]]:
+    """Every candidate layout with its structural rejection (None: to be sized), smallest TP and stages first."""
+    batch = base.train_batch
+    for tp in _powers_of_two(hw.gpus):
+        for stages in _divisors(hw.gpus // tp, hw.gpus):
+            dp = hw.gpus // (tp * stages)
+            for zero in range(4):
+                pp = stages if stages > 1 or zero < 2 else 0
+                if base.precision == "fp16" and pp >= 1 and zero == 0:
+                    continue  # GPT-NeoX runs fp16 pipelines with ZeRO-1 anyway (a duplicate of zero == 1)
+                reason = _structural_reason(base, hw, tp, stages, zero)
+                if reason is None and batch % dp:
+                    reason = ("batch", f"train_batch_size {batch} not divisible by DP {dp}")
+                per_dp = max(batch // dp, 1)
+                for micro in _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]:
+                    for ckpt in (True, False):
+                        yield (tp, pp, dp, zero, micro, ckpt), reason
+
+
 def search_layouts(
-    inputs: PlanInputs, hw: Hardware, vocab_size: int, headroom: float = DEFAULT_HEADROOM
+    inputs: PlanInputs,
+    hw: Hardware,
+    vocab_size: int,
+    headroom: float = DEFAULT_HEADROOM,
+    seconds: float = DEFAULT_SEARCH_SECONDS,
 ) -> SearchResult:
     """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding).
 
     A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
-    the CUDA context, NCCL's buffers and allocator fragmentation).
+    the CUDA context, NCCL's buffers and allocator fragmentation). When ``seconds`` run out the search stops and
+    ranks the candidates evaluated so far (``cut_short``).
     """
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"--memory-headroom {headroom}: must be >= 0 and < 1")
+    deadline = time.monotonic() + seconds
     usable = int(hw.gpu_memory_bytes * (1.0 - headroom))
     base, cfg = inputs.setup, inputs.model
     method, divisible_by = inputs.pipe_partition_method, inputs.make_vocab_size_divisible_by
@@ -156,23 +195,13 @@ def search_layouts(
         return count_params(replace(cfg, padded_vocab_size=padded), tp, pp, method), padded
 
     total = count_params(cfg, 1, 0, method).total
-    batch = base.train_batch
     out: list[Candidate] = []
-    for tp in _powers_of_two(hw.gpus):
-        for stages in _divisors(hw.gpus // tp, hw.gpus):
-            dp = hw.gpus // (tp * stages)
-            for zero in range(4):
-                pp = stages if stages > 1 or zero < 2 else 0
-                if base.precision == "fp16" and pp >= 1 and zero == 0:
-                    continue  # GPT-NeoX runs fp16 pipelines with ZeRO-1 anyway (a duplicate of zero == 1)
-                reason = _structural_reason(base, hw, tp, stages, zero)
-                if reason is None and base.train_batch % dp:
-                    reason = ("batch", f"train_batch_size {batch} not divisible by DP {dp}")
-                per_dp = max(batch // dp, 1)
-                for micro in _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]:
-                    for ckpt in (True, False):
-                        layout = (tp, pp, dp, zero, micro, ckpt)
-                        out.append(_evaluate(base, hw, counts, total, layout, reason, usable))
+    cut_short = False
+    for layout, reason in _candidates(base, hw):
+        if time.monotonic() > deadline:
+            cut_short = True
+            break
+        out.append(_evaluate(base, hw, counts, total, layout, reason, usable))
     fits = sorted((c for c in out if c.reason is None), key=lambda c: -c.predicted.tokens_per_s if c.predicted else 0)
     rejected = [c for c in out if c.reason is not None]
     best_bound = fits[0].upper_bound_tokens_per_s if fits else 0.0
@@ -182,7 +211,9 @@ def search_layouts(
     configured = (base.tp, base.stages, base.zero_stage, base.micro_batch, base.checkpoint_activations)
     rank = next((i + 1 for i, c in enumerate(fits) if c.key == configured), None)
     reasons = Counter(c.reason_kind for c in rejected if c.reason_kind)
-    return SearchResult(hw, usable, batch, fits, above, dict(reasons), configured, rank)
+    return SearchResult(
+        hw, usable, base.train_batch, fits, above, dict(reasons), configured, rank, len(out), cut_short, seconds
+    )
 
 
 def _evaluate(
@@ -190,7 +221,7 @@ def _evaluate(
     hw: Hardware,
     counts: Any,
     total: int,
-    layout: tuple[int, int, int, int, int, bool],
+    layout: Layout,
     reason: Reason | None,
     usable: int,
 ) -> Candidate:

@@ -31,8 +31,14 @@ def format_search(result: SearchResult, top: int) -> str:
             f"{i:<5}{_layout(c) + mark:<58}{c.memory_bytes / GB:>8.1f}GB{p.tflops_per_gpu:>13.1f}"
             f"{100 * p.mfu:>6.1f}%{p.tokens_per_s:>12,.0f}"
         )
+    if result.cut_short:
+        lines.append(
+            f"search cut short: the {result.budget_seconds:g} s budget (--search-seconds) ran out after "
+            f"{result.evaluated} candidate layouts; the ranking covers those only"
+        )
     if result.configured_rank is None:
-        lines.append("* the configured layout does not fit (see the rejections)")
+        evaluated = " or was not reached" if result.cut_short else ""
+        lines.append(f"* the configured layout does not fit{evaluated} (see the rejections)")
     else:
         lines.append(f"* the configured layout (rank {result.configured_rank})")
     lines += ["", f"rejected although the upper bound ranks them above #1: {len(result.rejected_better_bound)}"]

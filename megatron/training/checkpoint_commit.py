@@ -19,7 +19,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from megatron.checkpoint.layout import CheckpointError, confined
+from megatron.checkpoint.layout import CheckpointError, read_latest
+from megatron.checkpoint.loadable import load_problem
 from megatron.checkpoint.manifest import atomic_write_text, fsync_path, verify_checkpoint
 from megatron.checkpoint.tags import checkpoint_dirs, tag_iteration
 
@@ -107,13 +108,8 @@ def commit(root: str | Path, tag: str, run_id: str = "") -> Path:
 
 
 def latest_tag(root: str | Path) -> str | None:
-    """The tag ``root/latest`` names (confined to ``root``), None without a ``latest`` file."""
-    latest = Path(root) / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text().strip()
-    confined(root, tag, str(latest))
-    return tag
+    """The tag ``root/latest`` names (one folder inside ``root``), None without a ``latest`` file."""
+    return read_latest(root)
 
 
 def select_checkpoint(root: str | Path, *, checksums: bool = False) -> str | None:
@@ -138,9 +134,14 @@ def select_checkpoint(root: str | Path, *, checksums: bool = False) -> str | Non
     return None
 
 
-def delete_old_checkpoints(save_dir: str | Path, keep_n: int) -> list[Path]:
+def delete_old_checkpoints(save_dir: str | Path, keep_n: int, *, new: str | None = None) -> list[Path]:
     """Keep the newest ``keep_n`` checkpoints by iteration, plus the newest valid one and ``latest``'s; returns the
-    deleted paths."""
+    deleted paths.
+
+    ``new`` (the checkpoint just committed): before anything is deleted it must pass a resume's checks on its files
+    (``megatron.checkpoint.loadable``); if it does not, nothing is deleted and a warning says why, so retention
+    never removes the last checkpoint that loads.
+    """
     if keep_n <= 0:
         return []
     checkpoints = checkpoint_dirs(save_dir)
@@ -155,6 +156,15 @@ def delete_old_checkpoints(save_dir: str | Path, keep_n: int) -> list[Path]:
     if newest_valid is not None:
         protected.add(newest_valid.name)
     doomed = [p for p in checkpoints if p.name not in protected]
+    if doomed and new is not None:
+        problem = load_problem(Path(save_dir) / new)
+        if problem is not None:
+            logger.warning(
+                "keep_last_n_checkpoints: removing no checkpoint, since the new one %s would not load: %s",
+                Path(save_dir) / new,
+                problem,
+            )
+            return []
     for path in doomed:
         logger.info("keep_last_n_checkpoints: removing %s", path)
         shutil.rmtree(path, ignore_errors=True)

@@ -36,7 +36,6 @@ import torch
 from megatron import mpu
 from megatron.checkpoint.autoreshard import plan_load_for_engine
 from megatron.checkpoint.bias_layout import ROW_BIAS_KEY, row_biases_on_disk, stored_layout, written_layout
-from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
 from megatron.checkpoint.layout import ZERO3_RE, CheckpointError, checkpoint_folder, read_latest
 from megatron.checkpoint.manifest import verify_checkpoint, write_manifest
 from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimizer_state, load_mode
@@ -49,6 +48,7 @@ from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schem
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.sections.training import CHECKPOINT_SCALES
 from megatron.training import checkpoint_commit as commit_lib
+from megatron.training import state_checks
 from megatron.training.checkpoint_commit import delete_old_checkpoints
 from megatron.training.learning_rates import AnnealingLR
 
@@ -228,6 +228,7 @@ def save_checkpoint(
     bias_layout = written_layout(cfg.gpt_j_residual, tp, cfg.zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
     rank = mpu.world_rank()
+    state_checks.check_state_before_save(engine, cfg.save, tag, optimizer=not cfg.no_save_optim or cfg.zero_stage >= 3)
     directory = Path(cfg.save) / commit_lib.partial_tag(tag, run_id)
     if rank == 0:
         commit_lib.clean_partials(cfg.save, run_id or None)
@@ -249,7 +250,7 @@ def save_checkpoint(
             write_manifest(directory, **meta, config=resolved_config)
             directory = commit_lib.commit(cfg.save, tag, run_id)
             if cfg.keep_last_n_checkpoints is not None:
-                delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints)
+                delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints, new=tag)
     mpu.barrier()
     directory = Path(cfg.save) / tag
     if rank == 0:
@@ -371,18 +372,6 @@ def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: boo
         yield scratch
 
 
-def _weight_file(directory: Path, name: str, pipe: bool, zero3: bool) -> Path:
-    """The file of ``directory`` that parameter ``name`` of this rank was read from (GPT-NeoX's layout)."""
-    tp = mpu.get_model_parallel_rank() if mpu.model_parallel_is_initialized() else 0
-    if zero3:
-        dp = mpu.get_data_parallel_rank() if mpu.model_parallel_is_initialized() else 0
-        return directory / f"zero_pp_rank_{dp}_mp_rank_{tp:02d}_optim_states.pt"
-    head = name.removeprefix("sequential.").split(".", 1)[0]
-    if pipe and head.isdigit():
-        return directory / f"layer_{int(head):02d}-model_{tp:02d}-model_states.pt"
-    return directory / f"mp_rank_{tp:02d}_model_states.pt"
-
-
 def restore_lr_schedule(lr_scheduler: AnnealingLR, state: Any, iteration: int, path: str) -> None:
     """The schedule as saved (GPT-NeoX's policy keys decide between it and the config); a checkpoint without one
     (written by a converter) resumes the configured schedule at the loaded iteration."""
@@ -402,20 +391,6 @@ def restore_lr_schedule(lr_scheduler: AnnealingLR, state: Any, iteration: int, p
             f"dict with {', '.join(keys)}); to start from its weights with a fresh schedule, set finetune: true"
         )
     lr_scheduler.load_state_dict(state)
-
-
-def check_loaded_weights_finite(engine: Any, directory: Path) -> None:
-    """Every rank checks its loaded parameters (ZeRO-3: its partition) for NaN/inf; all ranks fail together with the
-    first bad tensor's file and name (a rank failing alone would leave the others waiting in a collective)."""
-    module = engine.module
-    pipe = type(module).__name__ == "PipelineModule" or hasattr(module, "forward_funcs")
-    named = [(n, getattr(p, "ds_tensor", p)) for n, p in module.named_parameters()]
-    zero3 = any(hasattr(p, "ds_tensor") for _, p in module.named_parameters())
-    found = nonfinite_tensor(named)
-    message = None if found is None else nonfinite_message(_weight_file(directory, found[0], pipe, zero3), found)
-    message = next((m for m in mpu.all_gather_objects(message) if m is not None), None)
-    if message is not None:
-        raise CheckpointError(message)
 
 
 def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
@@ -496,7 +471,9 @@ def load_checkpoint(
     path = str(Path(root) / tag / Path(path).name) if load_root != root else path
     if carry:
         _carry_optimizer_state(engine, Path(root) / tag, model)
-    check_loaded_weights_finite(engine, Path(root) / tag)
+    state_checks.check_loaded_state_finite(
+        engine, root, tag, optimizer="carried" if carry else "file" if load_optim else None
+    )
     saved_args = dict(client.get("args", {}))
     if resharded:  # the layout (and with it the vocab padding) was converted on purpose
         saved_args.pop("model_parallel_size", None)

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from megatron.neox_arguments.errors import ConfigError
 from megatron.registry import Registry
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
-
-if TYPE_CHECKING:
-    from megatron.training.optimizers import OptimizerConfig
+from megatron.training.optimizer_config import OptimizerConfig
 
 ALL_STAGES = frozenset({0, 1, 2, 3})
 STAGE_0 = frozenset({0})
 
 # (param groups, lr, the remaining optimizer.params, the config) -> the optimizer; None: DeepSpeed builds it
-Factory = Callable[[list[dict[str, Any]], float, dict[str, Any], "OptimizerConfig"], "torch.optim.Optimizer | None"]
+Factory = Callable[[list[dict[str, Any]], float, dict[str, Any], OptimizerConfig], "torch.optim.Optimizer | None"]
 
 
 @dataclass(frozen=True)

@@ -11,60 +11,16 @@ rule is checked here first (from the registry entry's ZeRO stages), so the error
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from megatron.config_utils import NeoXValues, from_schema, schema_defaults
-from megatron.distributed import on_cpu
 from megatron.model.weight_decay import no_weight_decay
 from megatron.neox_arguments.errors import ConfigError
-from megatron.neox_arguments.sections.optimizer import OptimizerType
+from megatron.training.optimizer_config import OptimizerConfig
 from megatron.training.optimizer_registry import OPTIMIZERS
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-@schema_defaults
-class OptimizerConfig:
-    """GPT-NeoX keys for the optimizer."""
-
-    optimizer: dict | None = from_schema()
-    optimizer_type: OptimizerType = from_schema()
-    weight_decay: float = from_schema()
-    zero_stage: int = from_schema()
-    zero_allow_untested_optimizer: bool = False
-    use_mup: bool = from_schema()
-    on_cpu: bool = True
-
-    # not config keys: DeepSpeed's own setting (read from the DeepSpeed config) and the machine
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu")
-
-    @classmethod
-    def from_neox_args(cls, args: NeoXValues) -> OptimizerConfig:
-        """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args)."""
-        allow = (args.deepspeed_extra_args or {}).get("zero_allow_untested_optimizer", False)  # a DeepSpeed-only key
-        return cls(
-            optimizer=args.optimizer,
-            optimizer_type=args.optimizer_type,
-            weight_decay=args.weight_decay,
-            zero_stage=args.zero_stage,
-            zero_allow_untested_optimizer=bool(allow),
-            use_mup=args.use_mup,
-            on_cpu=on_cpu(),
-        )
-
-    @property
-    def type(self) -> str:
-        """The lower-cased optimizer type: ``optimizer.type``, else ``optimizer_type`` (the config layer sets both)."""
-        return str((self.optimizer or {}).get("type", self.optimizer_type)).lower()
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """A copy of ``optimizer.params`` (none when the ``optimizer`` section is unset)."""
-        return dict((self.optimizer or {}).get("params") or {})
 
 
 def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -115,8 +71,8 @@ def build_optimizer(
     groups = weight_decay_param_groups(model, cfg.weight_decay)
     if not groups:
         raise ConfigError("the model has no trainable parameters")
-    lr = float(params.pop("lr", 0.001))
-    return spec.factory(groups, lr, params, cfg), groups
+    params.pop("lr", None)  # the config layer derives the key lr from it (its one default lives there)
+    return spec.factory(groups, cfg.lr, params, cfg), groups
 
 
 def deepspeed_config_for(ds_config: dict[str, Any], cfg: OptimizerConfig) -> dict[str, Any]:

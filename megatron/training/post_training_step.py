@@ -30,7 +30,7 @@ class PostTrainStep(SequentialStep):
         gas: int,
         timers: Timers,
         lr_scheduler: AnnealingLR | None,
-        guard: StepGuard | None = None,
+        guard: StepGuard,
     ) -> None:
         super().__init__(engine, None, None, gas, timers, lr_scheduler, guard)  # type: ignore[arg-type]
         self.objective = objective
@@ -64,7 +64,7 @@ def build_post_training_step(
     gas: int,
     timers: Timers,
     lr_scheduler: AnnealingLR | None,
-    guard: StepGuard | None = None,
+    guard: StepGuard,
 ) -> PostTrainStep:
     """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
     # no frozen copy (a second model in memory) when there is no reference or it was precomputed

@@ -1,5 +1,7 @@
 """Preemption: a signal (``preemption_signals``, default SIGTERM and SIGUSR1) or the wall-clock budget
 (``exit_duration_in_mins``) makes every rank save at the next step boundary and exit with :data:`REQUEUE_EXIT_CODE`.
+A signal before the first step (also one ``train.py``'s start-up handlers caught) stops every rank without a save,
+with ``STOPPED_EXIT_CODE`` (``megatron/training/startup_signals.py``).
 
 A signal may reach only one rank, so the flag is all-reduced (MAX) over the world once per step: every rank stops
 after the same iteration and saves the same checkpoint. The budget is checked the same way (each rank's clock,
@@ -21,6 +23,7 @@ from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.value_checks import check_preemption_keys
+from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals
 
 logger = logging.getLogger("megatron.train")
 
@@ -56,11 +59,18 @@ class Preemption:
         self.reason = ""
         self._previous: dict[signal.Signals, Any] = {}
 
-    def install(self) -> Preemption:
-        """Install the handlers (they only set a flag); :meth:`uninstall` restores the previous ones."""
+    def install(self, startup: StartupSignals | None = None) -> Preemption:
+        """Install the handlers (they only set a flag); :meth:`uninstall` restores the previous ones.
+
+        A signal the start-up handlers (``startup``) recorded counts as received here; those of its signals that are
+        not preemption signals get their previous (default) action back."""
+        if startup is not None:
+            startup.keep_only(self.cfg.preemption_signals)
         for name in self.cfg.preemption_signals:
             sig = signal.Signals[name]
             self._previous[sig] = signal.signal(sig, self._handle)
+        if startup is not None and startup.received and self.received is None:
+            self.received = startup.received
         return self
 
     def uninstall(self) -> None:
@@ -87,6 +97,23 @@ class Preemption:
         if mpu.world_size() > 1:
             mpu.all_reduce_max(flag)
         return self.stop_from(float(flag[0]), iteration)
+
+    def stop_before_training(self, iteration: int) -> bool:
+        """True on every rank when any rank got a signal before the first step (one all-reduce): nothing was trained,
+        so nothing is saved; the rank ends with :data:`STOPPED_EXIT_CODE`. Logged on rank 0."""
+        flag = torch.tensor([1.0 if self.received else 0.0], dtype=torch.float32)
+        if mpu.world_size() > 1:
+            mpu.all_reduce_max(flag)
+        if float(flag[0]) == 0.0:
+            return False
+        if mpu.world_rank() == 0:
+            logger.warning(
+                "a preemption signal before the first training step: nothing to save (iteration %d is unchanged), "
+                "exiting with status %d",
+                iteration,
+                STOPPED_EXIT_CODE,
+            )
+        return True
 
     def stop_from(self, value: float, iteration: int) -> bool:
         """True when ``value`` (the max of every rank's :meth:`local_flag`) asks to stop; logs why on rank 0."""

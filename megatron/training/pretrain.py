@@ -54,6 +54,7 @@ from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.save_lock import SaveLock, acquire_on_rank0
+from megatron.training.startup_signals import StartupSignals
 from megatron.training.step import BatchConfig, PipeStep, SequentialStep
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
 
@@ -75,6 +76,7 @@ class PretrainResult:
     params_dtype: str = ""
     skipped_iters: int = 0  # optimizer steps skipped (fp16 overflow or a non-finite loss/gradient)
     preempted: bool = False  # stopped by a signal or exit_duration_in_mins after saving: exit with REQUEUE_EXIT_CODE
+    stopped_before_training: bool = False  # a signal came before the first step: nothing saved, STOPPED_EXIT_CODE
 
 
 def checkpoint_args(values: dict[str, Any], tokenizer: Any, vocab_file: str | None) -> dict[str, Any]:
@@ -160,7 +162,7 @@ def setup_model_and_optimizer(
         model_parameters=groups if optimizer is None else None,
         lr_scheduler=lr_scheduler if engine_steps_lr else None,  # checkpoints save it either way
         config=ds_config,
-        mpu=None if plan.pipeline else mpu.get_deepspeed_mpu(),  # the pipe engine builds its own grid
+        mpu=None if plan.pipeline else mpu,  # the pipe engine builds its own grid
         dist_init_required=False,
     )
     share_fp32_zero3_partitions(engine)  # fp32 ZeRO-3: the parameter partition is the master partition (no 2nd copy)
@@ -283,10 +285,15 @@ def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
         logger.info(observer.summary_line(iteration))
 
 
-def pretrain(args: NeoXArgs) -> PretrainResult:
-    """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes."""
+def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainResult:
+    """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes.
+
+    ``startup``: the stop-signal handlers ``train.py`` installed first (a signal they recorded stops the run before its
+    first step)."""
     start_time = time.monotonic()
     timers = Timers()
+    if startup is not None:
+        startup.hold()  # from here on a signal is agreed on by all ranks, not acted on by one
     initialize_megatron(args)
     rank = mpu.world_rank()
     plan = RunPlan.from_neox_args(args)
@@ -312,7 +319,7 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
     )
     # one run per save folder (refused before anything is written there); its run id names the temporary folders
     save_lock = acquire_on_rank0(save_cfg.save) if save_cfg.save else SaveLock(None, "")
-    preemption = Preemption(PreemptionConfig.from_neox_args(args)).install()
+    preemption = Preemption(PreemptionConfig.from_neox_args(args)).install(startup)
     try:
         setup = ModelSetup.from_neox_args(args)
         engine, lr_scheduler, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
@@ -380,6 +387,9 @@ def pretrain(args: NeoXArgs) -> PretrainResult:
         trainer.consumed_valid = consumed_valid
         step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
         trainer.stop_check = lambda it, flag: preemption.stop_from(flag, it)
+        if preemption.stop_before_training(iteration):  # one all-reduce: nothing trained, nothing to save
+            result.stopped_before_training = True
+            return result
         if save_cfg.save and iteration == 0 and 0 in (save_cfg.extra_save_iters or ()):
             save(0)
         state = trainer.train(LoopState(iteration=iteration), train_iter, valid_iter)

@@ -1,8 +1,10 @@
 """The shape of a training run, decided once: :class:`RunPlan`.
 
 ``pretrain()`` builds one plan from the validated NeoXArgs and hands it to what needs the decision (model builder,
-``deepspeed.initialize``, the step variant, checkpoint validation), so "pipeline or not", the precision, the ZeRO
-stage and the training objective are each read from the configuration in one place.
+``deepspeed.initialize``, the step variant, checkpoint validation), so "pipeline or not", the parameter dtype, the
+batch shape and the training objective's step are each read from the configuration in one place (not yet the ZeRO
+stage, which the parallel, optimizer and checkpoint configs read themselves). Every field has a reader
+(``tests/unit/test_run_plan.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import ClassVar, Literal
 
 import torch
 
-from megatron.distributed import on_cpu
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections.model import PRECISIONS
@@ -30,16 +31,14 @@ class RunPlan:
 
     pipeline: bool  # DeepSpeed PipelineModule + PipelineEngine (``pipe_parallel_size >= 1``: ``is_pipe_parallel``)
     precision: PRECISIONS
-    zero_stage: int
     train_impl: TRAIN_IMPLS  # the objective: normal (language modelling, SFT), dpo, kto or rm
-    on_cpu: bool
     gradient_accumulation_steps: int
     train_batch_size: int
     seq_length: int
     validate_with_forward: bool  # ``checkpoint_validation_with_forward_pass`` where it can run (not under pipelines)
 
-    # decisions, not config keys: the pipeline engine (``is_pipe_parallel``), the machine, forward validation
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("pipeline", "on_cpu", "validate_with_forward")
+    # decisions, not config keys: the pipeline engine (``is_pipe_parallel``), forward validation
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("pipeline", "validate_with_forward")
 
     @classmethod
     def from_neox_args(cls, args: NeoXArgs) -> RunPlan:
@@ -51,9 +50,7 @@ class RunPlan:
         return cls(
             pipeline=pipeline,
             precision=args.precision,
-            zero_stage=args.zero_stage,
             train_impl=args.train_impl,
-            on_cpu=on_cpu(),
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             train_batch_size=args.train_batch_size,
             seq_length=args.seq_length,

@@ -34,7 +34,7 @@ from megatron.training.deepspeed_adapter import (
 )
 from megatron.training.grad_clipping import fp32_clipping_for
 from megatron.training.learning_rates import AnnealingLR
-from megatron.training.nonfinite import StepGuard, Verdict, build_step_guard
+from megatron.training.nonfinite import StepGuard, Verdict
 
 Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -200,11 +200,10 @@ class SequentialStep:
         gas: int,
         timers: Timers,
         lr_scheduler: AnnealingLR | None,
-        guard: StepGuard | None = None,
+        guard: StepGuard,
     ) -> None:
         self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
         self.fused_loss = uses_fused_loss(engine, loss_fn)
-        guard = guard or build_step_guard(10, fp16=engine.fp16_enabled())
         self.optimizer_step = OptimizerStep(engine, guard, lr_scheduler)
 
     def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
@@ -281,10 +280,9 @@ class PipeStep:
         batch_cfg: BatchConfig,
         timers: Timers,
         lr_scheduler: AnnealingLR | None,
-        guard: StepGuard | None = None,
+        guard: StepGuard,
     ) -> None:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
-        guard = guard or build_step_guard(10, fp16=engine.fp16_enabled())
         self.optimizer_step = OptimizerStep(engine, guard, lr_scheduler)
         run_optimizer_step_through(engine, self.optimizer_step)  # its schedule calls OptimizerStep.__call__
 

@@ -301,5 +301,5 @@ def test_plan_json_stdout_is_only_json(search: bool) -> None:
         cmd + ["--search"] * search, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stderr
-    plan = json.loads(res.stdout)
+    plan = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json output: not strict JSON"))
     assert (plan["gpus"] if search else plan["hardware"]["gpus"]) == 96

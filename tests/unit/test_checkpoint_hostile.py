@@ -43,3 +43,34 @@ def test_checkpoint_folder_follows_symlinks_only_inside_the_root(tmp_path: Path)
     assert checkpoint_folder(root, "global_step2", "latest") == root / "global_step2"
     with pytest.raises(CheckpointError, match=f"is a symlink to {outside}, outside {root}"):
         checkpoint_folder(root, "global_step3", "latest")
+
+
+@pytest.mark.parametrize("tag", ["global_step1\0", "g" * 300])
+def test_latest_with_a_nul_byte_or_an_overlong_name_is_one_line(tmp_path: Path, tag: str) -> None:
+    from megatron.checkpoint.layout import read_latest
+
+    (tmp_path / "latest").write_text(tag)
+    with pytest.raises(CheckpointError, match="is not a checkpoint folder name") as raised:
+        read_latest(tmp_path)
+    assert len(str(raised.value)) < 400 and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"num_layers": 2'])
+def test_unreadable_resolved_config_is_one_line_naming_it(tmp_path: Path, text: str) -> None:
+    from megatron.checkpoint.config_io import RESOLVED, checkpoint_config_args
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / RESOLVED).write_text(text)
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'configs' / RESOLVED}"):
+        checkpoint_config_args(tmp_path)
+
+
+def test_a_pickled_value_of_another_type_is_one_line_naming_the_checkpoint(tmp_path: Path) -> None:
+    """What the fuzz test found: a ZeRO shard whose fragment address is a string ended in an AttributeError."""
+    from megatron.checkpoint.structure import checkpoint_structure
+
+    expected = r"^ckpt/global_step2 does not hold the structure of a DeepSpeed .*\(AttributeError: 'str' object has"
+    with pytest.raises(CheckpointError, match=expected), checkpoint_structure("ckpt/global_step2"):
+        _ = "../../etc/passwd".start  # type: ignore[attr-defined]
+    with pytest.raises(CheckpointError, match=r"^as it was$"), checkpoint_structure("ckpt"):
+        raise CheckpointError("as it was")  # one-line errors pass unchanged

@@ -43,10 +43,12 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "comet_tags": (["tag", 3], "entry 3 is not"),
     "eval_tasks": (["lambada_openai", 3], "entry 3 is not"),
     "optimizer": ({"type": "adam", "params": "fast"}, "'params' must be a mapping"),
-    "fp16": ({"enabled": "yes"}, "'enabled' must be true or false"),
+    "fp16": ({"enabled": "yes"}, "fp16.enabled='yes' must be true or false"),
     "bf16": ({"enable": True}, "must contain 'enabled'"),  # misspelt: DeepSpeed would quietly train in fp32
     "amp": ({"opt_level": "O1"}, "must contain 'enabled'"),
-    "zero_optimization": ({"stage": 4}, "stage must be 0, 1, 2 or 3"),
+    "zero_optimization": ({"stage": 4}, "zero_optimization.stage=4 must be 0, 1, 2 or 3"),
+    "scheduler": ({"type": "WarmupLR", "params": {"warmup_num_steps": "10"}}, "must be an integer >= 0"),
+    "activation_checkpointing": ({"partition_activations": "no"}, "must be true or false"),
     "flops_profiler": ({"profile_step": 1}, "must contain 'enabled'"),
     "communication_data_type": ("fp8", "must be one of"),
     "include": ("worker-0:a", "bad slot list"),
@@ -70,9 +72,9 @@ NO_BAD_VALUE: dict[str, str] = {
     "comet_experiment": FREE,
     **dict.fromkeys(("eval_results_prefix", "comment", "account", "master_addr"), FREE),
     "comet_others": "free metadata handed to Comet unchanged",
-    **dict.fromkeys(("autotuning", "activation_checkpointing", "sparse_attention", "data_efficiency"), PASS),
+    **dict.fromkeys(("autotuning", "sparse_attention", "data_efficiency"), PASS),
     **dict.fromkeys(("tensorboard", "wandb", "csv_monitor", "elasticity", "comms_logger"), PASS),
-    **dict.fromkeys(("compression_training", "checkpoint", "data_types", "deepspeed_extra_args", "scheduler"), PASS),
+    **dict.fromkeys(("compression_training", "checkpoint", "data_types", "deepspeed_extra_args"), PASS),
     **dict.fromkeys(("git_hash", "config_files"), SET),
 }
 
@@ -172,9 +174,22 @@ def test_defaults_are_in_range_and_messages_are_readable() -> None:
             "distributed_timeout_minutes=1000000000000000.0 must be between 0.001 and 10080",
         ),
         ({"distributed_timeout_minutes": 1e-9}, "distributed_timeout_minutes=1e-09 must be between 0.001 and 10080"),
+        (
+            {"train_iters": 0, "extra_save_iters": [5], "save": "x"},
+            "extra_save_iters [5] lie beyond train_iters=0: the run never reaches them",
+        ),
+        (
+            {"train_iters": 10, "extra_save_iters": [0, 10, 11, 40], "save": "x"},
+            "extra_save_iters [11, 40] lie beyond train_iters=10",
+        ),
     ],
 )
 def test_impossible_combinations_are_refused(overrides: dict[str, Any], expected: str) -> None:
     with pytest.raises(ConfigError) as e:
         NeoXArgs({**TINY, **overrides}, env=CPU1)
     assert any(expected in p for p in e.value.problems), e.value.problems
+
+
+def test_extra_save_iters_up_to_train_iters_pass() -> None:
+    args = NeoXArgs({**TINY, "train_iters": 10, "extra_save_iters": [0, 10], "save": "x"}, env=CPU1)
+    assert args.extra_save_iters == [0, 10]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from megatron.cpu_features import CPU_FLAGS, cpu_has_native, cpuinfo_flags
@@ -53,3 +55,16 @@ def test_fp16_is_refused_only_on_a_cpu_without_native_fp16(monkeypatch: pytest.M
     monkeypatch.setenv(cpu_precision.ALLOW_CPU_FP16_ENV, "1")
     cpu_precision.apply_cpu_precision(fp16)
     assert allowed == [True]
+
+
+def test_resolving_an_fp16_config_on_a_cpu_claims_no_refusal(caplog: pytest.LogCaptureFixture) -> None:
+    """The config layer leaves fp16 on the CPU to the ranks' check above (fp16 trains on a CPU with native fp16);
+    it used to warn that DeepSpeed refuses fp16 on every CPU."""
+    from megatron.neox_arguments import LaunchEnv, NeoXArgs
+
+    values = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
+    values |= {"max_position_embeddings": 32, "train_iters": 4, "train_micro_batch_size_per_gpu": 2}
+    with caplog.at_level(logging.WARNING):
+        args = NeoXArgs({**values, "fp16": {"enabled": True}}, env=LaunchEnv(world_size=1, on_cpu=True))
+    assert args.precision == "fp16"
+    assert "refuses" not in caplog.text and "no CPU kernels" not in caplog.text, caplog.text

@@ -4,6 +4,7 @@ round trip."""
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from megatron.neox_arguments import neox_namespace
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
+from tests.harness import REPO_ROOT
 
 # T = 100, warmup 0.1 → W = 10, D = 90, lr_max 1e-3, min_lr 1e-4.
 LR, MIN = 1e-3, 1e-4
@@ -154,3 +156,22 @@ def test_a_hostile_lr_schedule_state_is_one_checkpoint_error(state: object, prob
     with pytest.raises(CheckpointError, match="lr_scheduler") as err:
         restore_lr_schedule(_sched("cosine"), state, 5, "ckpt/global_step5")
     assert problem in str(err.value) and "ckpt/global_step5" in str(err.value) and "finetune" in str(err.value)
+
+
+def _calls(path: str, name: str) -> list[ast.Call]:
+    tree = ast.parse((REPO_ROOT / path).read_text())
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(name)]
+
+
+def test_deepspeed_gets_the_lr_schedule_only_through_gpt_neox_api() -> None:
+    """docs/training.md: ``pretrain()`` hands ``deepspeed.initialize`` no LR schedule (the step moves it after an
+    applied optimizer step); GPT-NeoX's ``setup_model_and_optimizer`` hands it to the engine, as GPT-NeoX does."""
+    (init,) = _calls("megatron/training/pretrain.py", "deepspeed.initialize")
+    given = {k.arg: ast.unparse(k.value) for k in init.keywords}
+    assert given["lr_scheduler"] == "lr_scheduler if engine_steps_lr else None", given
+    setups = _calls("megatron/training/pretrain.py", "setup_model_and_optimizer")
+    assert setups and all("engine_steps_lr" not in {k.arg for k in c.keywords} for c in setups)
+    (api,) = _calls("megatron/training/gpt_neox_api.py", "setup_model_and_optimizer")
+    assert {k.arg: ast.unparse(k.value) for k in api.keywords}.get("engine_steps_lr") == "True"
+    step_lr = _calls("megatron/training/step.py", "step_lr")
+    assert step_lr, "the step moves the LR schedule (OptimizerStep.step_lr)"

@@ -1,7 +1,12 @@
 """No code in megatron/ outside training/deepspeed_adapter.py writes DeepSpeed internals: no assignment to a private
 attribute of another object (``engine._x = ...``, ``setattr(engine, "_x", ...)``), no assignment to any attribute of
-a DeepSpeed engine or optimizer, of a DeepSpeed class or of the accelerator (``SomeDSClass.method = ...``,
-``type(get_accelerator()).x = ...``). An AST scan, so comments and strings do not count and aliases are seen."""
+a DeepSpeed engine or optimizer, of a DeepSpeed class or module or of the accelerator (``SomeDSClass.method = ...``,
+``type(get_accelerator()).x = ...``, ``deepspeed.comm.torch.build_shm_op = ...``, also through a module object
+from ``importlib.import_module("deepspeed...")`` or ``sys.modules["deepspeed..."]``), except the writes listed in
+``OUTSIDE_THE_ADAPTER`` with their reason. An AST scan, so comments and strings do not count and aliases are seen.
+
+And DeepSpeed's optimizer internals (``ZERO_INTERNALS``: ZeRO's and the BF16 optimizer's partitions, gradients and
+fragment maps) are read only in the files of ``ZERO_READERS``."""
 
 from __future__ import annotations
 
@@ -16,6 +21,54 @@ NOT_DEEPSPEED = {
     "megatron/neox_arguments/neox_args.py": {"obj._owner"},  # a config section: the NeoXArgs that owns it
 }
 DS_WORDS = ("engine", "optimizer", "accelerator", "deepspeed")
+# writes into DeepSpeed outside the adapter: path -> {the target as written: why}
+OUTSIDE_THE_ADAPTER: dict[str, dict[str, str]] = {
+    "megatron/distributed.py": {
+        "ds_torch_comm.build_shm_op": "process start-up on CPU: DeepSpeed's TorchBackend would JIT-build its "
+        "shared-memory all-reduce op (~70 s), which training never uses; replaced for the whole process before "
+        "deepspeed.init_distributed (the distributed layer sits below training and cannot import the adapter)",
+    },
+}
+# DeepSpeed optimizer internals (attribute names), and the files that read them besides the adapter
+ZERO_INTERNALS = frozenset(
+    {
+        "averaged_gradients",
+        "single_partition_of_fp32_groups",
+        "fp32_partitioned_groups_flat",
+        "fp32_partitioned_groups_flat_grad",
+        "fp32_groups_flat_partition",
+        "fp32_groups_gradients_flat",
+        "bit16_groups",
+        "bf16_groups",
+        "fp16_groups",
+        "_hp_mapping",
+        "lp_fragment_address",
+        "hp_fragment_address",
+        "ds_numel",
+    }
+)
+ZERO_READERS: dict[str, str] = {
+    ADAPTER: "the step's needs (reduced gradients, fp32 ZeRO-3 partitions)",
+    "megatron/training/memory_usage.py": "bytes of master weights, optimizer state and gradients a rank holds",
+    "megatron/checkpoint/optimizer_carry.py": "carries a resharded optimizer state into ZeRO/bf16 partitions",
+    "megatron/training/state_checks.py": "finiteness of the loaded / to-be-saved fp32 partitions, per parameter",
+}
+
+
+def _imports_deepspeed_module(node: ast.AST) -> bool:
+    """``importlib.import_module("deepspeed...")``, ``__import__("deepspeed...")``, ``sys.modules["deepspeed..."]``."""
+    for sub in ast.walk(node):
+        text = None
+        if isinstance(sub, ast.Call) and sub.args and isinstance(sub.args[0], ast.Constant):
+            name = ast.unparse(sub.func)
+            if name.endswith("import_module") or name == "__import__":
+                text = sub.args[0].value
+        elif isinstance(sub, ast.Subscript) and ast.unparse(sub.value).endswith("sys.modules"):
+            if isinstance(sub.slice, ast.Constant):
+                text = sub.slice.value
+        if isinstance(text, str) and text.split(".")[0] == "deepspeed":
+            return True
+    return False
 
 
 def _deepspeed_names(tree: ast.Module) -> set[str]:
@@ -25,6 +78,13 @@ def _deepspeed_names(tree: ast.Module) -> set[str]:
             names.update(a.asname or a.name for a in node.names)
         elif isinstance(node, ast.Import):
             names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "deepspeed")
+        elif (
+            isinstance(node, ast.Assign | ast.AnnAssign)
+            and node.value is not None
+            and _imports_deepspeed_module(node.value)  # mod = importlib.import_module("deepspeed.comm.torch")
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
     return names
 
 
@@ -35,14 +95,14 @@ def _is_deepspeed(base: ast.expr, ds_names: set[str]) -> bool:
     words = names | {n.attr for n in ast.walk(base) if isinstance(n, ast.Attribute)}
     called_type = isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "type"
     ds_word = any(w.lower() == d or w.lower().endswith("_" + d) for w in words for d in DS_WORDS)
-    return bool(names & ds_names) or called_type or ds_word
+    return bool(names & ds_names) or called_type or ds_word or _imports_deepspeed_module(base)
 
 
 def violations(source: str, path: str = "<src>") -> list[str]:
     """Every write into DeepSpeed internals in ``source`` (``path: line: target``)."""
     tree = ast.parse(source)
     ds_names = _deepspeed_names(tree)
-    allowed = NOT_DEEPSPEED.get(path, set())
+    allowed = NOT_DEEPSPEED.get(path, set()) | set(OUTSIDE_THE_ADAPTER.get(path, {}))
     found = []
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
@@ -93,6 +153,47 @@ def test_the_scan_finds_each_kind_of_write() -> None:
         "self.engine.optimizer.overflow = True": 1,
         "layer.weight = w\nself._cache = {}\nstep.train = t\nlr_scheduler.optimizer = opt\nopt.optimizer.state[p] = {}": 0,
         "step.optimizer_step.stop_flag = f": 0,
+        "import deepspeed.comm.torch as t\nt.build_shm_op = f": 1,
+        "import deepspeed\ndeepspeed.comm.torch.build_shm_op = f": 1,
+        "import importlib\nm = importlib.import_module('deepspeed.comm.torch')\nm.build_shm_op = f": 1,
+        "import importlib\nm: Any = importlib.import_module('deepspeed.comm.torch')\nsetattr(m, 'build_shm_op', f)": 1,
+        "import importlib\nimportlib.import_module('deepspeed.comm.torch').build_shm_op = f": 1,
+        "import sys\nsys.modules['deepspeed.comm.torch'].build_shm_op = f": 1,
+        "import importlib\nm = importlib.import_module('json')\nm.x = f": 0,
     }
     for source, count in samples.items():
         assert len(violations(source)) == count, (source, violations(source))
+
+
+def test_each_listed_write_still_happens() -> None:
+    for path, targets in OUTSIDE_THE_ADAPTER.items():
+        tree = ast.parse((REPO / path).read_text())
+        written = {ast.unparse(t) for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets}
+        assert set(targets) <= written, f"{path}: gone, remove from OUTSIDE_THE_ADAPTER: {set(targets) - written}"
+
+
+def zero_internals_read(source: str) -> set[str]:
+    """The ``ZERO_INTERNALS`` names ``source`` reads: as attributes or as strings (``getattr(opt, "x")``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ZERO_INTERNALS:
+            found.add(node.attr)
+        elif isinstance(node, ast.Constant) and node.value in ZERO_INTERNALS:
+            found.add(str(node.value))
+    return found
+
+
+def test_zero_internals_are_read_only_where_listed() -> None:
+    readers = {}
+    for file in sorted((REPO / "megatron").rglob("*.py")):
+        rel = file.relative_to(REPO).as_posix()
+        names = zero_internals_read(file.read_text())
+        if names:
+            readers[rel] = names
+    outside = {rel: sorted(names) for rel, names in readers.items() if rel not in ZERO_READERS}
+    assert not outside, f"DeepSpeed optimizer internals read outside {sorted(ZERO_READERS)}: {outside}"
+    assert set(ZERO_READERS) <= set(readers), f"remove from ZERO_READERS: {set(ZERO_READERS) - set(readers)}"
+    assert zero_internals_read("opt.averaged_gradients\ngetattr(lp, '_hp_mapping')\nx.grad") == {
+        "averaged_gradients",
+        "_hp_mapping",
+    }

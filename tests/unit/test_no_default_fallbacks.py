@@ -13,6 +13,11 @@ default 0 (and would hide a wrong value) and ``int(cfg.pipe_parallel_size)`` res
   only keys with a real default count.
 * ``int(<read>)`` / ``float(...)`` / ``bool(...)`` when the key's type is exactly that type (an ``Optional`` key's
   coercion after a ``None`` check is not detected: the scan does not follow narrowing).
+* ``<x>.get("<key>", <literal>)``, ``<x>.pop("<key>", <literal>)`` and ``getattr(<x>, "<key>", <literal>)`` on a
+  config object or values dict (``<x>`` one of ``CONFIG_NAMES``: not a Hugging Face config, a DeepSpeed state dict
+  or lm-eval's keyword arguments, which share some key names) when the literal is the key's schema default (e.g.
+  ``params.pop("lr", 0.001)``): the default is written a second time, and the copies can drift apart. Take the
+  value from its owner (the resolved key) instead.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from tests.harness import REPO_ROOT
 
 CONFIG_LAYER = "megatron/neox_arguments/"
 COERCIONS = {"int": int, "float": float, "bool": bool}
+# names of config objects and values dicts: args, module configs, the config layer's values, optimizer.params
+CONFIG_NAMES = frozenset({"args", "neox_args", "cfg", "config", "v", "values", "params", "self"})
 # "path key" -> why the read is right as it is. Keep it short: fix the read instead.
 EXEMPT: dict[str, str] = {
     "megatron/planner/cli.py global_num_gpus": (
@@ -119,7 +126,35 @@ class _Scan(ast.NodeVisitor):
             if key is not None and HINTS[key] is COERCIONS[func.id] and self._never_none(key):
                 what = f"`{ast.unparse(node)}` converts a value that is already {func.id}"
                 self.found.append(Finding(self.rel, node.lineno, key, what))
+        restated = _restated_default(node)
+        if restated is not None:
+            what = f"`{ast.unparse(node)}` restates the schema default of {restated} ({_default(restated)!r})"
+            self.found.append(Finding(self.rel, node.lineno, restated, what))
         self.generic_visit(node)
+
+
+def _restated_default(node: ast.Call) -> str | None:
+    """The key whose schema default ``node`` writes out again: ``x.get("key", default)``, ``x.pop(...)``,
+    ``getattr(x, "key", default)`` with a literal equal to the key's default."""
+    func, args = node.func, node.args
+    if isinstance(func, ast.Attribute) and func.attr in ("get", "pop") and len(args) == 2:
+        owner, (key_node, fallback) = func.value, args
+    elif isinstance(func, ast.Name) and func.id == "getattr" and len(args) == 3:
+        owner, key_node, fallback = args
+    else:
+        return None
+    if not (isinstance(owner, ast.Name) and owner.id in CONFIG_NAMES):
+        return None
+    if not (isinstance(key_node, ast.Constant) and isinstance(key_node.value, str) and key_node.value in FIELDS):
+        return None
+    try:
+        value = ast.literal_eval(fallback)
+    except ValueError:
+        return None
+    key = key_node.value
+    default = _default(key)
+    same = value == default and type(value) is type(default)
+    return key if same and default is not None and not isinstance(default, bool) else None
 
 
 def problems_in(source: str, rel: str) -> list[Finding]:
@@ -166,6 +201,9 @@ def reads(args, cfg, v, env):
     jitter = cfg.moe_jitter_eps if cfg.moe_jitter_eps is not None else 0.0
     base = float(cfg.rotary_emb_base)
     group_lr = float(engine.param_groups[0]["lr"])
+    peak = params.pop("lr", 0.001)
+    rest = params.pop("lr", None), params.get("lr", 0.5), getattr(cfg, "hidden_dropout", 0.0)
+    foreign = getattr(hf_config, "hidden_dropout", 0.0), osd.get("zero_stage", 0)
 """
 
 
@@ -179,6 +217,8 @@ def test_the_scan_catches_each_kind() -> None:
         (8, "warmup", "falls"),
         (9, "model_parallel_size", "falls"),
         (10, "lr", "converts"),
+        (16, "lr", "restates"),
+        (17, "hidden_dropout", "restates"),
     }, found
     # the config layer may still see a required or derived key unset; a real default is restated there too
     layer = {(f.line, f.key) for f in problems_in(_SNIPPET, "megatron/neox_arguments/x.py")}

@@ -63,7 +63,7 @@ def test_param_groups_follow_gpt_neox() -> None:
 
 
 def _cfg(kind: str, **params) -> OptimizerConfig:
-    return OptimizerConfig(optimizer={"type": kind, "params": {"lr": 0.01, **params}}, weight_decay=0.1)
+    return OptimizerConfig(optimizer={"type": kind, "params": {"lr": 0.01, **params}}, lr=0.01, weight_decay=0.1)
 
 
 def test_adam_is_adamw_with_groups() -> None:
@@ -150,6 +150,26 @@ def test_madgrad_first_step() -> None:
     assert torch.allclose(p.detach(), expected)
 
 
+@pytest.mark.parametrize("cls", [Lion, SM3, MADGRAD])
+def test_shared_step_runs_the_closure_and_skips_parameters_without_a_gradient(cls: type) -> None:
+    """The ``step()`` the three share: the closure runs with gradients on and its loss is returned; a parameter
+    without a gradient is neither moved nor given state."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    idle = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = cls([{"params": [w]}, {"params": [idle]}], lr=0.1)
+
+    def closure() -> float:
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        return float(loss)
+
+    assert opt.step(closure) == 5.0
+    assert not torch.equal(w.detach(), torch.tensor([1.0, -2.0]))
+    assert torch.equal(idle.detach(), torch.tensor([3.0, 4.0])) and idle not in opt.state
+    assert opt.step() is None
+
+
 @pytest.mark.parametrize("kind", ["adam", "sgd", "lion", "sm3", "madgrad_wd"])
 def test_each_optimizer_fits_a_regression(kind: str) -> None:
     torch.manual_seed(0)
@@ -157,7 +177,9 @@ def test_each_optimizer_fits_a_regression(kind: str) -> None:
     x = torch.randn(64, 4)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     lr = {"adam": 0.01, "sgd": 0.05, "lion": 0.01, "sm3": 0.05, "madgrad_wd": 0.01}[kind]
-    opt, _ = build_optimizer(model, OptimizerConfig(optimizer={"type": kind, "params": {"lr": lr}}, weight_decay=0.0))
+    opt, _ = build_optimizer(
+        model, OptimizerConfig(optimizer={"type": kind, "params": {"lr": lr}}, lr=lr, weight_decay=0.0)
+    )
     losses = []
     for _ in range(60):
         opt.zero_grad()
@@ -190,7 +212,9 @@ def test_cpu_adam_follows_adamw(kind: str) -> None:
         model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         params = {"lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8}
-        opt, _ = build_optimizer(model, OptimizerConfig(optimizer={"type": name, "params": params}, weight_decay=0.1))
+        opt, _ = build_optimizer(
+            model, OptimizerConfig(optimizer={"type": name, "params": params}, lr=0.01, weight_decay=0.1)
+        )
         assert isinstance(opt, DeepSpeedCPUAdam) == (name != "adam")
         x, y = torch.randn(32, 4, generator=torch.Generator().manual_seed(1)), torch.ones(32, 1)
         for _ in range(5):

@@ -88,8 +88,8 @@ def test_bad_search_and_gpu_type_flags(capsys: pytest.CaptureFixture[str]) -> No
     assert deepy.main(["--plan", "train.py", *TINY, "--gpu-type", "B300"]) == 2
     assert "--gpu-type 'B300': unknown; valid: A100-40GB" in capsys.readouterr().err
     assert deepy.main(["--plan", "train.py", *TINY, "--search", "--top", "0"]) == 2
-    assert "--top 0: must be > 0" in capsys.readouterr().err
+    assert "--top '0': must be an integer between 1 and 1000000" in capsys.readouterr().err
     assert deepy.main(["--plan", "train.py", *TINY, "--search", "--memory-headroom", "1"]) == 2
-    assert "--memory-headroom 1.0: must be >= 0 and < 1" in capsys.readouterr().err
+    assert "--memory-headroom '1': must be a finite number in [0, 1)" in capsys.readouterr().err
     h100 = json.loads(_run(capsys, *TINY, "--gpu-type", "h100-80gb", "--json"))
     assert h100["hardware"]["peak_tflops"] == 989.0 and h100["hardware"]["gpu_memory_bytes"] == 80e9

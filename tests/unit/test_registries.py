@@ -126,7 +126,7 @@ def _toy_run() -> dict[str, Any]:
         mpu.initialize_model_parallel(1)
         cfg = _cfg(activation="toy_gated", pos_emb="rotary")
         model = build_sequential_model(cfg)
-        opt_cfg = OptimizerConfig(optimizer={"type": "toy_sgd", "params": {"lr": 0.5}}, weight_decay=0.0)
+        opt_cfg = OptimizerConfig(optimizer={"type": "toy_sgd", "params": {"lr": 0.5}}, lr=0.5, weight_decay=0.0)
         optimizer, _ = build_optimizer(model, opt_cfg)
         ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10**9}
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config_for(ds, opt_cfg))

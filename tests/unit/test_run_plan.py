@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
 from typing import Any
 
@@ -31,7 +32,7 @@ def _plan(**values: Any) -> RunPlan:
 
 def test_sequential_fp32_defaults() -> None:
     plan = _plan()
-    assert (plan.pipeline, plan.step_variant, plan.precision, plan.zero_stage) == (False, "sequential", "fp32", 0)
+    assert (plan.pipeline, plan.step_variant, plan.precision) == (False, "sequential", "fp32")
     assert plan.params_dtype == torch.float32 and plan.train_impl == "normal" and not plan.reward_head
     assert (plan.train_batch_size, plan.gradient_accumulation_steps, plan.seq_length) == (4, 1, 32)
 
@@ -40,7 +41,8 @@ def test_pipeline_precision_and_zero_come_from_the_derived_keys() -> None:
     plan = _plan(pipe_parallel_size=2, fp16={"enabled": True}, gradient_accumulation_steps=2)
     assert plan.pipeline and plan.step_variant == "pipe"
     assert plan.precision == "fp16" and plan.params_dtype == torch.float16
-    assert plan.zero_stage == 1  # derive.py: fp16 under the pipe engine runs ZeRO-1 (GPT-NeoX's rule)
+    fp16_pipe = {**BASE, "pipe_parallel_size": 2, "fp16": {"enabled": True}}
+    assert NeoXArgs(fp16_pipe, env=LaunchEnv(world_size=None, on_cpu=True)).zero_stage == 1  # derive.py (GPT-NeoX)
     assert plan.gradient_accumulation_steps == 2 and plan.train_batch_size == 4  # 2 micro x 2 gas x 1 DP rank
     assert _plan(pipe_parallel_size=1).pipeline  # one stage still runs the pipeline engine
     assert _plan(bf16={"enabled": True}, zero_optimization={"stage": 2}).params_dtype == torch.bfloat16
@@ -72,3 +74,41 @@ def test_pretrain_decides_the_shape_only_through_the_plan() -> None:
     read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "args"}
     read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert not decided & read, f"pretrain.py decides {sorted(decided & read)} itself instead of reading the RunPlan"
+
+
+def plan_reads(source: str, *, self_is_plan: bool = False) -> set[str]:
+    """Attributes read from a ``RunPlan``: a parameter annotated ``RunPlan`` or a name bound to
+    ``RunPlan.from_neox_args(...)``, per function (and ``self`` in run_plan.py: what its properties derive from)."""
+    read: set[str] = set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        a = fn.args
+        names = {
+            p.arg
+            for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            if p.annotation is not None and ast.unparse(p.annotation) == "RunPlan"
+        }
+        names |= {"self"} if self_is_plan else set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and ast.unparse(node.value).startswith("RunPlan.from_neox_args("):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        read |= {
+            n.attr
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in names
+        }
+    return read
+
+
+def test_every_field_of_the_plan_has_a_reader() -> None:
+    """A decision nobody reads is not a decision: each field and property of RunPlan is read in megatron/."""
+    members = {f.name for f in dataclasses.fields(RunPlan)} | {
+        n for n, v in vars(RunPlan).items() if isinstance(v, property)
+    }
+    read: set[str] = set()
+    for path in (REPO_ROOT / "megatron").rglob("*.py"):
+        read |= plan_reads(path.read_text(), self_is_plan=path.name == "run_plan.py")
+    assert members <= read, f"RunPlan members nobody reads: {sorted(members - read)}"
+    sample = "def f(plan: RunPlan, cfg: X):\n    plan.pipeline, cfg.zero_stage\ndef g(args):\n    p = RunPlan.from_neox_args(args)\n    p.seq_length"
+    assert plan_reads(sample) == {"pipeline", "seq_length"}

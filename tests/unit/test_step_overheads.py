@@ -4,12 +4,17 @@ once per layer, the rotary tables computed once per forward under autograd too, 
 
 from __future__ import annotations
 
+import ast
+
 import torch
 
 from megatron.model.gpt2_model import is_plain_causal
 from megatron.model.positional_embeddings import RotaryEmbedding
 from megatron.model.utils import get_ltor_masks_and_position_ids
 from megatron.training.nonfinite import nonfinite_flag
+from tests.harness import REPO_ROOT
+
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce", "barrier", "gather", "scatter")
 
 
 def test_only_the_exact_causal_mask_counts_as_plain_causal() -> None:
@@ -47,3 +52,15 @@ def test_nonfinite_flag_sees_nan_and_both_infinities_in_every_dtype() -> None:
             t = torch.ones(4, dtype=dtype)
             t[2] = bad
             assert float(nonfinite_flag([*ok, t], "cpu")) == 1.0
+
+
+def test_the_step_decision_makes_one_reduction_and_one_host_read() -> None:
+    """docs/training.md: ``StepGuard.decide`` packs losses, metrics, the non-finite and stop flags into one tensor,
+    all-reduces it once and reads it back once (the run-time count of host reads: tests/e2e/test_step_host_reads.py)."""
+    tree = ast.parse((REPO_ROOT / "megatron" / "training" / "nonfinite.py").read_text())
+    (decide,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "decide"]
+    calls = [ast.unparse(n.func) for n in ast.walk(decide) if isinstance(n, ast.Call)]
+    collectives = [c for c in calls if c.startswith("mpu.") and c.split(".")[1].startswith(COLLECTIVES)]
+    host_reads = [c for c in calls if c.rsplit(".", 1)[-1] in ("tolist", "item", "cpu", "numpy")]
+    assert collectives == ["mpu.all_reduce_sum"], collectives
+    assert len(host_reads) == 1 and host_reads[0].endswith(".tolist"), host_reads

@@ -1,5 +1,6 @@
 """train.py: user errors (ConfigError / CheckpointError / DataError) are one line without a traceback; any other
-exception is a bug and keeps its traceback; a preempted run exits with the requeue code."""
+exception is a bug and keeps its traceback; a preempted run exits with the requeue code, one stopped before its first
+step with 143."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from megatron.errors import DataError
 from megatron.training.preemption import REQUEUE_EXIT_CODE
+from megatron.training.startup_signals import STOPPED_EXIT_CODE
 from tests.harness import REPO_ROOT
 
 
@@ -19,7 +21,7 @@ def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
     import megatron.training.pretrain
     from megatron.neox_arguments import NeoXArgs
 
-    def fake_pretrain(args: Any) -> Any:
+    def fake_pretrain(args: Any, startup: Any = None) -> Any:
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -55,5 +57,10 @@ def test_a_bug_keeps_its_traceback(
 
 
 def test_preempted_run_exits_with_the_requeue_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    result = SimpleNamespace(preempted=True, iteration=7)
+    result = SimpleNamespace(preempted=True, iteration=7, stopped_before_training=False)
     assert _run_train(monkeypatch, result) == REQUEUE_EXIT_CODE == 42
+
+
+def test_a_run_stopped_before_its_first_step_exits_143(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = SimpleNamespace(preempted=False, iteration=0, stopped_before_training=True)
+    assert _run_train(monkeypatch, result) == STOPPED_EXIT_CODE == 143
