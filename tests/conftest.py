@@ -57,7 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    scanner = LaunchScanner(roots=(REPO_ROOT / "tests", config.rootpath))
+    # the test tree, and the root of a pytest session run elsewhere (tests/unit/test_fast_tier.py's pytester runs);
+    # never the repository root, whose .venv holds pytest's own fixtures
+    roots = (REPO_ROOT / "tests",) if config.rootpath == REPO_ROOT else (REPO_ROOT / "tests", config.rootpath)
+    scanner = LaunchScanner(roots=roots)
     for item in items:
         if item.get_closest_marker("launches"):
             continue
