@@ -231,6 +231,7 @@ def _check_outcome(rc: int, err: str, what: str) -> None:
     assert not long, f"{what}: a {max(map(len, err.splitlines()))}-character line: {long[0]}..."
 
 
+@pytest.mark.slow  # 400 mutated configs through deepy.main: about 12 s on 2 busy cores
 def test_mutated_configs_are_accepted_or_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
