@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
+from megatron.checkpoint_tool_args import apply_tool_args, parse_tool_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,14 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config_file", nargs="*", default=None, help="GPT-NeoX YAML(s) for --diff")
     p.add_argument("--atol", type=float, default=0.0, help="--diff: ignore differences up to this")
     p.add_argument("--verify", action="store_true", help="check every file's size and sha256 against manifest.json")
-    cli.add_trust_flag(p)
-    return p.parse_args(argv)
+    return parse_tool_args(p, argv, quiet=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
-    cli.apply_trust_flag(args)
+    apply_tool_args(args)
     from megatron.checkpoint.inspection import describe_checkpoint, diff_checkpoints
 
     if args.verify:
