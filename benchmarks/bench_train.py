@@ -3,7 +3,7 @@
     python benchmarks/bench_train.py [--shape pythia-14m|pythia-160m|small] [--bf16] [--compile] [--rounds 8]
         [--warmup 2] [--threads N] [--peer litgpt|litgpt-compiled|...]
 
-Ours: ``megatron.training.pretrain.pretrain`` on one gloo rank — DeepSpeed engine, the mmap data loader over
+Ours: ``megatron.training.pretraining.pretrain`` on one gloo rank — DeepSpeed engine, the mmap data loader over
 tinyshakespeare tokenised with the 20B tokenizer, the training loop with console logging every
 ``--log-interval`` iterations. Baseline: ``GPTNeoXForCausalLM`` built from the same shape with the SAME initial
 weights (our initial model converted with ``hf_mapping``), a plain loop of forward, ``F.cross_entropy``,
@@ -243,7 +243,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, data_pa
     for noisy in ("DeepSpeed", "deepspeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from megatron.neox_arguments import NeoXArgs
-    from megatron.training.pretrain import pretrain
+    from megatron.training.pretraining import pretrain
 
     config = neox_config(args, data_path, args.vocab_file)
     config["global_num_gpus"] = world

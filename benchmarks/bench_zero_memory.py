@@ -45,7 +45,7 @@ def run_rank(rank: int, world: int, port: int, config: dict, out: Any) -> None:
     import megatron.training.loop as loop
     from megatron.distributed import shutdown_and_exit
     from megatron.neox_arguments import NeoXArgs
-    from megatron.training.pretrain import pretrain
+    from megatron.training.pretraining import pretrain
 
     held: dict[str, float] = {}
     original = loop.log_param_optimizer_bytes

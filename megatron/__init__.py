@@ -14,10 +14,6 @@ def __getattr__(name: str) -> Any:
         from megatron.neox_arguments import NeoXArgs
 
         return NeoXArgs
-    if name == "build_neox_args_tokenizer":  # NeoXArgs.build_tokenizer(): the config layer cannot import it
-        from megatron.tokenizer import build_neox_args_tokenizer
-
-        return build_neox_args_tokenizer
     if name == "initialize_megatron":
         from megatron.initialize import initialize_megatron
 

@@ -10,6 +10,7 @@ import torch
 
 from megatron.generation.api import generate_samples_from_prompt as _generate
 from megatron.generation.sampling import SamplingConfig, kv_cache_forward
+from megatron.tokenizer import build_neox_args_tokenizer
 
 
 def generate_samples_from_prompt(
@@ -29,7 +30,7 @@ def generate_samples_from_prompt(
     module = getattr(model, "module", model)
     if not hasattr(module, "forward") or type(module).__name__ == "PipelineModule":
         raise ValueError("generate_samples_from_prompt needs the sequential model (pipe_parallel_size: 0)")
-    tokenizer = neox_args.tokenizer if neox_args.tokenizer is not None else neox_args.build_tokenizer()
+    tokenizer = neox_args.tokenizer if neox_args.tokenizer is not None else build_neox_args_tokenizer(neox_args)
     cfg = SamplingConfig(
         temperature=temperature,
         top_k=top_k,

@@ -26,7 +26,7 @@ def train(
     from megatron.neox_arguments import NeoXArgs
     from megatron.neox_arguments.size_checks import check_fits_machine
     from megatron.training.preemption import REQUEUE_EXIT_CODE
-    from megatron.training.pretrain import pretrain
+    from megatron.training.pretraining import pretrain
 
     # validated as deepy.py validates, whatever started this rank
     args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)

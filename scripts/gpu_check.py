@@ -81,7 +81,7 @@ def check_train(steps: int, tiny: bool) -> str:
     from megatron.logging.flops import FlopsConfig, flops_per_iteration
     from megatron.logging.peak_flops import resolve_peak
     from megatron.neox_arguments import NeoXArgs
-    from megatron.training.pretrain import pretrain
+    from megatron.training.pretraining import pretrain
 
     big = CUDA and not tiny
     shape = dict(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048) if big else dict(

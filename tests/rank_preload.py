@@ -19,4 +19,4 @@ import torch
 import torch._dynamo
 import torch._inductor.compile_fx  # noqa: F401
 
-import megatron.training.pretrain  # noqa: F401
+import megatron.training.pretraining  # noqa: F401

@@ -73,6 +73,31 @@ def _cli_pair(key: str, value: Any) -> list[str]:
     return [] if value is None else [f"--{key}", str(value)]
 
 
+class TokenizerBuilder:
+    """GPT-NeoX's ``NeoXArgs.build_tokenizer()`` runs the tokenizer layer, which sits above this one
+    (docs/architecture.md) and so cannot be imported here: ``megatron.tokenizer`` hands its
+    ``build_neox_args_tokenizer`` down with :meth:`provide` when it is imported (as every run, ``megatron.training``'s
+    GPT-NeoX names and the generation API import it)."""
+
+    def __init__(self) -> None:
+        self._build: Callable[[Any], Any] | None = None
+
+    def provide(self, build: Callable[[Any], Any]) -> None:
+        """Set the builder (the tokenizer package's import does)."""
+        self._build = build
+
+    def __call__(self, args: Any) -> Any:
+        if self._build is None:
+            raise RuntimeError(
+                "NeoXArgs.build_tokenizer(): the tokenizer package is not loaded; import megatron.tokenizer first "
+                "(or call megatron.tokenizer.build_neox_args_tokenizer(args))"
+            )
+        return self._build(args)
+
+
+TOKENIZER_BUILDER = TokenizerBuilder()
+
+
 class GptNeoXArgsApi:
     """Mixed into ``NeoXArgs``; relies on its ``to_dict``, ``deepspeed_config``, ``sections`` and key attributes."""
 
@@ -164,9 +189,4 @@ class GptNeoXArgsApi:
 
     def build_tokenizer(self) -> Any:
         """Build the configured tokenizer, attach it as ``self.tokenizer`` and set ``padded_vocab_size``."""
-        # The tokenizer layer sits above the config layer (docs/architecture.md): reach it through the package's
-        # public face, which imports it on first use, rather than importing it from this layer.
-        import megatron
-
-        builder: Callable[[Any], Any] = megatron.build_neox_args_tokenizer
-        return builder(self)
+        return TOKENIZER_BUILDER(self)

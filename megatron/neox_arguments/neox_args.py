@@ -145,25 +145,6 @@ def _with_sources(problem: str, origins: dict[str, str]) -> str:
     return f"{problem} ({'; '.join(f'{k}: {origins[k]}' for k in keys)})"
 
 
-class _SaveDir(str):
-    """The ``save`` key's value (a directory) that can also be called: ``args.save(path)`` writes the config."""
-
-    _owner: NeoXArgs | None = None
-
-    def __new__(cls, value: str, owner: NeoXArgs | None = None) -> _SaveDir:
-        obj = super().__new__(cls, value)
-        obj._owner = owner
-        return obj
-
-    def __call__(self, path: str) -> None:
-        if self._owner is None:
-            raise TypeError("this copy of the save directory is detached from its NeoXArgs; use save_config()")
-        self._owner.save_config(path)
-
-    def __reduce__(self) -> tuple:
-        return (str, (str(self),))  # copies and pickles are plain strings
-
-
 if TYPE_CHECKING:
 
     class _SchemaKeys(
@@ -380,9 +361,7 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         def __getattr__(self, name: str) -> Any:
             section = KEY_SECTION.get(name)
             if section is not None:
-                value = getattr(self._sections[section], name)
-                # `save` is both GPT-NeoX's checkpoint-directory key and (when set) a callable `args.save(path)`.
-                return _SaveDir(value, self) if name == "save" and isinstance(value, str) else value
+                return getattr(self._sections[section], name)
             if name in RUNTIME_ATTRS:
                 return self._runtime[name]
             raise AttributeError(f"NeoXArgs has no key {name!r}")
@@ -449,7 +428,7 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         return out
 
     def save_config(self, path: str) -> None:
-        """Write ``to_dict()`` as JSON to ``path`` (also reachable as ``args.save(path)`` when ``save`` is set)."""
+        """Write ``to_dict()`` as JSON to ``path``."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -3,6 +3,7 @@
 from typing import Any
 
 from megatron.neox_arguments.derive import padded_vocab_size
+from megatron.neox_arguments.gpt_neox_api import TOKENIZER_BUILDER
 from megatron.tokenizer.tokenizer import (
     EOD_TOKEN,
     PAD_TOKEN,
@@ -27,6 +28,8 @@ def build_neox_args_tokenizer(args: Any) -> AbstractTokenizer:
     args.update_value("tokenizer", tokenizer)
     return tokenizer
 
+
+TOKENIZER_BUILDER.provide(build_neox_args_tokenizer)  # NeoXArgs.build_tokenizer() (the config layer is below this one)
 
 __all__ = [
     "EOD_TOKEN",

@@ -13,13 +13,14 @@ from typing import Any
 _GPT_NEOX_NAMES = ("pretrain", "setup_model_and_optimizer")
 
 
-def collect_loss_for_unit_test(lm_ss: float) -> None:
-    """Called with the LM loss of every training step (GPT-NeoX's hook: tests patch it to collect the losses)."""
-
-
 def __getattr__(name: str) -> Any:
     if name in _GPT_NEOX_NAMES:
         from megatron.training import gpt_neox_api
 
         return getattr(gpt_neox_api, name)
+    if name == "collect_loss_for_unit_test":
+        raise AttributeError(
+            "megatron.training.collect_loss_for_unit_test: GPT-NeoX's test hook is not in neox-forge's training loop; "
+            "pass on_step=callback to megatron.training.pretraining.pretrain() (docs/gpt-neox-differences.md)"
+        )
     raise AttributeError(f"module 'megatron.training' has no attribute {name!r}")

@@ -20,6 +20,8 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
+from megatron.training.engine_protocol import Engine, PipelineEngine
+
 logger = logging.getLogger("megatron.train")
 
 CHECKED_DEEPSPEED = "0.19.8"  # the version every item below was read against
@@ -28,7 +30,7 @@ CHECKED_DEEPSPEED = "0.19.8"  # the version every item below was read against
 # 1. Where the reduced gradients are before the optimizer step (read only). DeepSpeed 0.19.8: a plain optimizer keeps
 #    them in ``param.grad``; ZeRO-1/2/3 in ``optimizer.averaged_gradients`` (dict: group -> list of partitions);
 #    the BF16 optimizer in ``optimizer.fp32_groups_gradients_flat``.
-def reduced_gradients(engine: Any) -> list[torch.Tensor]:
+def reduced_gradients(engine: Engine) -> list[torch.Tensor]:
     """This rank's gradients as the optimizer will read them (non-empty tensors): the wrapper's own buffers where
     it has them, else the parameters' ``.grad``."""
     opt = engine.optimizer
@@ -44,7 +46,7 @@ def reduced_gradients(engine: Any) -> list[torch.Tensor]:
 # 2. fp16 without ZeRO. DeepSpeed 0.19.8's ``engine.backward`` scales the loss only for ZeRO optimizers
 #    (``optimizer.scale_if_loss``), while its FP16 optimizer for ZeRO-0 unscales the gradients in ``step()``
 #    all the same; the scale it divides by is ``optimizer.loss_scale_config.cur_scale``.
-def manual_loss_scale(engine: Any) -> Any:
+def manual_loss_scale(engine: Engine) -> Any:
     """The factor the step must multiply the loss by before ``engine.backward`` (None: DeepSpeed scales, or no
     fp16)."""
     opt = engine.optimizer
@@ -58,13 +60,13 @@ def manual_loss_scale(engine: Any) -> Any:
 #    parameters of every pipeline stage after the first and is not recorded (``get_global_grad_norm`` stays None).
 #    The step clips those gradients itself (grad_clipping.py), so the engine's own call is made a no-op, on this
 #    engine only.
-def engine_clips_fp32(engine: Any) -> bool:
+def engine_clips_fp32(engine: Engine) -> bool:
     """True when DeepSpeed's ``_take_model_step`` would clip through ``clip_fp32_gradients`` (its own condition)."""
     wrapped = engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization()
     return engine.gradient_clipping() > 0.0 and not wrapped
 
 
-def leave_fp32_clipping_to_the_step(engine: Any) -> None:
+def leave_fp32_clipping_to_the_step(engine: Engine) -> None:
     """Make this engine's ``clip_fp32_gradients`` a no-op (the step has clipped already)."""
     engine.clip_fp32_gradients = _no_clipping
 
@@ -77,7 +79,7 @@ def _no_clipping() -> None:
 #    the optimizer drops the gradients, ``skipped_steps`` grows, ``_step_applied`` is False, ``losses`` is reset,
 #    the LR schedule does not move, and ``global_steps`` / ``global_samples`` advance as for an applied step;
 #    ``engine.step()`` then counts the micro-step (``micro_steps``). A skip decided by neox-forge does the same.
-def skip_optimizer_step(engine: Any, count_micro_step: bool) -> None:
+def skip_optimizer_step(engine: Engine, count_micro_step: bool) -> None:
     """Forget this step's gradients and count a skipped step as DeepSpeed counts an fp16 overflow;
     ``count_micro_step``: the caller does not call ``engine.step()`` for this micro-batch (the sequential step)."""
     opt = engine.optimizer
@@ -103,7 +105,7 @@ def skip_optimizer_step(engine: Any, count_micro_step: bool) -> None:
 # 5. The pipeline engine's optimizer step. DeepSpeed 0.19.8's ``PipelineEngine.train_batch`` runs forward, backward
 #    and the optimizer step inside its schedule; the ``OptimizerStep`` instruction calls ``self._take_model_step``
 #    (looked up on the instance). The step's decision is run there, on this engine only.
-def run_optimizer_step_through(engine: Any, optimizer_step: Callable[[Callable[[], None]], object]) -> None:
+def run_optimizer_step_through(engine: PipelineEngine, optimizer_step: Callable[[Callable[[], None]], object]) -> None:
     """Make the pipeline schedule's optimizer step call ``optimizer_step(apply)``; ``apply()`` is DeepSpeed's step
     (clipping of wrapped optimizers, ``optimizer.step()``, ``zero_grad`` and the counters; the engine has no LR
     schedule: ``optimizer_step`` moves the LR after ``apply``)."""
@@ -119,7 +121,7 @@ def run_optimizer_step_through(engine: Any, optimizer_step: Callable[[Callable[[
 #    while ``enable_backward_allreduce`` is True, even with one data-parallel rank (a flatten, a self all-reduce,
 #    a scale and a copy back: three passes for nothing). With one DP rank, fp32 and a plain optimizer it is switched
 #    off (the flag is read in ``_backward_epilogue``).
-def skip_single_rank_allreduce(engine: Any, dp_world_size: int) -> bool:
+def skip_single_rank_allreduce(engine: Engine, dp_world_size: int) -> bool:
     """Turn off the engine's backward all-reduce when it can only copy; returns whether it did."""
     plain_optimizer = isinstance(getattr(engine, "optimizer", None), torch.optim.Optimizer)
     stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else -1
@@ -141,7 +143,7 @@ def skip_single_rank_allreduce(engine: Any, dp_world_size: int) -> bool:
 #    partition itself in ``fp32_partitioned_groups_flat``, in the inner optimizer's param groups and in its state
 #    (the optimizer then steps the partition in place, and DeepSpeed's copy back after the step copies a tensor
 #    onto itself). Offload (its own branch) and other dtypes keep their copy.
-def share_fp32_zero3_partitions(engine: Any) -> int:
+def share_fp32_zero3_partitions(engine: Engine) -> int:
     """Drop the duplicate fp32 master partitions of a ZeRO-3 optimizer; returns how many were shared."""
     opt = engine.optimizer
     lp = getattr(opt, "fp16_partitioned_groups_flat", None)
@@ -187,7 +189,7 @@ def _supported() -> bool:
 #    ``total_loss / gradient_accumulation_steps()`` summed over the data-parallel group and divided by its size,
 #    broadcast from the last stage over the pipe group: train_batch's return value. At the optimizer step the sum of
 #    the iteration's ``gas`` losses is therefore already there, so the step's one reduction can carry it.
-def pipeline_loss_sum(engine: Any) -> torch.Tensor | None:
+def pipeline_loss_sum(engine: PipelineEngine) -> torch.Tensor | None:
     """On the last pipeline stage, the sum of this iteration's micro-batch losses (complete at the schedule's
     optimizer step), shape ``[1]``; None on the other stages, which compute no loss."""
     if not engine.is_last_stage():

@@ -14,8 +14,9 @@ from typing import Any
 from megatron import mpu
 from megatron.initialize import initialize_megatron
 from megatron.model import GPTModelConfig
+from megatron.tokenizer import build_neox_args_tokenizer
 from megatron.training import checkpointing as ckpt
-from megatron.training import pretrain as pretrain_lib
+from megatron.training import pretraining as pretrain_lib
 from megatron.training.run_plan import RunPlan
 
 
@@ -38,7 +39,7 @@ def setup_model_and_optimizer(
     if not mpu.model_parallel_is_initialized():
         initialize_megatron(neox_args)
     if neox_args.padded_vocab_size is None:
-        neox_args.build_tokenizer()
+        build_neox_args_tokenizer(neox_args)
     plan = RunPlan.from_neox_args(neox_args)
     load_cfg = ckpt.CheckpointConfig.from_neox_args(neox_args)
     if iteration is not None:

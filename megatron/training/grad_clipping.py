@@ -18,6 +18,7 @@ import torch
 
 from megatron import mpu
 from megatron.training.deepspeed_adapter import engine_clips_fp32, leave_fp32_clipping_to_the_step
+from megatron.training.engine_protocol import Engine
 
 
 def _counted(param: torch.nn.Parameter, tp_rank: int) -> bool:
@@ -50,7 +51,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, group: Any
 class Fp32Clipping:
     """The step's clipping of a plain fp32 optimizer's gradients (DeepSpeed's own is turned off on this engine)."""
 
-    def __init__(self, engine: Any, max_norm: float, group: Any | None) -> None:
+    def __init__(self, engine: Engine, max_norm: float, group: Any | None) -> None:
         self.engine, self.max_norm, self.group = engine, max_norm, group
 
     def __call__(self) -> torch.Tensor:
@@ -58,7 +59,7 @@ class Fp32Clipping:
         return clip_grad_norm(list(self.engine.module.parameters()), self.max_norm, self.group)
 
 
-def fp32_clipping_for(engine: Any) -> Fp32Clipping | None:
+def fp32_clipping_for(engine: Engine) -> Fp32Clipping | None:
     """The step's clipping where DeepSpeed would clip a plain fp32 optimizer (None elsewhere: a wrapper optimizer
     clips and reports the norm itself, or there is no clipping)."""
     if not engine_clips_fp32(engine):

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-import megatron.training
 from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.errors import UserError
@@ -23,8 +22,9 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.moe import moe_metrics
 from megatron.neox_arguments.errors import ConfigError
+from megatron.training.engine_protocol import Engine
 from megatron.training.memory_usage import log_param_optimizer_bytes
-from megatron.training.step import PipeStep, SequentialStep, StepResult, is_nan
+from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
 
@@ -109,7 +109,7 @@ class Profiler:
             torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def _loss_scale(engine: Any) -> float | None:
+def _loss_scale(engine: Engine) -> float | None:
     opt = getattr(engine, "optimizer", None)
     for name in ("cur_scale", "loss_scale"):
         value = getattr(opt, name, None)
@@ -118,7 +118,7 @@ def _loss_scale(engine: Any) -> float | None:
     return None
 
 
-def param_norm(engine: Any) -> float:
+def param_norm(engine: Engine) -> float:
     """Global L2 norm of the parameters (TP shards and ZeRO-3 partitions summed once)."""
     total = torch.zeros(1, dtype=torch.float64)
     tp_total = torch.zeros(1, dtype=torch.float64)
@@ -145,8 +145,8 @@ class Trainer:
     def __init__(
         self,
         *,
-        engine: Any,
-        step: SequentialStep | PipeStep,
+        engine: Engine,
+        step: AccumulatingStep | PipeStep,
         loop_cfg: LoopConfig,
         log_cfg: LoggingConfig,
         flops_cfg: FlopsConfig,
@@ -158,6 +158,7 @@ class Trainer:
         task_eval: Callable[[], dict[str, float]] | None = None,
         char_counter: Callable[[Iterator[Any] | None], Any] | None = None,
         observer: RunObserver | None = None,
+        on_step: Callable[[int, StepResult], None] | None = None,
     ) -> None:
         self.engine, self.step, self.loop_cfg, self.log_cfg = engine, step, loop_cfg, log_cfg
         self.flops_cfg, self.metrics, self.timers = flops_cfg, metrics, timers
@@ -170,6 +171,7 @@ class Trainer:
         # preemption: (iteration, the step's reduced stop flag) -> True on every rank to stop now
         self.stop_check: Callable[[int, float], bool] | None = None
         self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
+        self.on_step = on_step  # called with (iteration, result) after every training step, on every rank
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -189,7 +191,8 @@ class Trainer:
             interval_iters += 1
             self.profiler.after(state.iteration)
             state.history.append(result.lm_loss)
-            megatron.training.collect_loss_for_unit_test(result.lm_loss)  # GPT-NeoX's hook, read at call time
+            if self.on_step is not None:
+                self.on_step(state.iteration, result)
             self._count(state, result)
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
             scalars.update(result.extra)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from megatron import mpu
+from megatron.training.engine_protocol import Engine
 
 PREFIX = "memory/"
 # fp32 master partitions of DeepSpeed's ZeRO-1/2, ZeRO-3 and BF16 optimizers
@@ -24,7 +25,7 @@ MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat
 logger = logging.getLogger("megatron.train")
 
 
-def _inner_optimizer(engine: Any) -> Any:
+def _inner_optimizer(engine: Engine) -> Any:
     """The torch optimizer under DeepSpeed's wrappers (ZeRO, fp16, bf16) or the engine's own."""
     opt = getattr(engine, "optimizer", None)
     while opt is not None and not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer"):
@@ -32,14 +33,14 @@ def _inner_optimizer(engine: Any) -> Any:
     return opt
 
 
-def _module_tensors(engine: Any) -> Iterator[torch.Tensor]:
+def _module_tensors(engine: Engine) -> Iterator[torch.Tensor]:
     for p in engine.module.parameters():
         yield p.data
         if hasattr(p, "ds_tensor"):
             yield p.ds_tensor
 
 
-def _master_tensors(engine: Any, opt: Any) -> Iterator[torch.Tensor]:
+def _master_tensors(engine: Engine, opt: Any) -> Iterator[torch.Tensor]:
     if opt is not None:
         yield from (p for group in opt.param_groups for p in group["params"])
     # ZeRO-3 hands its fp32 partitions to the torch optimizer only while it steps them; read them from the wrapper.
@@ -57,7 +58,7 @@ def _state_tensors(opt: Any) -> Iterator[torch.Tensor]:
                 yield value
 
 
-def _grad_tensors(engine: Any, opt: Any) -> Iterator[torch.Tensor]:
+def _grad_tensors(engine: Engine, opt: Any) -> Iterator[torch.Tensor]:
     params = list(engine.module.parameters())
     if opt is not None:
         params += [p for group in opt.param_groups for p in group["params"]]
@@ -74,7 +75,7 @@ def _grad_tensors(engine: Any, opt: Any) -> Iterator[torch.Tensor]:
                     yield t
 
 
-def param_optimizer_bytes(engine: Any) -> dict[str, float]:
+def param_optimizer_bytes(engine: Engine) -> dict[str, float]:
     """``memory/*`` byte counts of what this rank holds now (call after the first optimizer step)."""
     opt = _inner_optimizer(engine)
     seen: set[int] = set()
@@ -104,7 +105,7 @@ def param_optimizer_bytes(engine: Any) -> dict[str, float]:
     }
 
 
-def log_param_optimizer_bytes(engine: Any) -> dict[str, float]:
+def log_param_optimizer_bytes(engine: Engine) -> dict[str, float]:
     """:func:`param_optimizer_bytes`, also written to the console by rank 0 (the loop calls it once)."""
     scalars = param_optimizer_bytes(engine)
     if mpu.world_rank() == 0:

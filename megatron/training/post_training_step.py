@@ -1,4 +1,4 @@
-"""The post-training step: :class:`SequentialStep` with the batch and loss of an objective chosen once at setup.
+"""The post-training step: :class:`AccumulatingStep` with the batch and loss of an objective chosen once at setup.
 
 It lives in ``training`` (which composes the run and may import ``post_training``), not in ``post_training``, so that
 ``post_training`` (config, data, objectives) never imports ``training``: the two packages form no cycle.
@@ -14,25 +14,26 @@ import torch
 from megatron.logging.timers import Timers
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.objectives import DPOObjective, KTOObjective, RewardModelObjective, frozen_copy
+from megatron.training.engine_protocol import Engine
 from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard
-from megatron.training.step import SequentialStep, StepResult
+from megatron.training.step import AccumulatingStep, StepResult
 
 
-class PostTrainStep(SequentialStep):
+class PostTrainStep(AccumulatingStep):
     """``gas`` × (objective batch, objective loss, backward, step); the objective's metrics are averaged over the
     iteration's micro-batches and all ranks and returned as ``train/<name>`` in ``StepResult.extra``."""
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         objective: Any,
         gas: int,
         timers: Timers,
         lr_scheduler: AnnealingLR | None,
         guard: StepGuard,
     ) -> None:
-        super().__init__(engine, None, None, gas, timers, lr_scheduler, guard)  # type: ignore[arg-type]
+        super().__init__(engine, gas, timers, lr_scheduler, guard)
         self.objective = objective
         self.metrics: list[dict[str, torch.Tensor]] = []
 
@@ -59,7 +60,7 @@ class PostTrainStep(SequentialStep):
 
 def build_post_training_step(
     cfg: PostTrainingConfig,
-    engine: Any,
+    engine: Engine,
     eod: int,
     gas: int,
     timers: Timers,

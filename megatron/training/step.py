@@ -13,6 +13,7 @@ scored on ``labels = text[:, 1:]`` under ``loss_mask`` (GPT-NeoX's ``_get_batch`
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -32,6 +33,7 @@ from megatron.training.deepspeed_adapter import (
     run_optimizer_step_through,
     skip_optimizer_step,
 )
+from megatron.training.engine_protocol import Engine, PipelineEngine
 from megatron.training.grad_clipping import fp32_clipping_for
 from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard, Verdict
@@ -97,7 +99,7 @@ def reduce_losses(loss: torch.Tensor) -> torch.Tensor:
     return reduced[0]
 
 
-def uses_fused_loss(engine: Any, loss_fn: Any) -> bool:
+def uses_fused_loss(engine: Engine, loss_fn: Any) -> bool:
     """True when the step may ask the model for its loss directly (GPT-NeoX's LM loss, a model that can fuse)."""
     weight_of = getattr(engine.module, "fused_loss_weight", None)
     return loss_fn is cross_entropy and callable(weight_of) and weight_of() is not None
@@ -115,11 +117,12 @@ class StepResult:
 
 class OptimizerStep:
     """What follows the last backward of an iteration: the gradient norm and clipping, the non-finite / loss-spike
-    decision, then the optimizer step and the LR step, or the skip. ``SequentialStep.train`` calls the pieces in
-    that order itself; under the pipeline engine DeepSpeed's schedule calls :meth:`__call__` at its
-    ``OptimizerStep`` instruction (``deepspeed_adapter.run_optimizer_step_through``), which runs the same pieces."""
+    decision, then the optimizer step and the LR step, or the skip. ``AccumulatingStep.train`` calls the pieces in
+    that order itself; under the pipeline engine DeepSpeed's schedule calls :meth:`PipelineOptimizerStep.__call__`
+    at its ``OptimizerStep`` instruction (``deepspeed_adapter.run_optimizer_step_through``), which runs the same
+    pieces."""
 
-    def __init__(self, engine: Any, guard: StepGuard, lr_scheduler: AnnealingLR | None) -> None:
+    def __init__(self, engine: Engine, guard: StepGuard, lr_scheduler: AnnealingLR | None) -> None:
         if lr_scheduler is not None and getattr(engine, "lr_scheduler", None) is not None:
             raise ValueError("the engine has an LR schedule of its own: the step would move the learning rate twice")
         self.engine, self.guard, self.lr_scheduler = engine, guard, lr_scheduler
@@ -154,17 +157,32 @@ class OptimizerStep:
         if self.lr_scheduler is not None and self.engine.was_step_applied():
             self.lr_scheduler.step()
 
+    def global_grad_norm(self) -> float | None:
+        """The last step's gradient norm before clipping (host read: logging only)."""
+        if self.grad_norm is not None:
+            return float(self.grad_norm)
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+
+class PipelineOptimizerStep(OptimizerStep):
+    """:class:`OptimizerStep` as the pipeline schedule's optimizer step (DeepSpeed's ``PipelineEngine``)."""
+
+    def __init__(self, engine: PipelineEngine, guard: StepGuard, lr_scheduler: AnnealingLR | None) -> None:
+        super().__init__(engine, guard, lr_scheduler)
+        self.pipe = engine
+
     def pipeline_loss(self) -> tuple[torch.Tensor, int]:
         """This rank's share of the pipeline's loss and how many ranks have one: the last stage's micro-batch losses
         of the iteration, averaged over ``gas`` as DeepSpeed's ``_aggregate_total_loss`` does, on tensor-parallel
         rank 0 of the last stage (one value per data-parallel rank, as DeepSpeed reduces); zero on every other rank.
         The step's reduction then averages it over the data-parallel ranks: train_batch's value, on every rank."""
-        total = pipeline_loss_sum(self.engine)
+        total = pipeline_loss_sum(self.pipe)
         if total is None or mpu.get_model_parallel_rank() != 0:
             device = total.device if total is not None else get_accelerator().current_device_name()
             return torch.zeros(1, device=device), mpu.get_data_parallel_world_size()
         # the very operation of DeepSpeed's ``_scale_loss_by_gas`` (a tensor / a Python int): the same bits
-        return (total / self.engine.gradient_accumulation_steps()).float(), mpu.get_data_parallel_world_size()
+        return (total / self.pipe.gradient_accumulation_steps()).float(), mpu.get_data_parallel_world_size()
 
     def __call__(self, apply: Callable[[], None]) -> Verdict:
         """The pipeline schedule's optimizer step; ``apply`` is DeepSpeed's (``optimizer.step()``, ``zero_grad``, the
@@ -181,40 +199,21 @@ class OptimizerStep:
             skip_optimizer_step(self.engine, count_micro_step=False)  # train_batch counts no micro-steps
         return verdict
 
-    def global_grad_norm(self) -> float | None:
-        """The last step's gradient norm before clipping (host read: logging only)."""
-        if self.grad_norm is not None:
-            return float(self.grad_norm)
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
 
-
-class SequentialStep:
-    """``gas`` × (forward, ``engine.backward``), then :class:`OptimizerStep`; one host read per iteration."""
+class AccumulatingStep(ABC):
+    """``gas`` × (forward, ``engine.backward``), then :class:`OptimizerStep`; one host read per iteration. What one
+    forward is (batch and loss) is the subclass's: language modelling (:class:`SequentialStep`) or a post-training
+    objective (``post_training_step.PostTrainStep``)."""
 
     def __init__(
-        self,
-        engine: Any,
-        loss_fn: Callable[[torch.Tensor, tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
-        batch_cfg: BatchConfig,
-        gas: int,
-        timers: Timers,
-        lr_scheduler: AnnealingLR | None,
-        guard: StepGuard,
+        self, engine: Engine, gas: int, timers: Timers, lr_scheduler: AnnealingLR | None, guard: StepGuard
     ) -> None:
-        self.engine, self.loss_fn, self.batch_cfg, self.gas, self.timers = engine, loss_fn, batch_cfg, gas, timers
-        self.fused_loss = uses_fused_loss(engine, loss_fn)
+        self.engine, self.gas, self.timers = engine, gas, timers
         self.optimizer_step = OptimizerStep(engine, guard, lr_scheduler)
 
+    @abstractmethod
     def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
         """Forward one micro-batch; returns the loss."""
-        self.timers("batch generator").start()
-        inputs, targets = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
-        self.timers("batch generator").stop()
-        if self.fused_loss:  # output layer + loss in one chunked pass (same loss, no [b, s, V] logits)
-            return self.engine(inputs, loss_targets=targets)
-        logits = self.engine(inputs)
-        return self.loss_fn(logits, targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``engine.backward`` (with the fp16 loss scale DeepSpeed leaves to the caller without ZeRO)."""
@@ -265,25 +264,54 @@ class SequentialStep:
         return torch.stack([reduce_losses(self.forward(data_iter)) for _ in range(self.gas)]).mean().item()
 
 
+class SequentialStep(AccumulatingStep):
+    """Language modelling: the token batch (``get_batch``) and ``loss_fn`` on the model's logits (or the model's
+    fused loss)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        loss_fn: Callable[[torch.Tensor, tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
+        batch_cfg: BatchConfig,
+        gas: int,
+        timers: Timers,
+        lr_scheduler: AnnealingLR | None,
+        guard: StepGuard,
+    ) -> None:
+        super().__init__(engine, gas, timers, lr_scheduler, guard)
+        self.loss_fn, self.batch_cfg = loss_fn, batch_cfg
+        self.fused_loss = uses_fused_loss(engine, loss_fn)
+
+    def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
+        """Forward one micro-batch; returns the loss."""
+        self.timers("batch generator").start()
+        inputs, targets = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+        self.timers("batch generator").stop()
+        if self.fused_loss:  # output layer + loss in one chunked pass (same loss, no [b, s, V] logits)
+            return self.engine(inputs, loss_targets=targets)
+        logits = self.engine(inputs)
+        return self.loss_fn(logits, targets)
+
+
 class PipeStep:
     """``engine.train_batch`` / ``engine.eval_batch`` over DeepSpeed's 1F1B schedule.
 
     The pipeline engine runs forward, backward and the optimizer step inside ``train_batch``; its ``OptimizerStep``
-    instruction calls the same :class:`OptimizerStep` as the sequential step (clipping, decision, step or skip).
+    instruction calls the same :class:`OptimizerStep` pieces as the sequential step (:class:`PipelineOptimizerStep`) (clipping, decision, step or skip).
     There the last stage has the iteration's micro-batch losses already, so the decision's one reduction carries
     the loss (non-finite and loss-spike skips as in the sequential step) and its one host read yields the value
     ``train_batch`` returns, on every rank; that tensor (DeepSpeed's own aggregate) is not read."""
 
     def __init__(
         self,
-        engine: Any,
+        engine: PipelineEngine,
         batch_cfg: BatchConfig,
         timers: Timers,
         lr_scheduler: AnnealingLR | None,
         guard: StepGuard,
     ) -> None:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
-        self.optimizer_step = OptimizerStep(engine, guard, lr_scheduler)
+        self.optimizer_step = PipelineOptimizerStep(engine, guard, lr_scheduler)
         run_optimizer_step_through(engine, self.optimizer_step)  # its schedule calls OptimizerStep.__call__
 
     def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> Iterator[Batch]:

@@ -24,7 +24,7 @@ def logits_at_layout(config: dict[str, Any], text: torch.Tensor) -> torch.Tensor
     from megatron.neox_arguments import NeoXArgs
     from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
     from megatron.training import checkpointing as ckpt
-    from megatron.training.pretrain import ModelSetup, setup_model_and_optimizer
+    from megatron.training.pretraining import ModelSetup, setup_model_and_optimizer
     from megatron.training.run_plan import RunPlan
     from megatron.training.step import BatchConfig, get_batch
 

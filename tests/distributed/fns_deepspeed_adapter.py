@@ -304,3 +304,32 @@ def fp16_on_cpu() -> dict[str, Any]:
         "class_answer": cls.is_fp16_supported(get_accelerator()),
         "class_method_kept": cls.__dict__["is_fp16_supported"] is method,
     }
+
+
+def _protocol_members(proto: type) -> set[str]:
+    """The attributes and methods a ``typing.Protocol`` class declares (its own and its protocol bases')."""
+    out: set[str] = set()
+    for cls in proto.__mro__:
+        if not getattr(cls, "_is_protocol", False) or cls.__module__ == "typing":
+            continue
+        out |= set(getattr(cls, "__annotations__", {}))
+        out |= {n for n, v in vars(cls).items() if callable(v) and (not n.startswith("__") or n == "__call__")}
+    return out
+
+
+def engine_protocol_members() -> dict[str, Any]:
+    """megatron/training/engine_protocol.py: every member ``Engine`` / ``PipelineEngine`` declare, and those a real
+    ``DeepSpeedEngine`` / ``PipelineEngine`` lack."""
+    from megatron.training.engine_protocol import Engine, PipelineEngine
+
+    engines = {
+        "plain": (_engine(), Engine),
+        "pipe": (_pipeline_engine(F.mse_loss, micro=2, gas=1), PipelineEngine),
+    }
+    return {
+        "declared": {name: sorted(_protocol_members(proto)) for name, (_, proto) in engines.items()},
+        "missing": {
+            name: sorted(m for m in _protocol_members(proto) if not hasattr(e, m))
+            for name, (e, proto) in engines.items()
+        },
+    }

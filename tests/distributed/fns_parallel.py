@@ -219,9 +219,10 @@ def _attach_optimizer_step(engine: Any, pipe: bool) -> None:
     """The training step's ``OptimizerStep`` for ``engine`` (run by the pipeline schedule under ``pipe``)."""
     from megatron.training.deepspeed_adapter import run_optimizer_step_through
     from megatron.training.nonfinite import build_step_guard
-    from megatron.training.step import OptimizerStep
+    from megatron.training.step import OptimizerStep, PipelineOptimizerStep
 
-    opt_step = OptimizerStep(engine, build_step_guard(10, fp16=engine.fp16_enabled()), None)  # constant LR
+    step_cls = PipelineOptimizerStep if pipe else OptimizerStep
+    opt_step = step_cls(engine, build_step_guard(10, fp16=engine.fp16_enabled()), None)  # constant LR
     if pipe:
         run_optimizer_step_through(engine, opt_step)
     _OPTIMIZER_STEPS[engine] = opt_step

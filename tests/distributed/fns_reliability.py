@@ -137,14 +137,14 @@ def _worker_main() -> int:
     import json
     import time
 
-    from megatron.training import pretrain as pretrain_mod
+    from megatron.training import pretraining as pretrain_mod
 
     out_dir = Path(os.environ["RELIAB_DIR"])
     rank = int(os.environ["RANK"])
     original = pretrain_mod.pretrain
 
-    def recording(args: Any) -> Any:
-        result = original(args)
+    def recording(args: Any, **kwargs: Any) -> Any:  # train_entry passes startup=
+        result = original(args, **kwargs)
         record = {"start": result.start_iteration, "losses": result.train_losses, "preempted": result.preempted}
         (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
         return result

@@ -2,7 +2,7 @@
 
 Every ``Tensor.item / tolist / cpu / numpy / __float__ / __int__ / __bool__`` call whose caller is a file under
 megatron/ is counted (on a GPU each is a device-to-host synchronisation; DeepSpeed's and torch's own calls are
-theirs, not counted). The counts are split per training iteration at GPT-NeoX's per-iteration loss hook.
+theirs, not counted). The counts are split per training iteration by ``pretrain``'s ``on_step`` callback.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
 
 
 def host_reads_per_iteration(config: dict[str, Any]) -> dict[str, Any]:
-    """Run ``pretrain(config)``; returns the host reads between consecutive iterations' loss hooks, with where
-    they were made."""
-    import megatron.training
+    """Run ``pretrain(config)``; returns the host reads between consecutive iterations' ``on_step`` calls, with
+    where they were made."""
     from tests.distributed.fns_train import run_pretrain
 
     windows: list[list[str]] = [[]]
@@ -37,20 +36,18 @@ def host_reads_per_iteration(config: dict[str, Any]) -> dict[str, Any]:
 
         return read
 
-    hook = megatron.training.collect_loss_for_unit_test
+    steps: list[tuple[int, float]] = []
 
-    def next_iteration(loss: Any) -> None:
+    def next_iteration(iteration: int, result: Any) -> None:
         windows.append([])
-        hook(loss)
+        steps.append((iteration, result.lm_loss))
 
     for name in READS:
         setattr(torch.Tensor, name, counting(name))
-    megatron.training.collect_loss_for_unit_test = next_iteration
     try:
-        result = run_pretrain(config)
+        result = run_pretrain(config, on_step=next_iteration)
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
-        megatron.training.collect_loss_for_unit_test = hook
-    # windows[i] (i >= 1): after iteration i's loss hook up to iteration i+1's: i's logging, then step i+1
-    return {"windows": windows, "losses": result["train_losses"]}
+    # windows[i] (i >= 1): after iteration i's on_step up to iteration i+1's: i's logging, then step i+1
+    return {"windows": windows, "losses": result["train_losses"], "on_step": steps}

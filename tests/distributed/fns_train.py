@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +94,20 @@ def tiny_config(data: dict[str, str], world: int = 1, **overrides: Any) -> dict[
     return cfg
 
 
-def run_pretrain(config: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Build NeoXArgs from ``config`` and run ``pretrain`` on this rank; returns plain data for the test."""
+def run_pretrain(
+    config: dict[str, Any], env: dict[str, str] | None = None, on_step: Callable[[int, Any], None] | None = None
+) -> dict[str, Any]:
+    """Build NeoXArgs from ``config`` and run ``pretrain`` on this rank (``on_step``: called after every training
+    step); returns plain data for the test."""
     import torch.distributed as dist
 
     os.environ.update(env or {})
     from megatron import mpu
     from megatron.neox_arguments import NeoXArgs
-    from megatron.training.pretrain import pretrain
+    from megatron.training.pretraining import pretrain
 
     args = NeoXArgs.from_dict(config)
-    result = pretrain(args)
+    result = pretrain(args, on_step=on_step)
     out = {
         "rank": dist.get_rank(),
         "iteration": result.iteration,

@@ -32,8 +32,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_one_host_read_per_training_step(data: dict[str, str], layout: dict[str, Any], per_step: int) -> None:
     cfg = tiny_config(data, train_iters=5, eval_interval=100, eval_iters=0, log_interval=2, **layout)
     got = run_distributed(host_reads_per_iteration, 1, cfg, timeout=600)[0]
-    windows = got["windows"][1:-1]  # between two iterations' loss hooks: the logging of one, the step of the next
+    windows = got["windows"][1:-1]  # between two iterations' on_step calls: the logging of one, the step of the next
     assert len(windows) == 4 and len(got["losses"]) == 5
+    assert got["on_step"] == list(enumerate(got["losses"], 1))  # pretrain's on_step: every step, in order
     for i, reads in enumerate(windows, 1):
         assert len(reads) <= per_step, f"iteration {i + 1}: {len(reads)} host reads: {reads}"
     assert any(r.startswith("tolist nonfinite.py") for r in windows[0]), windows[0]

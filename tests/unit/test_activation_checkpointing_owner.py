@@ -14,7 +14,7 @@ from tests.harness import run_distributed
 REPO = Path(__file__).resolve().parents[2]
 OWNER = "megatron/model/activation_checkpointing.py"
 # the one model-setup call (pretrain's setup_model_and_optimizer, before the model is built)
-CALLERS = {"megatron/training/pretrain.py"}
+CALLERS = {"megatron/training/pretraining.py"}
 STORAGE_KEYS = {
     "partition_activations",
     "contiguous_checkpointing",
@@ -42,7 +42,7 @@ def test_configured_only_at_model_setup() -> None:
         if rel != OWNER and (lines := _calls(path)):
             found[rel] = lines
     assert set(found) == CALLERS, f"activation checkpointing configured outside model setup: {found}"
-    assert len(found["megatron/training/pretrain.py"]) == 1
+    assert len(found["megatron/training/pretraining.py"]) == 1
 
 
 def test_storage_keys_declared_once() -> None:

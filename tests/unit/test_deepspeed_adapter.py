@@ -94,3 +94,12 @@ def test_fp16_on_cpu_is_allowed_on_the_accelerator_instance_only() -> None:
     # DeepSpeed's CPU accelerator answers oneDNN's native-fp16 check (None or False without it: the case item 8 is for)
     assert bool(got["before"]) == got["native_fp16"] and bool(got["class_answer"]) == got["native_fp16"]
     assert got["after"] is True and got["singleton"] and got["class_method_kept"]
+
+
+def test_deepspeed_engines_have_every_member_of_the_engine_protocol() -> None:
+    """The step, loop and adapter are typed against megatron/training/engine_protocol.py; DeepSpeed's engines must
+    have what it declares (structural typing: they do not subclass it)."""
+    got = one_rank(fns.engine_protocol_members)
+    assert {"module", "optimizer", "backward", "step", "_take_model_step"} <= set(got["declared"]["plain"])
+    assert {"train_batch", "is_last_stage", "total_loss"} <= set(got["declared"]["pipe"])
+    assert got["missing"] == {"plain": [], "pipe": []}, got["missing"]

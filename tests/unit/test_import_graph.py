@@ -22,22 +22,11 @@ from tests.import_graph import Edge, find_cycles, graph, import_edges, layer, mo
 ALLOWED_LAYER_EDGES: dict[tuple[str, str], str] = {}
 
 # Module cycles that are known and not yet broken, with the reason.
-KNOWN_MODULE_CYCLES: dict[tuple[str, ...], str] = {
-    (
-        "megatron.training",
-        "megatron.training.gpt_neox_api",
-        "megatron.training.loop",
-        "megatron.training.pretrain",
-    ): "GPT-NeoX's test hook: the loop calls megatron.training.collect_loss_for_unit_test, read from the package at "
-    "call time so that patching it works as in GPT-NeoX's tests (issue 33: no test hook in product code)",
-}
+KNOWN_MODULE_CYCLES: dict[tuple[str, ...], str] = {}
 
 # Imports of the package root ``megatron`` (its public face: GPT-NeoX's ``from megatron import NeoXArgs``) from
 # inside it, with the reason. The root imports its subpackages on first use, so each of these closes a cycle.
-ROOT_IMPORTS: dict[str, str] = {
-    "megatron.neox_arguments.gpt_neox_api": "GPT-NeoX's NeoXArgs.build_tokenizer(): the config layer reaches the "
-    "tokenizer layer above it through the root (issue 33)",
-}
+ROOT_IMPORTS: dict[str, str] = {}
 
 # What the lower layers may import (of megatron's own layers). A layer not listed here is constrained by the
 # cycle check only. ``megatron/__init__.py`` (the package's public face) is not a layer.

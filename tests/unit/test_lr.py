@@ -166,10 +166,10 @@ def _calls(path: str, name: str) -> list[ast.Call]:
 def test_deepspeed_gets_the_lr_schedule_only_through_gpt_neox_api() -> None:
     """docs/training.md: ``pretrain()`` hands ``deepspeed.initialize`` no LR schedule (the step moves it after an
     applied optimizer step); GPT-NeoX's ``setup_model_and_optimizer`` hands it to the engine, as GPT-NeoX does."""
-    (init,) = _calls("megatron/training/pretrain.py", "deepspeed.initialize")
+    (init,) = _calls("megatron/training/pretraining.py", "deepspeed.initialize")
     given = {k.arg: ast.unparse(k.value) for k in init.keywords}
     assert given["lr_scheduler"] == "lr_scheduler if engine_steps_lr else None", given
-    setups = _calls("megatron/training/pretrain.py", "setup_model_and_optimizer")
+    setups = _calls("megatron/training/pretraining.py", "setup_model_and_optimizer")
     assert setups and all("engine_steps_lr" not in {k.arg for k in c.keywords} for c in setups)
     (api,) = _calls("megatron/training/gpt_neox_api.py", "setup_model_and_optimizer")
     assert {k.arg: ast.unparse(k.value) for k in api.keywords}.get("engine_steps_lr") == "True"

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 OWNERS = ("megatron/neox_arguments/", "megatron/config_utils.py")
 
 ENTRY_LEVEL: dict[str, str] = {
-    "megatron/training/pretrain.py:pretrain": "train.py's work: builds every module config once",
+    "megatron/training/pretraining.py:pretrain": "train.py's work: builds every module config once",
     "megatron/generation/text_generation.py:run_generation": "generate.py's work: builds the InferenceConfig once",
     "megatron/evaluation/standalone.py:evaluate_checkpoint": "eval.py's work: builds the eval/inference configs once",
     "megatron/launcher/launch.py:write_run_dir": "deepy.py: writes the resolved argument object to the run folder",
@@ -28,7 +28,6 @@ ENTRY_LEVEL: dict[str, str] = {
     "megatron/training/gpt_neox_api.py:setup_model_and_optimizer": "GPT-NeoX API",
     "megatron/training/gpt_neox_api.py:save_checkpoint": "GPT-NeoX API",
     "megatron/training/gpt_neox_api.py:load_checkpoint": "GPT-NeoX API",
-    "megatron/training/pretrain.py:_CallableModule.__call__": "megatron.training.pretrain called as a function",
 }
 
 

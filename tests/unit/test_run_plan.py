@@ -67,13 +67,13 @@ def test_forward_validation_is_off_under_pipelines(caplog: pytest.LogCaptureFixt
 
 
 def test_pretrain_decides_the_shape_only_through_the_plan() -> None:
-    """pretrain.py reads none of the keys the plan decides from ``args``: each decision lives in run_plan.py."""
+    """pretraining.py reads none of the keys the plan decides from ``args``: each decision lives in run_plan.py."""
     decided = {"pipe_parallel_size", "is_pipe_parallel", "train_impl", "precision", "zero_stage", "fp16", "bf16"}
     decided |= {"checkpoint_validation_with_forward_pass", "gradient_accumulation_steps", "train_batch_size"}
-    tree = ast.parse((REPO_ROOT / "megatron" / "training" / "pretrain.py").read_text())
+    tree = ast.parse((REPO_ROOT / "megatron" / "training" / "pretraining.py").read_text())
     read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "args"}
     read |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    assert not decided & read, f"pretrain.py decides {sorted(decided & read)} itself instead of reading the RunPlan"
+    assert not decided & read, f"pretraining.py decides {sorted(decided & read)} itself instead of reading the RunPlan"
 
 
 def plan_reads(source: str, *, self_is_plan: bool = False) -> set[str]:

@@ -18,7 +18,7 @@ from tests.harness import REPO_ROOT
 
 def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
     import megatron.distributed
-    import megatron.training.pretrain
+    import megatron.training.pretraining
     from megatron.neox_arguments import NeoXArgs
 
     def fake_pretrain(args: Any, startup: Any = None) -> Any:
@@ -31,7 +31,7 @@ def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
         "consume_neox_args",
         classmethod(lambda cls, **kw: SimpleNamespace(log_dir=None, rank=0, hidden_size=None, num_layers=None)),
     )
-    monkeypatch.setattr(megatron.training.pretrain, "pretrain", fake_pretrain)
+    monkeypatch.setattr(megatron.training.pretraining, "pretrain", fake_pretrain)
     monkeypatch.setattr(megatron.distributed, "shutdown_and_exit", lambda code: None)
     monkeypatch.syspath_prepend(str(REPO_ROOT))
     sys.modules.pop("train", None)

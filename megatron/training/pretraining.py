@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import deepspeed
 import torch
+from deepspeed.runtime.pipe.engine import PipelineEngine as DeepSpeedPipelineEngine
 
 from megatron import model as model_lib
 from megatron import mpu
@@ -46,6 +45,7 @@ from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_si
 from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
+from megatron.training.engine_protocol import Engine
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import StepGuard, build_step_guard
@@ -55,7 +55,7 @@ from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.save_lock import SaveLock, acquire_on_rank0
 from megatron.training.startup_signals import StartupSignals
-from megatron.training.step import BatchConfig, PipeStep, SequentialStep
+from megatron.training.step import AccumulatingStep, BatchConfig, PipeStep, SequentialStep, StepResult
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
 
 logger = logging.getLogger("megatron.train")
@@ -139,7 +139,7 @@ def build_model(cfg: model_lib.GPTModelConfig, plan: RunPlan) -> torch.nn.Module
 
 def setup_model_and_optimizer(
     setup: ModelSetup, plan: RunPlan, load_cfg: ckpt.CheckpointConfig, *, engine_steps_lr: bool = False
-) -> tuple[Any, AnnealingLR, int, Any]:
+) -> tuple[Engine, AnnealingLR, int, Any]:
     """Model, optimizer, LR schedule, ``deepspeed.initialize`` and the optional load.
 
     The training step moves the LR schedule itself (``OptimizerStep.step_lr``), so DeepSpeed gets none; with
@@ -229,19 +229,20 @@ def check_validation_logits(
 
 def build_step(
     plan: RunPlan,
-    engine: Any,
+    engine: Engine,
     lr_scheduler: AnnealingLR,
     timers: Timers,
     guard: StepGuard,
     batch_cfg: BatchConfig,
     post_cfg: PostTrainingConfig,
-) -> PipeStep | SequentialStep:
+) -> PipeStep | AccumulatingStep:
     """The step variant the plan names (chosen once, here); ``guard`` is the non-finite / loss-spike skip decision
     of every step (``training/nonfinite.py``)."""
     if plan.step_variant == "post_training":
         gas = plan.gradient_accumulation_steps
         return build_post_training_step(post_cfg, engine, batch_cfg.eod_token, gas, timers, lr_scheduler, guard)
     if plan.step_variant == "pipe":
+        assert isinstance(engine, DeepSpeedPipelineEngine)  # deepspeed.initialize of a PipelineModule (build_model)
         return PipeStep(engine, batch_cfg, timers, lr_scheduler, guard)
     loss_fn = with_aux_loss(model_lib.cross_entropy, engine.module)  # + the MoE load-balancing loss (if any)
     return SequentialStep(engine, loss_fn, batch_cfg, plan.gradient_accumulation_steps, timers, lr_scheduler, guard)
@@ -285,11 +286,16 @@ def _log_summary(rank: int, observer: RunObserver, iteration: int) -> None:
         logger.info(observer.summary_line(iteration))
 
 
-def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainResult:
+def pretrain(
+    args: NeoXArgs,
+    startup: StartupSignals | None = None,
+    on_step: Callable[[int, StepResult], None] | None = None,
+) -> PretrainResult:
     """Train as configured; every rank calls this. Raises a ``UserError`` for configuration/data/checkpoint mistakes.
 
     ``startup``: the stop-signal handlers ``train.py`` installed first (a signal they recorded stops the run before its
-    first step)."""
+    first step). ``on_step``: called with ``(iteration, StepResult)`` after every training step, on every rank (what
+    GPT-NeoX's tests get by patching ``megatron.training.collect_loss_for_unit_test``)."""
     start_time = time.monotonic()
     timers = Timers()
     if startup is not None:
@@ -383,6 +389,7 @@ def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainR
             task_eval=build_task_eval(engine, tokenizer, EvalConfig.from_neox_args(args)),
             char_counter=char_counter_factory(tokenizer, args.char_level_ppl),
             observer=observer,
+            on_step=on_step,
         )
         trainer.consumed_valid = consumed_valid
         step.optimizer_step.stop_flag = preemption.local_flag  # reduced with the step's losses (no extra reduce)
@@ -414,14 +421,3 @@ def pretrain(args: NeoXArgs, startup: StartupSignals | None = None) -> PretrainR
         preemption.uninstall()
         metrics.close()
         save_lock.release()
-
-
-class _CallableModule(types.ModuleType):
-    """GPT-NeoX's ``from megatron.training import pretrain`` names the function; here the name is this module
-    (imported as ``megatron.training.pretrain``), which therefore calls through to it."""
-
-    def __call__(self, neox_args: NeoXArgs) -> PretrainResult:
-        return pretrain(neox_args)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,76 @@
+"""The members of DeepSpeed's engine that neox-forge uses, as ``typing.Protocol``s (structural: DeepSpeed's classes
+are not subclasses of them, and DeepSpeed ships no type information, so these are what the type checker knows).
+
+:class:`Engine` is what the training step, the loop and ``deepspeed_adapter.py`` use of a ``DeepSpeedEngine``;
+:class:`PipelineEngine` adds what they use of DeepSpeed's ``PipelineEngine``. The members under "internals" are
+DeepSpeed's private state, read and written by ``deepspeed_adapter.py`` only (each item there names the DeepSpeed
+code it relies on). ``tests/unit/test_engine_protocol.py`` checks that DeepSpeed's engines have every member listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import torch
+
+
+class Engine(Protocol):
+    """A ``deepspeed.DeepSpeedEngine`` as the step, the loop and the adapter use it."""
+
+    module: torch.nn.Module  # the model DeepSpeed wraps
+    optimizer: Any  # DeepSpeed's optimizer wrapper (ZeRO, fp16, bf16) or the torch optimizer itself
+    lr_scheduler: Any  # None unless the engine was given one (GPT-NeoX's API)
+    global_steps: int
+    global_samples: int
+    skipped_steps: int
+    micro_steps: int
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def backward(self, loss: torch.Tensor) -> Any: ...
+
+    def step(self) -> None: ...
+
+    def is_gradient_accumulation_boundary(self) -> bool: ...
+
+    def get_global_grad_norm(self) -> Any: ...
+
+    def was_step_applied(self) -> bool: ...
+
+    def fp16_enabled(self) -> bool: ...
+
+    def bfloat16_enabled(self) -> bool: ...
+
+    def zero_optimization(self) -> bool: ...
+
+    def zero_optimization_stage(self) -> int: ...
+
+    def gradient_clipping(self) -> float: ...
+
+    def gradient_accumulation_steps(self) -> int: ...
+
+    def train_batch_size(self) -> int: ...
+
+    # internals: deepspeed_adapter.py only
+    _step_applied: bool
+    losses: Any
+    enable_backward_allreduce: bool
+    clip_fp32_gradients: Callable[[], None]
+    _take_model_step: Callable[..., None]
+
+
+class PipelineEngine(Engine, Protocol):
+    """A ``deepspeed.pipe.PipelineEngine``: forward, backward and the optimizer step run inside ``train_batch``."""
+
+    total_loss: Any  # internals (deepspeed_adapter.pipeline_loss_sum): the last stage's loss sum of the iteration
+
+    def train_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor: ...
+
+    def eval_batch(self, data_iter: Iterator[Any]) -> torch.Tensor: ...
+
+    def is_last_stage(self) -> bool: ...
