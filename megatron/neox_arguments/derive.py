@@ -228,6 +228,20 @@ ONEBITADAM_SCHEDULE_NOTE = (
 )
 
 
+def _clip_grad(v: dict[str, Any], explicit: set[str], out: dict[str, Any], problems: list[str]) -> None:
+    """``clip_grad`` mirrors ``gradient_clipping`` (as in GPT-NeoX, which sets ``clip_grad = gradient_clipping``); the
+    clipping itself reads ``gradient_clipping`` (DeepSpeed's key). A set ``clip_grad`` that differs would be ignored,
+    so it is refused rather than silently dropped."""
+    clip, given = v["gradient_clipping"], v["clip_grad"]
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (given, clip))
+    if "clip_grad" in explicit and numbers and float(given) != float(clip):
+        problems.append(
+            f"clip_grad={given!r} differs from gradient_clipping={clip!r}: clip_grad only mirrors gradient_clipping "
+            f"(GPT-NeoX ignores it too); set gradient_clipping: {given!r} instead and remove clip_grad"
+        )
+    out["clip_grad"] = clip
+
+
 def _zero(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> None:
     zero = copy.deepcopy(v["zero_optimization"]) if v["zero_optimization"] is not None else copy.deepcopy(ZERO_DEFAULTS)
     stage = zero.get("stage", 0)
@@ -290,7 +304,7 @@ def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[
     else:
         out["dp_world_size"] = world // (pp * mp)
         _batch(v, explicit, out["dp_world_size"], out, problems)
-    out["clip_grad"] = v["gradient_clipping"]
+    _clip_grad(v, explicit, out, problems)
     _precision(v, out, problems)
     _zero(v, out, problems)
     _optimizer(v, out, problems)
