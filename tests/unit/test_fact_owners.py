@@ -101,3 +101,20 @@ def test_pipeline_zero_rule_lives_once_in_the_rule_table() -> None:
         if "pipeline engine supports ZeRO stage" in source
     ]
     assert sites == ["megatron/neox_arguments/validate.py"], sites
+
+
+def test_offline_model_configs_get_the_config_layers_rules_and_precision(tmp_path: Path) -> None:
+    """Checkpoint tools build a ``GPTModelConfig`` from YAML files without a launch: the config layer still derives
+    the precision and checks the model's shape (the rules ``GPTModelConfig`` no longer repeats)."""
+    from megatron.checkpoint import config_io
+
+    shape = "num_layers: 2\nnum_attention_heads: 4\nmax_position_embeddings: 16\nseq_length: 16\n"
+    good = tmp_path / "good.yml"
+    good.write_text(shape + "hidden_size: 32\nfp16: {enabled: true}\n")
+    assert str(config_io.model_config(config_io.load_neox_args([good]), 64).params_dtype) == "torch.float16"
+    bad = tmp_path / "bad.yml"
+    bad.write_text(shape + "hidden_size: 30\nhidden_dropout: 1.0\n")
+    with pytest.raises(ConfigError) as e:
+        config_io.model_config(config_io.load_neox_args([bad]), 64)
+    assert "hidden_size=30 is not divisible by num_attention_heads=4" in e.value.problems
+    assert any(p.startswith("hidden_dropout=1.0 must be in [0, 1)") for p in e.value.problems)
