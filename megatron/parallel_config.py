@@ -3,7 +3,9 @@
 Two rules GPT-NeoX leaves implicit:
 
 * ZeRO stages 2 and 3 partition gradients/parameters, which DeepSpeed's pipeline engine does not support:
-  ``pipe_parallel_size >= 1`` (including GPT-NeoX's single-stage pipe engine) needs ZeRO stage 0 or 1.
+  ``pipe_parallel_size >= 1`` (including GPT-NeoX's single-stage pipe engine) needs ZeRO stage 0 or 1. The config
+  layer refuses it (``neox_arguments/validate.py``, next to the keys, with the key ranges in ``ranges.py``); a
+  ``ParallelConfig`` is built from validated arguments and does not check it again.
 * The pipeline engine by default sends only ``1/tp`` of every activation (and gradient) between stages and
   all-gathers it on the other side, which is correct only when the activations are identical on every TP rank.
   With ``sequence_parallel`` each TP rank holds a different slice of the sequence, so that partitioning must be
@@ -13,14 +15,11 @@ Two rules GPT-NeoX leaves implicit:
 from __future__ import annotations
 
 import copy
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 # the one megatron layer imported: its fields take their defaults from the schema (config_utils.from_schema)
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,25 +34,9 @@ class ParallelConfig:
     sequence_parallel: bool = from_schema()
     """Megatron sequence parallelism (only meaningful with model_parallel_size > 1)."""
     zero_stage: int = from_schema()
-    """``zero_optimization.stage``."""
-
-    def __post_init__(self) -> None:
-        for key in ("model_parallel_size", "pipe_parallel_size", "zero_stage"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
-        if self.model_parallel_size < 1:
-            raise ValueError("model_parallel_size must be >= 1")
-        if self.zero_stage > 3:
-            raise ValueError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.pipeline and self.zero_stage >= 2:
-            raise ValueError(
-                f"zero_optimization.stage {self.zero_stage} cannot be combined with pipe_parallel_size "
-                f"{self.pipe_parallel_size}: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; use "
-                "stage 1, or pipe_parallel_size: 0 (no pipeline engine) for ZeRO-2/3"
-            )
-        if self.sequence_parallel and self.model_parallel_size == 1:
-            logger.warning("sequence_parallel has no effect with model_parallel_size 1")
+    """``zero_optimization.stage`` as the config layer derived it (``derive.py``): the one owner of the stage among
+    the module configs. The optimizer receives it from here (``OptimizerConfig.from_neox_args(args, layout)``); the
+    checkpoint code reads what the engine runs (``engine.zero_optimization_stage()``)."""
 
     @property
     def pipeline(self) -> bool:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from megatron.checkpoint.layout import CheckpointError
 from megatron.model.config import GPTModelConfig
-from megatron.neox_arguments import KNOWN_KEYS, default_values
+from megatron.neox_arguments import KNOWN_KEYS, ConfigError, LaunchEnv, default_values
+from megatron.neox_arguments.derive import derive
 from megatron.neox_arguments.loader import merge_config_files
+from megatron.neox_arguments.validate import model_problems
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +32,17 @@ def load_neox_args(config_files: Sequence[str | Path]) -> SimpleNamespace:
         if not Path(path).is_file():
             raise CheckpointError(f"config file {path} does not exist")
     merged = merge_config_files([str(p) for p in config_files], KNOWN_KEYS)
-    return SimpleNamespace(**{**default_values(), **merged.values})
+    return _with_derived(merged.values)
+
+
+def _with_derived(values: dict[str, Any]) -> SimpleNamespace:
+    """Defaults, then ``values``, then the derived keys (``precision`` from the fp16/bf16 sections, the expanded
+    ``attention_config`` ...) as ``NeoXArgs`` resolves them (``derive()``); launch problems are not an offline
+    reader's."""
+    resolved = {**default_values(), **values}
+    updates, _ = derive(resolved, set(values), LaunchEnv())
+    resolved.update(updates)
+    return SimpleNamespace(**resolved)
 
 
 def checkpoint_config_args(directory: str | Path) -> SimpleNamespace | None:
@@ -45,7 +59,7 @@ def checkpoint_config_args(directory: str | Path) -> SimpleNamespace | None:
             raise CheckpointError(f"cannot read {resolved} ({type(e).__name__}: {e})") from None
         if not isinstance(values, dict):
             raise CheckpointError(f"{resolved} holds a JSON {type(values).__name__}, expected an object of config keys")
-        return SimpleNamespace(**{**default_values(), **values})
+        return _with_derived(values)
     ymls = sorted(p for p in configs.glob("*") if p.suffix in (".yml", ".yaml", ".json")) if configs.is_dir() else []
     if ymls:
         try:
@@ -64,5 +78,10 @@ def config_files_text(directory: str | Path) -> dict[str, str]:
 
 
 def model_config(config: SimpleNamespace, padded_vocab_size: int) -> GPTModelConfig:
-    """``GPTModelConfig`` for ``config`` (every GPT-NeoX key, see :func:`load_neox_args`) with ``padded_vocab_size``."""
-    return GPTModelConfig.from_neox_args(SimpleNamespace(**{**vars(config), "padded_vocab_size": padded_vocab_size}))
+    """``GPTModelConfig`` for ``config`` (every GPT-NeoX key, see :func:`load_neox_args`) with ``padded_vocab_size``;
+    the config layer's model rules (ranges, heads, layers) refuse a bad shape first (``ConfigError``)."""
+    values = {**vars(config), "padded_vocab_size": padded_vocab_size}
+    problems = model_problems(values, {f.name for f in dataclasses.fields(GPTModelConfig)})
+    if problems:
+        raise ConfigError(problems)
+    return GPTModelConfig.from_neox_args(SimpleNamespace(**values))

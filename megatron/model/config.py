@@ -321,21 +321,14 @@ class GPTModelConfig:
     # ------------------------------------------------------------------------------------------------------
 
     def _validate(self) -> None:
+        """The rules of what the model builds (registered components, attention kinds, rotary dims). A key's own
+        range and the cross-key rules of the config layer (``neox_arguments/ranges.py``, ``validate.py``) are checked
+        there once, before a ``GPTModelConfig`` is built from the arguments; a direct construction is trusted."""
+
         def need(cond: bool, msg: str) -> None:
             if not cond:
                 raise ValueError(msg)
 
-        for key in ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size", "max_position_embeddings"):
-            value = getattr(self, key)
-            need(isinstance(value, int) and value > 0, f"{key} must be a positive int, got {value!r}")
-        need(
-            self.hidden_size % self.num_attention_heads == 0,
-            f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}",
-        )
-        need(
-            self.kv_heads > 0 and self.num_attention_heads % self.kv_heads == 0,
-            f"num_attention_heads={self.num_attention_heads} must be divisible by num_kv_heads={self.num_kv_heads}",
-        )
         for key, registry in (
             ("norm", NORM_REGISTRY),
             ("pos_emb", POSITION_EMBEDDINGS),
@@ -346,36 +339,18 @@ class GPTModelConfig:
         for key in ("init_method", "output_layer_init_method"):
             value = getattr(self, key)
             need(value in INIT_METHODS, f"{key}={value!r} is not one of {', '.join(INIT_METHODS)}")
-        need(0.0 <= self.rotary_pct <= 1.0, f"rotary_pct={self.rotary_pct} must be in [0, 1]")
         if self.pos_emb == "rotary":
             need(
                 self.rotary_ndims >= 2 and self.rotary_ndims % 2 == 0,
                 f"rotary_pct={self.rotary_pct} gives {self.rotary_ndims} rotary dims for head_dim={self.head_dim}; "
                 "it must be an even number >= 2",
             )
-        need(
-            not (self.intermediate_size and self.expansion_factor),
-            "intermediate_size and expansion_factor are mutually exclusive; set only one",
-        )
-        need(self.mlp_multiple_of >= 1, f"mlp_multiple_of={self.mlp_multiple_of} must be >= 1")
         for i, kind in enumerate(self.layer_types):
             if kind not in SUPPORTED_ATTENTION:
                 where = "unknown" if kind not in KNOWN_ATTENTION else "not supported by neox-forge"
                 raise ValueError(
                     f"attention_config: layer {i} type {kind!r} is {where}; supported: {', '.join(SUPPORTED_ATTENTION)}"
                 )
-        need(
-            self.sliding_window_width is None or self.sliding_window_width >= 1,
-            f"sliding_window_width={self.sliding_window_width} must be >= 1 (or null)",
-        )
-        for key in ("hidden_dropout", "attention_dropout"):
-            value = getattr(self, key)
-            need(0.0 <= value < 1.0, f"{key}={value} must be in [0, 1)")
-        need(self.checkpoint_num_layers >= 1, f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
-        need(
-            self.params_dtype in (torch.float32, torch.float16, torch.bfloat16),
-            f"params_dtype {self.params_dtype} must be float32, float16 or bfloat16",
-        )
 
         for problem in moe_problems(self):
             raise ValueError(problem)
@@ -396,7 +371,7 @@ class GPTModelConfig:
             raise ValueError(f"model config is missing required key(s): {', '.join(missing)}")
         kwargs: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
-        kwargs["params_dtype"] = _params_dtype(args.precision, args.fp16, args.bf16)
+        kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
@@ -408,17 +383,3 @@ class GPTModelConfig:
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)
-
-
-def _params_dtype(precision: Any, fp16: Any, bf16: Any) -> torch.dtype:
-    """``precision`` (a name or a dtype); unset (a saved config read offline) it follows the DeepSpeed sections."""
-    if precision is None:
-        if isinstance(fp16, dict) and fp16.get("enabled"):
-            precision = "fp16"
-        elif isinstance(bf16, dict) and bf16.get("enabled"):
-            precision = "bfloat16"
-        else:
-            precision = "fp32"
-    if isinstance(precision, torch.dtype):
-        return precision
-    return dtype_of_precision(precision)

@@ -228,9 +228,31 @@ ONEBITADAM_SCHEDULE_NOTE = (
 )
 
 
-def _zero(v: dict[str, Any], out: dict[str, Any], problems: list[str]) -> None:
+def _mirror_problem(key: str, explicit: set[str], given: Any, source: str, value: Any, fix: str) -> str | None:
+    """A key that only mirrors another (``derived``, read by nothing else) set to a different value: it would be
+    overwritten, so it is refused rather than silently dropped."""
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (given, value))
+    if key not in explicit or not numbers or float(given) == float(value):
+        return None
+    return f"{key}={given!r} differs from {source}={value!r}: {key} only mirrors {source}; set {fix} instead"
+
+
+def _clip_grad(v: dict[str, Any], explicit: set[str], out: dict[str, Any], problems: list[str]) -> None:
+    """``clip_grad`` mirrors ``gradient_clipping`` (as in GPT-NeoX, which sets ``clip_grad = gradient_clipping``);
+    the clipping itself reads ``gradient_clipping`` (DeepSpeed's key)."""
+    clip = v["gradient_clipping"]
+    fix = f"gradient_clipping: {v['clip_grad']!r} and remove clip_grad"
+    problem = _mirror_problem("clip_grad", explicit, v["clip_grad"], "gradient_clipping", clip, fix)
+    problems.extend([problem] if problem else [])
+    out["clip_grad"] = clip
+
+
+def _zero(v: dict[str, Any], explicit: set[str], out: dict[str, Any], problems: list[str]) -> None:
     zero = copy.deepcopy(v["zero_optimization"]) if v["zero_optimization"] is not None else copy.deepcopy(ZERO_DEFAULTS)
     stage = zero.get("stage", 0)
+    fix = f"zero_optimization: {{stage: {v['zero_stage']!r}}} and remove zero_stage"
+    mirror = _mirror_problem("zero_stage", explicit, v["zero_stage"], "zero_optimization.stage", stage, fix)
+    problems.extend([mirror] if mirror else [])
     if v["autotuning"] is None and (not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
         problems.append(f"zero_optimization.stage={stage!r}: expected 0, 1, 2 or 3")
     if stage == 0 and out.get("precision") == "fp16" and v["pipe_parallel_size"] >= 1:
@@ -290,9 +312,9 @@ def derive(values: dict[str, Any], explicit: set[str], env: LaunchEnv) -> tuple[
     else:
         out["dp_world_size"] = world // (pp * mp)
         _batch(v, explicit, out["dp_world_size"], out, problems)
-    out["clip_grad"] = v["gradient_clipping"]
+    _clip_grad(v, explicit, out, problems)
     _precision(v, out, problems)
-    _zero(v, out, problems)
+    _zero(v, explicit, out, problems)
     _optimizer(v, out, problems)
     out["dynamic_loss_scale"] = v["loss_scale"] is None
     if v["apply_query_key_layer_scaling"]:

@@ -13,6 +13,7 @@ from typing import Any
 from megatron.neox_arguments.compile_checks import torch_compile_problems
 from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
+from megatron.neox_arguments.ranges import range_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
@@ -228,6 +229,21 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
     ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),
 ]
+
+
+MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers")
+"""The rules on the model's shape alone (``GPTModelConfig`` does not repeat them; it checks MoE itself)."""
+
+
+def model_problems(values: dict[str, Any], keys: set[str]) -> list[str]:
+    """The ranges (``ranges.py``) of ``keys`` and the model-shape rules of the table, for offline readers of a model
+    config (checkpoint tools), which build a ``GPTModelConfig`` without a validated ``NeoXArgs``."""
+    ctx = Ctx(values, {}, {})
+    problems = range_problems({k: values[k] for k in keys if k in values}, {})
+    for name, rule in RULES:
+        if name in MODEL_RULES:
+            problems.extend(rule(ctx))
+    return problems
 
 
 def validate(values: dict[str, Any], origins: dict[str, str], defaults: dict[str, Any] | None = None) -> list[str]:

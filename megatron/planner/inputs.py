@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from megatron.config_utils import NeoXValues
 from megatron.neox_arguments.errors import ConfigError
+from megatron.parallel_config import ParallelConfig
 from megatron.training.optimizer_registry import OPTIMIZERS
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
@@ -112,7 +113,7 @@ class TrainingSetup:
         data_types = args.data_types or {}
         return cls(
             precision=args.precision,
-            zero_stage=args.zero_stage,
+            zero_stage=ParallelConfig.from_neox_args(args).zero_stage,  # the stage's owner
             tp=args.model_parallel_size,
             pp=args.pipe_parallel_size,
             dp=args.dp_world_size,

@@ -85,7 +85,6 @@ class CheckpointConfig:
     no_load_rng: bool = from_schema()
     finetune: bool = from_schema()
     iteration: int | None = from_schema()
-    zero_stage: int = from_schema()
     gpt_j_residual: bool = (
         from_schema()
     )  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
@@ -225,10 +224,11 @@ def save_checkpoint(
     if lr_scheduler is not None:
         client_state[LR_SCHEDULER_KEY] = lr_scheduler.state_dict()
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
-    bias_layout = written_layout(cfg.gpt_j_residual, tp, cfg.zero_stage)
+    zero_stage = _zero_stage(engine)  # what the engine writes (its config's zero_optimization.stage)
+    bias_layout = written_layout(cfg.gpt_j_residual, tp, zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
     rank = mpu.world_rank()
-    state_checks.check_state_before_save(engine, cfg.save, tag, optimizer=not cfg.no_save_optim or cfg.zero_stage >= 3)
+    state_checks.check_state_before_save(engine, cfg.save, tag, optimizer=not cfg.no_save_optim or zero_stage >= 3)
     directory = Path(cfg.save) / commit_lib.partial_tag(tag, run_id)
     if rank == 0:
         commit_lib.clean_partials(cfg.save, run_id or None)
@@ -238,7 +238,7 @@ def save_checkpoint(
             engine.save_checkpoint(cfg.save, tag=directory.name, client_state=client_state, save_latest=False)
         if cfg.no_save_optim:
             mpu.barrier()
-            _strip_optimizer_states(directory, cfg.zero_stage)
+            _strip_optimizer_states(directory, zero_stage)
         if rank == 0:
             _write_configs(directory, config_files, resolved_config)
         mpu.barrier()
@@ -258,10 +258,14 @@ def save_checkpoint(
     return directory
 
 
+def _zero_stage(engine: Any) -> int:
+    return int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+
+
 def _layout(engine: Any, world: int) -> dict[str, int]:
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
     dp = mpu.get_data_parallel_world_size() if mpu.model_parallel_is_initialized() else world
-    zero = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+    zero = _zero_stage(engine)
     return {"world_size": world, "tp": tp, "dp": dp, "pp": max(world // max(tp * dp, 1), 1), "zero_stage": zero}
 
 

@@ -7,7 +7,8 @@ With ``T`` decay iterations, ``W = warmup · T`` warmup iterations (a float) and
 * afterwards, with ``t = n − W`` and ``D = T − W``:
   ``constant``: ``lr_max``; ``linear``: ``lr_max · (D − t) / D``;
   ``cosine``: ``min_lr + (lr_max − min_lr) / 2 · (cos(π·t/D) + 1)``; ``exponential``: ``lr_max · exp(−0.693·t/D)``;
-  ``inverse_sqrt`` (ours, not in GPT-NeoX): ``lr_max · sqrt(max(W, 1) / max(n, 1))``
+  ``inverse_sqrt`` (ours, not in GPT-NeoX): ``lr_max · sqrt(max(W, 1) / max(n, 1))``; each style is an entry of
+  ``LR_SCHEDULES`` (``lr_schedules.py``)
 * finally ``max(lr, min_lr)``; linear therefore decays towards 0 and is clipped at ``min_lr`` (GPT-NeoX quirk, kept).
 """
 
@@ -23,10 +24,9 @@ import torch
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.optimizer import LR_DECAY_STYLES
+from megatron.training.lr_schedules import LR_SCHEDULES, DecayPoint
 
 logger = logging.getLogger(__name__)
-
-DECAY_STYLES = ("constant", "linear", "cosine", "exponential", "inverse_sqrt")
 
 
 @dataclass
@@ -67,20 +67,13 @@ def annealed_lr(n: int, *, lr_max: float, min_lr: float, warmup_iter: float, end
     """The learning rate at scheduler step ``n`` (pure function of the schedule's parameters)."""
     if warmup_iter > 0 and n <= warmup_iter:
         return float(lr_max) * max(1, n) / warmup_iter
+    try:
+        style = LR_SCHEDULES.get(decay_style)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     t = n - warmup_iter
-    span = end_iter - warmup_iter
-    if decay_style == "constant":
-        lr = lr_max
-    elif decay_style == "linear":
-        lr = lr_max * (span - t) / span if span > 0 else min_lr
-    elif decay_style == "cosine":
-        lr = min_lr + (lr_max - min_lr) / 2.0 * (math.cos(math.pi * t / span) + 1) if span > 0 else min_lr
-    elif decay_style == "exponential":
-        lr = lr_max * math.exp(-0.693 * t / span) if span > 0 else min_lr
-    elif decay_style == "inverse_sqrt":
-        lr = lr_max * math.sqrt(max(warmup_iter, 1.0) / max(n, 1))
-    else:
-        raise ConfigError(f"lr_decay_style {decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
+    point = DecayPoint(n=n, t=t, span=end_iter - warmup_iter, lr_max=lr_max, min_lr=min_lr, warmup_iter=warmup_iter)
+    lr = style(point)
     return max(lr, min_lr)
 
 
@@ -97,8 +90,8 @@ class AnnealingLR:
         cfg: LRScheduleConfig,
         last_iter: int = 0,
     ) -> None:
-        if cfg.lr_decay_style not in DECAY_STYLES:
-            raise ConfigError(f"lr_decay_style {cfg.lr_decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
+        if cfg.lr_decay_style not in LR_SCHEDULES:
+            raise ConfigError(LR_SCHEDULES.unknown(cfg.lr_decay_style))
         if cfg.min_lr > cfg.lr:
             raise ConfigError(f"min_lr ({cfg.min_lr}) must not exceed lr ({cfg.lr})")
         if cfg.override_lr_scheduler and cfg.use_checkpoint_lr_scheduler:

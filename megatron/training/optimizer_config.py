@@ -10,6 +10,7 @@ from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 from megatron.distributed import on_cpu
 from megatron.neox_arguments.nested_checks import NUMERIC_PARAMS
 from megatron.neox_arguments.sections.optimizer import OptimizerType
+from megatron.parallel_config import ParallelConfig
 
 
 @dataclass
@@ -21,27 +22,29 @@ class OptimizerConfig:
     optimizer_type: OptimizerType = from_schema()
     lr: float = from_schema()  # optimizer.params.lr, derived into lr by the config layer
     weight_decay: float = from_schema()
-    zero_stage: int = from_schema()
     zero_allow_untested_optimizer: bool = False
     use_mup: bool = from_schema()
     on_cpu: bool = True
+    layout_zero_stage: int = 0
+    """The ZeRO stage, received from its owner (``ParallelConfig.zero_stage``), not read from the arguments."""
 
-    # not config keys: DeepSpeed's own setting (read from the DeepSpeed config) and the machine
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu")
+    # not config keys: DeepSpeed's own setting (read from the DeepSpeed config), the machine, the layout's stage
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu", "layout_zero_stage")
 
     @classmethod
-    def from_neox_args(cls, args: NeoXValues) -> OptimizerConfig:
-        """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args)."""
+    def from_neox_args(cls, args: NeoXValues, layout: ParallelConfig) -> OptimizerConfig:
+        """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args);
+        the ZeRO stage comes from the run's ``layout``."""
         allow = (args.deepspeed_extra_args or {}).get("zero_allow_untested_optimizer", False)  # a DeepSpeed-only key
         return cls(
             optimizer=args.optimizer,
             optimizer_type=args.optimizer_type,
             lr=args.lr,
             weight_decay=args.weight_decay,
-            zero_stage=args.zero_stage,
             zero_allow_untested_optimizer=bool(allow),
             use_mup=args.use_mup,
             on_cpu=on_cpu(),
+            layout_zero_stage=layout.zero_stage,
         )
 
     @property

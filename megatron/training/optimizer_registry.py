@@ -88,7 +88,7 @@ def _onebitadam(groups: list[dict[str, Any]], lr: float, params: dict[str, Any],
 
 
 def _lion(groups: list[dict[str, Any]], lr: float, params: dict[str, Any], cfg: OptimizerConfig) -> Any:
-    if cfg.zero_stage > 0 and not cfg.on_cpu:
+    if cfg.layout_zero_stage > 0 and not cfg.on_cpu:
         from deepspeed.ops.lion import FusedLion
 
         return FusedLion(groups, lr=lr, **params)

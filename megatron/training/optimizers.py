@@ -43,11 +43,11 @@ def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> li
 def check_zero_compatibility(cfg: OptimizerConfig) -> None:
     """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO."""
     tested = OPTIMIZERS.get(cfg.type).tested_stages(cfg.on_cpu)
-    if cfg.zero_stage > 0 and cfg.zero_stage not in tested and not cfg.zero_allow_untested_optimizer:
-        usable = [name for name, spec in OPTIMIZERS.items() if cfg.zero_stage in spec.tested_stages(cfg.on_cpu)]
+    if cfg.layout_zero_stage > 0 and cfg.layout_zero_stage not in tested and not cfg.zero_allow_untested_optimizer:
+        usable = [name for name, spec in OPTIMIZERS.items() if cfg.layout_zero_stage in spec.tested_stages(cfg.on_cpu)]
         raise ConfigError(
             f"optimizer.type {(cfg.optimizer or {}).get('type', cfg.type)!r} is not tested by DeepSpeed under ZeRO "
-            f"stage {cfg.zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use one of "
+            f"stage {cfg.layout_zero_stage}; set zero_allow_untested_optimizer: true to use it anyway, or use one of "
             f"{', '.join(usable)}"
         )
 

@@ -117,11 +117,12 @@ class ModelSetup:
     def from_neox_args(cls, args: NeoXArgs) -> ModelSetup:
         """The configs from the validated arguments (after the tokenizer set ``padded_vocab_size``)."""
         values = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
+        layout = ParallelConfig.from_neox_args(args)  # the one reader of the ZeRO stage; the optimizer receives it
         return cls(
             model=model_lib.GPTModelConfig.from_neox_args(args),
-            optimizer_cfg=OptimizerConfig.from_neox_args(args),
+            optimizer_cfg=OptimizerConfig.from_neox_args(args, layout),
             lr_schedule=LRScheduleConfig.from_neox_args(args),
-            parallel=ParallelConfig.from_neox_args(args),
+            parallel=layout,
             activation_checkpointing_cfg=ActivationCheckpointConfig.from_neox_args(args),
             deepspeed_config=args.deepspeed_config,
             compile_layers=args.torch_compile,

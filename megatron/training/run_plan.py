@@ -2,8 +2,8 @@
 
 ``pretrain()`` builds one plan from the validated NeoXArgs and hands it to what needs the decision (model builder,
 ``deepspeed.initialize``, the step variant, checkpoint validation), so "pipeline or not", the parameter dtype, the
-batch shape and the training objective's step are each read from the configuration in one place (not yet the ZeRO
-stage, which the parallel, optimizer and checkpoint configs read themselves). Every field has a reader
+batch shape and the training objective's step are each read from the configuration in one place (the ZeRO stage is
+the parallel layout's: ``ParallelConfig``, which the optimizer config receives it from). Every field has a reader
 (``tests/unit/test_run_plan.py``).
 """
 

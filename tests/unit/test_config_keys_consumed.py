@@ -24,6 +24,7 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.neox_args import _NOT_DS_CONFIG
 from megatron.neox_arguments.sections import SECTIONS, DeepspeedConfigArgs
 from megatron.neox_arguments.unsupported import IGNORED_KEYS, UNSUPPORTED_KEYS
+from megatron.parallel_config import ParallelConfig
 from tests.unit.test_module_configs import CONFIGS
 from tests.unit.test_neox_args import CPU1, TINY
 
@@ -202,6 +203,8 @@ def _observable(args: NeoXArgs) -> dict[str, str]:
                 cfg = cls.from_neox_args(args, 0)
             elif cls.__name__ == "PlanInputs":  # the planner passes the padded vocabulary it resolved
                 cfg = cls.from_neox_args(args, args.padded_vocab_size)
+            elif cls.__name__ == "OptimizerConfig":  # receives the ZeRO stage from its owner, the parallel layout
+                cfg = cls.from_neox_args(args, ParallelConfig.from_neox_args(args))
             else:
                 cfg = cls.from_neox_args(args)
         except ValueError as e:  # refused when the module is built (ConfigError is a ValueError)
@@ -256,4 +259,20 @@ def test_every_scalar_key_set_changes_something_or_is_refused_or_warned(caplog: 
         f"set to a non-default value, these keys change nothing observable, and are not refused, warned about or "
         f"listed in READ_ELSEWHERE: {sorted(set(silent) - set(READ_ELSEWHERE))}; stale entries: "
         f"{sorted(set(READ_ELSEWHERE) - set(silent))}"
+    )
+
+
+def test_clip_grad_only_mirrors_gradient_clipping() -> None:
+    """``clip_grad`` is derived from ``gradient_clipping`` (as GPT-NeoX sets it) and read by nothing: DeepSpeed clips
+    at ``gradient_clipping``. A set ``clip_grad`` that agrees is accepted; one that differs is refused, naming both
+    keys, instead of being silently dropped."""
+    args = NeoXArgs({**TINY, "gradient_clipping": 0.5}, env=CPU1)
+    assert args.clip_grad == 0.5 and args.deepspeed_config["gradient_clipping"] == 0.5
+    same = NeoXArgs({**TINY, "gradient_clipping": 0.5, "clip_grad": 0.5}, env=CPU1)
+    assert same.deepspeed_config["gradient_clipping"] == 0.5
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs({**TINY, "clip_grad": 0.25}, env=CPU1)
+    (problem,) = [p for p in e.value.problems if "clip_grad" in p]
+    assert (
+        problem.startswith("clip_grad=0.25 differs from gradient_clipping=1.0") and "gradient_clipping: 0.25" in problem
     )

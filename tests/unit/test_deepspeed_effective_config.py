@@ -18,6 +18,7 @@ from typing import Any
 
 from deepspeed.runtime.config import DeepSpeedConfig
 
+from megatron.parallel_config import ParallelConfig
 from megatron.training.optimizers import OptimizerConfig, deepspeed_config_for
 from tests.unit.test_training_gpt_neox_golden import DS, _ours
 
@@ -88,7 +89,11 @@ def _equal(a: Any, b: Any) -> bool:
 def differing_settings(case: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Setting -> (GPT-NeoX's value, ours) wherever they differ, for one case of deepspeed_config.json."""
     args = _ours(case["config"])
-    ours = settings(deepspeed_config_for(args.deepspeed_config, OptimizerConfig.from_neox_args(args)))
+    ours = settings(
+        deepspeed_config_for(
+            args.deepspeed_config, OptimizerConfig.from_neox_args(args, ParallelConfig.from_neox_args(args))
+        )
+    )
     theirs = settings(gpt_neox_effective(case["deepspeed_config"]))
     missing = "<not set>"
     return {

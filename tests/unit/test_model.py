@@ -3,6 +3,8 @@ masks, activation checkpointing, per-layer seeding and the loss."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,7 +21,8 @@ from megatron.model import (
 )
 from megatron.model.config import expand_attention_config
 from megatron.model.meta import count_parameters, meta_param_shapes
-from megatron.neox_arguments import neox_namespace
+from megatron.neox_arguments import ConfigError, NeoXArgs, neox_namespace
+from tests.unit.test_neox_args import CPU1, TINY
 
 V = 128
 
@@ -139,20 +142,36 @@ def test_gpt_neox_mlp_sizing() -> None:
         ({"norm": "batchnorm"}, "norm='batchnorm'"),
         ({"pos_emb": "xpos"}, "pos_emb"),
         ({"activation": "tanh"}, "activation"),
-        ({"hidden_size": 30}, "divisible by num_attention_heads"),
-        ({"num_kv_heads": 3}, "num_kv_heads"),
         ({"attention_config": [[["sparse_fixed"], 2]]}, "not supported"),
         ({"attention_config": [[["global"], 3]]}, "num_layers is 2"),
         ({"attention_config": [[["mystery"], 2]]}, "unknown"),
         ({"init_method": "kaiming"}, "init_method"),
-        ({"intermediate_size": 64, "expansion_factor": 2.0}, "mutually exclusive"),
         ({"rotary_pct": 0.1}, "rotary_pct"),
-        ({"hidden_dropout": 1.0}, "hidden_dropout"),
     ],
 )
 def test_bad_config_names_the_key(changes: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         tiny(**changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"hidden_size": 30}, "hidden_size=30 is not divisible by num_attention_heads"),
+        ({"num_kv_heads": 3}, "num_kv_heads=3"),
+        ({"intermediate_size": 64, "expansion_factor": 2.0}, "intermediate_size and expansion_factor are exclusive"),
+        ({"hidden_dropout": 1.0}, r"hidden_dropout=1.0 must be in \[0, 1\)"),
+        ({"mlp_multiple_of": 0}, "mlp_multiple_of=0 must be >= 1"),
+    ],
+)
+def test_key_rules_are_the_config_layers_once(changes: dict, match: str) -> None:
+    """A key's range and the cross-key rules live once, in the config layer (ranges.py, validate.py), which refuses
+    the value before a model config exists; ``GPTModelConfig`` does not repeat them."""
+    with pytest.raises(ConfigError, match=match):
+        NeoXArgs({**TINY, **changes}, env=CPU1)
+    source = inspect.getsource(GPTModelConfig._validate)
+    for repeated in ("hidden_size %", "% self.kv_heads", "expansion_factor", "dropout", "mlp_multiple_of >="):
+        assert repeated not in source, f"GPTModelConfig._validate repeats the config layer's rule on {repeated!r}"
 
 
 def test_attention_config_expansion() -> None:

@@ -87,7 +87,7 @@ def test_bad_optimizer_configs_raise() -> None:
         build_optimizer(Tiny(), _cfg("adagrad2"))
     with pytest.raises(ValueError, match="top level"):
         build_optimizer(Tiny(), _cfg("adam", weight_decay=0.1))
-    untested = OptimizerConfig(optimizer={"type": "sm3", "params": {}}, zero_stage=2)
+    untested = OptimizerConfig(optimizer={"type": "sm3", "params": {}}, layout_zero_stage=2)
     with pytest.raises(ValueError, match="zero_allow_untested_optimizer"):
         build_optimizer(Tiny(), untested)
     untested.zero_allow_untested_optimizer = True

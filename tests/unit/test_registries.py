@@ -1,8 +1,9 @@
-"""The registries of optimizers, activations, norms and position embeddings (``megatron/registry.py``).
+"""The registries of optimizers, activations, norms, position embeddings and LR schedules (``megatron/registry.py``).
 
 The config schema's ``Literal`` types (the config layer cannot import torch-level code) must name exactly the
 registered entries; an unknown name is refused with the valid ones listed, at config validation and below it; a
-toy activation and a toy optimizer registered by a test train for real through the DeepSpeed engine; and the
+toy activation, a toy optimizer and a toy LR schedule registered by a test train for real through the DeepSpeed
+engine; and the
 optimizer's param groups and the checkpoint resharder agree on which parameters get no weight decay.
 """
 
@@ -27,6 +28,8 @@ from megatron.neox_arguments.sections import optimizer as optimizer_keys
 from megatron.planner import TrainingSetup
 from megatron.planner.memory import bytes_per_param
 from megatron.registry import Registry
+from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
+from megatron.training.lr_schedules import LR_SCHEDULES, DecayPoint
 from megatron.training.optimizer_registry import OPTIMIZERS, OptimizerSpec
 from megatron.training.optimizers import (
     OptimizerConfig,
@@ -43,6 +46,7 @@ SCHEMA: list[tuple[str, Any, Registry[Any]]] = [
     ("norm", model_keys.NORMS, NORMS),
     ("pos_emb", model_keys.POS_EMBS, POSITION_EMBEDDINGS),
     ("optimizer.type", optimizer_keys.OptimizerType, OPTIMIZERS),
+    ("lr_decay_style", optimizer_keys.LR_DECAY_STYLES, LR_SCHEDULES),
 ]
 
 
@@ -107,8 +111,14 @@ class ToySGD(torch.optim.Optimizer):
                     p.add_(p.grad, alpha=-group["lr"])
 
 
+def _halving(p: DecayPoint) -> float:
+    """A toy LR schedule: the learning rate halves every scheduler step."""
+    return p.lr_max * 0.5**p.n
+
+
 def _toy_run() -> dict[str, Any]:
-    """On one rank: register a toy activation and a toy optimizer, train two steps with the DeepSpeed engine."""
+    """On one rank: register a toy activation, a toy optimizer and a toy LR schedule, train two steps with the
+    DeepSpeed engine (which moves the schedule, as through GPT-NeoX's API)."""
     import deepspeed
 
     calls = {"activation": 0}
@@ -122,14 +132,25 @@ def _toy_run() -> dict[str, Any]:
 
     toy_optimizer = OptimizerSpec(lambda groups, lr, params, cfg: ToySGD(groups, lr=lr, **params), state_floats=0)
     toy_act = ActivationSpec(toy_activation, gated=True)
-    with ACTIVATIONS.temporarily("toy_gated", toy_act), OPTIMIZERS.temporarily("toy_sgd", toy_optimizer):
+    with (
+        ACTIVATIONS.temporarily("toy_gated", toy_act),
+        OPTIMIZERS.temporarily("toy_sgd", toy_optimizer),
+        LR_SCHEDULES.temporarily("toy_halving", _halving),
+    ):
         mpu.initialize_model_parallel(1)
         cfg = _cfg(activation="toy_gated", pos_emb="rotary")
         model = build_sequential_model(cfg)
         opt_cfg = OptimizerConfig(optimizer={"type": "toy_sgd", "params": {"lr": 0.5}}, lr=0.5, weight_decay=0.0)
         optimizer, _ = build_optimizer(model, opt_cfg)
         ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10**9}
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config_for(ds, opt_cfg))
+        style = typing.cast(optimizer_keys.LR_DECAY_STYLES, "toy_halving")  # registered, not a schema name
+        schedule = AnnealingLR(
+            optimizer, LRScheduleConfig(lr=0.5, min_lr=0.0, lr_decay_style=style, train_iters=10, warmup=0.0)
+        )
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=schedule, config=deepspeed_config_for(ds, opt_cfg)
+        )
+        lrs = []
         ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(0))
         losses = []
         for _ in range(3):  # two steps, then the loss they lead to
@@ -138,18 +159,20 @@ def _toy_run() -> dict[str, Any]:
             if len(losses) < 3:
                 engine.backward(loss)
                 engine.step()
+                lrs.append(optimizer.param_groups[0]["lr"])
         linear1 = model.get_submodule("sequential.2.mlp.linear1").weight
         return {
             "losses": losses,
             "activation_calls": calls["activation"],
             "optimizer_steps": optimizer.steps if isinstance(optimizer, ToySGD) else -1,
             "gated_width": (tuple(linear1.shape), cfg.mlp_sizes),
-            "registered_after": ("toy_gated" in ACTIVATIONS, "toy_sgd" in OPTIMIZERS),
+            "registered_after": ("toy_gated" in ACTIVATIONS, "toy_sgd" in OPTIMIZERS, "toy_halving" in LR_SCHEDULES),
+            "lrs": lrs,
         }
 
 
 @pytest.mark.distributed
-def test_toy_activation_and_optimizer_train_through_their_registries() -> None:
+def test_toy_activation_optimizer_and_lr_schedule_train_through_their_registries() -> None:
     (out,) = run_distributed(_toy_run, 1, timeout=300)
     first, after_one, after_two = out["losses"]
     assert after_two < after_one < first, out["losses"]  # the toy optimizer's steps lowered the loss
@@ -157,8 +180,21 @@ def test_toy_activation_and_optimizer_train_through_their_registries() -> None:
     assert out["activation_calls"] >= 3 * 2  # every forward ran the toy activation in both layers
     (shape, (linear1_out, linear2_in)) = out["gated_width"]
     assert shape[0] == linear1_out == 2 * linear2_in  # the registry's gated flag sized the MLP ([x | gate])
-    assert out["registered_after"] == (True, True)  # still registered inside the block
-    assert "toy_gated" not in ACTIVATIONS and "toy_sgd" not in OPTIMIZERS
+    assert out["registered_after"] == (True, True, True)  # still registered inside the block
+    assert "toy_gated" not in ACTIVATIONS and "toy_sgd" not in OPTIMIZERS and "toy_halving" not in LR_SCHEDULES
+    assert out["lrs"] == [0.25, 0.125]  # the engine stepped the toy schedule after each optimizer step
+
+
+def test_an_unknown_lr_decay_style_is_refused_with_the_registered_ones() -> None:
+    with pytest.raises(ConfigError) as config_error:
+        NeoXArgs({**TINY, "lr_decay_style": "stepwise"}, env=CPU1)
+    assert "lr_decay_style" in str(config_error.value) and all(
+        repr(name) in str(config_error.value) for name in LR_SCHEDULES.names()
+    )
+    style = typing.cast(optimizer_keys.LR_DECAY_STYLES, "stepwise")
+    with pytest.raises(ConfigError) as schedule_error:
+        AnnealingLR(None, LRScheduleConfig(lr=0.1, min_lr=0.0, lr_decay_style=style, train_iters=10))
+    assert str(schedule_error.value) == f"lr_decay_style='stepwise' is not one of {', '.join(LR_SCHEDULES.names())}"
 
 
 def test_registries_refuse_duplicates_and_clean_up() -> None:

@@ -12,8 +12,9 @@ from megatron import mpu
 from megatron.model import GPTModelConfig, build_sequential_model
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig
 from megatron.model.full_weights import gather_full_state_dict, neox_parameter_name
-from megatron.neox_arguments import neox_namespace
+from megatron.neox_arguments import ConfigError, NeoXArgs, neox_namespace
 from megatron.parallel_config import ParallelConfig
+from tests.unit.test_neox_args import CPU1, TINY
 
 MATRIX = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 4, 1), (4, 1, 1)]
 
@@ -115,17 +116,13 @@ def test_full_state_dict_of_one_process_is_the_model(tied: bool) -> None:
     assert ("sequential.6.final_linear.weight" in full) is (not tied)
 
 
-def test_parallel_config_refuses_zero2_3_with_any_pipe_engine() -> None:
+def test_config_refuses_zero2_3_with_any_pipe_engine() -> None:
+    """The rule lives in the config layer's table (validate.py); ParallelConfig is built from validated args."""
     for pipe in (1, 2):
-        with pytest.raises(ValueError, match="ZeRO stage 0 or 1"):
-            ParallelConfig(pipe_parallel_size=pipe, zero_stage=2)
-    ParallelConfig(pipe_parallel_size=0, zero_stage=3, model_parallel_size=2)  # ZeRO-3 with TP is allowed
-
-    args = neox_namespace(
-        model_parallel_size=2, pipe_parallel_size=1, sequence_parallel=False, zero_optimization={"stage": 3}
-    )
-    with pytest.raises(ValueError, match="pipe_parallel_size 1"):
-        ParallelConfig.from_neox_args(args)
+        with pytest.raises(ConfigError, match="pipeline engine supports ZeRO stages 0 and 1 only"):
+            NeoXArgs({**TINY, "pipe_parallel_size": pipe, "zero_optimization": {"stage": 2}}, env=CPU1)
+    ok = NeoXArgs({**TINY, "pipe_parallel_size": 0, "zero_optimization": {"stage": 3}}, env=CPU1)
+    assert ParallelConfig.from_neox_args(ok).zero_stage == 3  # ZeRO-3 without the pipe engine is allowed
 
 
 def test_parallel_config_turns_pipe_activation_partitioning_off_for_sequence_parallel() -> None:

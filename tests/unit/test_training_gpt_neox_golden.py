@@ -17,6 +17,7 @@ import torch
 from megatron.model.init_functions import get_init_method
 from megatron.model.utils import get_ltor_masks_and_position_ids
 from megatron.neox_arguments import LaunchEnv, NeoXArgs
+from megatron.parallel_config import ParallelConfig
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.optimizers import OptimizerConfig, deepspeed_config_for
 from megatron.training.step import BatchConfig, get_batch
@@ -136,7 +137,9 @@ def test_deepspeed_config_carries_what_gpt_neox_passes(case: dict[str, Any]) -> 
     if case["name"] == "optimizer_and_scheduler":
         # GPT-NeoX passes `scheduler` on, but hands DeepSpeed its own LR scheduler, which DeepSpeed prefers: the
         # block changes nothing there. We warn that it is ignored and do not hand it to DeepSpeed.
-        assert "scheduler" not in deepspeed_config_for(ours, OptimizerConfig.from_neox_args(args))
+        assert "scheduler" not in deepspeed_config_for(
+            ours, OptimizerConfig.from_neox_args(args, ParallelConfig.from_neox_args(args))
+        )
         theirs.pop("scheduler")
     if case["name"] == "fp16_pipe_zero0":
         # DeepSpeed 0.19's pipeline engine applies the fp16 loss scale only through a ZeRO optimizer: we use stage 1
@@ -147,7 +150,9 @@ def test_deepspeed_config_carries_what_gpt_neox_passes(case: dict[str, Any]) -> 
         # GPT-NeoX replaces the schedule by DeepSpeed's WarmupDecayLR for onebitadam; we keep ours for every
         # optimizer, say so at config time, and hand DeepSpeed no scheduler.
         assert theirs.pop("scheduler")["type"] == "WarmupDecayLR"
-        assert "scheduler" not in deepspeed_config_for(ours, OptimizerConfig.from_neox_args(args))
+        assert "scheduler" not in deepspeed_config_for(
+            ours, OptimizerConfig.from_neox_args(args, ParallelConfig.from_neox_args(args))
+        )
     if "fp16" in theirs:
         theirs["fp16"] = {k: v for k, v in theirs["fp16"].items() if k != "type"}  # DeeperSpeed-only
     assert _same(ours, theirs), (ours, theirs)

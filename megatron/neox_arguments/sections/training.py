@@ -133,7 +133,12 @@ class TrainingArgs:
     synchronize_each_layer: bool = arg(False, "Synchronise at the start and end of each checkpointed layer.")
     profile_backward: bool = arg(False, "Profile the backward pass of checkpointed layers.")
     partition_activations: bool = arg(False, "Split activation checkpoints across tensor-parallel ranks.")
-    clip_grad: float = arg(1.0, "Global gradient-norm clip (mirrors gradient_clipping).", derived=True)
+    clip_grad: float = arg(
+        1.0,
+        "Mirrors `gradient_clipping` (GPT-NeoX sets `clip_grad = gradient_clipping`), which is what clips; a set "
+        "`clip_grad` that differs from `gradient_clipping` is refused.",
+        derived=True,
+    )
     hysteresis: int = arg(2, "Dynamic loss scaling hysteresis (DeepSpeed reads the fp16 dict instead).")
     dynamic_loss_scale: bool = arg(None, "True when loss_scale is unset (derived).", derived=True)
     loss_scale: float | None = arg(None, "Static loss scale; unset means dynamic scaling.")
