@@ -42,16 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.apply_trust_flag(args)
     set_quiet(args.quiet)
-    from megatron.checkpoint import TargetLayout, write_checkpoint
-    from megatron.checkpoint.hf_io import (
+    from megatron.checkpoint import (
+        TargetLayout,
         hf_tokenizer_vocab,
         import_hf,
         neox_config_yaml,
+        resize_vocab,
         tokenizer_files,
+        tokenizer_identity,
         tokenizer_yaml,
+        write_checkpoint,
     )
-    from megatron.checkpoint.rules import resize_vocab
-    from megatron.checkpoint.tokenizer_identity import tokenizer_identity
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
     if os.path.exists(args.output_dir) and not args.overwrite:

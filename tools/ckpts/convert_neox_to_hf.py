@@ -56,8 +56,7 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
 def _convert(args: argparse.Namespace) -> int:
     cli.apply_trust_flag(args)
     set_quiet(args.quiet)
-    from megatron.checkpoint import read_checkpoint
-    from megatron.checkpoint.hf_io import export_hf, hf_tokenizer
+    from megatron.checkpoint import export_hf, hf_tokenizer, read_checkpoint
 
     if os.path.exists(args.output_dir) and not args.overwrite:
         raise ValueError(f"--output_dir {args.output_dir} already exists (pass --overwrite to replace it)")

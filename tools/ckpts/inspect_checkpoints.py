@@ -37,11 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
     cli.apply_trust_flag(args)
-    from megatron.checkpoint.inspection import describe_checkpoint, diff_checkpoints
+    from megatron.checkpoint import describe_checkpoint, diff_checkpoints
 
     if args.verify:
-        from megatron.checkpoint.layout import CheckpointError, resolve_checkpoint_dir
-        from megatron.checkpoint.manifest import read_manifest, verify_checkpoint
+        from megatron.checkpoint import CheckpointError, read_manifest, resolve_checkpoint_dir, verify_checkpoint
 
         directory = resolve_checkpoint_dir(args.dir)
         problem = verify_checkpoint(directory, checksums=True)
