@@ -133,7 +133,8 @@ def _mp_rank_optimizer_kind(directory: Path) -> str:
 
 
 NO_LOAD_OPTIM_HINT = (
-    "set no_load_optim: true to resume with fresh optimizer state (weights, LR schedule and iteration are kept), "
+    "set no_load_optim: true to resume with fresh optimizer state (weights and iteration are kept; the LR schedule "
+    "restarts, as in GPT-NeoX), "
     "or resume at the layout that wrote it"
 )
 

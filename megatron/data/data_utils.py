@@ -20,6 +20,7 @@ from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset, is_cache_builder
+from megatron.data.index_map_params import IndexMapParams
 from megatron.data.indexed_dataset import make_dataset
 from megatron.data.samplers import DistributedBatchSampler
 from megatron.data.token_check import check_token_ids
@@ -138,13 +139,15 @@ def _gpt2(
         prefix,
         documents,
         indexed,
-        num_samples,
-        cfg.seq_length,
-        cfg.seed,
-        pack_impl=cfg.pack_impl,
-        allow_chopped=cfg.allow_chopped,
+        IndexMapParams(
+            num_samples,
+            cfg.seq_length,
+            cfg.seed,
+            pack_impl=cfg.pack_impl,
+            allow_chopped=cfg.allow_chopped,
+            num_epochs=1 if num_samples is None else None,
+        ),
         use_shared_fs=cfg.use_shared_fs,
-        num_epochs=1 if num_samples is None else None,
         **kw,
     )
 

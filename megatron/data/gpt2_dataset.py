@@ -28,6 +28,7 @@ from megatron import mpu
 from megatron.data import index_map_cache as map_cache
 from megatron.data import index_maps
 from megatron.data.cache_stamps import remove_stamp, write_stamp
+from megatron.data.index_map_params import IndexMapParams
 from megatron.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -36,18 +37,11 @@ PACK_IMPLS = ("packed", "pack_until_overflow", "unpacked")
 MAP_NAMES = map_cache.MAP_NAMES
 
 
-def index_map_paths(
-    data_prefix: str,
-    name: str,
-    num_samples: int | None,
-    seq_length: int,
-    seed: int,
-    pack_impl: str,
-    allow_chopped: bool,
-) -> dict[str, str]:
-    """GPT-NeoX's cache file names for the three index maps."""
-    base = f"{data_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{pack_impl}pi"
-    if allow_chopped:
+def index_map_paths(data_prefix: str, name: str, params: IndexMapParams) -> dict[str, str]:
+    """GPT-NeoX's cache file names for the three index maps (``num_epochs`` is not part of them)."""
+    p = params
+    base = f"{data_prefix}_{name}_indexmap_{p.num_samples}ns_{p.seq_length}sl_{p.seed}s_{p.pack_impl}pi"
+    if p.allow_chopped:
         base += "_ac"
     return {key: f"{base}_{key}.npy" for key in MAP_NAMES}
 
@@ -72,12 +66,7 @@ def load_or_build_index_maps(
     data_prefix: str,
     documents: np.ndarray,
     sizes: np.ndarray,
-    num_samples: int | None,
-    seq_length: int,
-    seed: int,
-    pack_impl: str = "packed",
-    allow_chopped: bool = True,
-    num_epochs: int | None = None,
+    params: IndexMapParams,
     use_shared_fs: bool = True,
     all_masked: Callable[[int], bool] | None = None,
     barrier: Callable[[], None] | None = None,
@@ -88,23 +77,20 @@ def load_or_build_index_maps(
     A cache is reused only when its stamp matches these inputs and its contents fit them
     (:mod:`megatron.data.index_map_cache`); a stale, corrupt or unstamped cache is rebuilt, with one log line why.
     """
-    if pack_impl not in PACK_IMPLS:
-        raise DataError(f"unknown pack_impl {pack_impl!r}; valid: {', '.join(PACK_IMPLS)}")
-    if num_samples is None and (pack_impl != "packed" or not num_epochs):
+    if params.pack_impl not in PACK_IMPLS:
+        raise DataError(f"unknown pack_impl {params.pack_impl!r}; valid: {', '.join(PACK_IMPLS)}")
+    if params.num_samples is None and (params.pack_impl != "packed" or not params.num_epochs):
         raise DataError("num_samples may only be None (epoch-based training) with pack_impl packed and num_epochs")
-    paths = index_map_paths(data_prefix, name, num_samples, seq_length, seed, pack_impl, allow_chopped)
-    stamp = map_cache.expected_stamp(
-        data_prefix, documents, num_samples, seq_length, seed, pack_impl, allow_chopped, num_epochs, label_prefix
-    )
+    paths = index_map_paths(data_prefix, name, params)
+    stamp = map_cache.expected_stamp(data_prefix, documents, params, label_prefix)
     if is_cache_builder(use_shared_fs):
-        cached, why = map_cache.load_valid(paths, stamp, documents, sizes, pack_impl)
+        cached, why = map_cache.load_valid(paths, stamp, documents, sizes, params.pack_impl)
         if cached is None:
             if any(os.path.exists(p) for p in paths.values()):
                 logger.warning("rebuilding the %s index maps of %s: the cached ones are %s", name, data_prefix, why)
-            args = (documents, sizes, num_samples, seq_length, seed, pack_impl, allow_chopped, num_epochs, all_masked)
             try:
                 remove_stamp(map_cache.stamp_path(paths))
-                _build(paths, name, data_prefix, *args)
+                _build(paths, name, data_prefix, documents, sizes, params, all_masked)
             except OSError as e:
                 raise DataError(
                     f"cannot write the {name} index maps next to {data_prefix} ({e}); the data folder must be "
@@ -122,7 +108,7 @@ def load_or_build_index_maps(
                 "be on a file system all ranks share (else set use_shared_fs: false)"
             )
     # Checked (or just built) by the building rank before the barrier: the stamp and a clean load suffice here.
-    maps, why = map_cache.load_valid(paths, stamp, documents, sizes, pack_impl, check_contents=False)
+    maps, why = map_cache.load_valid(paths, stamp, documents, sizes, params.pack_impl, check_contents=False)
     if maps is None:
         raise DataError(f"the {name} index maps {map_cache.stamp_path(paths)[: -len('stamp.json')]}*: {why}")
     doc_idx, sample_idx, shuffle_idx = maps
@@ -135,26 +121,19 @@ def _build(
     data_prefix: str,
     documents: np.ndarray,
     sizes: np.ndarray,
-    num_samples: int | None,
-    seq_length: int,
-    seed: int,
-    pack_impl: str,
-    allow_chopped: bool,
-    num_epochs: int | None,
+    params: IndexMapParams,
     all_masked: Callable[[int], bool] | None,
 ) -> None:
     start = time.perf_counter()
-    logger.info("building %s index maps for %s (%s samples, seq %d)", name, data_prefix, num_samples, seq_length)
-    if pack_impl == "packed":
-        maps = index_maps.build_packed(documents, sizes, num_samples, seq_length, seed, num_epochs)
-    elif pack_impl == "pack_until_overflow":
-        assert num_samples is not None  # None only with pack_impl packed (checked by the caller)
-        maps = index_maps.build_pack_until_overflow(
-            documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked
-        )
+    logger.info(
+        "building %s index maps for %s (%s samples, seq %d)", name, data_prefix, params.num_samples, params.seq_length
+    )
+    if params.pack_impl == "packed":
+        maps = index_maps.build_packed(documents, sizes, params)
+    elif params.pack_impl == "pack_until_overflow":
+        maps = index_maps.build_pack_until_overflow(documents, sizes, params, all_masked)
     else:
-        assert num_samples is not None  # None only with pack_impl packed (checked by the caller)
-        maps = index_maps.build_unpacked(documents, sizes, num_samples, seq_length, seed, allow_chopped, all_masked)
+        maps = index_maps.build_unpacked(documents, sizes, params, all_masked)
     for key, array in zip(MAP_NAMES, maps):
         _save_atomic(paths[key], array)
     logger.info("built %s index maps in %.2f s", name, time.perf_counter() - start)
@@ -174,23 +153,18 @@ class GPT2Dataset(torch.utils.data.Dataset):
         data_prefix: str,
         documents: np.ndarray,
         indexed_dataset: Any,
-        num_samples: int | None,
-        seq_length: int,
-        seed: int,
-        pack_impl: str = "packed",
-        allow_chopped: bool = True,
+        params: IndexMapParams,
         build_index_mappings: bool = True,
         use_shared_fs: bool = True,
         label_dataset: Any = None,
-        num_epochs: int | None = None,
         barrier: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
-        self.pack_impl = pack_impl
-        self.allow_chopped = allow_chopped
+        self.pack_impl = params.pack_impl
+        self.allow_chopped = params.allow_chopped
         self.indexed_dataset = indexed_dataset
         self.label_dataset = label_dataset
-        self.seq_length = seq_length
+        self.seq_length = seq_length = params.seq_length
         documents = np.asarray(documents)
         if len(documents) == 0:
             raise DataError(f"{data_prefix}: the {name} split has no documents")
@@ -210,12 +184,7 @@ class GPT2Dataset(torch.utils.data.Dataset):
                 data_prefix,
                 documents,
                 indexed_dataset.sizes,
-                num_samples,
-                seq_length,
-                seed,
-                pack_impl,
-                allow_chopped,
-                num_epochs=num_epochs,
+                params,
                 use_shared_fs=use_shared_fs,
                 all_masked=all_masked,
                 barrier=barrier,

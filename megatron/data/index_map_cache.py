@@ -16,6 +16,7 @@ import numpy as np
 
 from megatron.data.cache_stamps import STAMP_VERSION, differences, read_stamp
 from megatron.data.index_format import file_identity
+from megatron.data.index_map_params import IndexMapParams
 
 MAP_NAMES = ("doc_idx", "sample_idx", "shuffle_idx")
 
@@ -33,15 +34,7 @@ def _identity(prefix: str | None) -> dict[str, int] | None:
 
 
 def expected_stamp(
-    data_prefix: str,
-    documents: np.ndarray,
-    num_samples: int | None,
-    seq_length: int,
-    seed: int,
-    pack_impl: str,
-    allow_chopped: bool,
-    num_epochs: int | None,
-    label_prefix: str | None = None,
+    data_prefix: str, documents: np.ndarray, params: IndexMapParams, label_prefix: str | None = None
 ) -> dict[str, Any]:
     """The stamp the maps for these inputs carry."""
     docs = np.ascontiguousarray(documents)  # no copy for the usual arange; the CRC reads its buffer in place
@@ -50,12 +43,12 @@ def expected_stamp(
         "data": _identity(data_prefix),
         "labels": _identity(label_prefix),
         "documents": [int(docs.min()), int(docs.max()), len(docs), docs.dtype.name, zlib.crc32(docs.data)],
-        "num_samples": num_samples,
-        "seq_length": seq_length,
-        "seed": seed,
-        "pack_impl": pack_impl,
-        "allow_chopped": allow_chopped,
-        "num_epochs": num_epochs,
+        "num_samples": params.num_samples,
+        "seq_length": params.seq_length,
+        "seed": params.seed,
+        "pack_impl": params.pack_impl,
+        "allow_chopped": params.allow_chopped,
+        "num_epochs": params.num_epochs,
     }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from megatron.data.index_map_params import IndexMapParams
 from megatron.errors import DataError
 from megatron.logging.progress import progress
 
@@ -78,40 +79,31 @@ def build_shuffle_idx(size: int, np_rng: np.random.RandomState) -> np.ndarray:
 
 
 def build_packed(
-    documents: np.ndarray,
-    sizes: np.ndarray,
-    num_samples: int | None,
-    seq_length: int,
-    seed: int,
-    num_epochs: int | None = None,
+    documents: np.ndarray, sizes: np.ndarray, params: IndexMapParams
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GPT-NeoX's ``pack_impl="packed"`` maps: ``(doc_idx, sample_idx, shuffle_idx)``; ``num_samples`` may be None
-    only with ``num_epochs``."""
+    """GPT-NeoX's ``pack_impl="packed"`` maps: ``(doc_idx, sample_idx, shuffle_idx)``; ``params.num_samples`` may be
+    None only with ``params.num_epochs``."""
     tokens_per_epoch = num_tokens(documents, sizes)
-    if num_epochs:
-        epochs = num_epochs
-    elif num_samples is None:
+    if params.num_epochs:
+        epochs = params.num_epochs
+    elif params.num_samples is None:
         raise ValueError("build_packed needs num_samples or num_epochs")
     else:
-        epochs = num_epochs_for(tokens_per_epoch, seq_length, num_samples)
-    np_rng = np.random.RandomState(seed=seed)
+        epochs = num_epochs_for(tokens_per_epoch, params.seq_length, params.num_samples)
+    np_rng = np.random.RandomState(seed=params.seed)
     doc_idx = build_doc_idx(documents, epochs, np_rng)
-    sample_idx = build_sample_idx(sizes, doc_idx, seq_length, epochs, tokens_per_epoch)
+    sample_idx = build_sample_idx(sizes, doc_idx, params.seq_length, epochs, tokens_per_epoch)
     shuffle_idx = build_shuffle_idx(sample_idx.shape[0] - 1, np_rng)
     return doc_idx, sample_idx, shuffle_idx
 
 
 def _usable(
-    documents: np.ndarray,
-    sizes: np.ndarray,
-    seq_length: int,
-    allow_chopped: bool,
-    all_masked: Callable[[int], bool] | None,
+    documents: np.ndarray, sizes: np.ndarray, params: IndexMapParams, all_masked: Callable[[int], bool] | None
 ) -> np.ndarray:
     """Mask over ``documents`` of those a non-packed sample may use."""
     ok = np.ones(len(documents), dtype=bool)
-    if not allow_chopped:
-        ok &= sizes[documents] <= seq_length + 1
+    if not params.allow_chopped:
+        ok &= sizes[documents] <= params.seq_length + 1
     if all_masked is not None:
         docs = progress(documents, desc="finding fully masked documents", unit="doc")
         ok &= np.array([not all_masked(int(d)) for d in docs], dtype=bool)
@@ -120,13 +112,21 @@ def _usable(
     return ok
 
 
+def _shuffled_samples(params: IndexMapParams) -> tuple[int, np.random.RandomState, np.ndarray]:
+    """The non-packed builders' first draw: ``(num_samples, rng, shuffle_idx)`` with ``shuffle_idx`` a
+    permutation of ``arange(num_samples)``, as GPT-NeoX draws it before anything else."""
+    if params.num_samples is None:
+        raise ValueError(f"pack_impl {params.pack_impl} needs num_samples (None only with pack_impl packed)")
+    np_rng = np.random.RandomState(seed=params.seed)
+    shuffle_idx = np.arange(params.num_samples)
+    np_rng.shuffle(shuffle_idx)
+    return params.num_samples, np_rng, shuffle_idx
+
+
 def build_pack_until_overflow(
     documents: np.ndarray,
     sizes: np.ndarray,
-    num_samples: int,
-    seq_length: int,
-    seed: int,
-    allow_chopped: bool = True,
+    params: IndexMapParams,
     all_masked: Callable[[int], bool] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GPT-NeoX's ``pack_until_overflow``: shuffled documents are appended to a sample until the next one would
@@ -136,10 +136,9 @@ def build_pack_until_overflow(
     Differences from GPT-NeoX, on purpose: positions are mapped through ``documents`` (GPT-NeoX uses positions
     ``0..len(documents)-1`` as item ids, which reads training documents for the valid/test splits).
     """
-    np_rng = np.random.RandomState(seed=seed)
-    shuffle_idx = np.arange(num_samples)
-    np_rng.shuffle(shuffle_idx)
-    usable = _usable(documents, sizes, seq_length, allow_chopped, all_masked)
+    num_samples, np_rng, shuffle_idx = _shuffled_samples(params)
+    usable = _usable(documents, sizes, params, all_masked)
+    seq_length = params.seq_length
     order = np.arange(len(documents))
     np_rng.shuffle(order)
     doc_sizes = sizes[documents]
@@ -174,22 +173,17 @@ def build_pack_until_overflow(
 def build_unpacked(
     documents: np.ndarray,
     sizes: np.ndarray,
-    num_samples: int,
-    seq_length: int,
-    seed: int,
-    allow_chopped: bool = True,
+    params: IndexMapParams,
     all_masked: Callable[[int], bool] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GPT-NeoX's ``unpacked``: one document per sample, documents in order (cycling), samples shuffled.
 
     ``sample_idx[k] = (k, 0)``; ``doc_idx`` lists ``num_samples + 1`` usable documents.
     """
-    np_rng = np.random.RandomState(seed=seed)
-    shuffle_idx = np.arange(num_samples)
-    np_rng.shuffle(shuffle_idx)
+    num_samples, _, shuffle_idx = _shuffled_samples(params)
     sample_idx = np.zeros((num_samples + 1, 2), dtype=np.int64)
     sample_idx[:, 0] = np.arange(num_samples + 1)
-    usable_docs = np.asarray(documents)[_usable(documents, sizes, seq_length, allow_chopped, all_masked)]
+    usable_docs = np.asarray(documents)[_usable(documents, sizes, params, all_masked)]
     doc_idx = np.resize(usable_docs.astype(np.int64), num_samples + 1)  # cycles through the usable documents
     return doc_idx, sample_idx, shuffle_idx
 

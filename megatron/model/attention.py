@@ -22,6 +22,7 @@ from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import Norm, RMSNorm, ScaleNorm, build_norm
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS, apply_rotary, rotate_in_place
+from megatron.model.residual_projection import residual_projection
 
 logger = logging.getLogger(__name__)
 
@@ -141,18 +142,7 @@ class ParallelSelfAttention(nn.Module):
         self.rpe = rpe
         self.scale = 1.0 / math.sqrt(self.hn)
         self.layer_scale = float(max(1, layer_index)) if cfg.apply_query_key_layer_scaling else 1.0
-        self.dense = mpu.RowParallelLinear(
-            cfg.hidden_size,
-            cfg.hidden_size,
-            bias=cfg.use_bias_in_attn_linear,
-            input_is_parallel=True,
-            init_method=output_layer_init_method,
-            skip_bias_add=True,
-            params_dtype=cfg.params_dtype,
-            parallel_output=cfg.gpt_j_residual,
-            sequence_parallel=cfg.sequence_parallel,
-            seq_dim=0,
-        )
+        self.dense = residual_projection(cfg, cfg.hidden_size, cfg.use_bias_in_attn_linear, output_layer_init_method)
 
     # ------------------------------------------------------------------------------------------------------
 

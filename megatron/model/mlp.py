@@ -16,6 +16,7 @@ from torch import nn
 from megatron import mpu
 from megatron.model.activations import apply_activation, get_activation
 from megatron.model.config import GPTModelConfig
+from megatron.model.residual_projection import residual_projection
 
 
 class ParallelMLP(nn.Module):
@@ -38,18 +39,7 @@ class ParallelMLP(nn.Module):
             seq_dim=0,
             stride=2 if self.gated else 1,
         )
-        self.linear2 = mpu.RowParallelLinear(
-            ffn_in,
-            cfg.hidden_size,
-            bias=cfg.use_bias_in_mlp,
-            input_is_parallel=True,
-            init_method=output_layer_init_method,
-            skip_bias_add=True,
-            params_dtype=cfg.params_dtype,
-            parallel_output=cfg.gpt_j_residual,
-            sequence_parallel=cfg.sequence_parallel,
-            seq_dim=0,
-        )
+        self.linear2 = residual_projection(cfg, ffn_in, cfg.use_bias_in_mlp, output_layer_init_method)
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden`` [s, b, h] → ``([s, b, h], bias)``."""

@@ -1,15 +1,9 @@
-"""Numbers anywhere in a config value, including inside dict-valued keys (``optimizer.params``, ``zero_optimization``,
-``scheduler.params``, ``deepspeed_extra_args``, ...), which the per-key ranges of ``ranges.py`` do not reach.
+"""Integers beyond 64 bits anywhere in a config value, including inside dict-valued keys (``optimizer.params``,
+``zero_optimization``, ``deepspeed_extra_args``, ...), and the helpers that print hostile values in one line.
 
-* ``huge_int_problems``: integers beyond 64 bits, at any depth. They are never valid (no tensor, counter or
-  DeepSpeed setting takes one) and must be refused before anything prints them: Python cannot even ``repr`` an
-  integer of more than 4300 digits.
-* ``nested_problems``: inside dict-valued keys every float must be finite, and the known nested settings must lie in
-  their range (``NESTED_RANGES``, matched on the end of the key path, so ``optimizer.params.lr`` also covers
-  ``deepspeed_extra_args.optimizer.params.lr``; a top-level key's range also applies to it inside
-  ``deepspeed_extra_args``, which DeepSpeed reads as top-level settings).
-
-Messages name the dotted key path and the file: ``optimizer.params.lr=inf must be a finite number (set in a.yml)``.
+``huge_int_problems``: such integers are never valid (no tensor, counter or DeepSpeed setting takes one) and must be
+refused before anything prints them: Python cannot even ``repr`` an integer of more than 4300 digits. The types and
+ranges of the settings inside dict-valued keys are checked by ``nested_checks.py``.
 """
 
 from __future__ import annotations
@@ -18,34 +12,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from megatron.neox_arguments.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RANGES, Range
-
 INT64_MAX = 2**63 - 1
-
-# Nested settings with a known valid range, keyed by the end of their path (list indices dropped).
-NESTED_RANGES: dict[tuple[str, ...], Range] = {
-    ("optimizer", "params", "lr"): NON_NEGATIVE,
-    ("optimizer", "params", "betas"): Range(0, 1, hi_open=True),
-    ("optimizer", "params", "eps"): NON_NEGATIVE,
-    ("optimizer", "params", "momentum"): NON_NEGATIVE,
-    ("optimizer", "params", "weight_decay"): NON_NEGATIVE,
-    ("scheduler", "params", "warmup_min_lr"): NON_NEGATIVE,
-    ("scheduler", "params", "warmup_max_lr"): NON_NEGATIVE,
-    ("scheduler", "params", "warmup_num_steps"): NON_NEGATIVE,
-    ("scheduler", "params", "total_num_steps"): AT_LEAST_ONE,
-    ("zero_optimization", "reduce_bucket_size"): AT_LEAST_ONE,
-    ("zero_optimization", "allgather_bucket_size"): AT_LEAST_ONE,
-    ("zero_optimization", "stage3_prefetch_bucket_size"): NON_NEGATIVE,
-    ("zero_optimization", "stage3_param_persistence_threshold"): NON_NEGATIVE,
-    ("zero_optimization", "stage3_max_live_parameters"): NON_NEGATIVE,
-    ("zero_optimization", "stage3_max_reuse_distance"): NON_NEGATIVE,
-    ("zero_optimization", "sub_group_size"): AT_LEAST_ONE,
-    ("fp16", "loss_scale"): NON_NEGATIVE,
-    ("fp16", "initial_scale_power"): NON_NEGATIVE,
-    ("fp16", "loss_scale_window"): AT_LEAST_ONE,
-    ("fp16", "hysteresis"): AT_LEAST_ONE,
-    ("fp16", "min_loss_scale"): POSITIVE,
-}
 
 
 def describe_number(x: Any) -> str:
@@ -105,32 +72,4 @@ def huge_int_problems(values: dict[str, Any], origins: dict[str, str]) -> list[s
                     f"{_dotted(key, path)}={describe_number(x)} is too large: integers must fit in 64 bits "
                     f"(at most {INT64_MAX}){_suffix(origins.get(key))}"
                 )
-    return out
-
-
-def _nested_range(key: str, path: tuple[str | int, ...]) -> Range | None:
-    names = tuple(str(p) for p in (key, *path) if not isinstance(p, int))
-    for n in range(len(names), 1, -1):
-        rng = NESTED_RANGES.get(names[-n:])
-        if rng is not None:
-            return rng
-    if key == "deepspeed_extra_args" and len(names) == 2:
-        return RANGES.get(names[1])
-    return None
-
-
-def nested_problems(values: dict[str, Any], origins: dict[str, str]) -> list[str]:
-    """Non-finite floats and out-of-range known settings inside dict-valued keys."""
-    out = []
-    for key, value in values.items():
-        if not isinstance(value, dict):
-            continue  # top-level numbers and lists: their key's range (ranges.py) or syntax check covers them
-        for path, x in _numbers(value):
-            name = _dotted(key, path)
-            if isinstance(x, float) and not math.isfinite(x):
-                out.append(f"{name}={x!r} must be a finite number{_suffix(origins.get(key))}")
-                continue
-            rng = _nested_range(key, path)
-            if rng is not None and not rng.contains(float(x)):
-                out.append(f"{name}={x!r} must be {rng.describe()}{_suffix(origins.get(key))}")
     return out

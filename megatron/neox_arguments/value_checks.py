@@ -14,7 +14,7 @@ from typing import Any
 
 from megatron.cluster.hostfile import parse_filter
 from megatron.errors import DataError
-from megatron.neox_arguments.number_checks import nested_problems
+from megatron.neox_arguments.nested_checks import nested_problems
 from megatron.neox_arguments.ranges import range_problems
 
 Check = Callable[[Any], "str | None"]
@@ -103,11 +103,8 @@ def _attention_config(value: list) -> str | None:
 
 
 def _enabled(value: dict) -> str | None:
-    if "enabled" in value and not isinstance(value["enabled"], bool):
-        return f"'enabled' must be true or false, got {value['enabled']!r}"
-    if "enabled" not in value:
-        return "must contain 'enabled' (true or false)"
-    return None
+    # its type (fp16.enabled: true or false) is checked with the block's other settings: nested_checks.py
+    return None if "enabled" in value else "must contain 'enabled' (true or false)"
 
 
 def _optimizer(value: dict) -> str | None:
@@ -115,14 +112,6 @@ def _optimizer(value: dict) -> str | None:
         return "needs 'type' (the optimizer's name)"
     if not isinstance(value.get("params", {}), dict):
         return f"'params' must be a mapping of constructor arguments, got {value['params']!r}"
-    return None
-
-
-def _zero(value: dict) -> str | None:
-    stage = value.get("stage", 0)
-    stages = stage if isinstance(stage, list) else [stage]  # a list (or 'all') is DeepSpeed autotuning's search space
-    if stage != "all" and not all(type(x) is int and 0 <= x <= 3 for x in stages):
-        return f"stage must be 0, 1, 2 or 3, got {stage!r}"
     return None
 
 
@@ -171,7 +160,6 @@ SYNTAX: dict[str, Check] = {
     "attention_config": _attention_config,
     **dict.fromkeys(("fp16", "bf16", "amp", "flops_profiler"), _enabled),
     "optimizer": _optimizer,
-    "zero_optimization": _zero,
     "include": _resources("include"),
     "exclude": _resources("exclude"),
     "communication_data_type": _one_of("fp32", "fp16", "bf16"),

@@ -24,6 +24,7 @@ The five constants are global (the same for every run), fitted once against the 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from megatron.planner.layout import GroupPlacement
 
@@ -48,6 +49,22 @@ class Calibration:
     deepspeed_engine_efficiency: float = DEEPSPEED_ENGINE_EFFICIENCY
 
 
+# Workload fields that a training setup (megatron/planner/inputs.py) and a published run carry under the same name.
+SHARED_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "seq_length",
+    "padded_vocab_size",
+    "tp",
+    "dp",
+    "micro_batch",
+    "gas",
+    "checkpoint_activations",
+    "zero_stage",
+)
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the prediction reads: shape, layout and batch of one training step."""
@@ -70,6 +87,12 @@ class Workload:
     flash_attention: bool = False
     sequence_parallel: bool = False
     engine: str = "deepspeed"  # "deepspeed" (GPT-NeoX, neox-forge, Megatron-DeepSpeed) or "megatron-lm"
+
+    @classmethod
+    def of(cls, source: object, **rest: Any) -> Workload:
+        """The workload of ``source`` (a training setup or a published run): the :data:`SHARED_FIELDS` read from it
+        under their own names, the other fields given in ``rest``."""
+        return cls(**{name: getattr(source, name) for name in SHARED_FIELDS}, **rest)
 
     @property
     def train_batch(self) -> int:

@@ -87,19 +87,9 @@ def _warnings(plan: Plan) -> list[str]:
 
 def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) -> Workload:
     """What the calibrated step-time model reads from a training setup (neox-forge runs DeepSpeed's engine)."""
-    return Workload(
-        hidden_size=setup.hidden_size,
-        num_layers=setup.num_layers,
-        num_heads=setup.num_heads,
-        seq_length=setup.seq_length,
-        padded_vocab_size=setup.padded_vocab_size,
-        tp=setup.tp,
+    return Workload.of(
+        setup,
         pp=setup.stages,
-        dp=setup.dp,
-        micro_batch=setup.micro_batch,
-        gas=setup.gas,
-        checkpoint_activations=setup.checkpoint_activations,
-        zero_stage=setup.zero_stage,
         params_per_rank=params_per_rank,
         layers_per_stage=layers_per_stage,
         param_bytes=setup.param_bytes,

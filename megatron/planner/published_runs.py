@@ -70,23 +70,7 @@ class PublishedRun:
         layers = math.ceil(self.num_layers / self.pp)
         h = self.hidden_size
         params = (12 * h * h * layers + self.padded_vocab_size * h) // self.tp
-        return Workload(
-            hidden_size=h,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            seq_length=self.seq_length,
-            padded_vocab_size=self.padded_vocab_size,
-            tp=self.tp,
-            pp=self.pp,
-            dp=self.dp,
-            micro_batch=self.micro_batch,
-            gas=self.gas,
-            checkpoint_activations=self.checkpoint_activations,
-            zero_stage=self.zero_stage,
-            params_per_rank=params,
-            layers_per_stage=layers,
-            engine=self.framework,
-        )
+        return Workload.of(self, pp=self.pp, params_per_rank=params, layers_per_stage=layers, engine=self.framework)
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
         """The planner's prediction for this run."""

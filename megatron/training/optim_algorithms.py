@@ -20,17 +20,9 @@ from typing import Any, overload
 import torch
 
 
-class Lion(torch.optim.Optimizer):
-    """Lion: sign of an interpolated momentum, decoupled weight decay."""
-
-    def __init__(
-        self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0
-    ) -> None:
-        if lr <= 0:
-            raise ValueError(f"Lion: lr must be > 0, got {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"Lion: betas must lie in [0, 1), got {betas}")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+class ParameterwiseOptimizer(torch.optim.Optimizer):
+    """The ``step()`` every optimizer here shares: evaluate the closure (with gradients on), then update each
+    param group through ``update_group`` (given the group's parameters that have a gradient)."""
 
     @overload
     def step(self, closure: None = None) -> None: ...
@@ -46,22 +38,41 @@ class Lion(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p)
-                m = state["exp_avg"]
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                update = m.mul(beta1).add_(p.grad, alpha=1 - beta1).sign_()
-                p.add_(update, alpha=-group["lr"])
-                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+            self.update_group(group, [(p, p.grad) for p in group["params"] if p.grad is not None])
         return loss
 
+    def update_group(self, group: dict[str, Any], params: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Update ``params`` (``(parameter, its gradient)`` pairs) with ``group``'s hyperparameters, under ``torch.no_grad()``."""
+        raise NotImplementedError
 
-class SM3(torch.optim.Optimizer):
+
+class Lion(ParameterwiseOptimizer):
+    """Lion: sign of an interpolated momentum, decoupled weight decay."""
+
+    def __init__(
+        self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0
+    ) -> None:
+        if lr <= 0:
+            raise ValueError(f"Lion: lr must be > 0, got {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"Lion: betas must lie in [0, 1), got {betas}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+
+    def update_group(self, group: dict[str, Any], params: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One update of ``params``, the group's ``(parameter, gradient)`` pairs."""
+        beta1, beta2 = group["betas"]
+        for p, grad in params:
+            state = self.state[p]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p)
+            m = state["exp_avg"]
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            update = m.mul(beta1).add_(grad, alpha=1 - beta1).sign_()
+            p.add_(update, alpha=-group["lr"])
+            m.mul_(beta2).add_(grad, alpha=1 - beta2)
+
+
+class SM3(ParameterwiseOptimizer):
     """SM3: memory-efficient adaptive optimizer with one accumulator per tensor axis."""
 
     def __init__(
@@ -82,65 +93,49 @@ class SM3(torch.optim.Optimizer):
             params, {"lr": lr, "momentum": momentum, "beta": beta, "eps": eps, "weight_decay": weight_decay}
         )
 
-    @overload
-    def step(self, closure: None = None) -> None: ...
-
-    @overload
-    def step(self, closure: Callable[[], float]) -> float: ...
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            momentum, beta, eps = group["momentum"], group["beta"], group["eps"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                state = self.state[p]
-                shape = grad.shape
-                rank = len(shape)
-                if not state:
-                    state["step"] = 0
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                    if rank <= 1:
-                        state["acc_0"] = torch.zeros_like(p)
-                    else:
-                        for axis in range(rank):
-                            acc_shape = [1] * rank
-                            acc_shape[axis] = shape[axis]
-                            state[f"acc_{axis}"] = torch.zeros(acc_shape, dtype=p.dtype, device=p.device)
-                state["step"] += 1
+    def update_group(self, group: dict[str, Any], params: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One update of ``params``, the group's ``(parameter, gradient)`` pairs."""
+        momentum, beta, eps = group["momentum"], group["beta"], group["eps"]
+        for p, grad in params:
+            state = self.state[p]
+            shape = grad.shape
+            rank = len(shape)
+            if not state:
+                state["step"] = 0
+                state["momentum_buffer"] = torch.zeros_like(p)
                 if rank <= 1:
-                    nu = state["acc_0"].clone()
-                else:
-                    nu = state["acc_0"]
-                    for axis in range(1, rank):
-                        nu = torch.min(nu, state[f"acc_{axis}"])  # broadcast to the full shape
-                if beta > 0:
-                    nu.mul_(beta).addcmul_(grad, grad, value=1 - beta)
-                else:
-                    nu.add_(grad * grad)
-                if rank <= 1:
-                    state["acc_0"].copy_(nu)
+                    state["acc_0"] = torch.zeros_like(p)
                 else:
                     for axis in range(rank):
-                        other = [a for a in range(rank) if a != axis]
-                        state[f"acc_{axis}"].copy_(torch.amax(nu, dim=other, keepdim=True))
-                update = grad / nu.add(eps).sqrt()
-                if momentum > 0:
-                    buf = state["momentum_buffer"]
-                    buf.mul_(momentum).add_(update, alpha=1 - momentum)
-                    update = buf
-                p.add_(update, alpha=-group["lr"])
-        return loss
+                        acc_shape = [1] * rank
+                        acc_shape[axis] = shape[axis]
+                        state[f"acc_{axis}"] = torch.zeros(acc_shape, dtype=p.dtype, device=p.device)
+            state["step"] += 1
+            if rank <= 1:
+                nu = state["acc_0"].clone()
+            else:
+                nu = state["acc_0"]
+                for axis in range(1, rank):
+                    nu = torch.min(nu, state[f"acc_{axis}"])  # broadcast to the full shape
+            if beta > 0:
+                nu.mul_(beta).addcmul_(grad, grad, value=1 - beta)
+            else:
+                nu.add_(grad * grad)
+            if rank <= 1:
+                state["acc_0"].copy_(nu)
+            else:
+                for axis in range(rank):
+                    other = [a for a in range(rank) if a != axis]
+                    state[f"acc_{axis}"].copy_(torch.amax(nu, dim=other, keepdim=True))
+            update = grad / nu.add(eps).sqrt()
+            if momentum > 0:
+                buf = state["momentum_buffer"]
+                buf.mul_(momentum).add_(update, alpha=1 - momentum)
+                update = buf
+            p.add_(update, alpha=-group["lr"])
 
 
-class MADGRAD(torch.optim.Optimizer):
+class MADGRAD(ParameterwiseOptimizer):
     """MADGRAD with decoupled weight decay (GPT-NeoX's ``madgrad_wd``)."""
 
     def __init__(
@@ -157,39 +152,23 @@ class MADGRAD(torch.optim.Optimizer):
             raise ValueError(f"MADGRAD: momentum must lie in [0, 1), got {momentum}")
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eps": eps, "k": 0})
 
-    @overload
-    def step(self, closure: None = None) -> None: ...
-
-    @overload
-    def step(self, closure: Callable[[], float]) -> float: ...
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, eps, momentum, decay = group["lr"], group["eps"], group["momentum"], group["weight_decay"]
-            ck = 1.0 - momentum
-            lamb = lr * math.sqrt(group["k"] + 1)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                state = self.state[p]
-                if not state:
-                    state["grad_sum_sq"] = torch.zeros_like(p)
-                    state["s"] = torch.zeros_like(p)
-                    state["x0"] = p.detach().clone()  # the dual-averaging anchor
-                if decay != 0:
-                    p.mul_(1 - lr * decay)  # decoupled weight decay
-                grad_sum_sq, s = state["grad_sum_sq"], state["s"]
-                grad_sum_sq.addcmul_(grad, grad, value=lamb)
-                rms = grad_sum_sq.pow(1 / 3).add_(eps)
-                s.add_(grad, alpha=lamb)
-                z = state["x0"].addcdiv(s, rms, value=-1)
-                p.mul_(1 - ck).add_(z, alpha=ck)  # momentum 0 → ck = 1 → p = z
-            group["k"] += 1
-        return loss
+    def update_group(self, group: dict[str, Any], params: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One update of ``params``, the group's ``(parameter, gradient)`` pairs."""
+        lr, eps, momentum, decay = group["lr"], group["eps"], group["momentum"], group["weight_decay"]
+        ck = 1.0 - momentum
+        lamb = lr * math.sqrt(group["k"] + 1)
+        for p, grad in params:
+            state = self.state[p]
+            if not state:
+                state["grad_sum_sq"] = torch.zeros_like(p)
+                state["s"] = torch.zeros_like(p)
+                state["x0"] = p.detach().clone()  # the dual-averaging anchor
+            if decay != 0:
+                p.mul_(1 - lr * decay)  # decoupled weight decay
+            grad_sum_sq, s = state["grad_sum_sq"], state["s"]
+            grad_sum_sq.addcmul_(grad, grad, value=lamb)
+            rms = grad_sum_sq.pow(1 / 3).add_(eps)
+            s.add_(grad, alpha=lamb)
+            z = state["x0"].addcdiv(s, rms, value=-1)
+            p.mul_(1 - ck).add_(z, alpha=ck)  # momentum 0 → ck = 1 → p = z
+        group["k"] += 1

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 from megatron.distributed import on_cpu
+from megatron.neox_arguments.nested_checks import NUMERIC_PARAMS
 from megatron.neox_arguments.sections.optimizer import OptimizerType
 
 
@@ -50,5 +51,7 @@ class OptimizerConfig:
 
     @property
     def params(self) -> dict[str, Any]:
-        """A copy of ``optimizer.params`` (none when the ``optimizer`` section is unset)."""
-        return dict((self.optimizer or {}).get("params") or {})
+        """A copy of ``optimizer.params`` (none when the ``optimizer`` section is unset), numbers written as strings
+        (``eps: '1e-8'``) converted to floats (the config layer checked that they are numbers: nested_checks.py)."""
+        params = dict((self.optimizer or {}).get("params") or {})
+        return {k: float(v) if k in NUMERIC_PARAMS and isinstance(v, str) else v for k, v in params.items()}

@@ -73,6 +73,7 @@ def _assert_same(metrics: dict[str, float], reference: dict[str, float]) -> None
             assert math.isclose(metrics[key], value, rel_tol=1e-4, abs_tol=1e-4), (key, metrics[key], value)
 
 
+@pytest.mark.launches  # lm-eval's environment report runs `python -m pip list`
 def test_eval_matches_lm_eval_hf_backend(evaluated, monkeypatch: pytest.MonkeyPatch) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -97,6 +98,7 @@ def test_eval_matches_lm_eval_hf_backend(evaluated, monkeypatch: pytest.MonkeyPa
     assert acc.Scalars("eval/forge_mc_acc")[0].value == pytest.approx(metrics["forge_mc_acc"])
 
 
+@pytest.mark.slow  # with the module fixture (one evaluation): about 12 s
 def test_generate_until_strings_match_hf_backend(evaluated) -> None:
     """The strings generate_until returns (greedy, stop strings, EOD) equal HFLM's on the export."""
     from lm_eval.api.instance import Instance
@@ -151,6 +153,7 @@ def test_eval_py_through_deepy_on_two_data_parallel_ranks(evaluated, tmp_path: P
     _assert_same(flatten_metrics(json.loads(files[0].read_text())), metrics)
 
 
+@pytest.mark.slow  # lm-eval's first task index: about 10 s
 def test_clear_errors(evaluated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from megatron.evaluation.standalone import evaluate_checkpoint
     from megatron.evaluation.tasks import resolve_tasks

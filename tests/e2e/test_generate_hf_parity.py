@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from megatron.neox_arguments import NeoXArgs, neox_namespace
@@ -40,6 +41,7 @@ def _hf_greedy(export: Path, prompts: list[str], max_new: int) -> tuple[list[lis
     return single, batched
 
 
+@pytest.mark.slow  # about 18 s on 2 busy cores
 def test_greedy_generation_matches_transformers_generate(tmp_path: Path) -> None:
     from megatron.generation.text_generation import run_generation
 

@@ -231,6 +231,7 @@ def _check_outcome(rc: int, err: str, what: str) -> None:
     assert not long, f"{what}: a {max(map(len, err.splitlines()))}-character line: {long[0]}..."
 
 
+@pytest.mark.slow  # 400 mutated configs through deepy.main: about 12 s on 2 busy cores
 def test_mutated_configs_are_accepted_or_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -299,4 +300,33 @@ def test_fuzz_findings(text: str, message: str, tmp_path: Path, monkeypatch: pyt
     path.write_text(_dump(yaml.safe_load((REPO / "configs" / "cpu" / "tiny.yml").read_text())) + text)
     rc, err = _run([SCRIPT, str(path), "--dry-run"], text)
     _check_outcome(rc, err, text)
+    assert rc == 2 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [  # were accepted with exit 0, to fail on the ranks
+        (
+            {"optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": "abc"}}},
+            "optimizer.params.betas='abc' must be two numbers in [0, 1)",
+        ),
+        (
+            {"zero_optimization": {"stage": 1, "reduce_bucket_size": "5e8"}},
+            "zero_optimization.reduce_bucket_size='5e8' must be an integer >= 1",
+        ),
+        (
+            {"deepspeed_extra_args": {"zero_optimization": {"stage": "x"}}},
+            "deepspeed_extra_args.zero_optimization.stage='x' must be 0, 1, 2 or 3",
+        ),
+    ],
+)
+def test_fuzz_findings_inside_nested_blocks(
+    overrides: dict[str, Any], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "found.yml"
+    config = {**yaml.safe_load((REPO / "configs" / "cpu" / "tiny.yml").read_text()), **overrides}
+    path.write_text(json.dumps(config))  # JSON quotes strings: "5e8" stays a string (plain YAML 5e8 is a number)
+    rc, err = _run([SCRIPT, str(path), "--dry-run"], str(overrides))
+    _check_outcome(rc, err, str(overrides))
     assert rc == 2 and message in err, err

@@ -43,10 +43,12 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "comet_tags": (["tag", 3], "entry 3 is not"),
     "eval_tasks": (["lambada_openai", 3], "entry 3 is not"),
     "optimizer": ({"type": "adam", "params": "fast"}, "'params' must be a mapping"),
-    "fp16": ({"enabled": "yes"}, "'enabled' must be true or false"),
+    "fp16": ({"enabled": "yes"}, "fp16.enabled='yes' must be true or false"),
     "bf16": ({"enable": True}, "must contain 'enabled'"),  # misspelt: DeepSpeed would quietly train in fp32
     "amp": ({"opt_level": "O1"}, "must contain 'enabled'"),
-    "zero_optimization": ({"stage": 4}, "stage must be 0, 1, 2 or 3"),
+    "zero_optimization": ({"stage": 4}, "zero_optimization.stage=4 must be 0, 1, 2 or 3"),
+    "scheduler": ({"type": "WarmupLR", "params": {"warmup_num_steps": "10"}}, "must be an integer >= 0"),
+    "activation_checkpointing": ({"partition_activations": "no"}, "must be true or false"),
     "flops_profiler": ({"profile_step": 1}, "must contain 'enabled'"),
     "communication_data_type": ("fp8", "must be one of"),
     "include": ("worker-0:a", "bad slot list"),
@@ -70,9 +72,9 @@ NO_BAD_VALUE: dict[str, str] = {
     "comet_experiment": FREE,
     **dict.fromkeys(("eval_results_prefix", "comment", "account", "master_addr"), FREE),
     "comet_others": "free metadata handed to Comet unchanged",
-    **dict.fromkeys(("autotuning", "activation_checkpointing", "sparse_attention", "data_efficiency"), PASS),
+    **dict.fromkeys(("autotuning", "sparse_attention", "data_efficiency"), PASS),
     **dict.fromkeys(("tensorboard", "wandb", "csv_monitor", "elasticity", "comms_logger"), PASS),
-    **dict.fromkeys(("compression_training", "checkpoint", "data_types", "deepspeed_extra_args", "scheduler"), PASS),
+    **dict.fromkeys(("compression_training", "checkpoint", "data_types", "deepspeed_extra_args"), PASS),
     **dict.fromkeys(("git_hash", "config_files"), SET),
 }
 

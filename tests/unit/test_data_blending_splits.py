@@ -11,6 +11,7 @@ from megatron.data import index_maps
 from megatron.data.blendable_dataset import BlendableDataset, weights_by_num_documents
 from megatron.data.data_utils import parse_split, split_boundaries, weighted_num_samples
 from megatron.data.gpt2_dataset import GPT2Dataset
+from megatron.data.index_map_params import IndexMapParams
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
 
 
@@ -112,7 +113,7 @@ def test_unpacked_one_document_per_sample_with_padding_and_chopping(tmp_path):
     sizes = [3, 12, 5, 2, 4]
     prefix, indexed = corpus(tmp_path, sizes)
     seq = 6
-    ds = GPT2Dataset("train", prefix, np.arange(5), indexed, 8, seq, 3, pack_impl="unpacked", allow_chopped=False)
+    ds = GPT2Dataset("train", prefix, np.arange(5), indexed, IndexMapParams(8, seq, 3, "unpacked", allow_chopped=False))
     rng = np.random.RandomState(3)
     shuffle = np.arange(8)
     rng.shuffle(shuffle)
@@ -126,7 +127,7 @@ def test_unpacked_one_document_per_sample_with_padding_and_chopping(tmp_path):
         text = ds[i]["text"]
         assert text[: sizes[doc]].tolist() == (1 + doc * 100 + np.arange(sizes[doc])).tolist()
         assert (text[sizes[doc] :] == 0).all()
-    chopped = GPT2Dataset("train", prefix, np.arange(5), indexed, 8, seq, 3, pack_impl="unpacked")
+    chopped = GPT2Dataset("train", prefix, np.arange(5), indexed, IndexMapParams(8, seq, 3, "unpacked"))
     assert 1 in chopped.doc_idx.tolist()
     long_sample = next(chopped[i]["text"] for i in range(len(chopped)) if chopped[i]["text"][0] == 101)
     assert long_sample.tolist() == list(range(101, 108))  # truncated to seq + 1
@@ -136,7 +137,7 @@ def test_pack_until_overflow_never_splits_documents(tmp_path):
     sizes = [3, 4, 2, 5, 1, 6]
     prefix, indexed = corpus(tmp_path, sizes)
     seq = 7
-    ds = GPT2Dataset("train", prefix, np.arange(6), indexed, 10, seq, 11, pack_impl="pack_until_overflow")
+    ds = GPT2Dataset("train", prefix, np.arange(6), indexed, IndexMapParams(10, seq, 11, "pack_until_overflow"))
     starts = ds.sample_idx[:, 0]
     assert len(starts) == 11
     for k in range(10):
@@ -160,7 +161,7 @@ def test_label_dataset_is_aligned_and_padded_with_minus_100(tmp_path):
     prefix, indexed = corpus(tmp_path, sizes)
     labels = [[-100, -100, 7, 8], [-100, -100, -100], [1, 2, 3, -100, 5]]
     _, label_ds = corpus(tmp_path, sizes, name="labels", labels=labels)
-    packed = GPT2Dataset("train", prefix, np.arange(3), indexed, 3, 4, 5, label_dataset=label_ds)
+    packed = GPT2Dataset("train", prefix, np.arange(3), indexed, IndexMapParams(3, 4, 5), label_dataset=label_ds)
     for i in range(len(packed)):
         s = packed[i]
         text, label = s["text"], s["label"]
@@ -170,7 +171,7 @@ def test_label_dataset_is_aligned_and_padded_with_minus_100(tmp_path):
             d, k = divmod(int(t) - 1, 100)
             assert lab == labels[d][k]
     unpacked = GPT2Dataset(
-        "train", prefix, np.arange(3), indexed, 4, 6, 5, pack_impl="unpacked", label_dataset=label_ds
+        "train", prefix, np.arange(3), indexed, IndexMapParams(4, 6, 5, "unpacked"), label_dataset=label_ds
     )
     assert 1 not in unpacked.doc_idx.tolist()  # all of document 1's labels are -100
     sample = next(unpacked[i] for i in range(len(unpacked)) if unpacked[i]["text"][0] == 1)

@@ -17,6 +17,7 @@ from megatron.data import index_format, index_map_cache, token_check
 from megatron.data.data_utils import DataConfig, build_train_valid_test_datasets
 from megatron.data.gpt2_dataset import GPT2Dataset, index_map_paths
 from megatron.data.index_format import MMAP_HEADER_BYTES
+from megatron.data.index_map_params import IndexMapParams
 from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder, make_dataset, write_mmap_index
 from megatron.errors import DataError
 
@@ -184,7 +185,7 @@ def test_stale_unstamped_and_corrupt_caches_are_rebuilt(tmp_path: Path, caplog) 
     prefix = corpus(tmp_path)
     ds, _ = maps_of(prefix, "train", "100,0,0", caplog)
     expected = [ds[i]["text"].copy() for i in range(len(ds))]
-    paths = index_map_paths(prefix, "train", 6, 4, 1234, "packed", True)
+    paths = index_map_paths(prefix, "train", IndexMapParams(6, 4, 1234, "packed", True))
     stamp = index_map_cache.stamp_path(paths)
     assert stamp.endswith("_train_indexmap_6ns_4sl_1234s_packedpi_ac_stamp.json") and os.path.isfile(stamp)
     # Corrupt: garbage in a map file.
@@ -208,7 +209,9 @@ def test_stale_unstamped_and_corrupt_caches_are_rebuilt(tmp_path: Path, caplog) 
 def test_cached_maps_with_ids_outside_the_split_are_refused_even_with_a_matching_stamp(tmp_path: Path, caplog) -> None:
     prefix = corpus(tmp_path)
     ds, _ = maps_of(prefix, "valid", "50,50,0", caplog)
-    paths = index_map_paths(prefix, "valid", 4, 4, 1234, "packed", True)  # valid: (3 // 3 + 1) * 1 * 2 samples
+    paths = index_map_paths(
+        prefix, "valid", IndexMapParams(4, 4, 1234, "packed", True)
+    )  # valid: (3 // 3 + 1) * 1 * 2 samples
     np.save(paths["doc_idx"], np.zeros_like(np.asarray(ds.doc_idx)))  # every sample from training document 0
     ds, logs = maps_of(prefix, "valid", "50,50,0", caplog)
     assert len(logs) == 1 and "outside this split's 20..39" in logs[0]

@@ -16,6 +16,7 @@ import pytest
 
 from megatron.data import index_maps
 from megatron.data.gpt2_dataset import GPT2Dataset, index_map_paths
+from megatron.data.index_map_params import IndexMapParams
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, make_dataset
 
 
@@ -92,7 +93,7 @@ def test_gpt2_dataset_samples_follow_the_specification(tmp_path):
     indexed = make_dataset(prefix, "mmap")
     seq_length, seed, num_samples = 8, 1234, 20
     documents = np.arange(2, 10, dtype=np.int32)  # a split that does not start at 0
-    ds = GPT2Dataset("train", prefix, documents, indexed, num_samples, seq_length, seed)
+    ds = GPT2Dataset("train", prefix, documents, indexed, IndexMapParams(num_samples, seq_length, seed))
 
     tokens_per_epoch = sum(sizes[2:])  # 51
     epochs = reference_num_epochs(tokens_per_epoch, seq_length, num_samples)
@@ -125,22 +126,22 @@ def test_gpt2_dataset_samples_follow_the_specification(tmp_path):
 def test_index_maps_are_cached_under_gpt_neox_names(tmp_path):
     prefix, _ = make_corpus(tmp_path, [4, 6, 8, 3])
     indexed = make_dataset(prefix)
-    ds = GPT2Dataset("valid", prefix, np.arange(4), indexed, 5, 4, 42)
-    paths = index_map_paths(prefix, "valid", 5, 4, 42, "packed", True)
+    ds = GPT2Dataset("valid", prefix, np.arange(4), indexed, IndexMapParams(5, 4, 42))
+    paths = index_map_paths(prefix, "valid", IndexMapParams(5, 4, 42, "packed", True))
     assert paths["doc_idx"] == f"{prefix}_valid_indexmap_5ns_4sl_42s_packedpi_ac_doc_idx.npy"
     for path in paths.values():
         assert os.path.isfile(path)
     assert not [p for p in os.listdir(tmp_path) if "tmp" in p]
     # A second dataset loads the cache (same samples); an edited cache file is used as is, i.e. really loaded.
     before = [ds[i]["text"].copy() for i in range(len(ds))]
-    again = GPT2Dataset("valid", prefix, np.arange(4), indexed, 5, 4, 42)
+    again = GPT2Dataset("valid", prefix, np.arange(4), indexed, IndexMapParams(5, 4, 42))
     assert all(np.array_equal(again[i]["text"], before[i]) for i in range(len(ds)))
     first_window = before[int(np.argmin(ds.shuffle_idx))]  # the unshuffled window 0
     np.save(paths["shuffle_idx"], np.zeros(len(ds.shuffle_idx), dtype=np.uint32))
-    cached = GPT2Dataset("valid", prefix, np.arange(4), indexed, 5, 4, 42)
+    cached = GPT2Dataset("valid", prefix, np.arange(4), indexed, IndexMapParams(5, 4, 42))
     for i in range(len(cached)):
         np.testing.assert_array_equal(cached[i]["text"], first_window)
-    no_ac = index_map_paths(prefix, "valid", 5, 4, 42, "unpacked", False)
+    no_ac = index_map_paths(prefix, "valid", IndexMapParams(5, 4, 42, "unpacked", False))
     assert no_ac["sample_idx"].endswith("_valid_indexmap_5ns_4sl_42s_unpackedpi_sample_idx.npy")
 
 
@@ -149,5 +150,5 @@ def test_index_map_build_needs_no_torch_distributed(tmp_path):
 
     assert not dist.is_initialized()
     prefix, _ = make_corpus(tmp_path, [3, 3, 3])
-    ds = GPT2Dataset("train", prefix, np.arange(3), make_dataset(prefix), 2, 2, 1)
+    ds = GPT2Dataset("train", prefix, np.arange(3), make_dataset(prefix), IndexMapParams(2, 2, 1))
     assert len(ds) >= 2

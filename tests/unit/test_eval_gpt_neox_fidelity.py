@@ -141,6 +141,7 @@ def test_results_file_has_gpt_neox_layout(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.slow  # lm-eval's full task index: about 9 s
 def test_unset_eval_tasks_means_gpt_neox_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, the first default task that needs a download is named, before the (missing) checkpoint is read."""
     from megatron.evaluation.runner import GPT_NEOX_DEFAULT_TASKS

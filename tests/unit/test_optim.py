@@ -150,6 +150,26 @@ def test_madgrad_first_step() -> None:
     assert torch.allclose(p.detach(), expected)
 
 
+@pytest.mark.parametrize("cls", [Lion, SM3, MADGRAD])
+def test_shared_step_runs_the_closure_and_skips_parameters_without_a_gradient(cls: type) -> None:
+    """The ``step()`` the three share: the closure runs with gradients on and its loss is returned; a parameter
+    without a gradient is neither moved nor given state."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    idle = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = cls([{"params": [w]}, {"params": [idle]}], lr=0.1)
+
+    def closure() -> float:
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        return float(loss)
+
+    assert opt.step(closure) == 5.0
+    assert not torch.equal(w.detach(), torch.tensor([1.0, -2.0]))
+    assert torch.equal(idle.detach(), torch.tensor([3.0, 4.0])) and idle not in opt.state
+    assert opt.step() is None
+
+
 @pytest.mark.parametrize("kind", ["adam", "sgd", "lion", "sm3", "madgrad_wd"])
 def test_each_optimizer_fits_a_regression(kind: str) -> None:
     torch.manual_seed(0)

@@ -31,7 +31,7 @@ def test_rank_before_the_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not mpu.is_distributed()
     assert mpu.world_rank() == 3 and mpu.local_rank() == 1  # launched, group not yet initialised
     assert launched_rank({"RANK": "5"}) == 5 and launched_local_rank({}) == 0
-    with pytest.raises(ValueError, match="RANK='x' is not an integer rank"):
+    with pytest.raises(ValueError, match="RANK='x' is not valid: it must be an integer"):
         launched_rank({"RANK": "x"})
 
 

@@ -31,6 +31,7 @@ def _checkout(root: Path) -> Path:
     return root
 
 
+@pytest.mark.launches  # the tool runs pytest in a Python subprocess
 def test_counts_and_unskip(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     neox = _checkout(tmp_path / "neox")
     assert tool.main([str(neox)]) == 1  # one test fails

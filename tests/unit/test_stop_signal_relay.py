@@ -103,6 +103,7 @@ REPORTS = (
 )
 
 
+@pytest.mark.launches  # the Supervisor starts a Python child per case
 @pytest.mark.parametrize(("reported", "deepy"), [(143, 143), (241, 143), (15, 143), (42, 42), (1, 1)])
 def test_a_launch_ended_by_the_stop_signal_itself_is_reported_as_stopped(reported: int, deepy: int, capfd) -> None:
     """srun/mpirun 128+N, DeepSpeed's launcher 256-N, hydra N for a rank killed by the relayed signal N before any

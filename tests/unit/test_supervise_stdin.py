@@ -16,6 +16,7 @@ from megatron.launcher.supervise import Supervisor
 ECHO = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(sys.stdin.read())"]
 
 
+@pytest.mark.launches  # supervise() starts a Python child
 def test_a_file_on_stdin_reaches_the_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("first\nsecond\n")
@@ -32,6 +33,7 @@ def test_a_file_on_stdin_reaches_the_child(tmp_path: Path, monkeypatch: pytest.M
     assert out.read_text() == "first\nsecond\n"
 
 
+@pytest.mark.launches  # supervise() starts a Python child
 def test_a_terminals_lines_are_relayed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     master, slave = pty.openpty()
     out = tmp_path / "out.txt"

@@ -158,13 +158,16 @@ def test_unpacked_label_data_keeps_a_document_trained_only_at_its_last_position(
     document when its first ``seq_length`` labels are -100, dropping one whose only trained label is at position
     ``seq_length``; we read ``seq_length + 1`` labels and keep it (docs/gpt-neox-differences.md)."""
     from megatron.data.gpt2_dataset import GPT2Dataset
+    from megatron.data.index_map_params import IndexMapParams
     from tests.unit.test_data_blending_splits import corpus
 
     sizes, seq = [5, 5, 3], 4
     labels = [[-100, -100, -100, -100, 9], [-100] * 5, [1, 2, 3]]
     prefix, indexed = corpus(tmp_path, sizes)
     _, label_ds = corpus(tmp_path, sizes, name="labels", labels=labels)
-    ds = GPT2Dataset("train", prefix, np.arange(3), indexed, 4, seq, 5, pack_impl="unpacked", label_dataset=label_ds)
+    ds = GPT2Dataset(
+        "train", prefix, np.arange(3), indexed, IndexMapParams(4, seq, 5, "unpacked"), label_dataset=label_ds
+    )
     assert sorted(set(ds.doc_idx.tolist())) == [0, 2]  # GPT-NeoX keeps only document 2
     sample = next(ds[i] for i in range(len(ds)) if ds[i]["text"][0] == 1)
     assert sample["label"].tolist() == labels[0]

@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
-from megatron.logging.progress import add_quiet_flag, set_quiet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,16 +31,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1, help="pipe_parallel_size (0 = sequential model files)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
-    cli.add_trust_flag(p)
-    add_quiet_flag(p)
-    return p.parse_args(argv)
+    return cli.parse_tool_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
-    cli.apply_trust_flag(args)
-    set_quiet(args.quiet)
+    cli.apply_tool_args(args)
     from megatron.checkpoint import (
         TargetLayout,
         hf_tokenizer_vocab,
@@ -55,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
-    if os.path.exists(args.output_dir) and not args.overwrite:
-        raise ValueError(f"--output_dir {args.output_dir} already exists (pass --overwrite to replace it)")
+    cli.refuse_existing_output_dir(args)
     sd, cfg, arch, _ = import_hf(args.input_dir, args.precision)
     if cfg.padded_vocab_size % target.tp:  # pad the vocabulary rows (zeros) so that every TP rank gets a slice
         rows = -(-cfg.padded_vocab_size // target.tp) * target.tp

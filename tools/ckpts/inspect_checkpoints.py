@@ -29,14 +29,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config_file", nargs="*", default=None, help="GPT-NeoX YAML(s) for --diff")
     p.add_argument("--atol", type=float, default=0.0, help="--diff: ignore differences up to this")
     p.add_argument("--verify", action="store_true", help="check every file's size and sha256 against manifest.json")
-    cli.add_trust_flag(p)
-    return p.parse_args(argv)
+    return cli.parse_tool_args(p, argv, quiet=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
-    cli.apply_trust_flag(args)
+    cli.apply_tool_args(args)
     from megatron.checkpoint import describe_checkpoint, diff_checkpoints
 
     if args.verify:
