@@ -58,7 +58,7 @@ def build(args: argparse.Namespace, folder: str, dtype: torch.dtype) -> tuple[to
     """(ours, HF) with the same random weights in ``dtype``."""
     import transformers
 
-    from megatron.checkpoint.hf_io import import_hf
+    from megatron.checkpoint import import_hf
     from megatron.model import build_sequential_model
 
     config = transformers.GPTNeoXConfig(

@@ -1,5 +1,7 @@
-"""GPT-NeoX's ``megatron.checkpointing``: ``save_checkpoint`` / ``load_checkpoint`` with its signatures (the
-implementation lives in ``megatron.training.checkpointing``; see ``megatron.training.gpt_neox_api``)."""
+"""GPT-NeoX's import path ``megatron.checkpointing``, kept for GPT-NeoX users and tests: a thin re-export of
+``save_checkpoint`` / ``load_checkpoint`` with GPT-NeoX's signatures from ``megatron.training.gpt_neox_api``, and
+nothing else (``tests/unit/test_checkpoint_entry.py``). The checkpoint code itself is the package
+``megatron.checkpoint``."""
 
 from megatron.training.gpt_neox_api import load_checkpoint, save_checkpoint
 

@@ -1,4 +1,6 @@
-"""Shared glue of the ``tools/ckpts`` entry points: logging, progress bars and the error → exit-code rule."""
+"""Shared glue of the ``tools/ckpts`` entry points: logging, progress bars, the error → exit-code rule and the
+command-line preamble (``--trust-checkpoint`` and ``--quiet`` added and honoured, an existing ``--output_dir``
+refused unless ``--overwrite``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import yaml
 
 from megatron.checkpoint.layout import CheckpointError, detect_layout, resolve_checkpoint_dir
 from megatron.checkpoint.safe_load import trust_checkpoints
-from megatron.logging.progress import progress
+from megatron.logging.progress import add_quiet_flag, progress, set_quiet
 from megatron.neox_arguments import KNOWN_KEYS
 from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 
@@ -83,3 +85,24 @@ def merged_config_file(config_files: list[str], overrides: dict[str, Any], direc
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(merged.values, f, sort_keys=True)
     return path
+
+
+def parse_tool_args(parser: argparse.ArgumentParser, argv: list[str] | None, quiet: bool = True) -> argparse.Namespace:
+    """Add ``--trust-checkpoint`` (and ``--quiet`` unless ``quiet=False``) to ``parser``, then parse ``argv``."""
+    add_trust_flag(parser)
+    if quiet:
+        add_quiet_flag(parser)
+    return parser.parse_args(argv)
+
+
+def apply_tool_args(args: argparse.Namespace) -> None:
+    """Honour ``--trust-checkpoint`` and ``--quiet`` (where the tool has it) for this process."""
+    apply_trust_flag(args)
+    if hasattr(args, "quiet"):
+        set_quiet(args.quiet)
+
+
+def refuse_existing_output_dir(args: argparse.Namespace) -> None:
+    """``ValueError`` when ``--output_dir`` exists and ``--overwrite`` is not given."""
+    if os.path.exists(args.output_dir) and not args.overwrite:
+        raise ValueError(f"--output_dir {args.output_dir} already exists (pass --overwrite to replace it)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import ClassVar, Literal
 
-from megatron.checkpoint import config_io
+from megatron.checkpoint import model_config as checkpoint_model_config
 from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 from megatron.generation.sampling import SamplingConfig
 from megatron.initialize import InitConfig
@@ -121,7 +121,7 @@ class InferenceConfig:
             sampling=SamplingConfig.from_neox_args(args),
             precompute=PrecomputeConfig.from_neox_args(args),
             init=InitConfig.from_neox_args(args),
-            model_for=functools.partial(config_io.model_config, every_key),
+            model_for=functools.partial(checkpoint_model_config, every_key),
         )
 
     @property

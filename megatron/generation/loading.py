@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
+from megatron.checkpoint import NeoXCheckpoint, read_checkpoint
 from megatron.cpu_features import cpu_has_native
 from megatron.distributed import on_cpu
 from megatron.generation.config import InferenceConfig

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron.checkpoint.layout import stage_bounds
-from megatron.checkpoint.optimizer_state import slice_param_names
+from megatron.checkpoint import slice_param_names, stage_bounds
 from megatron.model.config import GPTModelConfig
 from megatron.model.meta import count_parameters, meta_param_shapes
 from megatron.model.tp_sharding import partition_spec

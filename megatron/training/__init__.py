@@ -1,4 +1,4 @@
-"""Training: the loop, step variants, optimizers, LR schedules and checkpoints.
+"""Training: the loop, step variants, optimizers and LR schedules (checkpoints: ``megatron.checkpoint``).
 
 GPT-NeoX's ``megatron/training.py`` names (``pretrain``, ``setup_model_and_optimizer``) are read from here, as in
 ``from megatron.training import setup_model_and_optimizer``. They are resolved on first use: the run composition

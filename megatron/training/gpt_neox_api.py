@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from megatron import checkpoint as ckpt
 from megatron import mpu
 from megatron.initialize import initialize_megatron
 from megatron.model import GPTModelConfig
 from megatron.tokenizer import build_neox_args_tokenizer
-from megatron.training import checkpointing as ckpt
 from megatron.training import pretraining as pretrain_lib
 from megatron.training.run_plan import RunPlan
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint import CheckpointError
 
 MAX_LOCK_BYTES = 4096
 PID_MAX = 4_194_304  # Linux's largest pid_max (2**22)

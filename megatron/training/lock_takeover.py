@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint import CheckpointError
 
 GUARD_SUFFIX = ".takeover"
 WAIT_S = 10.0  # a takeover takes milliseconds; waiting longer than this means its holder hangs or died

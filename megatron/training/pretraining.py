@@ -19,10 +19,10 @@ import deepspeed
 import torch
 from deepspeed.runtime.pipe.engine import PipelineEngine as DeepSpeedPipelineEngine
 
+from megatron import checkpoint as ckpt
 from megatron import model as model_lib
 from megatron import mpu
-from megatron.checkpoint.layout import CheckpointError
-from megatron.checkpoint.tokenizer_identity import tokenizer_identity
+from megatron.checkpoint import CheckpointError, tokenizer_identity
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
@@ -42,7 +42,6 @@ from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.data import build_post_training_loaders
 from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
-from megatron.training import checkpointing as ckpt
 from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.engine_protocol import Engine

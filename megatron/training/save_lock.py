@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from megatron import mpu
-from megatron.checkpoint.layout import CheckpointError
+from megatron.checkpoint import CheckpointError
 from megatron.training.lock_holder import parse, read_holder, read_raw
 from megatron.training.lock_takeover import takeover_guard
 

@@ -19,11 +19,11 @@ def logits_at_layout(config: dict[str, Any], text: torch.Tensor) -> torch.Tensor
     """
     import torch.distributed as dist
 
+    from megatron import checkpoint as ckpt
     from megatron import mpu
     from megatron.initialize import initialize_megatron
     from megatron.neox_arguments import NeoXArgs
     from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
-    from megatron.training import checkpointing as ckpt
     from megatron.training.pretraining import ModelSetup, setup_model_and_optimizer
     from megatron.training.run_plan import RunPlan
     from megatron.training.step import BatchConfig, get_batch

@@ -114,11 +114,12 @@ def mutate(root: Path, rng: random.Random) -> str:
 def read_like_a_resume(root: Path) -> str:
     """What a resume and the checkpoint tools read: the checkpoint to load, its manifest and finite tensors, the
     weights with the saved config, and the optimizer state per parameter."""
+    from megatron.checkpoint import CheckpointConfig
     from megatron.checkpoint.layout import CheckpointError
     from megatron.checkpoint.loadable import load_problem
     from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.reshard import gather_full_optimizer_state
-    from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+    from megatron.checkpoint.resume import resolve_tag
 
     tag = resolve_tag(CheckpointConfig(load=str(root)))
     if tag is None:

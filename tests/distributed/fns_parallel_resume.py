@@ -26,7 +26,7 @@ SAVE_AT, TOTAL = 3, 6
 
 
 def _checkpoint_cfg(directory: str) -> Any:
-    from megatron.training.checkpointing import CheckpointConfig
+    from megatron.checkpoint import CheckpointConfig
 
     return CheckpointConfig(save=directory, load=directory)
 
@@ -40,9 +40,9 @@ def save_and_resume(tp: int, pp: int, directory: str, variant: dict[str, Any] | 
 
     Returns both loss tails, both final weights (rank 0), the checkpoint's file names and the resumed iteration.
     """
+    from megatron import checkpoint as ckpt
     from megatron.initialize import set_random_seed
     from megatron.model.full_weights import gather_full_state_dict
-    from megatron.training import checkpointing as ckpt
 
     variant = variant or RESUME_VARIANT
     mpu.destroy_model_parallel()

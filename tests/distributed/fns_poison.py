@@ -42,9 +42,9 @@ def poisoned_resume_per_stage(configs: list[dict[str, Any]], work: str) -> list[
     whose moments were poisoned in memory (refused, ``latest`` unchanged)."""
     from megatron import mpu
     from megatron.checkpoint.layout import CheckpointError
+    from megatron.checkpoint.state_checks import base_optimizer
     from megatron.neox_arguments import NeoXArgs
     from megatron.training import gpt_neox_api
-    from megatron.training.state_checks import base_optimizer
 
     out = []
     for i, config in enumerate(configs):

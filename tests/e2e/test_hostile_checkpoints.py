@@ -159,8 +159,9 @@ def test_step_folder_symlinked_out_of_load_is_refused(trained: dict[str, Any], t
 
 @pytest.mark.parametrize("tag", [".", "..", "global_step2/.", ""])
 def test_latest_naming_no_folder_is_one_line(trained: dict[str, Any], tmp_path: Path, tag: str) -> None:
+    from megatron.checkpoint import CheckpointConfig
     from megatron.checkpoint.layout import CheckpointError, resolve_checkpoint_dir
-    from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+    from megatron.checkpoint.resume import resolve_tag
 
     load = _copy(trained, tmp_path / "dot")
     (load / "latest").write_text(tag)

@@ -103,7 +103,8 @@ def test_latest_and_weight_map_are_confined(tmp_path: Path) -> None:
     (root / "latest").write_text("../outside")
     with pytest.raises(CheckpointError, match="outside"):
         resolve_checkpoint_dir(root)
-    from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+    from megatron.checkpoint import CheckpointConfig
+    from megatron.checkpoint.resume import resolve_tag
 
     with pytest.raises(CheckpointError, match="outside"):
         resolve_tag(CheckpointConfig(load=str(root)))

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from megatron.checkpoint import CheckpointConfig, checkpoint_tag, is_save_iter
+from megatron.checkpoint.commit import delete_old_checkpoints
+from megatron.checkpoint.load import check_checkpoint_args
+from megatron.checkpoint.resume import resolve_tag
 from megatron.checkpoint.tags import checkpoint_dirs
 from megatron.neox_arguments import neox_namespace
-from megatron.training.checkpointing import (
-    CheckpointConfig,
-    check_checkpoint_args,
-    checkpoint_tag,
-    delete_old_checkpoints,
-    is_save_iter,
-    resolve_tag,
-)
 
 
 def test_tag_and_linear_schedule() -> None:
@@ -85,7 +81,7 @@ def test_check_checkpoint_args() -> None:
 def test_verify_manifest(tmp_path) -> None:
     import json
 
-    from megatron.training.checkpointing import verify_manifest
+    from megatron.checkpoint.resume import verify_manifest
 
     verify_manifest(tmp_path)  # no manifest (e.g. a GPT-NeoX checkpoint): nothing to check
     (tmp_path / "mp_rank_00_model_states.pt").write_bytes(b"x")

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from megatron.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
-from megatron.neox_arguments import neox_namespace
-from megatron.training.checkpoint_commit import (
+from megatron.checkpoint.commit import (
     clean_partials,
     commit,
     delete_old_checkpoints,
     partial_tag,
     select_checkpoint,
 )
+from megatron.checkpoint.manifest import MANIFEST, verify_checkpoint, write_manifest
+from megatron.neox_arguments import neox_namespace
 
 
 def _save(root: Path, step: int, payload: bytes = b"weights" * 100) -> Path:
@@ -104,8 +104,9 @@ def test_retention_by_iteration_keeps_latest_and_newest_valid(tmp_path: Path) ->
 def test_load_verify_checksums_skips_a_corrupted_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """``load_verify_checksums``: a same-size corruption passes the size check but not the sha256 one; the load
     falls back to the previous checkpoint naming the file, and a requested iteration is refused."""
+    from megatron.checkpoint import CheckpointConfig
     from megatron.checkpoint.layout import CheckpointError
-    from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+    from megatron.checkpoint.resume import resolve_tag
 
     _save(tmp_path, 4)
     bad = _save(tmp_path, 8) / "mp_rank_00_model_states.pt"

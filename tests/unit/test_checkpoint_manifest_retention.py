@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import torch
 
+from megatron.checkpoint import CheckpointConfig
+from megatron.checkpoint.commit import commit, delete_old_checkpoints, partial_tag, select_checkpoint
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.loadable import load_problem
 from megatron.checkpoint.manifest import MANIFEST, write_manifest
-from megatron.training.checkpoint_commit import commit, delete_old_checkpoints, partial_tag, select_checkpoint
-from megatron.training.checkpointing import CheckpointConfig, resolve_tag
+from megatron.checkpoint.resume import resolve_tag
 
 
 def _save(root: Path, step: int, *, moment: float = 0.5) -> Path:

@@ -125,7 +125,7 @@ def test_a_checkpoint_restores_the_schedule_or_resumes_it_at_its_iteration(caplo
     """The step owns the schedule (DeepSpeed is given none), so loading restores it from the checkpoint's
     ``lr_scheduler`` entry; a checkpoint without one (a converter's) resumes the configured schedule at its
     iteration, with a warning."""
-    from megatron.training.checkpointing import restore_lr_schedule
+    from megatron.checkpoint.lr_state import restore_lr_schedule
 
     saved = _sched("cosine")
     saved.step(37)
@@ -133,7 +133,7 @@ def test_a_checkpoint_restores_the_schedule_or_resumes_it_at_its_iteration(caplo
     restore_lr_schedule(restored, saved.state_dict(), 40, "ckpt/global_step40")
     assert restored.num_iters == 37 and restored.get_lr() == saved.get_lr()  # skipped steps: 37 LR steps in 40
     converted = _sched("cosine")
-    with caplog.at_level("WARNING", logger="megatron.training.checkpointing"):
+    with caplog.at_level("WARNING", logger="megatron.checkpoint.lr_state"):
         restore_lr_schedule(converted, None, 40, "ckpt/global_step40")
     assert converted.num_iters == 40 and converted.get_lr() == _at(_sched("cosine"), 40)
     assert any("has no LR scheduler state" in r.getMessage() for r in caplog.records)
@@ -151,7 +151,7 @@ def test_a_checkpoint_restores_the_schedule_or_resumes_it_at_its_iteration(caplo
 )
 def test_a_hostile_lr_schedule_state_is_one_checkpoint_error(state: object, problem: str) -> None:
     from megatron.checkpoint.layout import CheckpointError
-    from megatron.training.checkpointing import restore_lr_schedule
+    from megatron.checkpoint.lr_state import restore_lr_schedule
 
     with pytest.raises(CheckpointError, match="lr_scheduler") as err:
         restore_lr_schedule(_sched("cosine"), state, 5, "ckpt/global_step5")

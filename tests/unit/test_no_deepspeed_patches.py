@@ -51,7 +51,7 @@ ZERO_READERS: dict[str, str] = {
     ADAPTER: "the step's needs (reduced gradients, fp32 ZeRO-3 partitions)",
     "megatron/training/memory_usage.py": "bytes of master weights, optimizer state and gradients a rank holds",
     "megatron/checkpoint/optimizer_carry.py": "carries a resharded optimizer state into ZeRO/bf16 partitions",
-    "megatron/training/state_checks.py": "finiteness of the loaded / to-be-saved fp32 partitions, per parameter",
+    "megatron/checkpoint/state_checks.py": "finiteness of the loaded / to-be-saved fp32 partitions, per parameter",
 }
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from megatron.checkpoint.commit import clean_partials, commit, partial_tag
 from megatron.checkpoint.layout import CheckpointError
-from megatron.training.checkpoint_commit import clean_partials, commit, partial_tag
 from megatron.training.save_lock import LOCK_NAME, acquire
 
 

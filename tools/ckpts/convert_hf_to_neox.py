@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
-from megatron.checkpoint_tool_args import apply_tool_args, parse_tool_args, refuse_existing_output_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,26 +31,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=1, help="pipe_parallel_size (0 = sequential model files)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
-    return parse_tool_args(p, argv)
+    return cli.parse_tool_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert; returns the exit code."""
     args = parse_args(argv)
-    apply_tool_args(args)
-    from megatron.checkpoint import TargetLayout, write_checkpoint
-    from megatron.checkpoint.hf_io import (
+    cli.apply_tool_args(args)
+    from megatron.checkpoint import (
+        TargetLayout,
         hf_tokenizer_vocab,
         import_hf,
         neox_config_yaml,
+        resize_vocab,
         tokenizer_files,
+        tokenizer_identity,
         tokenizer_yaml,
+        write_checkpoint,
     )
-    from megatron.checkpoint.rules import resize_vocab
-    from megatron.checkpoint.tokenizer_identity import tokenizer_identity
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
-    refuse_existing_output_dir(args)
+    cli.refuse_existing_output_dir(args)
     sd, cfg, arch, _ = import_hf(args.input_dir, args.precision)
     if cfg.padded_vocab_size % target.tp:  # pad the vocabulary rows (zeros) so that every TP rank gets a slice
         rows = -(-cfg.padded_vocab_size // target.tp) * target.tp

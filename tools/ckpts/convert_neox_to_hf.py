@@ -19,7 +19,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
-from megatron.checkpoint_tool_args import apply_tool_args, parse_tool_args, refuse_existing_output_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pad-token-id", dest="pad_token_id", type=int, default=None)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
     p.add_argument("--row_bias", default="auto", choices=["auto", "effective", "sum"], help=argparse.SUPPRESS)
-    return parse_tool_args(p, argv)
+    return cli.parse_tool_args(p, argv)
 
 
 def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
@@ -52,11 +51,10 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
 
 
 def _convert(args: argparse.Namespace) -> int:
-    apply_tool_args(args)
-    from megatron.checkpoint import read_checkpoint
-    from megatron.checkpoint.hf_io import export_hf, hf_tokenizer
+    cli.apply_tool_args(args)
+    from megatron.checkpoint import export_hf, hf_tokenizer, read_checkpoint
 
-    refuse_existing_output_dir(args)
+    cli.refuse_existing_output_dir(args)
     with cli.progress_bar("reading shards", cli.shard_count(args.input_dir)) as step:
         ckpt = read_checkpoint(args.input_dir, config_files=args.config_file, row_bias=args.row_bias, progress=step)
     assert ckpt.tokenizer is not None  # read with the config files (or the checkpoint's own configs/)

@@ -18,7 +18,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
-from megatron.checkpoint_tool_args import apply_tool_args, parse_tool_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,18 +29,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config_file", nargs="*", default=None, help="GPT-NeoX YAML(s) for --diff")
     p.add_argument("--atol", type=float, default=0.0, help="--diff: ignore differences up to this")
     p.add_argument("--verify", action="store_true", help="check every file's size and sha256 against manifest.json")
-    return parse_tool_args(p, argv, quiet=False)
+    return cli.parse_tool_args(p, argv, quiet=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Inspect or diff; returns the exit code."""
     args = parse_args(argv)
-    apply_tool_args(args)
-    from megatron.checkpoint.inspection import describe_checkpoint, diff_checkpoints
+    cli.apply_tool_args(args)
+    from megatron.checkpoint import describe_checkpoint, diff_checkpoints
 
     if args.verify:
-        from megatron.checkpoint.layout import CheckpointError, resolve_checkpoint_dir
-        from megatron.checkpoint.manifest import read_manifest, verify_checkpoint
+        from megatron.checkpoint import CheckpointError, read_manifest, resolve_checkpoint_dir, verify_checkpoint
 
         directory = resolve_checkpoint_dir(args.dir)
         problem = verify_checkpoint(directory, checksums=True)

@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.checkpoint import cli
-from megatron.checkpoint_tool_args import apply_tool_args, parse_tool_args, refuse_existing_output_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,17 +30,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--padded_vocab_size", type=int, default=None, help="target vocabulary rows (pad/trim)")
     p.add_argument("--weights_only", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
-    return parse_tool_args(p, argv)
+    return cli.parse_tool_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Reshard; returns the exit code."""
     args = parse_args(argv)
-    apply_tool_args(args)
+    cli.apply_tool_args(args)
     from megatron.checkpoint import TargetLayout, reshard_checkpoint
 
     target = TargetLayout(tp=args.tp, pp=args.pp)
-    refuse_existing_output_dir(args)
+    cli.refuse_existing_output_dir(args)
     with cli.progress_bar("resharding") as step:
         result = reshard_checkpoint(
             args.input_dir,

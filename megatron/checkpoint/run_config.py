@@ -1,0 +1,89 @@
+"""A run's checkpoint keys (:class:`CheckpointConfig`), the save schedule and the model-shape args a checkpoint
+stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.checkpoint.layout import CheckpointError
+from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.neox_arguments.sections.training import CHECKPOINT_SCALES
+
+CHECKPOINT_ARG_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "make_vocab_size_divisible_by",
+    "padded_vocab_size",
+    "tokenizer_type",
+    "model_parallel_size",
+)
+AUTO = "auto"
+
+
+@dataclass
+@schema_defaults
+class CheckpointConfig:
+    """GPT-NeoX checkpoint keys."""
+
+    save: str | None = from_schema()
+    load: str | None = from_schema()
+    checkpoint_factor: int | float | None = from_schema()
+    checkpoint_scale: CHECKPOINT_SCALES = from_schema()
+    extra_save_iters: list | None = from_schema()
+    keep_last_n_checkpoints: int | None = from_schema()
+    no_save_optim: bool = from_schema()
+    no_save_rng: bool = from_schema()
+    no_load_optim: bool = from_schema()
+    no_load_rng: bool = from_schema()
+    finetune: bool = from_schema()
+    iteration: int | None = from_schema()
+    gpt_j_residual: bool = (
+        from_schema()
+    )  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
+    load_verify_checksums: bool = from_schema()
+    load_allow_tokenizer_change: bool = from_schema()
+
+    @classmethod
+    def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
+        """Read every field strictly under its NeoX key (``None`` means the default)."""
+        values = neox_overrides(cls, args)
+        values["extra_save_iters"] = [int(i) for i in values.get("extra_save_iters", [])]
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Raise ValueError for inconsistent keys."""
+        if self.checkpoint_scale not in ("linear", "log"):
+            raise CheckpointError(f"checkpoint_scale must be 'linear' or 'log', got {self.checkpoint_scale!r}")
+        if self.checkpoint_factor is not None:
+            if self.checkpoint_scale == "linear" and (
+                float(self.checkpoint_factor) != int(self.checkpoint_factor) or int(self.checkpoint_factor) < 1
+            ):
+                raise CheckpointError(
+                    f"checkpoint_factor must be a positive integer with linear scale, got {self.checkpoint_factor}"
+                )
+            if self.checkpoint_scale == "log" and float(self.checkpoint_factor) <= 1:
+                raise CheckpointError(f"checkpoint_factor must be > 1 with log scale, got {self.checkpoint_factor}")
+        if self.save and self.checkpoint_factor is None and not self.extra_save_iters:
+            raise CheckpointError("save is set but neither checkpoint_factor nor extra_save_iters says when to save")
+        if self.keep_last_n_checkpoints is not None and self.keep_last_n_checkpoints < 1:
+            raise CheckpointError(f"keep_last_n_checkpoints must be >= 1, got {self.keep_last_n_checkpoints}")
+
+
+def is_save_iter(iteration: int, cfg: CheckpointConfig) -> bool:
+    """True when ``iteration`` is in ``extra_save_iters`` or on the ``checkpoint_factor`` schedule."""
+    if iteration in (cfg.extra_save_iters or ()):
+        return True
+    if cfg.checkpoint_factor is None or iteration <= 0:
+        return False
+    if cfg.checkpoint_scale == "linear":
+        return iteration % int(cfg.checkpoint_factor) == 0
+    power = 1.0
+    while int(power) <= iteration:  # log scale: iteration == int(factor ** k) for some k >= 0
+        if int(power) == iteration:
+            return True
+        power *= float(cfg.checkpoint_factor)
+    return False
