@@ -6,6 +6,7 @@ Only this module and ``megatron.mpu`` talk to ``torch.distributed`` directly.
 from __future__ import annotations
 
 import datetime
+import importlib
 import logging
 import os
 import socket
@@ -53,9 +54,10 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float = DEF
         socket.gethostname(),
     )  # fmt: skip
     if on_cpu():
-        import deepspeed.comm.torch as ds_torch_comm
-
-        # the one write into DeepSpeed outside training/deepspeed_adapter.py (tests/unit/test_no_deepspeed_patches.py)
+        # the one write into DeepSpeed outside training/deepspeed_adapter.py (tests/unit/test_no_deepspeed_patches.py).
+        # Not `import deepspeed.comm.torch as m`: that binds deepspeed.comm's attribute `torch`, the torch library
+        # itself (tests/unit/test_distributed_init.py)
+        ds_torch_comm: Any = importlib.import_module("deepspeed.comm.torch")
         ds_torch_comm.build_shm_op = lambda: None
     else:
         torch.cuda.set_device(launched_local_rank() % torch.cuda.device_count())
