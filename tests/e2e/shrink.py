@@ -1,7 +1,7 @@
 """Shrink a real GPT-NeoX config to a CPU-sized run while keeping every other key.
 
 Only the model size (layers, width, heads, MLP width), sequence length, batch, parallel sizes (world ≤ 4),
-iterations (with the fp16 dynamic loss scale starting where a long run's has come down to) and file paths (data,
+iterations (the extra_save_iters past them dropped; with the fp16 dynamic loss scale starting where a long run's has come down to) and file paths (data,
 tokenizer, output folders) change; pipeline vs. sequential, ZeRO, precision,
 optimizer, schedule, fusions, attention types, activation checkpointing and DeepSpeed's own settings stay.
 """
@@ -109,6 +109,8 @@ def shrink(raw: dict[str, Any], files: dict[str, str], out_dir: Path) -> tuple[d
     cfg["train_micro_batch_size_per_gpu"] = 2
     cfg["gradient_accumulation_steps"] = min(int(cfg.get("gradient_accumulation_steps") or 1), 2)
     cfg["train_iters"] = ITERS
+    if cfg.get("extra_save_iters"):  # the iterations shrink, and with them the saves a run can reach
+        cfg["extra_save_iters"] = [i for i in cfg["extra_save_iters"] if i <= ITERS]
     cfg["eval_interval"] = ITERS
     cfg["eval_iters"] = 1
     cfg["log_interval"] = 1
