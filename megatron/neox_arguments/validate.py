@@ -154,6 +154,36 @@ def _layers(c: Ctx) -> list[str]:
         out.append("intermediate_size and expansion_factor are exclusive; set one")
     if v["sequence_parallel"] and v["model_parallel_size"] == 1:
         logger.warning("sequence_parallel has no effect with model_parallel_size 1")
+    return out + mamba_problems(c)
+
+
+def mamba_problems(c: Ctx) -> list[str]:
+    """Rules of Mamba layers (``attention_config`` type ``mamba``; the list is expanded by then)."""
+    v = c.v
+    if "mamba" not in (v["attention_config"] or []):
+        return []
+    out = []
+    if v["mamba_inner_func_fusion"] and v["mamba_use_bias_in_linears"]:
+        out.append(
+            f"{c.at('mamba_inner_func_fusion')} cannot be combined with {c.at('mamba_use_bias_in_linears')} "
+            "(GPT-NeoX's fused Mamba inner function has no projection biases); unset one"
+        )
+    h, tp = v["hidden_size"], v["model_parallel_size"] or 1
+    if isinstance(h, int) and h > 0 and v["intermediate_size"] is None:
+        inner = int((v["expansion_factor"] or 2) * h)
+        if inner % tp:
+            out.append(
+                f"Mamba's inner width int(expansion_factor·hidden_size) = {inner} is not divisible by "
+                f"{c.at('model_parallel_size')}"
+            )
+    elif isinstance(v["intermediate_size"], int) and v["intermediate_size"] % tp:
+        out.append(f"Mamba's inner width {c.at('intermediate_size')} is not divisible by {c.at('model_parallel_size')}")
+    if v["precision"] in ("fp16", "bfloat16", "bf16") and v["mamba_selective_fp32_params"]:
+        logger.warning(
+            "mamba_selective_fp32_params: DeepSpeed keeps every parameter in %s (A_log and D included; their fp32 "
+            "master copies live in the optimizer); the selective scan computes in fp32",
+            v["precision"],
+        )
     return out
 
 

@@ -39,6 +39,9 @@ TP_CASES = {
     "rpe-qknorm-gqa": dict(pos_emb="rpe", use_qk_layernorm=True, num_kv_heads=2),
     # the qk norm holds this rank's heads: a TP shard the sequence-parallel norm sync must not sum
     "sp-qknorm-rmsnorm": dict(sequence_parallel=True, use_qk_layernorm=True, norm="rmsnorm"),
+    # Mamba: the inner dimension split (in_proj per [x | z] half), x_proj's partial sums reduced
+    "mamba-attention-linear-biases": dict(attention_config=[[["mamba", "global"], 1]], mamba_use_bias_in_linears=True),
+    "sp-mamba-rmsnorm": dict(sequence_parallel=True, attention_config=[[["mamba"], 2]], norm="rmsnorm"),
 }
 
 
