@@ -50,6 +50,9 @@ def _deepspeed(c: Ctx) -> list[str]:
 def _heads(c: Ctx) -> list[str]:
     v, out = c.v, []
     h, heads, mp = v["hidden_size"], v["num_attention_heads"], v["model_parallel_size"]
+    types = v["attention_config"] or []
+    if types and all(t == "mamba" for t in types):  # no attention layer: the heads are unused (as in GPT-NeoX)
+        return out
     if h and heads and h % heads:
         out.append(f"{c.at('hidden_size')} is not divisible by {c.at('num_attention_heads')}")
     if heads and mp and heads % mp:

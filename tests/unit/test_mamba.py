@@ -156,8 +156,7 @@ def test_kernel_choice_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
         model(ids)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
-        "Mamba selective scan: the PyTorch path (mamba_selective_scan_fusion is set, but its package is not "
-        "installed)",
+        "Mamba selective scan: the PyTorch path (mamba_selective_scan_fusion is set, but its package is not installed)",
         "Mamba causal conv1d: the PyTorch path (mamba_causal_conv_fusion is off)",
     ]
 

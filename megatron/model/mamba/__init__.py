@@ -6,8 +6,8 @@ from megatron.model.mamba.block import (
     ParallelMambaResidualLayer,
     ParallelMambaResidualLayerPipe,
 )
-from megatron.model.mamba.sizes import mamba_dt_rank, mamba_inner_size
 from megatron.model.mamba.scan import selective_scan, selective_state_step
+from megatron.model.mamba.sizes import mamba_dt_rank, mamba_inner_size
 
 __all__ = [
     "MambaState",

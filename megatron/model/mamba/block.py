@@ -152,8 +152,8 @@ class ParallelMambaBlock(nn.Module):
             cfg.mamba_causal_conv_fusion or cfg.mamba_inner_func_fusion,
             x.device,
         )
-        conv_w, conv_b = self.conv1d.weight.to(x.dtype), self.conv1d.bias
-        conv_b = conv_b.to(x.dtype) if conv_b is not None else None
+        conv_w = self.conv1d.weight.to(x.dtype)
+        conv_b = self.conv1d.bias.to(x.dtype) if self.conv1d.bias is not None else None
         past = state.conv.to(x.dtype) if state is not None else x.new_zeros(*x.shape[:2], D_CONV - 1)
         window = torch.cat([past, x], dim=-1)  # [b, d/tp, 3 + s]
         if kernels.causal_conv1d is not None and state is None:

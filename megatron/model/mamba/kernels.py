@@ -43,11 +43,11 @@ def choose_kernels(scan_fusion: bool, conv_fusion: bool, device: torch.device) -
     scan: Callable[..., Any] | None = None
     conv: Callable[..., Any] | None = None
     if scan_fusion and has_scan and on_gpu:
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # type: ignore[import-not-found]
 
         scan = selective_scan_fn
     if conv_fusion and has_conv and on_gpu:
-        from causal_conv1d import causal_conv1d_fn
+        from causal_conv1d import causal_conv1d_fn  # type: ignore[import-not-found]
 
         conv = causal_conv1d_fn
     why = "on a GPU" if on_gpu else "the tensors are not on a GPU"
