@@ -181,3 +181,22 @@ def test_cached_decoding_equals_full_forward(kinds: list) -> None:
             parts.append(model(ids[:, t : t + 1], kv_cache=cache))  # one step per token
     assert cache.seq_len == 13 and set(cache.layer_states) == {i for i in (0, 1) if model.cfg.layer_types[i] == "mamba"}
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_generation_with_the_recurrent_state_equals_recomputation() -> None:
+    """The generation loop (prompts of different lengths in one batch): with the cache each step feeds one token;
+    its per-step logits and greedy tokens equal those of re-running the whole context every step."""
+    from megatron.generation.sampling import SamplingConfig, generate_tokens_batch, kv_cache_forward
+
+    model = build_sequential_model(_cfg(attention_config=[[["mamba", "global"], 1]], pos_emb="rotary")).eval()
+    prompts = [[5, 9, 2, 77, 31], [8, 3]]
+    runs = {}
+    for recompute in (False, True):
+        cfg = SamplingConfig(temperature=0.0, top_k=0, top_p=0.0, maximum_tokens=6, seq_length=64, recompute=recompute)
+        logits: list[list[torch.Tensor]] = [[], []]
+        out = generate_tokens_batch(kv_cache_forward(model), prompts, cfg, eod_token=0, logits_out=logits)
+        runs[recompute] = (out, logits)
+    (cached, cached_logits), (full, full_logits) = runs[False], runs[True]
+    assert cached == full and all(len(tokens) == 6 for tokens, _ in cached)
+    for a, b in zip(cached_logits, full_logits, strict=True):
+        torch.testing.assert_close(torch.stack(a), torch.stack(b), atol=1e-5, rtol=1e-5)
