@@ -200,3 +200,42 @@ def test_generation_with_the_recurrent_state_equals_recomputation() -> None:
     assert cached == full and all(len(tokens) == 6 for tokens, _ in cached)
     for a, b in zip(cached_logits, full_logits, strict=True):
         torch.testing.assert_close(torch.stack(a), torch.stack(b), atol=1e-5, rtol=1e-5)
+
+
+def test_flops_count_mamba_layers_with_gpt_neox_formula() -> None:
+    """All-Mamba: GPT-NeoX's logged formula (mamba-130M's shape); mixed: Mamba and transformer layers each their own."""
+    from megatron.logging.flops import FlopsConfig, flops_per_iteration
+
+    b, s, h, v, layers = 8, 2048, 768, 50304, 24
+    shape = dict(train_batch_size=b, seq_length=s, num_layers=layers, hidden_size=h, padded_vocab_size=v)
+    for k, ckpt in ((3, False), (4, True)):
+        cfg = FlopsConfig(**shape, checkpoint_activations=ckpt, attention_config=["mamba"] * layers)
+        d, r = 2 * h, 48  # inner width 2h, dt_rank ceil(768/16)
+        ssm, proj, conv = k * d * s * b * (11 * 16 + 4 * r + 1), k * s * b * 6 * d * h, k * s * b * 2 * d * 4
+        assert flops_per_iteration(cfg, k) == pytest.approx((ssm + proj + conv) * layers + 6 * s * b * h * v)
+    mixed = FlopsConfig(**shape, attention_config=["mamba", "global"] * 12, expansion_factor=3.0)
+    d = 3 * h
+    mamba = 3 * b * s * (d * (11 * 16 + 4 * 48 + 1) + 6 * d * h + 2 * d * 4)
+    attention = 24 * 3 * b * s * h * h * (1 + s / (6 * h))
+    assert flops_per_iteration(mixed, 3) == pytest.approx(12 * mamba + 12 * attention + 1.5 * 3 * b * s * h * v)
+    plain = FlopsConfig(**shape)
+    assert flops_per_iteration(plain, 3) == pytest.approx(
+        24 * 3 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    )
+
+
+def test_planner_refuses_mamba_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    import deepy
+
+    argv = [
+        "--plan",
+        "train.py",
+        "configs/cpu/tiny.yml",
+        "--vocab-size",
+        "512",
+        "--attention_config",
+        '[[["mamba"], 2]]',
+    ]
+    assert deepy.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("deepy.py: error: not supported yet: planning a model with Mamba layers") and out == ""
