@@ -239,3 +239,25 @@ def test_planner_refuses_mamba_clearly(capsys: pytest.CaptureFixture[str]) -> No
     assert deepy.main(argv) == 2
     out, err = capsys.readouterr()
     assert err.startswith("deepy.py: error: not supported yet: planning a model with Mamba layers") and out == ""
+
+
+def test_hf_export_refuses_mamba_layers() -> None:
+    from megatron.model.hf_mapping import neox_to_hf_config
+
+    with pytest.raises(ValueError, match="attention_config 'mamba' layers"):
+        neox_to_hf_config(_cfg(pos_emb="rotary"), "neox")
+
+
+def test_config_rules_for_mamba_layers() -> None:
+    """Mamba configs: inner width divisible by TP, a pipeline partition that counts Mamba layers."""
+    from tests.unit.test_neox_args import build, problems
+
+    mamba = {"attention_config": [[["mamba"], 2]]}
+    assert build(**mamba, hidden_size=66, num_attention_heads=4).attention_config == ["mamba", "mamba"]
+    assert "Mamba's inner width intermediate_size=66" in " ".join(
+        problems(**mamba, intermediate_size=66, model_parallel_size=4)
+    )
+    pipe = problems(**mamba, pipe_parallel_size=2, global_num_gpus=2)
+    assert any("matches no layer of this all-Mamba model" in p for p in pipe), pipe
+    ok = build(**mamba, pipe_parallel_size=2, global_num_gpus=2, pipe_partition_method="type:transformer|mlp|mamba")
+    assert ok.pipe_parallel_size == 2
