@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,8 @@ class ParallelMambaBlock(nn.Module):
     """The Mamba mixer: in_proj → causal conv1d → SiLU → x_proj → dt_proj → selective scan (gated by SiLU(z)) →
     out_proj. ``forward`` takes and returns ``[s, b, h]``."""
 
+    NO_WEIGHT_DECAY: ClassVar[tuple[str, ...]] = ("A_log", "D")  # GPT-NeoX's _no_weight_decay parameters
+
     def __init__(self, cfg: GPTModelConfig, init_method: InitMethod, output_layer_init_method: InitMethod) -> None:
         super().__init__()
         self.cfg = cfg
@@ -125,8 +128,6 @@ class ParallelMambaBlock(nn.Module):
         self.dt_proj = DtProj(d_inner, dt_rank, dtype)
         self.A_log = _sharded((d_inner, D_STATE), _a_log_init, dtype)
         self.D = _sharded((d_inner,), nn.init.ones_, dtype)
-        for p in (self.A_log, self.D):
-            p._no_weight_decay = True  # type: ignore[attr-defined]
         self.out_proj = mpu.RowParallelLinear(
             d_inner,
             d_model,
