@@ -172,8 +172,10 @@ def mamba_problems(c: Ctx) -> list[str]:
             f"{c.at('mamba_inner_func_fusion')} cannot be combined with {c.at('mamba_use_bias_in_linears')} "
             "(GPT-NeoX's fused Mamba inner function has no projection biases); unset one"
         )
-    h, tp = v["hidden_size"], v["model_parallel_size"] or 1
-    if isinstance(h, int) and h > 0 and v["intermediate_size"] is None:
+    h, tp = v["hidden_size"], v["model_parallel_size"]
+    if not (isinstance(tp, int) and tp > 0):
+        pass  # the range rule reports it
+    elif isinstance(h, int) and h > 0 and v["intermediate_size"] is None:
         inner = int((v["expansion_factor"] or 2) * h)
         if inner % tp:
             out.append(
