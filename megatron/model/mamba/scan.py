@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CHUNK_SIZE = 16
+CHUNK_SIZE = 8
 
 
 def discretized_delta(delta: torch.Tensor, delta_bias: torch.Tensor | None, delta_softplus: bool) -> torch.Tensor:
@@ -78,9 +78,10 @@ def selective_scan(
     seg = log_decay[..., :, None, :] - log_decay[..., None, :, :]  # S_t - S_k [b, d, c, t, k, n]
     decay = torch.exp(seg.masked_fill(~causal[:, :, None], float("-inf")))
     c_tn = c_p.permute(0, 2, 3, 1)  # [b, c, t, n]
-    y = torch.einsum("bdctkn,bdckn,bctn->bdct", decay, dbu, c_tn)
+    states = torch.einsum("bdctkn,bdckn->bdctn", decay, dbu)  # every h_t from a zero chunk start
+    y = torch.einsum("bdctn,bctn->bdct", states, c_tn)
 
-    ends = torch.einsum("bdckn,bdckn->bdcn", decay[..., -1, :, :], dbu)  # chunk states from a zero start
+    ends = states[:, :, :, -1]  # [b, d, c, n]: each chunk's last state from a zero start
     chunk_decay = torch.exp(log_decay[..., -1, :])  # [b, d, c, n]
     state = initial_state.float() if initial_state is not None else uf.new_zeros(b, d, n)
     carried = []
