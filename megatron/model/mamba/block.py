@@ -14,7 +14,6 @@ full from the layer's seed and sharded, so a seed gives the same model under any
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +32,6 @@ from megatron.model.mamba.scan import selective_scan, selective_state_step
 from megatron.model.mamba.sizes import D_CONV, D_STATE, mamba_dt_rank, mamba_inner_size
 from megatron.model.norms import build_norm
 from megatron.model.seeding import seeded
-
-logger = logging.getLogger(__name__)
 
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
 InitMethod = Callable[[torch.Tensor], object]

@@ -4,6 +4,7 @@ path of :mod:`megatron.model.mamba.scan`. The choice is logged once per process.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -22,6 +23,7 @@ def _log_once(message: str) -> None:
         logger.info(message)
 
 
+@functools.cache
 def kernels_importable() -> tuple[bool, bool]:
     """``(mamba_ssm importable, causal_conv1d importable)``."""
     return (importlib.util.find_spec("mamba_ssm") is not None, importlib.util.find_spec("causal_conv1d") is not None)
