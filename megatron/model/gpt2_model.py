@@ -24,6 +24,7 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 - GPT-NeoX's name lives here
+from megatron.model.gmlp import GMLP_TYPES, GMLPBlock
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.moe import with_aux_loss
@@ -39,7 +40,8 @@ from megatron.model.word_embeddings import EmbeddingPipe
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe"]
+CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe", "GMLPBlock"]
+LAYER_TYPES = (ParallelTransformerLayerPipe, GMLPBlock)  # the specs 2..L+1: activation-checkpointed, take kv_cache
 
 
 def _pre_transformer_block(args: tuple) -> tuple:
@@ -68,7 +70,10 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
         specs.append(LayerSpec(EmbeddingPipe, cfg, 0))
     specs.append(_pre_transformer_block)
     for i in range(cfg.num_layers):
-        specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
+        if cfg.layer_types[i] in GMLP_TYPES:
+            specs.append(LayerSpec(GMLPBlock, cfg, i, i + 2))
+        else:
+            specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
     specs.append(_post_transformer_block)
     specs.append(LayerSpec(NormPipe, cfg, cfg.num_layers + 3))
     if cfg.tied_embeddings:
@@ -161,13 +166,13 @@ class GPTSequential(nn.Module):
         i = 0
         while i < len(layers):
             layer = layers[i]
-            if isinstance(layer, ParallelTransformerLayerPipe):
+            if isinstance(layer, LAYER_TYPES):
                 if use_ckpt:
                     j = i
                     while (
                         j < len(layers)
                         and j - i < self.checkpoint_num_layers
-                        and isinstance(layers[j], ParallelTransformerLayerPipe)
+                        and isinstance(layers[j], LAYER_TYPES)
                     ):
                         j += 1
                     x = _checkpoint(_run_chunk(layers[i:j]), *x)
