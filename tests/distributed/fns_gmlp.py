@@ -39,3 +39,10 @@ def run_tp2_cases() -> dict[str, dict[str, Any]]:
         return out
     finally:
         mpu.destroy_model_parallel()
+
+
+def run_cases_and_training(configs: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`run_tp2_cases`, then the training runs of ``configs`` one after the other (one start of the ranks)."""
+    from tests.distributed.fns_train import run_pretrain_many
+
+    return run_tp2_cases(), run_pretrain_many(configs)
