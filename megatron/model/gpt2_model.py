@@ -169,11 +169,7 @@ class GPTSequential(nn.Module):
             if isinstance(layer, LAYER_TYPES):
                 if use_ckpt:
                     j = i
-                    while (
-                        j < len(layers)
-                        and j - i < self.checkpoint_num_layers
-                        and isinstance(layers[j], LAYER_TYPES)
-                    ):
+                    while j < len(layers) and j - i < self.checkpoint_num_layers and isinstance(layers[j], LAYER_TYPES):
                         j += 1
                     x = _checkpoint(_run_chunk(layers[i:j]), *x)
                     i = j

@@ -24,7 +24,6 @@ import torch
 
 from megatron.model.config import GPTModelConfig
 
-
 GMLP_TENSOR = re.compile(r"(^|\.)(input_linear|output_linear|sgu)\.")
 
 

@@ -159,7 +159,7 @@ def _layers(c: Ctx) -> list[str]:
 
 def _gmlp(c: Ctx) -> list[str]:
     """gMLP/aMLP blocks: what GPT-NeoX refuses with them, and what their TP-local sequence mixing cannot do."""
-    v, out = c.v, []
+    v, out = c.v, list[str]()
     types = v["attention_config"] if isinstance(v["attention_config"], list) else []
     if not any(t in ("gmlp", "amlp") for t in types):
         return out

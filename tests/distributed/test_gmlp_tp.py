@@ -24,15 +24,17 @@ TP2 = [c for c in CASES if c["tp"] == 2]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[tuple[dict, list[dict]]], Path]:
     """One start of 2 ranks: GPT-NeoX's TP-2 cases, then a model mixing amlp, global attention and gmlp layers
-    trained at TP 2 (sequential; saved, then resumed) and at PP 2 (pipeline engine, gMLP specs on both stages)."""
+    trained at TP 2 (sequential; saved, then resumed) and at PP 2 (pipeline engine, gMLP specs on both stages), both
+    recomputing layers in backward (activation checkpointing: GPT-NeoX's checkpointable ``GMLPBlock``)."""
     root = tmp_path_factory.mktemp("gmlp_tp")
     data = make_tiny_data(root / "data")
     mixed = {"num_layers": 3, "attention_config": [[["amlp", "global", "gmlp"], 1]], "gmlp_attn_dim": 8}
     save = root / "tp2"
+    recompute = {"checkpoint_activations": True, "checkpoint_num_layers": 2}  # chunks [amlp, global], [gmlp]
     tp2 = tiny_config(data, world=2, model_parallel_size=2, train_iters=2, lr_decay_iters=3, save=str(save),
-                      checkpoint_factor=2, eval_interval=2, **mixed)  # fmt: skip
+                      checkpoint_factor=2, eval_interval=2, **mixed, **recompute)  # fmt: skip
     resumed = {**tp2, "train_iters": 3, "eval_interval": 3, "load": str(save)}
-    pp2 = tiny_config(data, world=2, pipe_parallel_size=2, train_iters=2, eval_interval=2, **mixed)
+    pp2 = tiny_config(data, world=2, pipe_parallel_size=2, train_iters=2, eval_interval=2, **mixed, **recompute)
     return run_distributed(fns_gmlp.run_cases_and_training, 2, [tp2, resumed, pp2], timeout=400), save
 
 

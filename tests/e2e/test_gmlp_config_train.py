@@ -51,7 +51,14 @@ def test_gmlp_small_trains_shrunk_and_resumes(tmp_path: Path) -> None:
     assert world == 1 and cfg["attention_config"] == [[["gmlp"], 1]] * 2 and cfg["gmlp_attn_dim"] == 64
     assert cfg["pipe_parallel_size"] == 1 and cfg["fp16"]["enabled"] and cfg["checkpoint_activations"]
     save = tmp_path / "checkpoints"
-    first = {**cfg, "train_iters": 2, "lr_decay_iters": 3, "eval_interval": 2, "checkpoint_factor": 2, "save": str(save)}
+    first = {
+        **cfg,
+        "train_iters": 2,
+        "lr_decay_iters": 3,
+        "eval_interval": 2,
+        "checkpoint_factor": 2,
+        "save": str(save),
+    }
     resumed = {**first, "train_iters": 3, "eval_interval": 3, "load": str(save)}
     [[one, two]] = run_distributed(
         run_pretrain_many, world, [first, resumed], {"NEOX_FORGE_ALLOW_CPU_FP16": "1"}, timeout=600

@@ -102,7 +102,7 @@ def test_gmlp_checkpoints_are_not_resharded() -> None:
     with pytest.raises(ValueError, match="cannot change tensor parallel size"):
         check_reshardable("sequential.2.input_linear.weight", 2)
     shard = {"sequential.2.sgu.proj.weight": _zeros(4, 4)}
-    with pytest.raises(ValueError, match="sgu.proj.weight: gmlp/amlp layers cannot change tensor parallel size"):
+    with pytest.raises(ValueError, match=r"sgu\.proj\.weight: gmlp/amlp layers cannot change tensor parallel size"):
         merge_state_dicts([shard, shard], _model(["gmlp"]))
 
 
