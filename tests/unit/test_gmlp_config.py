@@ -125,3 +125,20 @@ def test_gmlp_small_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     text = out.getvalue()
     assert "attention_config ............................ ['gmlp'," in text and "gmlp_attn_dim" in text
     assert "launch command" in text
+
+
+def test_incremental_decoding_and_hugging_face_export_are_refused() -> None:
+    """gMLP mixes the whole sequence (no KV cache); Hugging Face has no gMLP model."""
+    import torch
+
+    from megatron.model import build_sequential_model
+    from megatron.model.hf_mapping import neox_to_hf_config
+    from megatron.model.kv_cache import KVCache
+
+    cfg = _model(["amlp", "global"])
+    model = build_sequential_model(cfg)
+    with pytest.raises(ValueError, match=r"kv_cache.*not supported with gmlp/amlp layers"):
+        model(torch.zeros(1, 4, dtype=torch.long), kv_cache=KVCache())
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 64)
+    with pytest.raises(ValueError, match="attention_config 'amlp' layers"):
+        neox_to_hf_config(cfg.replace(pos_emb="rotary"))

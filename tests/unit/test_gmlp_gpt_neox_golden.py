@@ -14,6 +14,7 @@ import torch
 
 from megatron import mpu
 from megatron.model import GPTModelConfig, build_sequential_model
+from megatron.model.activations import gelu_tanh
 from megatron.model.gmlp import GMLPBlock
 
 FIXTURE = json.loads((Path(__file__).resolve().parent.parent / "fixtures/gpt-neox/gmlp_block.json").read_text())
@@ -150,3 +151,12 @@ def test_fresh_block_is_gpt_neoxs_initial_gating() -> None:
     assert torch.count_nonzero(block.sgu.proj.weight) == 0
     assert torch.equal(block.sgu.proj.bias, torch.ones(case["seq_length"]))
     assert torch.count_nonzero(block.input_linear.bias) == 0 and torch.count_nonzero(block.output_linear.bias) == 0
+
+
+def test_bias_gelu_fusion_is_the_tanh_gelu_where_gpt_neox_fails() -> None:
+    """GPT-NeoX's gMLP calls the fused bias-GELU (which takes ``(x, bias)``) with ``x`` alone and fails; ours applies
+    what ``bias_gelu_fusion`` means everywhere else, the tanh-approximate GELU."""
+    assert FIXTURE["bias_gelu_fusion_error"].startswith("TypeError: GeLUFunction.forward() missing 1 required")
+    case = next(c for c in CASES if c["name"] == "gmlp")
+    assert GMLPBlock(config(case, bias_gelu_fusion=True), 0, 2).activation is gelu_tanh
+    assert GMLPBlock(config(case), 0, 2).activation is torch.nn.functional.gelu
