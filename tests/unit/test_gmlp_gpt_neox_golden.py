@@ -130,10 +130,11 @@ def test_gpt_neox_needs_batch_equal_to_sequence_and_we_do_not() -> None:
 
 
 def test_model_layer_files_hold_gpt_neoxs_names() -> None:
-    """In a model, a gMLP layer is spec 2 + i with GPT-NeoX's names (``sequential.{2+i}.sgu.proj.weight``, ...),
+    """In a model, a gMLP layer is spec 2 + i with GPT-NeoX's names and shapes (``sequential.{2+i}.sgu.proj.weight``, ...),
     mixed with attention layers per ``attention_config``; the ``sgu.proj`` spans ``seq_length``."""
     case = next(c for c in CASES if c["name"] == "amlp")
-    cfg = config(case, num_layers=3, attention_config=["gmlp", "global", "amlp"])
+    # ff = 4h whatever the MLP width keys say (GPT-NeoX's GMLPBlock ignores them)
+    cfg = config(case, num_layers=3, attention_config=["gmlp", "global", "amlp"], intermediate_size=48)
     names = {k: tuple(v.shape) for k, v in build_sequential_model(cfg).state_dict().items()}
     amlp = {k.removeprefix("sequential.4."): v for k, v in names.items() if k.startswith("sequential.4.")}
     want = {k: tuple(torch.tensor(v).shape) for k, v in case["rank_weights"][0].items()}
@@ -160,3 +161,14 @@ def test_bias_gelu_fusion_is_the_tanh_gelu_where_gpt_neox_fails() -> None:
     case = next(c for c in CASES if c["name"] == "gmlp")
     assert GMLPBlock(config(case, bias_gelu_fusion=True), 0, 2).activation is gelu_tanh
     assert GMLPBlock(config(case), 0, 2).activation is torch.nn.functional.gelu
+
+
+def test_no_dropout_in_the_block() -> None:
+    """GPT-NeoX's block has no dropout: training mode with both dropout keys set gives the same output."""
+    case = next(c for c in CASES if c["name"] == "amlp_documents")
+    block = GMLPBlock(config(case, hidden_dropout=0.5, attention_dropout=0.5), 0, 2)
+    load(block, case["rank_weights"][0])
+    block.train()
+    with torch.no_grad():
+        out = block((torch.tensor(case["x"]), None, torch.tensor(case["attention_mask"])))[0]
+    close(out, case["output"])
