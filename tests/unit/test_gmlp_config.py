@@ -133,6 +133,7 @@ def test_incremental_decoding_and_hugging_face_export_are_refused() -> None:
 
     from megatron.model import build_sequential_model
     from megatron.model.hf_mapping import neox_to_hf_config
+    from megatron.model.inference_stage import InferenceStage
     from megatron.model.kv_cache import KVCache
 
     cfg = _model(["amlp", "global"])
@@ -140,5 +141,8 @@ def test_incremental_decoding_and_hugging_face_export_are_refused() -> None:
     with pytest.raises(ValueError, match=r"kv_cache.*not supported with gmlp/amlp layers"):
         model(torch.zeros(1, 4, dtype=torch.long), kv_cache=KVCache())
     assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 64)
+    stage = InferenceStage(cfg)  # generation's pipeline-stage model
+    with pytest.raises(ValueError, match=r"kv_cache.*not supported with gmlp/amlp layers"):
+        stage(torch.zeros(1, 4, dtype=torch.long), kv_cache=KVCache())
     with pytest.raises(ValueError, match="attention_config 'amlp' layers"):
         neox_to_hf_config(cfg.replace(pos_emb="rotary"))
