@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import deepy
+from megatron.checkpoint.rules import merge_tensor, split_tensor
 from megatron.model import GPTModelConfig
 from megatron.model.tp_sharding import check_reshardable, merge_state_dicts
 from megatron.neox_arguments import ConfigError, LaunchEnv, NeoXArgs
@@ -104,6 +105,9 @@ def test_gmlp_checkpoints_are_not_resharded() -> None:
     shard = {"sequential.2.sgu.proj.weight": _zeros(4, 4)}
     with pytest.raises(ValueError, match=r"sgu\.proj\.weight: gmlp/amlp layers cannot change tensor parallel size"):
         merge_state_dicts([shard, shard], _model(["gmlp"]))
+    with pytest.raises(ValueError, match="cannot change tensor parallel size"):  # the checkpoint tools' rule
+        split_tensor("sequential.2.sgu.proj.weight", _zeros(16, 16), _model(["gmlp"]), 2)
+    assert merge_tensor("sequential.2.sgu.proj.weight", [_zeros(16, 16)], _model(["gmlp"])).shape == (16, 16)
 
 
 def _zeros(*shape: int) -> Any:
