@@ -118,7 +118,8 @@ def _zeros(*shape: int) -> Any:
 
 @pytest.mark.skipif(not (REF / "gmlp_small.yml").is_file(), reason="needs shared/reference/gpt-neox-configs")
 def test_gmlp_small_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``deepy.py train.py gmlp_small.yml local_setup.yml --dry-run`` with only the eps typo corrected."""
+    """``deepy.py train.py gmlp_small.yml local_setup.yml --dry-run`` (and ``--plan``, which says what of its
+    estimate is exact for gMLP layers) with only the eps typo corrected."""
     config = tmp_path / "gmlp_small.yml"
     config.write_text((REF / "gmlp_small.yml").read_text().replace("1.0e_8", "1.0e-8"))
     monkeypatch.chdir(tmp_path)  # local_setup's relative log_dir
@@ -129,6 +130,17 @@ def test_gmlp_small_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     text = out.getvalue()
     assert "attention_config ............................ ['gmlp'," in text and "gmlp_attn_dim" in text
     assert "launch command" in text
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = deepy.main([str(REPO / "train.py"), str(config), str(REF / "local_setup.yml"), "--plan"])
+    assert rc == 0, err.getvalue()
+    text = err.getvalue() + out.getvalue()
+    assert "warning: 12 gmlp/amlp layers: parameters exact; activation memory" in text
+    # 12 gMLP layers (h 768, ff 3072, sgu.proj 2048 x 2048), untied embedding and head (50304 rows), final norm
+    h, ff, s, v = 768, 3072, 2048, 50304
+    layer = 2 * h + (2 * ff * h + 2 * ff) + 2 * ff + (s * s + s) + (h * ff + h)
+    assert f"parameters          {12 * layer + 2 * v * h + 2 * h:,} " in text
 
 
 def test_incremental_decoding_and_hugging_face_export_are_refused() -> None:
