@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba")
+SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba", "gmlp", "amlp")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -148,7 +148,7 @@ class GPTModelConfig:
     sliding_window_width: int | None = from_schema()
     """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
     attention_config: list | None = from_schema()
-    """Per-layer attention type (global | flash | local); empty = all global."""
+    """Per-layer type (global | flash | local attention layers, gmlp | amlp blocks); empty = all global."""
     sparsity_config: dict | None = from_schema()
     """``local`` attention: ``block`` (16) and ``num_sliding_window_blocks`` (3)."""
     hidden_dropout: float = from_schema()
@@ -182,10 +182,15 @@ class GPTModelConfig:
     pipe_partition_method: str = from_schema()
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
+    gmlp_attn_dim: int = from_schema()
+    """Width of aMLP's single-head tiny attention."""
+    gmlp_seq_length: int | None = None
+    """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
 
-    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, and
-    # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels")
+    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, gmlp_seq_length from
+    # seq_length (a required key that most model configs do without), and parallel_output is the model builder's
+    # choice (logits stay split over TP ranks for the parallel loss)
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels", "gmlp_seq_length")
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     moe_num_experts: int = from_schema()
     """Experts per MoE layer (1 = dense MLPs everywhere)."""
@@ -364,6 +369,8 @@ class GPTModelConfig:
                     f"attention_config: layer {i} type {kind!r} is {where}; supported: {', '.join(SUPPORTED_ATTENTION)}"
                 )
 
+        if any(kind in ("gmlp", "amlp") for kind in self.layer_types):
+            need(self.gmlp_seq_length is not None, "gmlp/amlp layers need seq_length (the span of sgu.proj)")
         for problem in moe_problems(self):
             raise ValueError(problem)
         if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:
@@ -390,6 +397,7 @@ class GPTModelConfig:
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
         kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
+        kwargs["gmlp_seq_length"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:

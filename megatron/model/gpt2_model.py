@@ -24,6 +24,7 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 - GPT-NeoX's name lives here
+from megatron.model.gmlp import GMLP_TYPES, GMLPBlock
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.mamba import ParallelMambaResidualLayerPipe
@@ -40,8 +41,9 @@ from megatron.model.word_embeddings import EmbeddingPipe
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe", "ParallelMambaResidualLayerPipe"]
-LAYER_CLASSES = (ParallelTransformerLayerPipe, ParallelMambaResidualLayerPipe)  # what specs 2..L+1 can be
+CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe", "ParallelMambaResidualLayerPipe", "GMLPBlock"]
+# what specs 2..L+1 can be: activation-checkpointed, take kv_cache
+LAYER_CLASSES = (ParallelTransformerLayerPipe, ParallelMambaResidualLayerPipe, GMLPBlock)
 
 
 def _pre_transformer_block(args: tuple) -> tuple:
@@ -72,6 +74,8 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
     for i, kind in enumerate(cfg.layer_types):
         if kind == "mamba":
             specs.append(LayerSpec(ParallelMambaResidualLayerPipe, cfg, i, i + 2))
+        elif kind in GMLP_TYPES:
+            specs.append(LayerSpec(GMLPBlock, cfg, i, i + 2))
         else:
             specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
     specs.append(_post_transformer_block)

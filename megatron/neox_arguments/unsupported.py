@@ -27,7 +27,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
     "sparsity_config": "sparse attention",
-    "gmlp_attn_dim": "gMLP",
     **{
         k: "muP"
         for k in (
@@ -128,8 +127,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
         "sparse_variable": "sparse attention",
         "bigbird": "sparse attention",
         "bslongformer": "sparse attention",
-        "gmlp": "gMLP",
-        "amlp": "aMLP",
     },
     "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
     "dataset_impl": {"online": "REINFORCE (needs an online data server)"},

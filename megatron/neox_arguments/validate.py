@@ -204,6 +204,21 @@ def mamba_problems(c: Ctx) -> list[str]:
     return out
 
 
+def _gmlp(c: Ctx) -> list[str]:
+    """gMLP/aMLP blocks: what GPT-NeoX refuses with them, and what their TP-local sequence mixing cannot do."""
+    v, out = c.v, list[str]()
+    types = v["attention_config"] if isinstance(v["attention_config"], list) else []
+    if not any(t in ("gmlp", "amlp") for t in types):
+        return out
+    if v["partition_activations"]:
+        out.append(f"{c.at('partition_activations')} cannot be combined with gmlp/amlp layers (as in GPT-NeoX)")
+    if v["sequence_parallel"] and v["model_parallel_size"] > 1:
+        out.append(f"{c.at('sequence_parallel')} cannot be combined with gmlp/amlp layers: they mix the whole sequence")
+    if v["moe_num_experts"] > 1:
+        out.append(f"not supported yet: {c.at('moe_num_experts')} with gmlp/amlp layers (MoE in gMLP models)")
+    return out
+
+
 def _post_training(c: Ctx) -> list[str]:
     v, out = c.v, []
     impl = v["train_impl"]
@@ -268,6 +283,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("data paths", _data),
     ("checkpoints", _checkpoints),
     ("layers", _layers),
+    ("gmlp", _gmlp),
     ("post-training", _post_training),
     ("mixture of experts", _moe),
     ("ranges", _ranges),

@@ -139,7 +139,9 @@ class ModelArgs:
     output_layer_init_method: INIT_METHODS = arg(
         "scaled_normal", "Initialiser of the residual-output projections (attention dense, MLP output)."
     )
-    gmlp_attn_dim: int = arg(64, "Width of the single-head attention inside gMLP blocks.")
+    gmlp_attn_dim: int = arg(
+        64, "Width of the single-head tiny attention of `amlp` layers (gMLP blocks with attention)."
+    )
     gpt_j_residual: bool = arg(
         False, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of two sequential residual adds."
     )
