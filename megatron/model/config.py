@@ -182,10 +182,18 @@ class GPTModelConfig:
     pipe_partition_method: str = from_schema()
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
+    soft_prompt_init_ids: tuple[int, ...] = ()
+    """Token ids of ``soft_prompt_tuning.init_string`` (from the run's tokenizer; empty: uniform init)."""
 
-    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, and
-    # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels")
+    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, soft_prompt_init_ids
+    # from the tokenizer, and parallel_output is the model builder's choice (logits stay split over TP ranks for the
+    # parallel loss)
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "params_dtype",
+        "parallel_output",
+        "fused_kernels",
+        "soft_prompt_init_ids",
+    )
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     moe_num_experts: int = from_schema()
     """Experts per MoE layer (1 = dense MLPs everywhere)."""
@@ -205,6 +213,12 @@ class GPTModelConfig:
     """Compute the router probabilities of the load-balancing loss in fp32."""
     moe_gated_experts: bool = from_schema()
     """Gated activations: gated experts (w1, w3, w2 at int(8h/3)); False builds GPT-NeoX's ungated w1/w2 at 4h."""
+    num_unique_layers: int | None = from_schema()
+    """Distinct transformer layers reused over num_layers (None: every layer its own); see layer_sharing."""
+    param_sharing_style: str = from_schema()
+    """grouped (1,2,1,2) | spaced (1,1,2,2): which unique layer each position uses."""
+    soft_prompt_tuning: dict | None = from_schema()
+    """``{enabled, n_tokens, init_string, init_range}``: a trained prefix, the rest frozen (see soft_prompt)."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -354,6 +368,11 @@ class GPTModelConfig:
 
         for problem in moe_problems(self):
             raise ValueError(problem)
+        from megatron.model.layer_sharing import sharing_problems
+        from megatron.model.soft_prompt import soft_prompt_problems
+
+        for problem in sharing_problems(self) + soft_prompt_problems(self):
+            raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -377,9 +396,10 @@ class GPTModelConfig:
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:
             logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
-        soft = args.soft_prompt_tuning
-        if isinstance(soft, dict) and soft.get("enabled"):
-            raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
+        soft = values.get("soft_prompt_tuning")
+        tokenizer = getattr(args, "tokenizer", None)
+        if isinstance(soft, dict) and soft.get("enabled") and soft.get("init_string") and tokenizer is not None:
+            kwargs["soft_prompt_init_ids"] = tuple(int(t) for t in tokenizer.tokenize(soft["init_string"]))
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)
