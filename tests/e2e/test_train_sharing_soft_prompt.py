@@ -1,0 +1,101 @@
+"""Parameter sharing and soft prompt tuning through ``pretrain()``: checkpoints, exact resume, the pipeline engine
+(shared layers on two stages train like the sequential model), and a prompt that alone lowers the loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron.checkpoint.reader import load_torch
+from tests.distributed.fns_train import make_tiny_data, run_pretrain_many, tiny_config
+from tests.harness import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+QUIET = {
+    "lr_decay_iters": 10,
+    "eval_interval": 100,
+    "eval_iters": 0,
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "log_interval": 1,
+}
+
+
+def module_state(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    return load_torch(ckpt_dir / "mp_rank_00_model_states.pt")["module"]
+
+
+def test_shared_layers_save_resume_and_train_on_two_pipeline_stages(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data")
+    shared = {**QUIET, "num_unique_layers": 1, "checkpoint_factor": 2}
+    first = tiny_config(data, train_iters=2, save=str(tmp_path / "a"), **shared)
+    resumed = tiny_config(data, train_iters=4, load=str(tmp_path / "a"), save=str(tmp_path / "a"), **shared)
+    whole = tiny_config(data, train_iters=4, save=str(tmp_path / "b"), **shared)
+    unshared = tiny_config(data, train_iters=4, **QUIET)
+    r_first, r_resumed, r_whole, r_unshared = run_distributed(
+        run_pretrain_many, 1, [first, resumed, whole, unshared], timeout=600
+    )[0]
+    assert r_resumed["start_iteration"] == 2
+    assert r_resumed["train_losses"] == pytest.approx(r_whole["train_losses"][2:], rel=1e-6)
+    assert r_first["train_losses"] == pytest.approx(r_whole["train_losses"][:2], rel=1e-6)
+    assert r_whole["train_losses"] != pytest.approx(r_unshared["train_losses"], rel=1e-3)  # sharing changes training
+    # the checkpoint names both positions (GPT-NeoX's layout), equal copies of the one trained layer
+    a, b = module_state(tmp_path / "a" / "global_step4"), module_state(tmp_path / "b" / "global_step4")
+    layer_keys = [k for k in b if k.startswith("sequential.2.")]
+    assert layer_keys
+    for key in layer_keys:
+        assert torch.equal(b[key], b[key.replace("sequential.2.", "sequential.3.")])
+    for key in b:
+        assert torch.equal(a[key], b[key]), key
+
+    # two pipeline stages, one use of the shared layer on each: DeepSpeed's tied all-reduce sums the gradients
+    pipe = tiny_config(data, world=2, train_iters=4, pipe_parallel_size=2, save=str(tmp_path / "p"), **shared)
+    ranks = run_distributed(run_pretrain_many, 2, [pipe], timeout=600)
+    losses = [r[0]["train_losses"] for r in ranks if r[0]["train_losses"]]
+    assert losses and losses[0] == pytest.approx(r_whole["train_losses"], rel=1e-4)
+    files = tmp_path / "p" / "global_step4"
+    l2 = load_torch(files / "layer_02-model_00-model_states.pt")
+    l3 = load_torch(files / "layer_03-model_00-model_states.pt")
+    for key, tensor in l2.items():
+        assert torch.equal(tensor, l3[key]), key
+        torch.testing.assert_close(tensor, b[f"sequential.2.{key}"], rtol=1e-4, atol=1e-5)
+
+
+def test_soft_prompt_trains_only_the_prefix_resumes_and_lowers_the_loss(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data")
+    soft = {
+        **QUIET,
+        "soft_prompt_tuning": {"enabled": True, "n_tokens": 4, "init_string": "def main"},
+        "optimizer": {"type": "Adam", "params": {"lr": 0.5, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+        "min_lr": 0.05,
+        "weight_decay": 0.0,
+        "init_method_std": 0.3,  # a frozen model whose attention is not near-uniform, so the prefix can matter
+    }
+    first = tiny_config(
+        data, train_iters=3, save=str(tmp_path / "a"), extra_save_iters=[0], checkpoint_factor=3, **soft
+    )
+    resumed = tiny_config(
+        data, train_iters=10, load=str(tmp_path / "a"), save=str(tmp_path / "a"), checkpoint_factor=10, **soft
+    )
+    whole = tiny_config(data, train_iters=10, save=str(tmp_path / "b"), checkpoint_factor=10, **soft)
+    r_first, r_resumed, r_whole = run_distributed(run_pretrain_many, 1, [first, resumed, whole], timeout=600)[0]
+    # after 3 steps only the prefix changed; every other tensor is bit-identical
+    before, after = module_state(tmp_path / "a" / "global_step0"), module_state(tmp_path / "a" / "global_step3")
+    assert set(before) == set(after) and "sequential.1.soft_embedding_weight" in before
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed == ["sequential.1.soft_embedding_weight"]
+    # init_string: the prefix starts as the word embeddings of its tokens (repeated up to n_tokens)
+    prefix, table = before["sequential.1.soft_embedding_weight"], before["sequential.0.word_embeddings.weight"]
+    assert all(any(torch.equal(row, t) for t in table) for row in prefix)
+    # exact resume, the prefix restored from the checkpoint
+    assert r_resumed["start_iteration"] == 3
+    assert r_resumed["train_losses"] == pytest.approx(r_whole["train_losses"][3:], rel=1e-6)
+    end_a, end_b = module_state(tmp_path / "a" / "global_step10"), module_state(tmp_path / "b" / "global_step10")
+    assert all(torch.equal(end_a[k], end_b[k]) for k in end_b)
+    # the prompt alone lowers the loss of the frozen model
+    losses = r_whole["train_losses"]
+    assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
+    assert r_first["train_losses"] == pytest.approx(losses[:3], rel=1e-6)
