@@ -94,9 +94,9 @@ def test_kv_cache_keeps_one_entry_per_position() -> None:
 
 
 def test_bad_sharing_settings_are_refused() -> None:
-    with pytest.raises(ConfigError, match="num_unique_layers=3 .*does not divide"):
+    with pytest.raises(ConfigError, match=r"num_unique_layers=3 .*does not divide"):
         build(num_layers=4, num_unique_layers=3)
-    with pytest.raises(ConfigError, match="param_sharing_style='zigzag'.*must be one of"):
+    with pytest.raises(ConfigError, match=r"param_sharing_style='zigzag'.*must be one of"):
         build(num_unique_layers=1, param_sharing_style="zigzag")
     mixed = [[["global", "local"], "all"]]
     with pytest.raises(ValueError, match="layers 0 and 1 share parameters but attention_config"):
