@@ -183,7 +183,8 @@ class GPTModelConfig:
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
     soft_prompt_init_ids: tuple[int, ...] = ()
-    """Token ids of ``soft_prompt_tuning.init_string`` (from the run's tokenizer; empty: uniform init)."""
+    """Token ids of ``soft_prompt_tuning.init_string`` (``soft_prompt.with_prompt_init`` sets them from the run's
+    tokenizer; empty: uniform init)."""
 
     # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, soft_prompt_init_ids
     # from the tokenizer, and parallel_output is the model builder's choice (logits stay split over TP ranks for the
@@ -396,10 +397,6 @@ class GPTModelConfig:
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:
             logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
-        soft = values.get("soft_prompt_tuning")
-        tokenizer = getattr(args, "tokenizer", None)
-        if isinstance(soft, dict) and soft.get("enabled") and soft.get("init_string") and tokenizer is not None:
-            kwargs["soft_prompt_init_ids"] = tuple(int(t) for t in tokenizer.tokenize(soft["init_string"]))
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)

@@ -52,6 +52,17 @@ def soft_prompt_problems(cfg: GPTModelConfig) -> list[str]:
     return []
 
 
+def with_prompt_init(cfg: GPTModelConfig, tokenizer: Any) -> GPTModelConfig:
+    """``cfg`` with ``soft_prompt_init_ids``: the run's tokenizer's ids of ``init_string`` (unchanged without one)."""
+    settings = soft_prompt_settings(cfg.soft_prompt_tuning)
+    if settings is None or not settings["init_string"] or tokenizer is None:
+        return cfg
+    ids = tuple(int(t) for t in tokenizer.tokenize(settings["init_string"]))
+    if not ids:
+        raise ValueError(f"soft_prompt_tuning.init_string={settings['init_string']!r} gives no tokens")
+    return cfg.replace(soft_prompt_init_ids=ids)
+
+
 def extend_mask(mask: torch.Tensor | None, n: int) -> torch.Tensor | None:
     """``[.., s, s]`` bool mask (True = masked) → ``[.., n+s, n+s]``: the prefix attends causally within itself and
     sees no token; every token also sees the whole prefix. None (causal) stays None."""
@@ -122,3 +133,18 @@ def prepare_soft_prompt(model: nn.Module, token_ids: tuple[int, ...]) -> None:
         prompt.init_from_tokens(embedding.word_embeddings, list(token_ids))
     for name, param in model.named_parameters():
         param.requires_grad_(name.endswith(SOFT_PROMPT_PARAMETER))
+
+
+def check_prompt_checkpoint(saved: set[str], model: nn.Module, path: str) -> None:
+    """After a non-strict load into a prompt-tuned model: every parameter but the prefix must have come from the
+    checkpoint (its tensor names ``saved``); a checkpoint without the prefix (the model being prompt-tuned) leaves
+    the prefix at its initialisation, which is logged."""
+    import logging
+
+    expected = set(model.state_dict())
+    missing = sorted(k for k in expected - saved if not k.endswith(SOFT_PROMPT_PARAMETER))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(f"checkpoint {path} lacks model tensors: {shown}")
+    if not any(k.endswith(SOFT_PROMPT_PARAMETER) for k in saved):
+        logging.getLogger(__name__).info("checkpoint %s has no soft prompt: the prefix starts from its init", path)

@@ -99,3 +99,25 @@ def test_soft_prompt_trains_only_the_prefix_resumes_and_lowers_the_loss(tmp_path
     losses = r_whole["train_losses"]
     assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
     assert r_first["train_losses"] == pytest.approx(losses[:3], rel=1e-6)
+
+
+def test_soft_prompt_tuning_starts_from_a_checkpoint_without_a_prefix(tmp_path: Path) -> None:
+    data = make_tiny_data(tmp_path / "data")
+    base = tiny_config(data, train_iters=4, save=str(tmp_path / "base"), checkpoint_factor=4, **QUIET)
+    soft = {"enabled": True, "n_tokens": 2}
+    tuned = tiny_config(
+        data,
+        train_iters=2,
+        load=str(tmp_path / "base"),
+        finetune=True,
+        save=str(tmp_path / "tuned"),
+        checkpoint_factor=2,
+        soft_prompt_tuning=soft,
+        **QUIET,
+    )
+    _, r_tuned = run_distributed(run_pretrain_many, 1, [base, tuned], timeout=600)[0]
+    assert r_tuned["start_iteration"] == 0 and len(r_tuned["train_losses"]) == 2
+    before = module_state(tmp_path / "base" / "global_step4")
+    after = module_state(tmp_path / "tuned" / "global_step2")
+    assert set(after) == set(before) | {"sequential.1.soft_embedding_weight"}
+    assert all(torch.equal(before[k], after[k]) for k in before)
