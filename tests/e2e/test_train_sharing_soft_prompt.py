@@ -99,6 +99,45 @@ def test_soft_prompt_trains_only_the_prefix_resumes_and_lowers_the_loss(tmp_path
     losses = r_whole["train_losses"]
     assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
     assert r_first["train_losses"] == pytest.approx(losses[:3], rel=1e-6)
+    check_generation_uses_the_prompt(whole, tmp_path)
+
+
+def check_generation_uses_the_prompt(train_config: dict, tmp_path: Path) -> None:
+    """generate.py's path (KV cache) on the prompt-tuned checkpoint equals greedy decoding by full recomputation with
+    the prefix, and the prefix changes the logits."""
+    from megatron.generation.config import InferenceConfig
+    from megatron.generation.text_generation import run_generation, setup_for_inference
+    from megatron.neox_arguments import NeoXArgs
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main(\nimport os\n")
+    args = NeoXArgs.from_dict(
+        {
+            **train_config,
+            "load": train_config["save"],
+            "text_gen_type": "input-file",
+            "sample_input_file": str(prompts),
+            "sample_output_file": str(tmp_path / "samples.jsonl"),
+            "maximum_tokens": 6,
+            "temperature": 0.0,
+        }
+    )
+    records = run_generation(args)
+    model, tokenizer = setup_for_inference(InferenceConfig.from_neox_args(args))
+    assert model.sequential[1].soft_embedding_weight.abs().sum() > 0
+    with torch.no_grad():
+        for record in records:
+            ids = list(tokenizer.tokenize(record["context"]))
+            new: list[int] = []
+            for _ in range(6):
+                nxt = int(model(torch.tensor([ids + new]))[0, -1, : tokenizer.vocab_size].argmax())
+                if nxt == tokenizer.eod:
+                    break
+                new.append(nxt)
+            assert record["text"] == tokenizer.detokenize(new)
+        with_prefix = model(torch.tensor([ids]))
+        model.sequential[1].soft_embedding_weight.zero_()
+        assert not torch.allclose(model(torch.tensor([ids])), with_prefix, atol=1e-3)
 
 
 def test_soft_prompt_tuning_starts_from_a_checkpoint_without_a_prefix(tmp_path: Path) -> None:
