@@ -102,3 +102,26 @@ def test_bad_sharing_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="layers 0 and 1 share parameters but attention_config"):
         cfg(num_unique_layers=2, param_sharing_style="spaced", attention_config=mixed)
     cfg(num_unique_layers=2, param_sharing_style="grouped", attention_config=mixed)  # the types line up
+
+
+def test_inference_stage_decodes_shared_layers_with_one_cache_entry_per_position() -> None:
+    from megatron import mpu
+    from megatron.model.inference_stage import InferenceStage
+
+    c = cfg(num_unique_layers=2, param_sharing_style="grouped")
+    reference = build_sequential_model(c).eval()
+    mpu.initialize_model_parallel(1, 1)
+    try:
+        stage = InferenceStage(c).eval()
+        missing, unexpected = stage.load_state_dict(reference.state_dict(), strict=False)
+        assert not missing
+        tokens = torch.randint(0, V, (1, 9))
+        with torch.no_grad():
+            full = reference(tokens)
+            cache = KVCache()
+            first = stage(tokens[:, :5], cache)
+            steps = [stage(tokens[:, i : i + 1], cache) for i in range(5, 9)]
+    finally:
+        mpu.destroy_model_parallel()
+    torch.testing.assert_close(first, full[:, :5], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 5:], rtol=1e-5, atol=1e-5)
