@@ -31,6 +31,7 @@ from megatron.checkpoint.run_config import CHECKPOINT_ARG_KEYS, CheckpointConfig
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, unsafe_message
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
 from megatron.model.config import GPTModelConfig
+from megatron.model.layer_sharing import is_shared
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,12 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
         raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(bad))
 
 
+_SHARED_CARRY = (
+    "not supported yet: carrying the optimizer state of shared layers (num_unique_layers) from {} to another layout "
+    "or optimizer form; {}"
+)
+
+
 def load_checkpoint(
     engine: Any,
     lr_scheduler: LRSchedule | None,
@@ -142,8 +149,14 @@ def load_checkpoint(
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
     carry = False
-    if not weights_only and not (optimizer_missing and not dropped):  # (a copy of a source without any state)
+    has_state = not weights_only and not (optimizer_missing and not dropped)  # (a copy of a source without any state)
+    shared = model is not None and is_shared(model)
+    if has_state and shared and resharded:
+        raise CheckpointError(_SHARED_CARRY.format(cfg.load, NO_LOAD_OPTIM_HINT))
+    if has_state:
         carry = load_mode(engine, Path(root) / tag, weights_only_copy=dropped) == "carry"
+    if carry and shared:
+        raise CheckpointError(_SHARED_CARRY.format(cfg.load, NO_LOAD_OPTIM_HINT))
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
     load_optim = not (weights_only or optimizer_missing or carry)
