@@ -113,7 +113,7 @@ def test_inference_stage_decodes_shared_layers_with_one_cache_entry_per_position
     mpu.initialize_model_parallel(1, 1)
     try:
         stage = InferenceStage(c).eval()
-        missing, unexpected = stage.load_state_dict(reference.state_dict(), strict=False)
+        missing, _ = stage.load_state_dict(reference.state_dict(), strict=False)
         assert not missing
         tokens = torch.randint(0, V, (1, 9))
         with torch.no_grad():
@@ -125,3 +125,18 @@ def test_inference_stage_decodes_shared_layers_with_one_cache_entry_per_position
         mpu.destroy_model_parallel()
     torch.testing.assert_close(first, full[:, :5], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 5:], rtol=1e-5, atol=1e-5)
+
+
+def test_planner_counts_a_shared_layer_on_every_stage_that_runs_it() -> None:
+    from megatron.planner.params import count_params
+
+    c = cfg(num_layers=2, num_unique_layers=1)
+    plain = count_params(cfg(num_layers=2), tp=1, pp=2, partition_method="type:transformer")
+    shared = count_params(c, tp=1, pp=2, partition_method="type:transformer")
+    per_layer = sum(p.numel() for p in build_sequential_model(c).sequential[2].parameters())
+    assert shared.total == plain.total - per_layer  # the model holds the layer once
+    # each of the two stages runs one use of the layer and holds a copy, as an unshared stage holds its own layer
+    assert [s.total for s in shared.stages] == [s.total for s in plain.stages]
+    assert [s.num_layers for s in shared.stages] == [1, 1]
+    whole = count_params(c, tp=1, pp=0)
+    assert whole.stages[0].total == shared.total
