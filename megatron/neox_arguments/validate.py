@@ -181,7 +181,11 @@ def _moe(c: Ctx) -> list[str]:
     keys += ("moe_loss_weight", "moe_normalize_expert_weights", "moe_gated_experts", "activation")
     cfg = SimpleNamespace(**{k: c.v[k] for k in keys})
     cfg.sequence_parallel = c.v["sequence_parallel"]
-    return moe_problems(cfg) + moe_layout_problems(c.v)
+    out = moe_problems(cfg) + moe_layout_problems(c.v)
+    unique, layers = c.v["num_unique_layers"], c.v["num_layers"]
+    if unique is not None and layers and unique < layers and c.v["moe_num_experts"] > 1:
+        out.append(f"not supported yet: {c.at('num_unique_layers')} with MoE layers ({c.at('moe_num_experts')})")
+    return out
 
 
 def _ranges(c: Ctx) -> list[str]:

@@ -140,3 +140,10 @@ def test_planner_counts_a_shared_layer_on_every_stage_that_runs_it() -> None:
     assert [s.num_layers for s in shared.stages] == [1, 1]
     whole = count_params(c, tp=1, pp=0)
     assert whole.stages[0].total == shared.total
+
+
+def test_moe_layers_are_not_shared_yet() -> None:
+    with pytest.raises(ValueError, match="not supported yet: num_unique_layers=1 with MoE layers"):
+        cfg(num_unique_layers=1, moe_num_experts=2)
+    with pytest.raises(ConfigError, match=r"not supported yet: num_unique_layers=1 .*with MoE layers"):
+        build(num_unique_layers=1, moe_num_experts=2)
