@@ -23,7 +23,7 @@ from megatron.checkpoint.bias_layout import row_biases_on_disk, stored_layout
 from megatron.checkpoint.layout import ZERO3_RE, CheckpointError
 from megatron.checkpoint.lr_state import LR_SCHEDULER_KEY, LRSchedule, restore_lr_schedule
 from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimizer_state, load_mode
-from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.reader import load_torch, read_checkpoint
 from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.resume import resolve_load_dir, resolve_tag, verify_manifest
 from megatron.checkpoint.rng import set_rng_state
@@ -32,6 +32,7 @@ from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, unsafe_
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
 from megatron.model.config import GPTModelConfig
 from megatron.model.layer_sharing import is_shared
+from megatron.model.soft_prompt import check_prompt_checkpoint, soft_prompt_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ def load_checkpoint(
     if path is None or client is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
     path = str(Path(root) / tag / Path(path).name) if load_root != root else path
+    if model is not None and soft_prompt_tokens(model) and not load_module_strict:  # all but the prefix were loaded
+        check_prompt_checkpoint(set(load_torch(Path(path), mmap=True).get("module") or ()), engine.module, path)
     if carry:
         _carry_optimizer_state(engine, Path(root) / tag, model)
     state_checks.check_loaded_state_finite(

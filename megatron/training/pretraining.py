@@ -13,7 +13,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import deepspeed
@@ -24,7 +23,6 @@ from megatron import checkpoint as ckpt
 from megatron import model as model_lib
 from megatron import mpu
 from megatron.checkpoint import CheckpointError, tokenizer_identity
-from megatron.checkpoint.reader import load_torch
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
 from megatron.errors import DataError
@@ -38,7 +36,7 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
 from megatron.model.moe import with_aux_loss
-from megatron.model.soft_prompt import check_prompt_checkpoint, soft_prompt_tokens, with_prompt_init
+from megatron.model.soft_prompt import soft_prompt_tokens, with_prompt_init
 from megatron.neox_arguments import NeoXArgs
 from megatron.parallel_config import ParallelConfig
 from megatron.post_training.config import PostTrainingConfig
@@ -173,7 +171,7 @@ def setup_model_and_optimizer(
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
-    prompt = soft_prompt_tokens(model_cfg) > 0  # a prompt-tuned model may start from a checkpoint without the prefix
+    prompt = soft_prompt_tokens(model_cfg) > 0  # may start from a checkpoint without the prefix (load checks the rest)
     result = ckpt.load_checkpoint(
         engine,
         lr_scheduler,
@@ -182,9 +180,6 @@ def setup_model_and_optimizer(
         model=model_cfg,
         load_module_strict=not (plan.reward_head or prompt),
     )
-    if prompt and result.path:
-        saved = load_torch(Path(result.path), mmap=True).get("module")
-        check_prompt_checkpoint(set(saved or ()), engine.module, result.path)
     if result.path and plan.validate_with_forward:
         check_validation_logits(engine, plan, model_cfg.padded_vocab_size, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result

@@ -102,3 +102,12 @@ def test_pipeline_engine_is_refused() -> None:
     with pytest.raises(ConfigError, match="not supported yet: soft_prompt_tuning with the pipeline engine"):
         build(soft_prompt_tuning=SOFT, pipe_parallel_size=1)
     build(soft_prompt_tuning={"enabled": False}, pipe_parallel_size=1)  # disabled: nothing to refuse
+
+
+def test_the_optimizer_sees_only_the_prefix() -> None:
+    from megatron.training.optimizers import weight_decay_param_groups
+
+    model = build_sequential_model(cfg())
+    groups = weight_decay_param_groups(model, 0.01)
+    params = [p for g in groups for p in g["params"]]
+    assert len(params) == 1 and params[0] is model.sequential[1].soft_embedding_weight
