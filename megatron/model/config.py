@@ -18,8 +18,10 @@ import torch
 
 from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
+from megatron.model.layer_sharing import sharing_problems
 from megatron.model.norms import NORMS as NORM_REGISTRY
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
+from megatron.model.soft_prompt import soft_prompt_problems
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
@@ -369,9 +371,6 @@ class GPTModelConfig:
 
         for problem in moe_problems(self):
             raise ValueError(problem)
-        from megatron.model.layer_sharing import sharing_problems
-        from megatron.model.soft_prompt import soft_prompt_problems
-
         for problem in sharing_problems(self) + soft_prompt_problems(self):
             raise ValueError(problem)
 

@@ -124,7 +124,10 @@ class GPTSequential(nn.Module):
             else:
                 modules.append(_Lambda(spec))
         self.sequential = nn.Sequential(*modules)
-        prepare_soft_prompt(self, cfg.soft_prompt_init_ids)  # soft prompt tuning: init the prefix, freeze the rest
+        embedding = modules[0]
+        assert isinstance(embedding, EmbeddingPipe)
+        # soft prompt tuning: the prefix's init (init_string's word embeddings), every other parameter frozen
+        prepare_soft_prompt(self, embedding.word_embeddings, cfg.soft_prompt_init_ids)
         self._shared = is_shared(cfg)
         if cfg.sequence_parallel:  # norms see only this rank's tokens: their gradients are summed over TP
             mpu.mark_norms_for_sequence_parallel_grad_sync(self)

@@ -13,22 +13,37 @@ those of an unshared model with equal layers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
-
-if TYPE_CHECKING:
-    from megatron.model.config import GPTModelConfig
 
 SHARING_STYLES = ("grouped", "spaced")
 
 
-def is_shared(cfg: GPTModelConfig) -> bool:
+class SharingConfig(Protocol):
+    """What sharing reads of ``GPTModelConfig`` (which imports this module for its checks)."""
+
+    num_layers: int
+    num_unique_layers: int | None
+    param_sharing_style: str
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """The attention type of each layer."""
+        ...
+
+    @property
+    def is_moe(self) -> bool:
+        """Some layers are MoE layers."""
+        ...
+
+
+def is_shared(cfg: SharingConfig) -> bool:
     """True when some transformer layers share their parameters."""
     return cfg.num_unique_layers is not None and cfg.num_unique_layers < cfg.num_layers
 
 
-def unique_layer(cfg: GPTModelConfig, position: int) -> int:
+def unique_layer(cfg: SharingConfig, position: int) -> int:
     """The unique layer (0-based) that transformer position ``position`` (0-based) runs."""
     if not is_shared(cfg):
         return position
@@ -38,12 +53,12 @@ def unique_layer(cfg: GPTModelConfig, position: int) -> int:
     return position // (cfg.num_layers // unique)
 
 
-def first_position(cfg: GPTModelConfig, unique: int) -> int:
+def first_position(cfg: SharingConfig, unique: int) -> int:
     """The first position that runs unique layer ``unique``: the layer is built as that position's layer."""
     return next(i for i in range(cfg.num_layers) if unique_layer(cfg, i) == unique)
 
 
-def sharing_problems(cfg: GPTModelConfig) -> list[str]:
+def sharing_problems(cfg: SharingConfig) -> list[str]:
     """Why the sharing settings cannot be built (empty when they can)."""
     if cfg.param_sharing_style not in SHARING_STYLES:
         return [f"param_sharing_style={cfg.param_sharing_style!r} is not one of {', '.join(SHARING_STYLES)}"]
@@ -77,7 +92,7 @@ class SharedLayerSpec(TiedLayerSpec):
         return module
 
 
-def transformer_layer_spec(cfg: GPTModelConfig, position: int, layer_cls: type, **kwargs: Any) -> LayerSpec:
+def transformer_layer_spec(cfg: SharingConfig, position: int, layer_cls: type, **kwargs: Any) -> LayerSpec:
     """The spec of transformer position ``position`` (spec index ``position + 2``): its own layer, or the shared
     unique layer (key ``layer_{unique}``) built as the layer of the unique layer's first position."""
     if not is_shared(cfg):

@@ -16,7 +16,7 @@ outputs are dropped, so the logits stay ``[b, s, V]``, each against its own toke
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -24,8 +24,23 @@ from torch import nn
 from megatron.model.seeding import seeded
 from megatron.neox_arguments.soft_prompt_keys import soft_prompt_problem, soft_prompt_settings
 
-if TYPE_CHECKING:
-    from megatron.model.config import GPTModelConfig
+
+class PromptConfig(Protocol):
+    """What the soft prompt reads of ``GPTModelConfig`` (which imports this module for its checks)."""
+
+    soft_prompt_tuning: dict | None
+    soft_prompt_init_ids: tuple[int, ...]
+    sequence_parallel: bool
+    hidden_size: int
+    params_dtype: torch.dtype
+    seed: int
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some fields changed."""
+        ...
+
+
+C = TypeVar("C", bound=PromptConfig)
 
 SOFT_PROMPT_PARAMETER = "soft_embedding_weight"
 SOFT_PROMPT_PIPE_REFUSAL = (
@@ -34,13 +49,13 @@ SOFT_PROMPT_PIPE_REFUSAL = (
 )
 
 
-def soft_prompt_tokens(cfg: GPTModelConfig) -> int:
+def soft_prompt_tokens(cfg: PromptConfig) -> int:
     """Prefix length (0 without soft prompt tuning)."""
     settings = soft_prompt_settings(cfg.soft_prompt_tuning)
     return 0 if settings is None else int(settings["n_tokens"])
 
 
-def soft_prompt_problems(cfg: GPTModelConfig) -> list[str]:
+def soft_prompt_problems(cfg: PromptConfig) -> list[str]:
     """Why the soft prompt settings cannot be built (empty when they can)."""
     if cfg.soft_prompt_tuning is None:
         return []
@@ -52,7 +67,7 @@ def soft_prompt_problems(cfg: GPTModelConfig) -> list[str]:
     return []
 
 
-def with_prompt_init(cfg: GPTModelConfig, tokenizer: Any) -> GPTModelConfig:
+def with_prompt_init(cfg: C, tokenizer: Any) -> C:
     """``cfg`` with ``soft_prompt_init_ids``: the run's tokenizer's ids of ``init_string`` (unchanged without one)."""
     settings = soft_prompt_settings(cfg.soft_prompt_tuning)
     if settings is None or not settings["init_string"] or tokenizer is None:
@@ -83,7 +98,7 @@ class SoftPromptPipe(nn.Module):
     ``_pre_transformer_block``). In incremental decoding (a KV cache that already holds the prefix) only the
     positions move by ``n``."""
 
-    def __init__(self, cfg: GPTModelConfig, spec_index: int = 1) -> None:
+    def __init__(self, cfg: PromptConfig, spec_index: int = 1) -> None:
         super().__init__()
         settings = soft_prompt_settings(cfg.soft_prompt_tuning)
         assert settings is not None, "SoftPromptPipe needs soft_prompt_tuning.enabled"
@@ -120,17 +135,14 @@ class SoftPromptPipe(nn.Module):
         self.soft_embedding_weight.copy_(embeds.to(self.soft_embedding_weight.dtype))
 
 
-def prepare_soft_prompt(model: nn.Module, token_ids: tuple[int, ...]) -> None:
-    """Initialise the prefix from ``init_string``'s token ids (when given) and freeze every other parameter, so the
-    optimizer sees only the prefix."""
+def prepare_soft_prompt(model: nn.Module, word_embeddings: nn.Module, token_ids: tuple[int, ...]) -> None:
+    """Initialise the prefix from ``init_string``'s token ids (when given; looked up in ``word_embeddings``) and
+    freeze every other parameter, so the optimizer sees only the prefix."""
     prompt = next((m for m in model.modules() if isinstance(m, SoftPromptPipe)), None)
     if prompt is None:
         return
     if token_ids and prompt.soft_embedding_weight.device.type != "meta":
-        from megatron.model.word_embeddings import EmbeddingPipe
-
-        embedding = next(m for m in model.modules() if isinstance(m, EmbeddingPipe))
-        prompt.init_from_tokens(embedding.word_embeddings, list(token_ids))
+        prompt.init_from_tokens(word_embeddings, list(token_ids))
     for name, param in model.named_parameters():
         param.requires_grad_(name.endswith(SOFT_PROMPT_PARAMETER))
 
