@@ -18,8 +18,10 @@ import torch
 
 from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
+from megatron.model.layer_sharing import sharing_problems
 from megatron.model.norms import NORMS as NORM_REGISTRY
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
+from megatron.model.soft_prompt import soft_prompt_problems
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
@@ -187,10 +189,20 @@ class GPTModelConfig:
     gmlp_seq_length: int | None = None
     """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
 
+    soft_prompt_init_ids: tuple[int, ...] = ()
+    """Token ids of ``soft_prompt_tuning.init_string`` (``soft_prompt.with_prompt_init`` sets them from the run's
+    tokenizer; empty: uniform init)."""
+
     # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, gmlp_seq_length from
-    # seq_length (a required key that most model configs do without), and parallel_output is the model builder's
-    # choice (logits stay split over TP ranks for the parallel loss)
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels", "gmlp_seq_length")
+    # seq_length (a required key that most model configs do without), soft_prompt_init_ids from the tokenizer, and
+    # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "params_dtype",
+        "parallel_output",
+        "fused_kernels",
+        "gmlp_seq_length",
+        "soft_prompt_init_ids",
+    )
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     moe_num_experts: int = from_schema()
     """Experts per MoE layer (1 = dense MLPs everywhere)."""
@@ -222,6 +234,12 @@ class GPTModelConfig:
     """Mamba layers: bias in conv1d."""
     mamba_use_bias_in_linears: bool = from_schema()
     """Mamba layers: bias in in_proj, x_proj and out_proj."""
+    num_unique_layers: int | None = from_schema()
+    """Distinct transformer layers reused over num_layers (None: every layer its own); see layer_sharing."""
+    param_sharing_style: str = from_schema()
+    """grouped (1,2,1,2) | spaced (1,1,2,2): which unique layer each position uses."""
+    soft_prompt_tuning: dict | None = from_schema()
+    """``{enabled, n_tokens, init_string, init_range}``: a trained prefix, the rest frozen (see soft_prompt)."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -378,6 +396,8 @@ class GPTModelConfig:
                 "mamba_inner_func_fusion and mamba_use_bias_in_linears cannot be combined (GPT-NeoX's fused Mamba "
                 "inner function has no projection biases); unset one"
             )
+        for problem in sharing_problems(self) + soft_prompt_problems(self):
+            raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -402,9 +422,6 @@ class GPTModelConfig:
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:
             logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
-        soft = args.soft_prompt_tuning
-        if isinstance(soft, dict) and soft.get("enabled"):
-            raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)

@@ -56,7 +56,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
-    **{k: "parameter sharing across layers" for k in ("num_unique_layers", "param_sharing_style")},
     **{
         k: "REINFORCE (needs an online data server)"
         for k in (
@@ -74,7 +73,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
-    "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "load_universal": "loading DeepSpeed universal checkpoints",
     "autotuning": "DeepSpeed autotuning",
