@@ -27,8 +27,8 @@ from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 
 from megatron.model.gmlp import GMLP_TYPES, GMLPBlock
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
-from megatron.model.mamba import ParallelMambaResidualLayerPipe
 from megatron.model.layer_sharing import CacheAt, is_shared, transformer_layer_spec
+from megatron.model.mamba import ParallelMambaResidualLayerPipe
 from megatron.model.moe import with_aux_loss
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.seeding import seeded
