@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local")
+SUPPORTED_ATTENTION = ("global", "flash", "local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -148,9 +148,11 @@ class GPTModelConfig:
     sliding_window_width: int | None = from_schema()
     """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
     attention_config: list | None = from_schema()
-    """Per-layer attention type (global | flash | local); empty = all global."""
+    """Per-layer attention type (global | flash | local | sparse_fixed | sparse_variable | bigbird | bslongformer)."""
     sparsity_config: dict | None = from_schema()
-    """``local`` attention: ``block`` (16) and ``num_sliding_window_blocks`` (3)."""
+    """The block layouts of the sparse types (``sparse_layouts.GPT_NEOX_DEFAULTS``)."""
+    seq_length: int | None = None
+    """Training sequence length: the size of the sparse layers' block layouts (None: max_position_embeddings)."""
     hidden_dropout: float = from_schema()
     """Dropout after embeddings, attention and MLP."""
     attention_dropout: float = from_schema()
