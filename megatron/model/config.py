@@ -151,8 +151,6 @@ class GPTModelConfig:
     """Per-layer attention type (global | flash | local | sparse_fixed | sparse_variable | bigbird | bslongformer)."""
     sparsity_config: dict | None = from_schema()
     """The block layouts of the sparse types (``sparse_layouts.GPT_NEOX_DEFAULTS``)."""
-    seq_length: int | None = None
-    """Training sequence length: the size of the sparse layers' block layouts (None: max_position_embeddings)."""
     hidden_dropout: float = from_schema()
     """Dropout after embeddings, attention and MLP."""
     attention_dropout: float = from_schema()
@@ -184,10 +182,16 @@ class GPTModelConfig:
     pipe_partition_method: str = from_schema()
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
+    sparse_layout_tokens: int | None = None  # seq_length (GPT-NeoX's layout size); None: max_position_embeddings
 
     # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, and
     # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels")
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "params_dtype",
+        "parallel_output",
+        "fused_kernels",
+        "sparse_layout_tokens",
+    )
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     moe_num_experts: int = from_schema()
     """Experts per MoE layer (1 = dense MLPs everywhere)."""
@@ -375,6 +379,7 @@ class GPTModelConfig:
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
         kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
+        kwargs["sparse_layout_tokens"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:

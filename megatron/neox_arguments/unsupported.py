@@ -37,7 +37,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
-    "sparsity_config": "sparse attention",
     "gmlp_attn_dim": "gMLP",
     **{
         k: "muP"
@@ -136,10 +135,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "attention_config": {
         "mamba": "Mamba",
         "rwkv": "RWKV",
-        "sparse_fixed": "sparse attention",
-        "sparse_variable": "sparse attention",
-        "bigbird": "sparse attention",
-        "bslongformer": "sparse attention",
         "gmlp": "gMLP",
         "amlp": "aMLP",
     },

@@ -45,6 +45,7 @@ def model_configs() -> dict[str, list[Path]]:
         for name, (extra, outcome) in REAL_EXPECTED.items():
             if outcome == "ok" and not name.startswith("post-training/"):
                 found[f"real/{name}"] = [REAL / name, *(REAL / e for e in extra if e != "local_setup.yml")]
+        found["real/125M.yml + sparse.yml"] = [REAL / "125M.yml", REAL / "sparse.yml"]  # a setup-style addition
     return found
 
 
@@ -85,6 +86,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "variant/sm3-fp16": (
         "125M.yml",
         {"optimizer": {"type": "sm3", "params": {"lr": 0.0006}}, "pipe_parallel_size": 0, "zero_optimization": None},
+    ),
+    # every block-sparse attention type of GPT-NeoX (sparse.yml itself uses local layers), 2 TP ranks
+    "variant/sparse-types": (
+        "125M.yml",
+        {
+            "attention_config": [[["sparse_fixed", "sparse_variable", "bigbird", "bslongformer"], "all"]],
+            "sparsity_config": {"different_layout_per_head": True, "num_random_blocks": 1, "num_local_blocks": 2},
+            "num_layers": 4,
+            "model_parallel_size": 2,
+        },
     ),
 }
 
