@@ -84,7 +84,8 @@ class SparseAttention(nn.Module):
         self.block, full = gpt_neox_layout(kind, sparsity, num_heads, seq_length, layout_rng(seed, layer_index))
         tp, rank = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_rank()
         per_rank = num_heads // tp
-        mine = torch.tensor(full[rank * per_rank : (rank + 1) * per_rank], dtype=torch.bool)  # [heads/tp, nb, nb]
+        self.layout: torch.Tensor  # bool [heads/tp, nb, nb]
+        mine = torch.tensor(full[rank * per_rank : (rank + 1) * per_rank], dtype=torch.bool)
         self.register_buffer("layout", mine, persistent=False)
         self._plans: dict[tuple[int, torch.device], BlockPlan] = {}
 

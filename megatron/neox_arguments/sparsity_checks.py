@@ -82,7 +82,7 @@ def sparsity_problems(values: dict[str, Any]) -> list[str]:
                 "/".join(kinds),
             )
     seq = values.get("seq_length") or values.get("max_position_embeddings")
-    if not _is_int(seq) or not kinds:
+    if not isinstance(seq, int) or not kinds:
         return problems
     block = sparsity.get("block", BLOCK_DEFAULT)
     if seq % block:
