@@ -21,32 +21,62 @@ from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES, gpt_neox_layout
 
 
 @dataclass(frozen=True)
-class BlockPlan:
-    """Which key blocks each query block reads: ``cols`` ``[h, nb, M]`` (padded), ``bias`` ``[h, nb, B, M * B]``
-    (0 where a query may attend, ``-inf`` elsewhere: padding, future blocks, the future inside the diagonal)."""
+class RowGroup:
+    """Query block rows ``[start, stop)`` and the key blocks each reads: ``cols`` ``[h, rows, M]`` (padded to the
+    group's fullest row), ``index`` the flat ``head * nb + col`` of every slot, ``bias`` ``[h, rows, B, M * B]`` (0
+    where a query may attend, ``-inf`` elsewhere: padding, future blocks, the future inside the diagonal)."""
 
+    start: int
+    stop: int
     cols: torch.Tensor
+    index: torch.Tensor
     bias: torch.Tensor
 
 
-def block_plan(layout: torch.Tensor, block: int) -> BlockPlan:
-    """The gather plan of a ``[h, nb, nb]`` 0/1 layout for causal attention with blocks of ``block`` tokens."""
+@dataclass(frozen=True)
+class BlockPlan:
+    """A layout's gather plan: its block rows in groups, each padded to its own fullest row (a layout whose rows
+    grow, like the fixed pattern's global columns, wastes less than one padding for all)."""
+
+    num_blocks: int
+    groups: tuple[RowGroup, ...]
+
+    @property
+    def slots(self) -> int:
+        """Key blocks gathered for the fullest query block."""
+        return max(g.cols.shape[-1] for g in self.groups)
+
+
+def block_plan(layout: torch.Tensor, block: int, row_groups: int = 4) -> BlockPlan:
+    """The gather plan of a ``[h, nb, nb]`` 0/1 layout for causal attention with blocks of ``block`` tokens: one
+    group of rows, or ``row_groups`` when that saves a quarter of the gathered blocks."""
     h, nb, _ = layout.shape
     rows = torch.arange(nb, device=layout.device)
     active = layout.bool() & (rows[None, :] <= rows[:, None])  # blocks after the query's block see nothing
     if not bool(active.diagonal(dim1=1, dim2=2).all()):
         raise ValueError("a sparse layout must let every block attend to itself")
-    counts = active.sum(-1)  # [h, nb]
-    m = int(counts.max())
-    cols = torch.sort(active.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :m]  # active first
-    valid = torch.arange(m, device=layout.device) < counts[..., None]  # [h, nb, m]
     tok = torch.arange(block, device=layout.device)
     inside = tok[None, :] <= tok[:, None]  # [B(query), B(key)] causal inside the diagonal block
-    diagonal = cols == rows[None, :, None]
-    allowed = valid[..., None, None] & (~diagonal[..., None, None] | inside)  # [h, nb, m, B, B]
-    allowed = allowed.permute(0, 1, 3, 2, 4).reshape(h, nb, block, m * block)
-    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=layout.device).masked_fill_(~allowed, float("-inf"))
-    return BlockPlan(cols, bias)
+    fullest = active.sum(-1).amax(0)  # [nb]: the most blocks a head reads per row
+    step = -(-nb // row_groups)
+    grouped = sum(int(fullest[i : i + step].max()) * len(range(i, min(i + step, nb))) for i in range(0, nb, step))
+    if grouped > 0.75 * nb * int(fullest.max()):  # each group costs full-size gradient buffers: worth it only if
+        step = nb  # the padding it saves is large (a fixed pattern's growing rows), not for even rows
+    groups = []
+    for start in range(0, nb, step):
+        stop = min(start + step, nb)
+        part = active[:, start:stop]  # [h, rows, nb]
+        counts = part.sum(-1)  # [h, rows]
+        m = int(counts.max())
+        cols = torch.sort(part.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :m]  # active first
+        valid = torch.arange(m, device=layout.device) < counts[..., None]  # [h, rows, m]
+        diagonal = cols == rows[None, start:stop, None]
+        allowed = valid[..., None, None] & (~diagonal[..., None, None] | inside)  # [h, rows, m, B, B]
+        allowed = allowed.permute(0, 1, 3, 2, 4).reshape(h, stop - start, block, m * block)
+        bias = torch.zeros(allowed.shape, device=layout.device).masked_fill_(~allowed, float("-inf"))
+        index = (torch.arange(h, device=layout.device)[:, None, None] * nb + cols).reshape(-1)
+        groups.append(RowGroup(start, stop, cols, index, bias))
+    return BlockPlan(nb, tuple(groups))
 
 
 def block_sparse_attention(
@@ -54,16 +84,21 @@ def block_sparse_attention(
 ) -> torch.Tensor:
     """Causal attention of ``q, k, v`` ``[b, h, s, d]`` restricted to ``plan``'s blocks; softmax in at least fp32."""
     b, h, s, d = q.shape
-    nb, m = plan.cols.shape[1], plan.cols.shape[2]
+    nb = plan.num_blocks
     block = s // nb
-    heads = torch.arange(h, device=q.device)[:, None, None]
-    qb = q.reshape(b, h, nb, block, d)
-    kg = k.reshape(b, h, nb, block, d)[:, heads, plan.cols].reshape(b, h, nb, m * block, d)  # gathered key blocks
-    vg = v.reshape(b, h, nb, block, d)[:, heads, plan.cols].reshape(b, h, nb, m * block, d)
-    scores = torch.matmul(qb, kg.transpose(-1, -2)) * scale  # [b, h, nb, B, M * B]
-    wide = torch.promote_types(scores.dtype, torch.float32)  # half precision: softmax in fp32
-    probs = torch.softmax(scores.to(wide) + plan.bias.to(wide), dim=-1).to(v.dtype)
-    return torch.matmul(probs, vg).reshape(b, h, s, d)
+    qb = (q * scale).reshape(b, h, nb, block, d)
+    kf, vf = k.reshape(b, h * nb, block * d), v.reshape(b, h * nb, block * d)
+    wide = torch.promote_types(q.dtype, torch.float32)  # half precision: softmax in fp32
+    outs = []
+    for g in plan.groups:
+        rows, m = g.stop - g.start, g.cols.shape[-1]
+        # index_select (backward: index_add) is the fast gather on CPU
+        kg = kf.index_select(1, g.index).view(b, h, rows, m * block, d)  # the gathered key blocks
+        vg = vf.index_select(1, g.index).view(b, h, rows, m * block, d)
+        scores = torch.matmul(qb[:, :, g.start : g.stop], kg.transpose(-1, -2))  # [b, h, rows, B, M * B]
+        probs = torch.softmax(scores.to(wide) + g.bias.to(wide), dim=-1).to(v.dtype)
+        outs.append(torch.matmul(probs, vg))  # [b, h, rows, B, d]
+    return torch.cat(outs, dim=2).reshape(b, h, s, d)
 
 
 class SparseAttention(nn.Module):

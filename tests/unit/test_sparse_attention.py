@@ -67,12 +67,25 @@ def test_kernel_reads_only_the_layouts_blocks() -> None:
     block, layout = layout_of("sparse_fixed", {"block": 4, "num_local_blocks": 2}, 2, 64, 0)
     plan = block_plan(layout, block)
     nb = layout.shape[-1]
-    assert plan.cols.shape[-1] == int(layout.tril().sum(-1).max()) < nb  # slots: the fullest row's blocks
-    for h in range(2):
-        for row in range(nb):
-            read = plan.bias[h, row, -1].view(-1, block)[:, 0] == 0  # the last query of the block: key 0 of a slot
-            wanted = [c for c in range(row + 1) if layout[h, row, c]]
-            assert sorted(plan.cols[h, row][read].tolist()) == wanted
+    assert [(g.start, g.stop) for g in plan.groups] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    fullest = layout.tril().sum(-1)  # [h, nb]
+    assert plan.slots == int(fullest.max()) < nb  # slots: the fullest row's blocks
+    for g in plan.groups:
+        assert g.cols.shape[-1] == int(fullest[:, g.start : g.stop].max())  # each group padded to its own rows
+        for h in range(2):
+            for i, row in enumerate(range(g.start, g.stop)):
+                read = g.bias[h, i, -1].view(-1, block)[:, 0] == 0  # the block's last query, key 0 of each slot
+                assert sorted(g.cols[h, i][read].tolist()) == [c for c in range(row + 1) if layout[h, row, c]]
+    q, k, v = (torch.randn(1, 2, 64, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grouped = block_sparse_attention(q, k, v, plan, 0.5)  # 4 row groups, each padded to its own rows
+    assert len(block_plan(layout, block, row_groups=1).groups) == 1
+    torch.testing.assert_close(grouped, dense_reference(q, k, v, layout, block, 0.5), rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(grouped)
+    ours, ref = (
+        torch.autograd.grad(out, (q, k, v), g) for out in (grouped, dense_reference(q, k, v, layout, block, 0.5))
+    )
+    for a, r in zip(ours, ref):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
 
 
 def test_sequences_shorter_than_seq_length_use_the_layouts_corner() -> None:
