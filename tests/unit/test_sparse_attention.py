@@ -174,3 +174,11 @@ def test_layouts_are_not_in_the_state_dict() -> None:
     model = build_sequential_model(_cfg("sparse_fixed"))
     assert not [k for k in model.state_dict() if "layout" in k]
     assert any(isinstance(m, SparseAttention) for m in model.modules())
+
+
+def test_hf_export_refuses_sparse_layers() -> None:
+    """Hugging Face models have no block-sparse attention: exporting one would silently make its layers dense."""
+    from megatron.model.hf_mapping import neox_to_hf_config
+
+    with pytest.raises(ValueError, match="attention_config 'bigbird' layers"):
+        neox_to_hf_config(_cfg("bigbird"))
