@@ -28,7 +28,7 @@ pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
 REAL = SHARED / "reference" / "gpt-neox-configs"
 LLAMA_FAMILY = ("llama", "llama2", "mistral")
-SETUP_NAMES = ("local_setup.yml", "text_generation.yml", "train_config.yml")
+SETUP_NAMES = ("local_setup.yml", "text_generation.yml", "train_config.yml", "sparse.yml")  # sparse.yml: below
 
 
 def model_configs() -> dict[str, list[Path]]:
@@ -41,6 +41,7 @@ def model_configs() -> dict[str, list[Path]]:
             continue
         extra = [REPO / "configs" / "llama" / "train_config.yml"] if rel.parts[0] in LLAMA_FAMILY else []
         found[f"ours/{rel}"] = [p, *extra]
+    found["ours/125M.yml + sparse.yml"] = [REPO / "configs" / "125M.yml", REPO / "configs" / "sparse.yml"]
     if REAL.is_dir():
         for name, (extra, outcome) in REAL_EXPECTED.items():
             if outcome == "ok" and not name.startswith("post-training/"):
