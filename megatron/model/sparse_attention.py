@@ -120,7 +120,11 @@ class SparseAttention(nn.Module):
         tp, rank = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_rank()
         per_rank = num_heads // tp
         self.layout: torch.Tensor  # bool [heads/tp, nb, nb]
-        mine = torch.tensor(full[rank * per_rank : (rank + 1) * per_rank], dtype=torch.bool)
+        grids = full[rank * per_rank : (rank + 1) * per_rank]
+        if all(g is grids[0] for g in grids):  # one layout for every head: one tensor, expanded
+            mine = torch.tensor(grids[0], dtype=torch.bool).expand(per_rank, -1, -1)
+        else:
+            mine = torch.tensor(grids, dtype=torch.bool)
         self.register_buffer("layout", mine, persistent=False)
         self._plans: dict[tuple[int, torch.device], BlockPlan] = {}
 

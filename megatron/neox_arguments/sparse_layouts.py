@@ -56,6 +56,7 @@ GPT_NEOX_DEFAULTS: dict[str, dict[str, Any]] = {
     "local": {"num_local_blocks": None, "num_sliding_window_blocks": 4},
 }
 BLOCK_DEFAULT = 16
+MAX_BLOCKS = 4096  # blocks a row: the layouts are plain Python lists (4096² entries a distinct head)
 SPARSITY_KEYS = frozenset({"block"}.union(*GPT_NEOX_DEFAULTS.values()))
 
 
@@ -66,7 +67,7 @@ def _heads(num_heads: int, num_blocks: int, per_head: bool, draw: Callable[[int,
         grid = [[0] * num_blocks for _ in range(num_blocks)]
         draw(h, grid)
         grids.append(grid)
-    return grids if per_head else [[list(row) for row in grids[0]] for _ in range(num_heads)]
+    return grids if per_head else [grids[0]] * num_heads  # one shared grid (layouts are read, never written)
 
 
 def _fill(grid: Grid, rows: slice, cols: slice) -> None:
@@ -333,6 +334,11 @@ def gpt_neox_layout(
     if seq_length % block:
         raise ValueError(f"seq_length={seq_length} must be divisible by sparsity_config.block={block}")
     n = seq_length // block
+    if n > MAX_BLOCKS:
+        raise ValueError(
+            f"seq_length={seq_length} / sparsity_config.block={block} gives {n} blocks a row; at most {MAX_BLOCKS} "
+            "are supported: use a larger block"
+        )
     if kind == "sparse_fixed":
         return block, fixed_layout(num_heads, n, **opts)
     if kind == "sparse_variable":

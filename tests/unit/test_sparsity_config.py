@@ -74,3 +74,10 @@ def test_a_config_builds_gpt_neox_layouts_at_seq_length() -> None:
     at_64 = torch.tensor(gpt_neox_layout("sparse_variable", sparsity, 1, 64, random.Random(0))[1])
     at_128 = torch.tensor(gpt_neox_layout("sparse_variable", sparsity, 1, 128, random.Random(0))[1])
     assert not torch.equal(at_64.tril(), at_128[:, :16, :16].tril())
+
+
+def test_layouts_of_more_than_4096_blocks_are_refused() -> None:
+    found = problems(
+        sparsity_config={"block": 1}, attention_config=SPARSE, seq_length=8192, max_position_embeddings=8192
+    )
+    assert any("gives 8192 blocks a row; at most 4096 are supported: use a larger block" in p for p in found), found
