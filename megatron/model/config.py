@@ -205,6 +205,12 @@ class GPTModelConfig:
     """Compute the router probabilities of the load-balancing loss in fp32."""
     moe_gated_experts: bool = from_schema()
     """Gated activations: gated experts (w1, w3, w2 at int(8h/3)); False builds GPT-NeoX's ungated w1/w2 at 4h."""
+    use_mup: bool = from_schema()
+    """muP (``megatron/model/mup.py``): attention scale 1/(d·mup_attn_temp), embedding times mup_embedding_mult."""
+    mup_attn_temp: float = from_schema()
+    mup_embedding_mult: float = from_schema()
+    mup_rp_embedding_mult: float = from_schema()
+    """Multiplier of learned/sinusoidal position embeddings (GPT-NeoX applies it with or without use_mup)."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -375,8 +381,6 @@ class GPTModelConfig:
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
-        if args.use_mup:
-            logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
         soft = args.soft_prompt_tuning
         if isinstance(soft, dict) and soft.get("enabled"):
             raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
