@@ -4,6 +4,7 @@ the run (``base_shapes_file``), one file per rank: ``{base_shapes_file}.{rank}``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -26,22 +27,28 @@ logger = logging.getLogger(__name__)
 
 
 def base_shapes_for(
-    model_cfg: GPTModelConfig, cfg: MupConfig, build: Callable[[GPTModelConfig], torch.nn.Module]
+    model_cfg: GPTModelConfig, cfg: MupConfig, build: Callable[[GPTModelConfig], torch.nn.Module], on_meta: bool
 ) -> BaseShapes:
-    """The base shapes of ``build(model_cfg)``: both models built on the meta device (nothing allocated)."""
+    """The base shapes of ``build(model_cfg)``: base and delta models built on the meta device (nothing allocated)
+    where ``on_meta``; DeepSpeed's PipelineModule moves itself to the device, so pipeline models are built for real
+    (one after the other, as GPT-NeoX does)."""
     delta_cfg = model_cfg.replace(hidden_size=model_cfg.hidden_size * cfg.mup_width_scale)
-    with torch.device("meta"):
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
         base = shapes_of(build(model_cfg))
         delta = shapes_of(build(delta_cfg))
     return make_base_shapes(base, delta)
 
 
 def save_base_shapes(
-    cfg: MupConfig, model_cfg: GPTModelConfig, build: Callable[[GPTModelConfig], torch.nn.Module], rank: int
+    cfg: MupConfig,
+    model_cfg: GPTModelConfig,
+    build: Callable[[GPTModelConfig], torch.nn.Module],
+    rank: int,
+    on_meta: bool = True,
 ) -> Path:
     """Write this rank's base shapes file (GPT-NeoX's ``save_base_shapes``); returns its path."""
     path = cfg.rank_file(rank)
-    write_file(path, base_shapes_for(model_cfg, cfg, build))
+    write_file(path, base_shapes_for(model_cfg, cfg, build, on_meta))
     logger.info("saved muP base shapes to %s", path)
     return path
 

@@ -337,7 +337,7 @@ def pretrain(
     try:
         setup = ModelSetup.from_neox_args(args)
         if setup.mup.use_mup and setup.mup.save_base_shapes:  # GPT-NeoX: write the base shapes and stop
-            save_base_shapes(setup.mup, setup.model, lambda cfg: build_model(cfg, plan), rank)
+            save_base_shapes(setup.mup, setup.model, lambda cfg: build_model(cfg, plan), rank, not plan.pipeline)
             return PretrainResult(iteration=0, start_iteration=0)
         engine, lr_scheduler, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
         tbs = plan.train_batch_size
