@@ -179,12 +179,20 @@ def test_embedding_multipliers() -> None:
     tokens, pos, mask = _batch()
     words = plain.word_embeddings(tokens)
     positions = plain.position_embeddings(pos, words.dtype)
+    plain((tokens, pos, mask))[0].sum().backward()
+    grad_plain = plain.word_embeddings.weight.grad
+    assert grad_plain is not None
+    words, positions = words.detach(), positions.detach()
     for use_mup, mult, rp in ((True, 3.0, 1.0), (True, 1.0, 0.5), (False, 3.0, 0.5)):
         emb = build_sequential_model(cfg(64, use_mup=use_mup, mup_embedding_mult=mult, mup_rp_embedding_mult=rp))
         emb = emb.sequential[0]
         emb.load_state_dict(plain.state_dict())
         want = (words + rp * positions) * (mult if use_mup else 1.0)
-        assert torch.allclose(emb((tokens, pos, mask))[0], want, atol=1e-6)
+        out = emb((tokens, pos, mask))[0]
+        assert torch.allclose(out, want, atol=1e-6)
+        out.sum().backward()  # the multiplier is differentiated through (GPT-NeoX's in-place no_grad one is not)
+        grad = emb.word_embeddings.weight.grad
+        assert grad is not None and torch.allclose(grad, grad_plain * (mult if use_mup else 1.0))
 
 
 def test_user_errors_name_the_key_and_file(tmp_path: Path) -> None:
