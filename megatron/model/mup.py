@@ -274,15 +274,16 @@ def apply_mup(model: torch.nn.Module, cfg: MupConfig, model_cfg: Any, base: Base
 
 
 def readout_weight(module: torch.nn.Module) -> torch.nn.Parameter | None:
-    """The output layer's weight where ``module`` is the output layer or the embedding tied with it."""
-    from megatron.model.transformer import ParallelLinearPipe
-    from megatron.model.word_embeddings import EmbeddingPipe
-
-    if isinstance(module, ParallelLinearPipe):
-        return module.final_linear.weight
-    if isinstance(module, EmbeddingPipe) and module.cfg.tied_embeddings:
-        return module.word_embeddings.weight
-    return None
+    """The output layer's weight where ``module`` is the output layer (``final_linear``) or the embedding tied with
+    it: the classes that declare ``mup_output_mult`` (``ParallelLinearPipe``, ``Embedding``; recognised by that
+    attribute, so that this module imports no model layer: they import it)."""
+    if not hasattr(type(module), "mup_output_mult"):
+        return None
+    final_linear: Any = getattr(module, "final_linear", None)
+    if final_linear is not None:
+        return final_linear.weight
+    embedding: Any = module
+    return embedding.word_embeddings.weight if embedding.cfg.tied_embeddings else None
 
 
 def attention_scale(head_dim: int, use_mup: bool, attn_temp: float) -> float:
