@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
+from megatron.model.mup import attention_scale
 from megatron.model.norms import Norm, RMSNorm, ScaleNorm, build_norm
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS, apply_rotary, rotate_in_place
 from megatron.model.residual_projection import residual_projection
@@ -142,7 +142,7 @@ class ParallelSelfAttention(nn.Module):
         self.rotary_emb = position.rotary(cfg) if position.rotary is not None else None
         self.position_bias = position.attention_bias(cfg) if position.attention_bias is not None else None
         self.rpe = rpe
-        self.scale = 1.0 / math.sqrt(self.hn)
+        self.scale = attention_scale(self.hn, cfg.use_mup, cfg.mup_attn_temp)
         self.layer_scale = float(max(1, layer_index)) if cfg.apply_query_key_layer_scaling else 1.0
         self.dense = residual_projection(cfg, cfg.hidden_size, cfg.use_bias_in_attn_linear, output_layer_init_method)
         self.sparse = (

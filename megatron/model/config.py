@@ -254,6 +254,12 @@ class GPTModelConfig:
     """grouped (1,2,1,2) | spaced (1,1,2,2): which unique layer each position uses."""
     soft_prompt_tuning: dict | None = from_schema()
     """``{enabled, n_tokens, init_string, init_range}``: a trained prefix, the rest frozen (see soft_prompt)."""
+    use_mup: bool = from_schema()
+    """muP (``megatron/model/mup.py``): attention scale 1/(d·mup_attn_temp), embedding times mup_embedding_mult."""
+    mup_attn_temp: float = from_schema()
+    mup_embedding_mult: float = from_schema()
+    mup_rp_embedding_mult: float = from_schema()
+    """Multiplier of learned/sinusoidal position embeddings (GPT-NeoX applies it with or without use_mup)."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -435,8 +441,6 @@ class GPTModelConfig:
         kwargs["sparse_layout_tokens"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
-        if args.use_mup:
-            logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)

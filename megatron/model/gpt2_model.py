@@ -212,6 +212,8 @@ class GPTSequential(nn.Module):
         last = self.sequential[-1]
         owner = last._owner[0] if isinstance(last, _Lambda) and last.fn is logits_helper else None
         weight: torch.Tensor
+        if getattr(owner or last, "mup_output_mult", 1.0) != 1.0:
+            return None  # muP's readout multiplier is applied by the output layer itself
         if isinstance(last, ParallelLinearPipe):
             weight = last.final_linear.weight
         elif isinstance(owner, EmbeddingPipe):

@@ -26,21 +26,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
-    **{
-        k: "muP"
-        for k in (
-            "use_mup",
-            "coord_check",
-            "save_base_shapes",
-            "base_shapes_file",
-            "mup_init_scale",
-            "mup_attn_temp",
-            "mup_output_temp",
-            "mup_embedding_mult",
-            "mup_rp_embedding_mult",
-            "mup_width_scale",
-        )
-    },
     "use_bnb_optimizer": "bitsandbytes",
     **{
         k: "Comet"
