@@ -4,6 +4,9 @@
 (samples per iteration), ``s`` the sequence length, ``l`` layers, ``h`` hidden size, ``V`` the padded vocab;
 ``K = 3`` counts forward + backward (model FLOPs, MFU) and ``K = 4`` adds the recomputed forward of activation
 checkpointing (hardware FLOPs, HFU). Per device: divide by ``iteration_time · world_size``.
+
+With ``rwkv`` layers GPT-NeoX uses its RWKV formula for the whole model (``a`` attention heads), the same for MFU and
+HFU: ``B · s · (78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/a)``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
+RWKV_FLOPS_FORMULA = "B·s·(78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/heads) (GPT-NeoX's RWKV formula)"
 
 
 @dataclass
@@ -25,8 +29,10 @@ class FlopsConfig:
     num_layers: int
     hidden_size: int
     padded_vocab_size: int
+    num_attention_heads: int
     checkpoint_activations: bool = from_schema()
     peak_theoretical_tflops: float | None = from_schema()
+    attention_config: list | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
@@ -41,12 +47,22 @@ class FlopsConfig:
             padded_vocab_size=args.padded_vocab_size,
             checkpoint_activations=args.checkpoint_activations,
             peak_theoretical_tflops=args.peak_theoretical_tflops,
+            attention_config=args.attention_config,
+            num_attention_heads=args.num_attention_heads,
         )
+
+
+def flops_formula(cfg: FlopsConfig) -> str:
+    """The formula :func:`flops_per_iteration` uses for ``cfg``, as logged."""
+    return RWKV_FLOPS_FORMULA if cfg.attention_config and "rwkv" in cfg.attention_config else FLOPS_FORMULA
 
 
 def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     """FLOPs of one training iteration over the whole global batch."""
     b, s, layers, h, v = cfg.train_batch_size, cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size
+    if cfg.attention_config and "rwkv" in cfg.attention_config:
+        a = cfg.num_attention_heads
+        return b * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * v + 18.0 * layers * h * h / a)
     return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
 
 

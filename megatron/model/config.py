@@ -23,6 +23,7 @@ from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
+from megatron.neox_arguments.rwkv_checks import rwkv_problems
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import MOE_ROUTER_TYPES
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local")
+SUPPORTED_ATTENTION = ("global", "flash", "local", "rwkv")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -148,9 +149,15 @@ class GPTModelConfig:
     sliding_window_width: int | None = from_schema()
     """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
     attention_config: list | None = from_schema()
-    """Per-layer attention type (global | flash | local); empty = all global."""
+    """Per-layer attention type (global | flash | local | rwkv); empty = all global."""
     sparsity_config: dict | None = from_schema()
     """``local`` attention: ``block`` (16) and ``num_sliding_window_blocks`` (3)."""
+    dim_att: int | None = from_schema()
+    """RWKV: time-mix width (None: hidden_size)."""
+    head_size: int | None = from_schema()
+    """RWKV: width of each head (derived as dim_att // num_attention_heads; a given value must agree)."""
+    ffn_dim: int | None = from_schema()
+    """RWKV: channel-mix width (None: intermediate_size, else int(expansion_factor (3.5) · h), floored to 32s)."""
     hidden_dropout: float = from_schema()
     """Dropout after embeddings, attention and MLP."""
     attention_dropout: float = from_schema()
@@ -353,6 +360,10 @@ class GPTModelConfig:
                 )
 
         for problem in moe_problems(self):
+            raise ValueError(problem)
+        rwkv_keys: tuple[str, ...] = ("attention_config", "num_layers", "num_attention_heads", "hidden_size")
+        rwkv_keys += ("dim_att", "head_size", "ffn_dim", "intermediate_size", "expansion_factor")
+        for problem in rwkv_problems({k: getattr(self, k) for k in rwkv_keys}):
             raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
 from megatron.model.moe import with_aux_loss
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
+from megatron.model.rwkv import RWKVResidualLayerPipe
 from megatron.model.seeding import seeded
 from megatron.model.transformer import (
     NormPipe,
@@ -68,6 +69,9 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
         specs.append(LayerSpec(EmbeddingPipe, cfg, 0))
     specs.append(_pre_transformer_block)
     for i in range(cfg.num_layers):
+        if cfg.layer_types[i] == "rwkv":
+            specs.append(LayerSpec(RWKVResidualLayerPipe, cfg, i, i + 2))
+            continue
         specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
     specs.append(_post_transformer_block)
     specs.append(LayerSpec(NormPipe, cfg, cfg.num_layers + 3))
@@ -173,6 +177,8 @@ class GPTSequential(nn.Module):
                     x = _checkpoint(_run_chunk(layers[i:j]), *x)
                     i = j
                     continue
+                x = layer(x, kv_cache=kv_cache)
+            elif isinstance(layer, RWKVResidualLayerPipe):
                 x = layer(x, kv_cache=kv_cache)
             else:
                 x = layer(x)

@@ -36,7 +36,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "mamba_use_bias_in_linears",
         )
     },
-    **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
     "sparsity_config": "sparse attention",
     "gmlp_attn_dim": "gMLP",
     **{
@@ -135,7 +134,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
     "attention_config": {
         "mamba": "Mamba",
-        "rwkv": "RWKV",
         "sparse_fixed": "sparse attention",
         "sparse_variable": "sparse attention",
         "bigbird": "sparse attention",

@@ -14,6 +14,7 @@ from megatron.neox_arguments.compile_checks import torch_compile_problems
 from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.ranges import range_problems
+from megatron.neox_arguments.rwkv_checks import rwkv_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
@@ -223,6 +224,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("layers", _layers),
     ("post-training", _post_training),
     ("mixture of experts", _moe),
+    ("rwkv", lambda c: rwkv_problems(c.v)),
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),

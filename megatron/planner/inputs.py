@@ -110,6 +110,11 @@ class TrainingSetup:
         if args.padded_vocab_size is None:
             raise ValueError("TrainingSetup.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
         attention = [str(t) for t in (args.attention_config or [])]
+        if "rwkv" in attention:  # its parameters would count exactly, but memory and time model transformer layers
+            raise ValueError(
+                "not supported yet by the planner: attention_config rwkv (its activation memory and step time model "
+                "transformer layers only)"
+            )
         data_types = args.data_types or {}
         return cls(
             precision=args.precision,
