@@ -14,7 +14,7 @@ tokens. With ``a_t = Σ_{j<t} log w_j`` inside a chunk (``a_0 = 0``, every ``log
 Every exponent is a sum of log-decays over a span (``≤ 0``); pairs with ``s ≥ t`` are masked to ``-inf`` before
 ``exp``, so nothing overflows whatever the chunk size and decay (the factored form ``(r e^{a}) (k e^{-a})ᵀ`` would
 overflow fp32 once a chunk's decay passes e^88). The price is a ``[.., chunk, chunk, N]`` tensor per chunk, so chunks
-stay small (16 by default). Step log-decays are floored at -30 (:data:`LOG_DECAY_FLOOR`). All arithmetic is in fp32 (as the CUDA kernel's); the output has ``r``'s dtype.
+stay small (16 by default). Step log-decays are floored at -30 (:data:`LOG_DECAY_FLOOR`). Half-precision inputs are computed in fp32 (as the CUDA kernel does); the output has ``r``'s dtype.
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ sums of log-decays so large that fp32 loses the small differences of the later t
 
 
 def log_decay(w: torch.Tensor) -> torch.Tensor:
-    """``log w_t = -exp(w_raw)`` in fp32, floored at :data:`LOG_DECAY_FLOOR`."""
-    return (-torch.exp(w.float())).clamp(min=LOG_DECAY_FLOOR)
+    """``log w_t = -exp(w_raw)`` (fp32 at least), floored at :data:`LOG_DECAY_FLOOR`."""
+    return (-torch.exp(w.to(_compute_dtype(w)))).clamp(min=LOG_DECAY_FLOOR)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """fp32 for half-precision inputs (as the CUDA kernel), else the input's own (fp64 stays fp64)."""
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def wkv_chunked(
@@ -50,9 +55,9 @@ def wkv_chunked(
     """
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
-    out_dtype = r.dtype
+    out_dtype, dt = r.dtype, _compute_dtype(r)
     b, t, h, n = r.shape
-    r, k, v, u = r.float(), k.float(), v.float(), u.float()
+    r, k, v, u = r.to(dt), k.to(dt), v.to(dt), u.to(dt)
     logw = log_decay(w)
     pad = (-t) % chunk
     if pad:  # padded steps: r = k = v = 0 (no output, no state change), decay 1 (log 0)
@@ -74,7 +79,7 @@ def wkv_chunked(
     r_in = r * torch.exp(a_excl)  # what the chunk's start state contributes: (r_t ⊙ e^{a_t}) · S_0
     k_out = k * torch.exp(a[:, :, :, -1:] - a)  # k_s ⊙ e^{a_L - a_{s+1}}
     chunk_decay = torch.exp(a[:, :, :, -1])  # [B, H, C, N]
-    s = state.float() if state is not None else r.new_zeros(b, h, n, n)
+    s = state.to(dt) if state is not None else r.new_zeros(b, h, n, n)
     inter = []
     for c in range(nc):
         inter.append(r_in[:, :, c] @ s)
@@ -87,10 +92,10 @@ def wkv_chunked(
 def wkv_step(
     r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor, state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token: ``r, k, v, w`` ``[B, H, N]``, ``u`` ``[H, N]``, ``state`` ``[B, H, N, N]`` (fp32) →
+    """One token: ``r, k, v, w`` ``[B, H, N]``, ``u`` ``[H, N]``, ``state`` ``[B, H, N, N]`` →
     ``(y [B, H, N], next state)``."""
-    out_dtype = r.dtype
-    r, k, v, u = r.float(), k.float(), v.float(), u.float()
+    out_dtype, dt = r.dtype, _compute_dtype(r)
+    r, k, v, u, state = r.to(dt), k.to(dt), v.to(dt), u.to(dt), state.to(dt)
     kv = k.unsqueeze(-1) * v.unsqueeze(-2)  # [B, H, N, N]
     y = (r.unsqueeze(-1) * (u[None, :, :, None] * kv + state)).sum(-2)
     state = torch.exp(log_decay(w)).unsqueeze(-1) * state + kv
