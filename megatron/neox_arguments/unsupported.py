@@ -129,6 +129,10 @@ IGNORED_KEYS: dict[str, str] = {
     "supported)",
 }
 
+# fp16's loss-scaling keys, which GPT-NeoX configs also write into the bf16 block (rwkv/170M.yml): bf16 training has
+# no loss scaling (DeeperSpeed ignores them there, DeepSpeed refuses them). Dropped from the bf16 block DeepSpeed gets.
+BF16_LOSS_SCALING = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+
 # key -> {value: feature}: values of otherwise supported keys that are refused.
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
@@ -175,8 +179,16 @@ def ignored_warnings(
     """One '<key>=<value> is ignored: <why> (set in <file>)' line per key of ``IGNORED_KEYS`` set to something other
     than its default."""
     origins = origins or {}
-    return [
+    out = [
         f"{key}={values[key]!r} is ignored: {why} (set in {origins.get(key, 'the configuration')})"
         for key, why in IGNORED_KEYS.items()
         if values.get(key) != defaults.get(key)
     ]
+    bf16 = values.get("bf16")
+    scaling = [k for k in BF16_LOSS_SCALING if isinstance(bf16, dict) and k in bf16]
+    if scaling:
+        out.append(
+            f"bf16.{', bf16.'.join(scaling)} ignored: bf16 training uses no loss scaling "
+            f"(set in {origins.get('bf16', 'the configuration')})"
+        )
+    return out

@@ -195,3 +195,17 @@ def test_sizes_follow_gpt_neox_s_rules() -> None:
 def test_what_rwkv_refuses(over: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _args(**over)
+
+
+def test_the_shipped_config_loads_with_its_bf16_loss_scaling_keys_warned_about(caplog) -> None:
+    """GPT-NeoX's rwkv/170M.yml writes fp16's loss-scaling keys into its bf16 block: DeepSpeed gets the block
+    without them (its bf16 config refuses them) and the user a warning naming them."""
+    from tests.unit.test_neox_args_configs import _kwargs
+
+    repo = Path(__file__).resolve().parents[2]
+    with caplog.at_level("WARNING"):
+        args = NeoXArgs(**_kwargs([str(repo / "configs" / "rwkv" / "170M.yml"), str(repo / "configs/local_setup.yml")]))
+    assert args.attention_config == ["rwkv"] * 12 and args.precision == "bfloat16"
+    assert args.deepspeed_config["bf16"] == {"enabled": True}
+    assert "bf16.loss_scale, bf16.initial_scale_power, bf16.loss_scale_window" in caplog.text
+    assert "ignored: bf16 training uses no loss scaling (set in " in caplog.text
