@@ -180,6 +180,17 @@ def test_sizes_follow_gpt_neox_s_rules() -> None:
     assert rwkv_sizes(_args(intermediate_size=100)).ffn_dim == 96
     assert rwkv_sizes(_args(ffn_dim=100, dim_att=32)).ffn_dim == 100  # a given ffn_dim is used as documented
     assert rwkv_sizes(_args(dim_att=32)).head_size == 8
+    narrow = rwkv_sizes(_args(hidden_size=48, num_attention_heads=4))  # no multiple of 32 needed (no CUDA kernel)
+    assert (narrow.dim_att, narrow.head_size, narrow.ffn_dim) == (48, 12, 160)
+
+
+def test_weight_decay_skips_every_norm_including_the_group_norm() -> None:
+    """``ln1``/``ln2``/``ln_x`` and the final norm get no weight decay; the ``time_*`` parameters and the linear
+    weights do (GPT-NeoX's list of no-decay norms omits ``GroupNorm``, so there ``ln_x.weight`` is decayed)."""
+    from megatron.model.weight_decay import model_no_weight_decay_names
+
+    names = {n.removeprefix("sequential.2.") for n in model_no_weight_decay_names(_cfg()) if "sequential.2." in n}
+    assert names == {f"{m}.{p}" for m in ("ln1", "ln2", "att.ln_x") for p in ("weight", "bias")}
 
 
 @pytest.mark.parametrize(
