@@ -80,8 +80,9 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
     problems = []
     if cfg.pos_emb != "rotary":
         problems.append(f"pos_emb={cfg.pos_emb!r} (HF models here use rotary)")
-    if any(kind == "local" for kind in cfg.layer_types):
-        problems.append("attention_config 'local' layers")
+    for kind in ("local", "rwkv"):
+        if kind in cfg.layer_types:
+            problems.append(f"attention_config '{kind}' layers")
     if cfg.use_qk_layernorm:
         problems.append("use_qk_layernorm")
     if cfg.gpt_j_tied:

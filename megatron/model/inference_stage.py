@@ -23,6 +23,7 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.gpt2_model import _Lambda, build_layer_specs
 from megatron.model.kv_cache import KVCache
+from megatron.model.rwkv import RWKVResidualLayerPipe
 from megatron.model.transformer import ParallelTransformerLayerPipe
 
 
@@ -86,7 +87,8 @@ class InferenceStage(nn.Module):
             shape = (s, b, self.cfg.hidden_size)
             x = (mpu.recv_from_prev_stage(shape, self.cfg.params_dtype, tokens.device), positions, None)
         for module in run:
-            x = module(x, kv_cache=kv_cache) if isinstance(module, ParallelTransformerLayerPipe) else module(x)
+            cached = isinstance(module, (ParallelTransformerLayerPipe, RWKVResidualLayerPipe))
+            x = module(x, kv_cache=kv_cache) if cached else module(x)
         if kv_cache is not None:
             kv_cache.advance(s)
         if not self.is_last:

@@ -1,7 +1,8 @@
 """``configs/rwkv/170M.yml`` (GPT-NeoX's RWKV-6 170M: ``rwkv`` blocks, bf16, ZeRO-1, the pipe engine, activation
 checkpointing) trains on 2 CPU ranks when only its size shrinks: with its own one pipeline stage over 2 data-parallel
 ranks, and over 2 pipeline stages (the same first loss: the initial weights do not depend on the layout), saving and
-resuming in both."""
+resuming in both; then greedy generation from the 2-stage checkpoint on 2 pipeline ranks (each stage's blocks keep
+their recurrent state) gives the tokens and logits of one process."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
+from tests.distributed import fns_inference
 from tests.distributed.fns_train import make_tiny_data, run_pretrain_many
 from tests.e2e.shrink import load_raw, shrink
 from tests.harness import run_distributed
@@ -56,3 +60,26 @@ def test_rwkv_170m_trains_saves_and_resumes_with_one_and_two_pipeline_stages(tmp
     stage_files = sorted(p.name for p in (tmp_path / "pp2" / "global_step4").glob("layer_*-model_states.pt"))
     assert stage_files == [f"layer_{i:02d}-model_00-model_states.pt" for i in (0, 2, 3, 5, 6)]
     assert first["train_losses"][0] == pytest.approx(pipe_first["train_losses"][0], abs=2e-2)
+
+    # generation: the pp=2 checkpoint on one process (merged) and on its 2 pipeline stages
+    config = tmp_path / "rwkv.yml"
+    config.write_text(
+        yaml.safe_dump({k: v for k, v in runs[3].items() if k != "global_num_gpus"} | {"pipe_parallel_size": 0})
+    )
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick brown\nTo be, or not\n")
+    gen = {"text_gen_type": "input-file", "sample_input_file": str(prompts), "maximum_tokens": 5,
+           "sample_output_file": str(tmp_path / "out.jsonl"), "return_logits": True, "precision": "fp32",
+           "bf16": {"enabled": False}}  # fmt: skip
+    from megatron.generation.text_generation import run_generation
+    from megatron.neox_arguments import NeoXArgs
+
+    one = run_generation(NeoXArgs.from_ymls([str(config)], overwrite_values=gen))
+    assert sum(r["length"] for r in one) >= 5
+    [layouts, _] = run_distributed(fns_inference.generate_layouts, 2, [str(config)], gen, [(1, 2, "fp32")], timeout=300)
+    two = layouts["tp1_pp2_fp32"]["records"]
+    assert [(r["context"], r["text"], r["length"]) for r in two] == [
+        (r["context"], r["text"], r["length"]) for r in one
+    ]
+    for a, b in zip(one, two, strict=True):
+        assert torch.allclose(torch.tensor(a["logits"]), torch.tensor(b["logits"]), atol=1e-4)
