@@ -153,10 +153,22 @@ def test_generation_with_the_recurrent_state_equals_the_full_sequence() -> None:
         parts = [model(ids[:, :19], kv_cache=cache)]
         parts += [model(ids[:, i : i + 1], kv_cache=cache) for i in range(19, 30)]
     assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
-    # the recurrence runs along the sequence: a sample's logits do not depend on the other samples of the batch
+    # the recurrence runs along the sequence: a sample's logits do not depend on the other samples of the batch,
+    # and a position's logits not on later tokens
+    changed = ids.clone()
+    changed[:, 20:] = (changed[:, 20:] + 1) % 64
     with torch.no_grad():
         alone = model(ids[1:])
+        later = model(changed)
     assert torch.allclose(alone, full[1:], atol=1e-5)
+    assert torch.allclose(later[:, :20], full[:, :20], atol=1e-6) and not torch.allclose(later[:, 20:], full[:, 20:])
+
+
+def test_hugging_face_export_refuses_rwkv_layers() -> None:
+    from megatron.model.hf_mapping import neox_to_hf_config
+
+    with pytest.raises(ValueError, match="attention_config 'rwkv' layers"):
+        neox_to_hf_config(_cfg(pos_emb="rotary"))
 
 
 def test_tensor_names_are_gpt_neox_s() -> None:
@@ -220,3 +232,12 @@ def test_the_shipped_config_loads_with_its_bf16_loss_scaling_keys_warned_about(c
     assert args.deepspeed_config["bf16"] == {"enabled": True}
     assert "bf16.loss_scale, bf16.initial_scale_power, bf16.loss_scale_window" in caplog.text
     assert "ignored: bf16 training uses no loss scaling (set in " in caplog.text
+
+
+def test_the_planner_refuses_rwkv_in_one_line() -> None:
+    from megatron.planner.cli import plan_main
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = [str(repo / "configs" / "rwkv" / "170M.yml"), str(repo / "configs" / "local_setup.yml")]
+    with pytest.raises(ConfigError, match="not supported yet by the planner: attention_config rwkv"):
+        plan_main(["--gpus", "8", "--vocab-size", "50000", "train.py", *cfg])
