@@ -133,6 +133,8 @@ IGNORED_KEYS: dict[str, str] = {
 # no loss scaling (DeeperSpeed ignores them there, DeepSpeed refuses them). Dropped from the bf16 block DeepSpeed gets.
 BF16_LOSS_SCALING = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 
+RWKV_KEYS = ("dim_att", "head_size", "ffn_dim")  # warned about as ignored without rwkv layers
+
 # key -> {value: feature}: values of otherwise supported keys that are refused.
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
@@ -184,6 +186,13 @@ def ignored_warnings(
         for key, why in IGNORED_KEYS.items()
         if values.get(key) != defaults.get(key)
     ]
+    if "rwkv" not in (values.get("attention_config") or []):
+        out += [
+            f"{key}={values[key]!r} is ignored: it sizes RWKV layers and attention_config has none "
+            f"(set in {origins.get(key, 'the configuration')})"
+            for key in RWKV_KEYS
+            if values.get(key) is not None
+        ]
     bf16 = values.get("bf16")
     scaling = [k for k in BF16_LOSS_SCALING if isinstance(bf16, dict) and k in bf16]
     if scaling:

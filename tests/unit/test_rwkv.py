@@ -241,3 +241,10 @@ def test_the_planner_refuses_rwkv_in_one_line() -> None:
     cfg = [str(repo / "configs" / "rwkv" / "170M.yml"), str(repo / "configs" / "local_setup.yml")]
     with pytest.raises(ConfigError, match="not supported yet by the planner: attention_config rwkv"):
         plan_main(["--gpus", "8", "--vocab-size", "50000", "train.py", *cfg])
+
+
+def test_rwkv_keys_without_rwkv_layers_are_warned_about(caplog) -> None:
+    with caplog.at_level("WARNING"):
+        _args(attention_config=None, ffn_dim=128, head_size=16)
+    assert "ffn_dim=128 is ignored: it sizes RWKV layers and attention_config has none" in caplog.text
+    assert "head_size=16 is ignored" in caplog.text and "dim_att" not in caplog.text
