@@ -23,7 +23,6 @@ from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
-from megatron.neox_arguments.rwkv_checks import rwkv_problems
 from megatron.neox_arguments.sections import model as model_keys
 from megatron.neox_arguments.sections.model import ATTENTION_TYPES
 from megatron.neox_arguments.sections.optimizer import MOE_ROUTER_TYPES
@@ -360,10 +359,6 @@ class GPTModelConfig:
                 )
 
         for problem in moe_problems(self):
-            raise ValueError(problem)
-        rwkv_keys: tuple[str, ...] = ("attention_config", "num_layers", "num_attention_heads", "hidden_size")
-        rwkv_keys += ("dim_att", "head_size", "ffn_dim", "intermediate_size", "expansion_factor")
-        for problem in rwkv_problems({k: getattr(self, k) for k in rwkv_keys}):
             raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------

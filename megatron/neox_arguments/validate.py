@@ -233,7 +233,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
 ]
 
 
-MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers")
+MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers", "rwkv")
 """The rules on the model's shape alone (``GPTModelConfig`` does not repeat them; it checks MoE itself)."""
 
 
