@@ -5,12 +5,18 @@
 ``K = 3`` counts forward + backward (model FLOPs, MFU) and ``K = 4`` adds the recomputed forward of activation
 checkpointing (hardware FLOPs, HFU). Per device: divide by ``iteration_time · world_size``.
 
+Mamba layers (``attention_config`` type ``mamba``) count GPT-NeoX's Mamba formula per layer,
+``K·B·s·(d·(11·16 + 4·r + 1) + 6·d·h + 2·d·4)`` (selective scan, projections, conv; ``d`` the inner width
+``expansion_factor·h`` or ``intermediate_size`` or ``2h``, ``r = ⌈h/16⌉``), and a model made only of them GPT-NeoX's
+output-layer term ``6·B·s·h·V``; in a mixed model the other layers keep the transformer formula's terms.
+
 With ``rwkv`` layers GPT-NeoX uses its RWKV formula for the whole model (``a`` attention heads), the same for MFU and
 HFU: ``B · s · (78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/a)``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
@@ -33,6 +39,9 @@ class FlopsConfig:
     checkpoint_activations: bool = from_schema()
     peak_theoretical_tflops: float | None = from_schema()
     attention_config: list | None = from_schema()
+    """Per-layer types, expanded (the config layer's form); None: every layer a transformer layer."""
+    expansion_factor: float | None = from_schema()
+    intermediate_size: int | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
@@ -49,6 +58,8 @@ class FlopsConfig:
             peak_theoretical_tflops=args.peak_theoretical_tflops,
             attention_config=args.attention_config,
             num_attention_heads=args.num_attention_heads,
+            expansion_factor=args.expansion_factor,
+            intermediate_size=args.intermediate_size,
         )
 
 
@@ -63,7 +74,21 @@ def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     if cfg.attention_config and "rwkv" in cfg.attention_config:
         a = cfg.num_attention_heads
         return b * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * v + 18.0 * layers * h * h / a)
-    return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
+    mamba = sum(1 for t in cfg.attention_config or () if t == "mamba")
+    if not mamba:
+        return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
+    if cfg.expansion_factor:
+        inner = h * cfg.expansion_factor
+    elif cfg.intermediate_size:
+        inner = float(cfg.intermediate_size)
+    else:
+        inner = 2.0 * h
+    d_state, conv, dt_rank = 16, 4, math.ceil(h / 16)
+    per_mamba = k * b * s * (inner * (11 * d_state + 4 * dt_rank + 1) + 6 * inner * h + 2 * inner * conv)
+    others = layers - mamba
+    per_transformer = 24.0 * k * b * s * h * h * (1.0 + s / (6.0 * h))
+    head = 6.0 * b * s * h * v if others == 0 else 1.5 * k * b * s * h * v
+    return mamba * per_mamba + others * per_transformer + head
 
 
 def throughput_metrics(cfg: FlopsConfig, iteration_time: float, world_size: int) -> dict[str, float]:

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local", "rwkv")
+SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba", "rwkv")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -211,6 +211,18 @@ class GPTModelConfig:
     """Compute the router probabilities of the load-balancing loss in fp32."""
     moe_gated_experts: bool = from_schema()
     """Gated activations: gated experts (w1, w3, w2 at int(8h/3)); False builds GPT-NeoX's ungated w1/w2 at 4h."""
+    mamba_selective_scan_fusion: bool = from_schema()
+    """Mamba layers: mamba_ssm's selective-scan kernel when importable on a GPU (else the PyTorch scan)."""
+    mamba_causal_conv_fusion: bool = from_schema()
+    """Mamba layers: causal_conv1d's kernel when importable on a GPU (else torch's conv1d)."""
+    mamba_inner_func_fusion: bool = from_schema()
+    """Mamba layers: both kernels above (GPT-NeoX's fused inner function); refused with mamba_use_bias_in_linears."""
+    mamba_selective_fp32_params: bool = from_schema()
+    """Mamba layers: A_log and D in fp32 (honoured in fp32 runs; DeepSpeed casts them to fp16/bf16, warned)."""
+    mamba_use_bias_in_conv: bool = from_schema()
+    """Mamba layers: bias in conv1d."""
+    mamba_use_bias_in_linears: bool = from_schema()
+    """Mamba layers: bias in in_proj, x_proj and out_proj."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -360,6 +372,11 @@ class GPTModelConfig:
 
         for problem in moe_problems(self):
             raise ValueError(problem)
+        if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:
+            raise ValueError(
+                "mamba_inner_func_fusion and mamba_use_bias_in_linears cannot be combined (GPT-NeoX's fused Mamba "
+                "inner function has no projection biases); unset one"
+            )
 
     # ------------------------------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ built internally when ``attention_mask`` is None (a given mask is sliced to ``[.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,15 +32,8 @@ class KVCache:
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
         self._lengths: dict[int, int] = {}
-        self._states: dict[int, Any] = {}
+        self.layer_states: dict[int, Any] = {}  # recurrent layers' state (Mamba: conv and SSM state), by layer
         self.seq_len = 0
-
-    def layer_state(self, layer: int, new: Callable[[], Any]) -> Any:
-        """The recurrent state of a layer that keeps one instead of keys and values (RWKV), made by ``new()`` at
-        its first use."""
-        if layer not in self._states:
-            self._states[layer] = new()
-        return self._states[layer]
 
     def past_length(self, layer: int) -> int:
         """Tokens cached for ``layer`` (0 before the first forward)."""
@@ -74,5 +66,5 @@ class KVCache:
         self._keys.clear()
         self._values.clear()
         self._lengths.clear()
-        self._states.clear()
+        self.layer_states.clear()
         self.seq_len = 0

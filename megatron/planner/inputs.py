@@ -110,6 +110,11 @@ class TrainingSetup:
         if args.padded_vocab_size is None:
             raise ValueError("TrainingSetup.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
         attention = [str(t) for t in (args.attention_config or [])]
+        if "mamba" in attention:
+            raise ValueError(
+                "not supported yet: planning a model with Mamba layers (attention_config=mamba): the planner's "
+                "activation-memory and step-time models cover transformer layers only"
+            )
         if "rwkv" in attention:  # its parameters would count exactly, but memory and time model transformer layers
             raise ValueError(
                 "not supported yet by the planner: attention_config rwkv (its activation memory and step time model "

@@ -14,6 +14,7 @@ import torch
 
 from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.engine_protocol import Engine
 from megatron.errors import UserError
 from megatron.logging.flops import FlopsConfig, flops_formula, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
@@ -22,7 +23,6 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.moe import moe_metrics
 from megatron.neox_arguments.errors import ConfigError
-from megatron.training.engine_protocol import Engine
 from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 

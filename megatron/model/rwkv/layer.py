@@ -171,6 +171,6 @@ class RWKVResidualLayerPipe(RWKVResidualLayer):
         """Run the block on a pipe tuple (batch-first inside); with ``kv_cache`` (generation) the block's recurrent
         state lives there and carries on from the tokens of earlier calls."""
         hidden, position_ids, attention_mask = args
-        state = kv_cache.layer_state(self.layer_number, RWKVLayerState) if kv_cache is not None else None
+        state = kv_cache.layer_states.setdefault(self.layer_number, RWKVLayerState()) if kv_cache is not None else None
         out = super().forward(hidden.transpose(0, 1), state).transpose(0, 1).contiguous()
         return out, position_ids, attention_mask
