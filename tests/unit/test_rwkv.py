@@ -248,3 +248,8 @@ def test_rwkv_keys_without_rwkv_layers_are_warned_about(caplog) -> None:
         _args(attention_config=None, ffn_dim=128, head_size=16)
     assert "ffn_dim=128 is ignored: it sizes RWKV layers and attention_config has none" in caplog.text
     assert "head_size=16 is ignored" in caplog.text and "dim_att" not in caplog.text
+
+
+def test_parameter_sharing_is_refused_with_rwkv_layers() -> None:
+    with pytest.raises(ValueError, match="not supported yet: num_unique_layers=1 with rwkv layers"):
+        build_sequential_model(_cfg(num_unique_layers=1))
