@@ -9,6 +9,9 @@ Mamba layers (``attention_config`` type ``mamba``) count GPT-NeoX's Mamba formul
 ``K·B·s·(d·(11·16 + 4·r + 1) + 6·d·h + 2·d·4)`` (selective scan, projections, conv; ``d`` the inner width
 ``expansion_factor·h`` or ``intermediate_size`` or ``2h``, ``r = ⌈h/16⌉``), and a model made only of them GPT-NeoX's
 output-layer term ``6·B·s·h·V``; in a mixed model the other layers keep the transformer formula's terms.
+
+With ``rwkv`` layers GPT-NeoX uses its RWKV formula for the whole model (``a`` attention heads), the same for MFU and
+HFU: ``B · s · (78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/a)``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from megatron.config_utils import NeoXValues, from_schema, schema_defaults
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
+RWKV_FLOPS_FORMULA = "B·s·(78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/heads) (GPT-NeoX's RWKV formula)"
 
 
 @dataclass
@@ -31,6 +35,7 @@ class FlopsConfig:
     num_layers: int
     hidden_size: int
     padded_vocab_size: int
+    num_attention_heads: int
     checkpoint_activations: bool = from_schema()
     peak_theoretical_tflops: float | None = from_schema()
     attention_config: list | None = from_schema()
@@ -52,14 +57,23 @@ class FlopsConfig:
             checkpoint_activations=args.checkpoint_activations,
             peak_theoretical_tflops=args.peak_theoretical_tflops,
             attention_config=args.attention_config,
+            num_attention_heads=args.num_attention_heads,
             expansion_factor=args.expansion_factor,
             intermediate_size=args.intermediate_size,
         )
 
 
+def flops_formula(cfg: FlopsConfig) -> str:
+    """The formula :func:`flops_per_iteration` uses for ``cfg``, as logged."""
+    return RWKV_FLOPS_FORMULA if cfg.attention_config and "rwkv" in cfg.attention_config else FLOPS_FORMULA
+
+
 def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     """FLOPs of one training iteration over the whole global batch."""
     b, s, layers, h, v = cfg.train_batch_size, cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size
+    if cfg.attention_config and "rwkv" in cfg.attention_config:
+        a = cfg.num_attention_heads
+        return b * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * v + 18.0 * layers * h * h / a)
     mamba = sum(1 for t in cfg.attention_config or () if t == "mamba")
     if not mamba:
         return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))

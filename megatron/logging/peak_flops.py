@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from megatron.distributed import on_cpu
-from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig
+from megatron.logging.flops import FlopsConfig, flops_formula
 
 logger = logging.getLogger("megatron.train")
 
@@ -95,6 +95,6 @@ def flops_config_with_peak(cfg: FlopsConfig, params_dtype: torch.dtype, rank: in
     peak, source = resolve_peak(cfg.peak_theoretical_tflops, params_dtype, on_cpu())
     if rank == 0:
         shown = f"{peak:.4g} TFLOP/s per rank" if peak else "unknown (MFU not logged)"
-        logger.info("MFU: FLOPs per iteration = %s; peak %s from %s; CPU threads per rank: %d", FLOPS_FORMULA, shown,
+        logger.info("MFU: FLOPs per iteration = %s; peak %s from %s; CPU threads per rank: %d", flops_formula(cfg), shown,
                     source, torch.get_num_threads())  # fmt: skip
     return replace(cfg, peak_theoretical_tflops=peak)

@@ -34,19 +34,8 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = (
-    "global",
-    "flash",
-    "local",
-    "sparse_fixed",
-    "sparse_variable",
-    "bigbird",
-    "bslongformer",
-    "mamba",
-    "gmlp",
-    "amlp",
-)
-KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
+# Every layer type GPT-NeoX's attention_config names is built (tests/unit/test_model.py::test_every_gpt_neox_layer_type_builds).
+SUPPORTED_ATTENTION = ATTENTION_TYPES
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
 FUSION_KEYS = (
@@ -162,9 +151,15 @@ class GPTModelConfig:
     """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
     attention_config: list | None = from_schema()
     """Per-layer type (global | flash | local | sparse_fixed | sparse_variable | bigbird | bslongformer attention
-    layers, mamba layers, gmlp | amlp blocks); empty = all global."""
+    layers, mamba layers, gmlp | amlp | rwkv blocks); empty = all global."""
     sparsity_config: dict | None = from_schema()
     """The block layouts of the sparse types (``sparse_layouts.GPT_NEOX_DEFAULTS``)."""
+    dim_att: int | None = from_schema()
+    """RWKV: time-mix width (None: hidden_size)."""
+    head_size: int | None = from_schema()
+    """RWKV: width of each head (derived as dim_att // num_attention_heads; a given value must agree)."""
+    ffn_dim: int | None = from_schema()
+    """RWKV: channel-mix width (None: intermediate_size, else int(expansion_factor (3.5) · h), floored to 32s)."""
     hidden_dropout: float = from_schema()
     """Dropout after embeddings, attention and MLP."""
     attention_dropout: float = from_schema()
@@ -402,9 +397,8 @@ class GPTModelConfig:
             )
         for i, kind in enumerate(self.layer_types):
             if kind not in SUPPORTED_ATTENTION:
-                where = "unknown" if kind not in KNOWN_ATTENTION else "not supported by neox-forge"
                 raise ValueError(
-                    f"attention_config: layer {i} type {kind!r} is {where}; supported: {', '.join(SUPPORTED_ATTENTION)}"
+                    f"attention_config: layer {i} type {kind!r} is unknown; supported: {', '.join(SUPPORTED_ATTENTION)}"
                 )
 
         if any(kind in ("gmlp", "amlp") for kind in self.layer_types):

@@ -31,6 +31,7 @@ from megatron.model.layer_sharing import CacheAt, is_shared, transformer_layer_s
 from megatron.model.mamba import ParallelMambaResidualLayerPipe
 from megatron.model.moe import with_aux_loss
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
+from megatron.model.rwkv import RWKVResidualLayerPipe
 from megatron.model.seeding import seeded
 from megatron.model.soft_prompt import SOFT_PROMPT_PIPE_REFUSAL, SoftPromptPipe, prepare_soft_prompt, soft_prompt_tokens
 from megatron.model.transformer import (
@@ -78,6 +79,8 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
             specs.append(LayerSpec(ParallelMambaResidualLayerPipe, cfg, i, i + 2))
         elif kind in GMLP_TYPES:
             specs.append(LayerSpec(GMLPBlock, cfg, i, i + 2))
+        elif kind == "rwkv":
+            specs.append(LayerSpec(RWKVResidualLayerPipe, cfg, i, i + 2))
         else:
             specs.append(transformer_layer_spec(cfg, i, ParallelTransformerLayerPipe, rpe=rpe))
     specs.append(_post_transformer_block)
@@ -192,6 +195,8 @@ class GPTSequential(nn.Module):
                     i = j
                     continue
                 x = layer(x, kv_cache=CacheAt(kv_cache, i) if self._shared and kv_cache is not None else kv_cache)
+            elif isinstance(layer, RWKVResidualLayerPipe):
+                x = layer(x, kv_cache=kv_cache)
             else:
                 x = layer(x)
                 if prefix and i == self.cfg.num_layers + 2:  # after _post_transformer_block: drop the prefix's outputs

@@ -88,6 +88,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
     sparse = sorted({kind for kind in cfg.layer_types if kind in SPARSE_TYPES})
     if sparse:
         problems.append(f"attention_config {', '.join(repr(k) for k in sparse)} layers")
+    if any(kind == "rwkv" for kind in cfg.layer_types):
+        problems.append("attention_config 'rwkv' layers")
     if cfg.use_qk_layernorm:
         problems.append("use_qk_layernorm")
     if cfg.gpt_j_tied:

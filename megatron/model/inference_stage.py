@@ -24,6 +24,7 @@ from megatron.model.config import GPTModelConfig
 from megatron.model.gpt2_model import LAYER_CLASSES, _Lambda, build_layer_specs
 from megatron.model.kv_cache import KVCache
 from megatron.model.layer_sharing import CacheAt, is_shared
+from megatron.model.rwkv import RWKVResidualLayerPipe
 from megatron.model.soft_prompt import soft_prompt_tokens
 
 
@@ -96,6 +97,8 @@ class InferenceStage(nn.Module):
         for idx, module in list(zip(self.indices, self.run_order))[first:]:
             if isinstance(module, LAYER_CLASSES):  # a shared layer keeps a cache entry per position
                 x = module(x, kv_cache=CacheAt(kv_cache, idx) if self._shared and kv_cache is not None else kv_cache)
+            elif isinstance(module, RWKVResidualLayerPipe):  # its recurrent state lives in the cache
+                x = module(x, kv_cache=kv_cache)
             else:
                 x = module(x)
         if kv_cache is not None:

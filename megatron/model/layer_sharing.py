@@ -75,7 +75,7 @@ def sharing_problems(cfg: SharingConfig) -> list[str]:
                 f"num_unique_layers: layers {first} and {i} share parameters but attention_config gives them "
                 f"different types ({cfg.layer_types[first]}, {cfg.layer_types[i]}); shared layers need one type"
             )
-    other = sorted({kind for kind in cfg.layer_types if kind in ("mamba", "gmlp", "amlp")})
+    other = sorted({kind for kind in cfg.layer_types if kind in ("mamba", "gmlp", "amlp", "rwkv")})
     if other and is_shared(cfg):
         out.append(
             f"not supported yet: num_unique_layers={unique} with {', '.join(other)} layers (parameter sharing is "

@@ -65,7 +65,7 @@ from megatron.neox_arguments.sections import (
     TrainingArgs,
 )
 from megatron.neox_arguments.types import coerce_value, describe
-from megatron.neox_arguments.unsupported import ignored_warnings, unsupported_problems
+from megatron.neox_arguments.unsupported import BF16_LOSS_SCALING, ignored_warnings, unsupported_problems
 from megatron.neox_arguments.validate import validate
 from megatron.neox_arguments.value_checks import value_problems
 
@@ -450,7 +450,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         for block in ("fp16", "bf16"):
             # GPT-NeoX configs write `"fp16": true` / `"type"` inside these blocks, which only DeeperSpeed accepts.
             if isinstance(ds.get(block), dict):
-                ds[block] = {k: v for k, v in ds[block].items() if k not in _DEEPERSPEED_ONLY}
+                drop = _DEEPERSPEED_ONLY | (set(BF16_LOSS_SCALING) if block == "bf16" else set())
+                ds[block] = {k: v for k, v in ds[block].items() if k not in drop}
         extra = self.deepspeed_extra_args or {}
         clash = sorted(k for k in extra if k in ds and k in self.explicit_keys)
         if clash:

@@ -25,7 +25,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "te_fp8_mha",
         )
     },
-    **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
     "use_bnb_optimizer": "bitsandbytes",
     **{
         k: "Comet"
@@ -100,12 +99,16 @@ IGNORED_KEYS: dict[str, str] = {
     "supported)",
 }
 
+# fp16's loss-scaling keys, which GPT-NeoX configs also write into the bf16 block (rwkv/170M.yml): bf16 training has
+# no loss scaling (DeeperSpeed ignores them there, DeepSpeed refuses them). Dropped from the bf16 block DeepSpeed gets.
+BF16_LOSS_SCALING = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+
+RWKV_KEYS = ("dim_att", "head_size", "ffn_dim")  # warned about as ignored without rwkv layers
+
 # key -> {value: feature}: values of otherwise supported keys that are refused.
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
-    "attention_config": {
-        "rwkv": "RWKV",
-    },
+    "attention_config": {},
     "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
     "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
 }
@@ -140,8 +143,23 @@ def ignored_warnings(
     """One '<key>=<value> is ignored: <why> (set in <file>)' line per key of ``IGNORED_KEYS`` set to something other
     than its default."""
     origins = origins or {}
-    return [
+    out = [
         f"{key}={values[key]!r} is ignored: {why} (set in {origins.get(key, 'the configuration')})"
         for key, why in IGNORED_KEYS.items()
         if values.get(key) != defaults.get(key)
     ]
+    if "rwkv" not in (values.get("attention_config") or []):
+        out += [
+            f"{key}={values[key]!r} is ignored: it sizes RWKV layers and attention_config has none "
+            f"(set in {origins.get(key, 'the configuration')})"
+            for key in RWKV_KEYS
+            if values.get(key) is not None
+        ]
+    bf16 = values.get("bf16")
+    scaling = [k for k in BF16_LOSS_SCALING if isinstance(bf16, dict) and k in bf16]
+    if scaling:
+        out.append(
+            f"bf16.{', bf16.'.join(scaling)} ignored: bf16 training uses no loss scaling "
+            f"(set in {origins.get('bf16', 'the configuration')})"
+        )
+    return out

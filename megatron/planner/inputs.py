@@ -115,6 +115,11 @@ class TrainingSetup:
                 "not supported yet: planning a model with Mamba layers (attention_config=mamba): the planner's "
                 "activation-memory and step-time models cover transformer layers only"
             )
+        if "rwkv" in attention:  # its parameters would count exactly, but memory and time model transformer layers
+            raise ValueError(
+                "not supported yet by the planner: attention_config rwkv (its activation memory and step time model "
+                "transformer layers only)"
+            )
         data_types = args.data_types or {}
         return cls(
             precision=args.precision,

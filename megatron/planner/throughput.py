@@ -68,6 +68,7 @@ def estimate_step(
         num_layers=setup.num_layers,
         hidden_size=setup.hidden_size,
         padded_vocab_size=setup.padded_vocab_size,
+        num_attention_heads=setup.num_heads,
         checkpoint_activations=setup.checkpoint_activations,
     )
     model = flops_per_iteration(flops_cfg, 3)

@@ -16,7 +16,7 @@ from megatron import mpu
 from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
 from megatron.engine_protocol import Engine
 from megatron.errors import UserError
-from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
+from megatron.logging.flops import FlopsConfig, flops_formula, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.progress import progress
 from megatron.logging.run_observer import RunObserver
@@ -264,7 +264,7 @@ class Trainer:
         if self.rank == 0:
             logger.info(line)
             if self.flops_cfg and state.iteration == self.log_cfg.log_interval:
-                logger.info("FLOPs per iteration formula: %s", FLOPS_FORMULA)
+                logger.info("FLOPs per iteration formula: %s", flops_formula(self.flops_cfg))
 
     def evaluate(self, prefix: str, data_iter: Iterator[Any] | None, iteration: int) -> dict[str, float]:
         """``eval_iters`` evaluation iterations; logs ``<prefix>/lm_loss`` and ``<prefix>/lm_loss_ppl``."""

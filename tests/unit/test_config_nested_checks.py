@@ -152,13 +152,22 @@ def test_message_names_the_file(tmp_path: Any) -> None:
         _zero(overlap_comm=None, offload_optimizer={"device": "cpu", "pin_memory": True, "ratio": 0.5}),
         _adam(eps="1e-8", lr="6e-4"),  # numbers written as strings: the optimizer builder converts them
         _fp16(loss_scale=0, initial_scale_power=12, loss_scale_window=1000, hysteresis=2, min_loss_scale=1),
-        {"bf16": {"enabled": True, "loss_scale": 0, "hysteresis": 2}},  # GPT-NeoX's bf16 blocks
         {"optimizer": {"type": "lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99]}}},
     ],
 )
 def test_valid_nested_values_pass(overrides: dict[str, Any]) -> None:
     ds = build(**overrides).deepspeed_config  # accepted, and handed to DeepSpeed as written
     assert all(ds[key][name] == v for key, block in overrides.items() for name, v in block.items()), ds
+
+
+def test_gpt_neox_s_bf16_blocks_lose_their_loss_scaling_keys_for_deepspeed() -> None:
+    """GPT-NeoX's configs write fp16's loss-scaling keys into the bf16 block (DeeperSpeed ignores them there):
+    accepted, and left out of the block DeepSpeed gets, whose bf16 config refuses them."""
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+
+    ds = build(bf16={"enabled": True, "loss_scale": 0, "hysteresis": 2}).deepspeed_config
+    assert ds["bf16"] == {"enabled": True}
+    DeepSpeedBF16Config(**ds["bf16"])
 
 
 def test_numbers_written_as_strings_reach_the_optimizer_as_floats() -> None:

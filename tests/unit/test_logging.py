@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import pytest
 
-from megatron.logging.flops import FlopsConfig, flops_per_iteration, throughput_metrics
+from megatron.logging.flops import FlopsConfig, flops_formula, flops_per_iteration, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
 from megatron.logging.timers import Timers
 from megatron.logging.wandb_reader import find_run_files, read_wandb_history
@@ -23,7 +24,9 @@ def _read_tb(path: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_flops_formula_by_hand() -> None:
-    cfg = FlopsConfig(train_batch_size=8, seq_length=128, num_layers=2, hidden_size=64, padded_vocab_size=512)
+    cfg = FlopsConfig(
+        train_batch_size=8, seq_length=128, num_layers=2, hidden_size=64, padded_vocab_size=512, num_attention_heads=4
+    )
     expected = 24 * 3 * 8 * 128 * 2 * 64 * 64 * (1 + 128 / (6 * 64) + 512 / (16 * 2 * 64))
     assert flops_per_iteration(cfg) == pytest.approx(expected)
     cfg.peak_theoretical_tflops = 1.0
@@ -36,6 +39,24 @@ def test_flops_formula_by_hand() -> None:
     m = throughput_metrics(cfg, iteration_time=0.5, world_size=2)
     assert m["runtime/hardware_flops_utilization"] == pytest.approx(100 * expected * 4 / 3 / 1e12)
     assert m["runtime/model_flops_utilization"] == pytest.approx(100 * expected / 1e12)
+
+
+def test_rwkv_flops_formula_is_gpt_neox_s() -> None:
+    """A model with rwkv layers counts with GPT-NeoX's RWKV formula (megatron/logging.py), for MFU and HFU alike."""
+    cfg = FlopsConfig(
+        train_batch_size=8,
+        seq_length=128,
+        num_layers=2,
+        hidden_size=64,
+        padded_vocab_size=512,
+        num_attention_heads=4,
+        attention_config=["rwkv", "rwkv"],
+    )
+    b, s, layers, h, v, a = 8, 128, 2, 64, 512, 4
+    expected = b * s * (78 * h * h * layers + 84 * h * layers + 16 * h + 12 * h * v + 18 * h * h * layers / a)
+    assert flops_per_iteration(cfg, 3) == pytest.approx(expected)
+    assert flops_per_iteration(cfg, 4) == pytest.approx(expected)
+    assert "RWKV" in flops_formula(cfg) and "RWKV" not in flops_formula(replace(cfg, attention_config=None))
 
 
 def test_tensorboard_sink_roundtrip(tmp_path) -> None:

@@ -208,6 +208,7 @@ def test_flops_count_mamba_layers_with_gpt_neox_formula() -> None:
 
     b, s, h, v, layers = 8, 2048, 768, 50304, 24
     shape = dict(train_batch_size=b, seq_length=s, num_layers=layers, hidden_size=h, padded_vocab_size=v)
+    shape["num_attention_heads"] = 12
     for k, ckpt in ((3, False), (4, True)):
         cfg = FlopsConfig(**shape, checkpoint_activations=ckpt, attention_config=["mamba"] * layers)
         d, r = 2 * h, 48  # inner width 2h, dt_rank ceil(768/16)

@@ -172,8 +172,14 @@ class ModelArgs:
         "column", "How the output layer is split under tensor parallelism (only `column`: over the vocabulary)."
     )
     dim_att: int | None = arg(None, "RWKV: total attention width (default hidden_size).")
-    head_size: int | None = arg(None, "RWKV: width of each head.")
-    ffn_dim: int | None = arg(None, "RWKV: feed-forward width.")
+    head_size: int | None = arg(
+        None, "RWKV: width of each head, always dim_att // num_attention_heads (a value given must agree)."
+    )
+    ffn_dim: int | None = arg(
+        None,
+        "RWKV: channel-mix (feed-forward) width. Unset: intermediate_size, else int(expansion_factor · hidden_size) "
+        "with expansion_factor 3.5 by default, rounded down to a multiple of 32 (GPT-NeoX's rule).",
+    )
     te_columnparallel: bool = arg(False, "Transformer Engine column-parallel linear layers.")
     te_rowparallel: bool = arg(False, "Transformer Engine row-parallel linear layers.")
     te_layernorm_mlp: bool = arg(False, "Transformer Engine fused LayerNorm + MLP.")
