@@ -207,7 +207,7 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
         cfg, arch = hf_config_to_neox(hf_config)
     except (ValueError, TypeError, AttributeError) as e:  # a field of the wrong type or missing
         raise CheckpointError(f"{config_json}: {e}") from None
-    hf_checks.check_tokenizer_fits(hf_dir, cfg.padded_vocab_size)
+    hf_checks.check_tokenizer_fits(hf_dir, cfg.vocab_rows)
     weights = read_hf_weights(hf_dir)
     hf_checks.check_weights_against_config(weights, cfg, arch, config_json, hf_config)
     stored = next(iter(weights.values())).dtype if weights else torch.float32
@@ -222,10 +222,11 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
 
 # GPTModelConfig fields that do not describe the converted checkpoint's architecture: how a run initialises, trains or
 # executes the model (the user's setup file sets them), or written in another form (padded_vocab_size: as
-# make_vocab_size_divisible_by). Every other field of the model config is written, so a new one cannot be forgotten.
+# make_vocab_size_divisible_by, which is written from it). Every other field of the model config is written, so a new one cannot be forgotten.
 RUN_KEYS = frozenset(
     {
         "padded_vocab_size",
+        "make_vocab_size_divisible_by",
         "init_method",
         "output_layer_init_method",
         "seed",
@@ -238,6 +239,10 @@ RUN_KEYS = frozenset(
         "apply_query_key_layer_scaling",
         "moe_lbl_in_fp32",
         "onnx_safe",
+        "precision",
+        "seq_length",
+        "torch_compile",
+        "use_cpu_initialization",
     }
 )
 # The model keys of the YAML written next to a converted checkpoint (tests/unit/test_hf_model_keys.py loads it back).
@@ -271,7 +276,7 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
     values.update(
         model_parallel_size=tp,
         pipe_parallel_size=pp,
-        make_vocab_size_divisible_by=cfg.padded_vocab_size // tp,
+        make_vocab_size_divisible_by=cfg.vocab_rows // tp,
     )
     header = "# Model keys of a checkpoint converted from Hugging Face by tools/ckpts/convert_hf_to_neox.py\n"
     return header + yaml.safe_dump(values, sort_keys=False)

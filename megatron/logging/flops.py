@@ -10,43 +10,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues, from_schema, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.logging import PeakFlopsKeys
+from megatron.neox_arguments.sections.model import SequenceKeys, ShapeKeys
+from megatron.neox_arguments.sections.other import VocabKeys
+from megatron.neox_arguments.sections.training import RecomputeKeys
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
 
 
 @dataclass
-@schema_defaults
-class FlopsConfig:
+class FlopsConfig(BatchSizeKeys, SequenceKeys, ShapeKeys, VocabKeys, RecomputeKeys, PeakFlopsKeys):
     """Shape and batch values the formula needs."""
-
-    train_batch_size: int
-    seq_length: int
-    num_layers: int
-    hidden_size: int
-    padded_vocab_size: int
-    checkpoint_activations: bool = from_schema()
-    peak_theoretical_tflops: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
         """Read every field strictly under its NeoX key (``padded_vocab_size`` set)."""
         if args.padded_vocab_size is None:
             raise ValueError("FlopsConfig.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
-        return cls(
-            train_batch_size=args.train_batch_size,
-            seq_length=args.seq_length,
-            num_layers=args.num_layers,
-            hidden_size=args.hidden_size,
-            padded_vocab_size=args.padded_vocab_size,
-            checkpoint_activations=args.checkpoint_activations,
-            peak_theoretical_tflops=args.peak_theoretical_tflops,
-        )
+        return cls(**neox_values(cls, args))
 
 
 def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     """FLOPs of one training iteration over the whole global batch."""
     b, s, layers, h, v = cfg.train_batch_size, cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size
+    assert v is not None, "from_neox_args refuses padded_vocab_size unset"
     return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
 
 

@@ -50,14 +50,55 @@ ATTENTION_TYPES = (
 
 
 @dataclass
-class ModelArgs:
-    """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
+class PrecisionKeys:
+    """The training precision."""
 
     precision: PRECISIONS = arg(
         None, "Training precision. Derived from the `fp16`/`bf16` dicts when unset; `fp32` otherwise.", derived=True
     )
+
+
+@dataclass
+class ShapeKeys:
+    """Depth and width of the model."""
+
     num_layers: int = arg(None, "Number of transformer layers (required).")
     hidden_size: int = arg(None, "Width of the residual stream (required).")
+
+
+@dataclass
+class SequenceKeys:
+    """The training sequence length and the longest position."""
+
+    seq_length: int = arg(None, "Training sequence length in tokens.")
+    max_position_embeddings: int = arg(
+        None, "Largest position the model supports (size of a learned position table); >= seq_length (required)."
+    )
+
+
+@dataclass
+class VocabPaddingKeys:
+    """How the vocabulary is padded."""
+
+    make_vocab_size_divisible_by: int = arg(
+        128, "Pad the vocabulary to a multiple of this value times model_parallel_size."
+    )
+
+
+@dataclass
+class ResidualKeys:
+    """GPT-J's parallel residual."""
+
+    gpt_j_residual: bool = arg(
+        False, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of two sequential residual adds."
+    )
+    gpt_j_tied: bool = arg(False, "With gpt_j_residual, share one norm between the attention and MLP branches.")
+
+
+@dataclass
+class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, ResidualKeys):
+    """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
+
     intermediate_size: int | None = arg(
         None, "Width of the MLP's inner projection. Unset: 4 x hidden_size (gated activations: scaled by 2/3)."
     )
@@ -69,12 +110,8 @@ class ModelArgs:
         "Number of key/value heads. Unset or equal to num_attention_heads: multi-head attention; fewer: "
         "grouped-query attention; 1: multi-query attention. Must divide num_attention_heads.",
     )
-    seq_length: int = arg(None, "Training sequence length in tokens.")
     sliding_window_width: int | None = arg(
         None, "If set, each token attends only to this many previous tokens (sliding-window attention)."
-    )
-    max_position_embeddings: int = arg(
-        None, "Largest position the model supports (size of a learned position table); >= seq_length (required)."
     )
     norm: NORMS = arg("layernorm", "Normalisation layer type.")
     layernorm_fusion: bool = arg(False, "Use a fused LayerNorm kernel where available.")
@@ -103,9 +140,6 @@ class ModelArgs:
         None, "Number of distinct layers whose parameters are shared across num_layers (must divide it)."
     )
     param_sharing_style: str = arg("grouped", "Order of shared layers: `grouped` (1,2,1,2) or `spaced` (1,1,2,2).")
-    make_vocab_size_divisible_by: int = arg(
-        128, "Pad the vocabulary to a multiple of this value times model_parallel_size."
-    )
     activation: ACTIVATIONS = arg("gelu", f"MLP activation; gated ones: {', '.join(GATED_ACTIVATIONS)}.")
     use_flashattn_swiglu: bool = arg(False, "Use flash-attn's fused SwiGLU kernel (CUDA only).")
     scaled_upper_triang_masked_softmax_fusion: bool = arg(
@@ -140,10 +174,6 @@ class ModelArgs:
         "scaled_normal", "Initialiser of the residual-output projections (attention dense, MLP output)."
     )
     gmlp_attn_dim: int = arg(64, "Width of the single-head attention inside gMLP blocks.")
-    gpt_j_residual: bool = arg(
-        False, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of two sequential residual adds."
-    )
-    gpt_j_tied: bool = arg(False, "With gpt_j_residual, share one norm between the attention and MLP branches.")
     use_bias_in_norms: bool = arg(True, "Give norm layers a bias term.")
     use_bias_in_attn_linear: bool = arg(True, "Give the attention projections (QKV, dense) bias terms.")
     use_bias_in_mlp: bool = arg(True, "Give the MLP projections bias terms.")

@@ -18,13 +18,19 @@ OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
 
 
 @dataclass
-class OptimizerArgs:
-    """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
+class OptimizerTypeKeys:
+    """Which optimizer runs."""
 
     optimizer_type: OptimizerType = arg(
         "adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True
     )
     use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
+
+
+@dataclass
+class ZeroKeys:
+    """The ZeRO values mirrored from ``zero_optimization``."""
+
     zero_stage: int = arg(0, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True)
     zero_reduce_scatter: bool = arg(
         None, "ZeRO: reduce-scatter gradients instead of all-reduce (mirrored).", derived=True
@@ -34,7 +40,18 @@ class OptimizerArgs:
     )
     zero_reduce_bucket_size: int = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
     zero_allgather_bucket_size: int = arg(None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True)
+
+
+@dataclass
+class LRKeys:
+    """The peak learning rate."""
+
     lr: float = arg(0.001, "Peak learning rate, taken from `optimizer.params.lr` when that is set.", derived=True)
+
+
+@dataclass
+class OptimizerArgs(OptimizerTypeKeys, ZeroKeys, LRKeys):
+    """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
 
 
 @dataclass
