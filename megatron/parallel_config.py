@@ -18,7 +18,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-# the one megatron layer imported: its fields take their defaults from the schema (config_utils.from_schema)
+# the megatron layers imported: config_utils, and the schema classes that declare its keys
 from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.sections.optimizer import ZeroKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys, ParallelSizeKeys
@@ -26,7 +26,10 @@ from megatron.neox_arguments.sections.other import LayerSplitKeys, ParallelSizeK
 
 @dataclass
 class ParallelConfig(ParallelSizeKeys, LayerSplitKeys, ZeroKeys):
-    """The parallelism keys of a run (GPT-NeoX names)."""
+    """The parallelism keys of a run (GPT-NeoX names). Its ``zero_stage`` is ``zero_optimization.stage`` as the config
+    layer derived it (``derive.py``): the one owner of the stage among the module configs. The optimizer receives it
+    from here (``OptimizerConfig.from_neox_args(args, layout)``); the checkpoint code reads what the engine runs
+    (``engine.zero_optimization_stage()``)."""
 
     @property
     def pipeline(self) -> bool:

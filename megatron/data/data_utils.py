@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset, is_cache_builder
 from megatron.data.index_map_params import IndexMapParams
@@ -48,12 +48,14 @@ class DataConfig(SequenceKeys, BatchSizeKeys, IterationKeys, SeedKeys, DataPathK
     # and weighted_document_limit are set only by code that builds a DataConfig itself
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("micro_batch_size", "label_data_paths", "weighted_document_limit")
 
+    def __post_init__(self) -> None:
+        require_keys(self, ("seq_length", "train_batch_size"))  # required: the schema's default is None
+
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> DataConfig:
         """Read every field strictly under its NeoX key (``None`` means the default; ``micro_batch_size`` is
         ``train_micro_batch_size_per_gpu``, which the config layer also mirrors into GPT-NeoX's older ``batch_size``)."""
         kwargs: dict[str, Any] = neox_overrides(cls, args)
-        kwargs["seq_length"], kwargs["train_batch_size"] = args.seq_length, args.train_batch_size
         kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu
         return cls(**kwargs)
 

@@ -12,7 +12,7 @@ from megatron.neox_arguments.sections.textgen import EvalHarnessKeys
 from megatron.neox_arguments.sections.training import EvalLimitKeys
 
 
-@dataclass(kw_only=True)  # the required keys have no default
+@dataclass
 class EvalConfig(EvalHarnessKeys, EvalLimitKeys, SeedKeys, SequenceKeys, BatchSizeKeys, ParallelSizeKeys):
     """What the evaluation adapter and lm-eval's ``simple_evaluate`` need (GPT-NeoX key names)."""
 

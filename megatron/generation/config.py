@@ -36,7 +36,7 @@ PRECOMPUTE_GROUPS: tuple[tuple[str, ...], ...] = (
 )
 
 
-@dataclass(kw_only=True)  # seq_length and train_micro_batch_size_per_gpu (required / derived) have no default
+@dataclass
 class PrecomputeConfig(PrecomputeKeys, LoadSaveKeys, SequenceKeys, BatchSizeKeys, DataPathKeys, PairedDataPathKeys):
     """``text_gen_type: precompute``: which datasets to score and what to call the outputs (GPT-NeoX keys)."""
 
@@ -70,7 +70,7 @@ class PrecomputeConfig(PrecomputeKeys, LoadSaveKeys, SequenceKeys, BatchSizeKeys
         return paths
 
 
-@dataclass(kw_only=True)  # text_gen_type (derived) and the nested module configs have no default
+@dataclass(kw_only=True)  # the nested module configs have no default
 class InferenceConfig(LoadSaveKeys, LoadIterationKeys, SeedKeys, ParallelSizeKeys, GenerationKeys):
     """What loading a checkpoint for inference and ``text_gen_type`` need (GPT-NeoX keys), with the module configs
     of the tokenizer, the sampler, precompute and process start-up."""

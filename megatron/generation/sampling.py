@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
 from megatron.model.kv_cache import KVCache
 from megatron.neox_arguments.sections.model import SequenceKeys
 from megatron.neox_arguments.sections.textgen import SamplingKeys
@@ -32,13 +32,16 @@ class SharesTokens(Protocol):
     def share_logits(self, logits: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor: ...
 
 
-@dataclass(kw_only=True)  # seq_length (required) has no default
+@dataclass(kw_only=True)
 class SamplingConfig(SamplingKeys, SequenceKeys):
     """GPT-NeoX text-generation keys."""
 
     stop_tokens: Sequence[int] = ()
 
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("stop_tokens",)  # callers' stop sequences, not a config key
+
+    def __post_init__(self) -> None:
+        require_keys(self, ("seq_length",))  # required: the schema's default is None
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> SamplingConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues, neox_values
+from megatron.config_utils import NeoXValues, neox_values, require_keys
 from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.logging import PeakFlopsKeys
 from megatron.neox_arguments.sections.model import SequenceKeys, ShapeKeys
@@ -23,6 +23,10 @@ FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 
 @dataclass
 class FlopsConfig(BatchSizeKeys, SequenceKeys, ShapeKeys, VocabKeys, RecomputeKeys, PeakFlopsKeys):
     """Shape and batch values the formula needs."""
+
+    def __post_init__(self) -> None:
+        # required: the schema's default is None
+        require_keys(self, ("train_batch_size", "seq_length", "num_layers", "hidden_size", "padded_vocab_size"))
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:

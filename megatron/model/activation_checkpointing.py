@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
 from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.model import ShapeKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys, ParallelSizeKeys
@@ -30,13 +30,14 @@ from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(kw_only=True)  # num_layers (required) has no default
+@dataclass
 class ActivationCheckpointConfig(
     RecomputeKeys, ActivationCheckpointKeys, ShapeKeys, ParallelSizeKeys, BatchSizeKeys, LayerSplitKeys
 ):
     """GPT-NeoX keys of activation checkpointing."""
 
     def __post_init__(self) -> None:
+        require_keys(self, ("num_layers",))  # required: the schema's default is None
         if not isinstance(self.checkpoint_num_layers, int) or self.checkpoint_num_layers < 1:
             raise ValueError(f"checkpoint_num_layers must be an integer >= 1, got {self.checkpoint_num_layers!r}")
         if self.contiguous_checkpointing and not self.partition_activations:
