@@ -7,20 +7,13 @@ from dataclasses import dataclass
 
 from megatron.checkpoint.layout import CheckpointError
 from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.neox_arguments.keys import CHECKPOINTED_KEYS
 from megatron.neox_arguments.sections.model import ResidualKeys
 from megatron.neox_arguments.sections.other import LoadIterationKeys
 from megatron.neox_arguments.sections.training import CheckpointKeys, LoadSaveKeys
 
-CHECKPOINT_ARG_KEYS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "max_position_embeddings",
-    "make_vocab_size_divisible_by",
-    "padded_vocab_size",
-    "tokenizer_type",
-    "model_parallel_size",
-)
+# GPT-NeoX's model-shape args a checkpoint stores: marked next to each key in the schema (``checkpointed=True``)
+CHECKPOINT_ARG_KEYS = CHECKPOINTED_KEYS
 AUTO = "auto"
 
 

@@ -309,3 +309,22 @@ def test_a_misspelt_key_is_caught() -> None:
     assert neox_overrides(Declared, values) == {"seq_length": 64}  # extra: not read; None: the default
     source = "class C:\n    @classmethod\n    def from_neox_args(cls, a):\n        return getattr(a, 'sequence_len', 1), a.hiden\n"
     assert keys_read_in_from_neox_args(source) == [(4, "sequence_len"), (4, "hiden")]
+
+
+def test_checkpointed_keys_are_marked_next_to_each_key() -> None:
+    """The keys a checkpoint records and a load compares are marked in the schema (``arg(..., checkpointed=True)``),
+    not listed by hand: GPT-NeoX's eight model-shape args."""
+    from megatron.checkpoint import CHECKPOINT_ARG_KEYS
+    from megatron.neox_arguments.keys import FIELDS
+
+    assert set(CHECKPOINT_ARG_KEYS) == {
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "make_vocab_size_divisible_by",
+        "padded_vocab_size",
+        "tokenizer_type",
+        "model_parallel_size",
+    }
+    assert all(FIELDS[k].metadata["checkpointed"] for k in CHECKPOINT_ARG_KEYS)

@@ -62,8 +62,8 @@ class PrecisionKeys:
 class ShapeKeys:
     """Depth and width of the model."""
 
-    num_layers: int = arg(None, "Number of transformer layers (required).")
-    hidden_size: int = arg(None, "Width of the residual stream (required).")
+    num_layers: int = arg(None, "Number of transformer layers (required).", checkpointed=True)
+    hidden_size: int = arg(None, "Width of the residual stream (required).", checkpointed=True)
 
 
 @dataclass
@@ -72,7 +72,9 @@ class SequenceKeys:
 
     seq_length: int = arg(None, "Training sequence length in tokens.")
     max_position_embeddings: int = arg(
-        None, "Largest position the model supports (size of a learned position table); >= seq_length (required)."
+        None,
+        "Largest position the model supports (size of a learned position table); >= seq_length (required).",
+        checkpointed=True,
     )
 
 
@@ -81,7 +83,7 @@ class VocabPaddingKeys:
     """How the vocabulary is padded."""
 
     make_vocab_size_divisible_by: int = arg(
-        128, "Pad the vocabulary to a multiple of this value times model_parallel_size."
+        128, "Pad the vocabulary to a multiple of this value times model_parallel_size.", checkpointed=True
     )
 
 
@@ -104,7 +106,7 @@ class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, Residu
     )
     mlp_multiple_of: int = arg(1, "Round the MLP inner width up to a multiple of this value.")
     expansion_factor: float | None = arg(None, "MLP inner width as a multiple of hidden_size (default 4).")
-    num_attention_heads: int = arg(None, "Number of attention (query) heads (required).")
+    num_attention_heads: int = arg(None, "Number of attention (query) heads (required).", checkpointed=True)
     num_kv_heads: int | None = arg(
         None,
         "Number of key/value heads. Unset or equal to num_attention_heads: multi-head attention; fewer: "

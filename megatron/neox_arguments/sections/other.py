@@ -19,7 +19,7 @@ TOKENIZER_TYPES = Literal[
 class ParallelSizeKeys:
     """The tensor- and pipeline-parallel sizes."""
 
-    model_parallel_size: int = arg(1, "Tensor-parallel degree.")
+    model_parallel_size: int = arg(1, "Tensor-parallel degree.", checkpointed=True)
     pipe_parallel_size: int = arg(
         0, "Pipeline stages. 0: no pipeline engine (layers run sequentially); >= 1: DeepSpeed pipeline engine."
     )
@@ -57,7 +57,9 @@ class VocabKeys:
     """The padded vocabulary size (rows of the embedding)."""
 
     padded_vocab_size: int | None = arg(
-        None, "Vocabulary size after padding; set once the tokenizer is built (depends on model_parallel_size)."
+        None,
+        "Vocabulary size after padding; set once the tokenizer is built (depends on model_parallel_size).",
+        checkpointed=True,
     )
 
 
@@ -65,7 +67,7 @@ class VocabKeys:
 class TokenizerArgs(VocabKeys):
     """Tokenizer choice and the padded vocabulary size."""
 
-    tokenizer_type: TOKENIZER_TYPES = arg("GPT2BPETokenizer", "Tokenizer implementation.")
+    tokenizer_type: TOKENIZER_TYPES = arg("GPT2BPETokenizer", "Tokenizer implementation.", checkpointed=True)
 
 
 @dataclass
