@@ -24,10 +24,12 @@ from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
 from megatron.config_utils import not_neox_keys
-from megatron.model.config import GPTModelConfig
+from megatron.model.config import FUSION_KEYS, GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
 from megatron.model.moe.hf_mixtral import mixtral_disk_names
+from megatron.neox_arguments.neox_args import default_values
 from megatron.neox_arguments.precision import dtype_of_precision
+from megatron.neox_arguments.unsupported import UNSUPPORTED_KEYS
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -243,8 +245,9 @@ RUN_KEYS = frozenset(
         "seq_length",
         "torch_compile",
         "use_cpu_initialization",
+        "output_layer_parallelism",  # GPT-NeoX supports one value, column
     }
-)
+) | frozenset(FUSION_KEYS)  # kernel switches: the same computation, mapped to SDPA / torch ops
 # The model keys of the YAML written next to a converted checkpoint (tests/unit/test_hf_model_keys.py loads it back).
 MODEL_KEYS: tuple[str, ...] = tuple(
     f.name
@@ -273,6 +276,9 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
     values: dict[str, Any] = {key: getattr(cfg, key) for key in MODEL_KEYS}
     values["attention_config"] = _attention_runs(cfg.layer_types)
     values = {k: v for k, v in values.items() if v is not None and (cfg.is_moe or not k.startswith("moe_"))}
+    # a key of a feature not supported yet, at its default, describes nothing of the checkpoint
+    defaults = default_values()
+    values = {k: v for k, v in values.items() if not (k in UNSUPPORTED_KEYS and v == defaults[k])}
     values.update(
         model_parallel_size=tp,
         pipe_parallel_size=pp,
