@@ -19,7 +19,8 @@ AUTO = "auto"
 
 @dataclass
 class CheckpointConfig(LoadSaveKeys, CheckpointKeys, LoadIterationKeys, ResidualKeys):
-    """GPT-NeoX checkpoint keys."""
+    """GPT-NeoX checkpoint keys (``gpt_j_residual`` decides how row-parallel biases are stored at TP > 1:
+    ``checkpoint.bias_layout``)."""
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
