@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.process_watch import is_launch_program
+from tests.source_ast import dotted_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,17 +41,6 @@ class _Function:
 
     processes: set[str] = field(default_factory=set)  # PROCESS_APIS it names directly
     calls: set[str] = field(default_factory=set)  # keys "path::qualname" of test-tree functions it names
-
-
-def _dotted(node: ast.expr) -> str | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _module_path(dotted: str) -> Path | None:
@@ -115,7 +105,7 @@ class ModuleScan:
         for call in ast.walk(node):
             if not (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.List | ast.Tuple)):
                 continue
-            dotted = _dotted(call.func)
+            dotted = dotted_name(call.func)
             program = call.args[0].elts[0] if call.args[0].elts else None
             if (
                 dotted is not None
@@ -137,7 +127,7 @@ class ModuleScan:
             if isinstance(sub, ast.Attribute | ast.Name) and not (
                 isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
             ):
-                dotted = _dotted(sub)
+                dotted = dotted_name(sub)
                 if dotted is None:
                     continue
                 if cls and dotted.startswith(("self.", "cls.")) and dotted.count(".") == 1:

@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from megatron import mpu
 from megatron.checkpoint.layout import CheckpointError, detect_layout
@@ -20,6 +19,7 @@ from megatron.checkpoint.manifest import MANIFEST
 from megatron.checkpoint.reader import engine_state, is_neox_forge, load_torch
 from megatron.checkpoint.reshard import DROPPED_KEY, WEIGHTS_ONLY_KEY, reshard_checkpoint
 from megatron.checkpoint.writer import TargetLayout
+from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def plan_load(
     return LoadPlan(str(out_root), tag, resharded=True, weights_only=weights_only, optimizer_dropped=dropped)
 
 
-def plan_load_for_engine(engine: Any, root: str | Path, tag: str, *, model: GPTModelConfig) -> LoadPlan:
+def plan_load_for_engine(engine: Engine, root: str | Path, tag: str, *, model: GPTModelConfig) -> LoadPlan:
     """:func:`plan_load` for a DeepSpeed ``engine`` of this run (layout from ``megatron.mpu`` and the module type)."""
     from deepspeed.pipe import PipelineModule
 

@@ -30,6 +30,7 @@ from megatron.checkpoint.rng import set_rng_state
 from megatron.checkpoint.run_config import CHECKPOINT_ARG_KEYS, CheckpointConfig
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, unsafe_message
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
+from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class LoadResult:
     client_state: dict[str, Any] = field(default_factory=dict)
 
 
-def _carry_optimizer_state(engine: Any, directory: Path, model: GPTModelConfig | None) -> None:
+def _carry_optimizer_state(engine: Engine, directory: Path, model: GPTModelConfig | None) -> None:
     """Load the checkpoint's optimizer state into a run of another DP size or ZeRO stage (optimizer_carry)."""
     with safe_loading():
         ckpt = read_checkpoint(directory, model=model)
@@ -64,7 +65,7 @@ def _carry_optimizer_state(engine: Any, directory: Path, model: GPTModelConfig |
 
 
 @contextlib.contextmanager
-def _zero3_tag_view(engine: Any, root: str, tag: str, load_optimizer_states: bool) -> Iterator[str]:
+def _zero3_tag_view(engine: Engine, root: str, tag: str, load_optimizer_states: bool) -> Iterator[str]:
     """The folder to hand DeepSpeed. A ZeRO-3 engine that loads no optimizer state reads the weights with
     ``zero_to_fp32`` from the tag named by ``<root>/latest`` (whatever ``tag`` says) and from the shards of every
     model-parallel rank at once, and the client state from ``zero_pp_rank_<its DP rank>_…_model_states.pt`` (absent
@@ -106,7 +107,7 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
 
 
 def load_checkpoint(
-    engine: Any,
+    engine: Engine,
     lr_scheduler: LRSchedule | None,
     cfg: CheckpointConfig,
     *,

@@ -24,6 +24,7 @@ from megatron.checkpoint.optimizer_state import FullOptimizerState, is_torch_opt
 from megatron.checkpoint.reader import load_torch
 from megatron.checkpoint.rules import split_tensor
 from megatron.checkpoint.zero_state import ZERO_OPTIM_RE, full_param_name
+from megatron.engine_protocol import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def _zero3_piece(opt: Any, lp: Any, group: int, value: torch.Tensor) -> tuple[in
     return offset, flat.narrow(0, rank * size, size)
 
 
-def _into_partitions(engine: Any, full: FullOptimizerState, cfg: Any, tp: int, tp_rank: int) -> None:
+def _into_partitions(engine: Engine, full: FullOptimizerState, cfg: Any, tp: int, tp_rank: int) -> None:
     """Write this rank's part of ``full`` into the flat fp32 partitions of a ZeRO-1/2/3 or bf16 optimizer.
 
     DeepSpeed creates Adam's state lazily at the first step, so the state of every partition is built here:
@@ -112,7 +113,7 @@ def _into_partitions(engine: Any, full: FullOptimizerState, cfg: Any, tp: int, t
 
 
 def carry_optimizer_state(
-    engine: Any, full: FullOptimizerState, cfg: Any, tp: int, tp_rank: int, pp: int, stage: int
+    engine: Engine, full: FullOptimizerState, cfg: Any, tp: int, tp_rank: int, pp: int, stage: int
 ) -> None:
     """Write ``full`` (per full-layout parameter) into ``engine``'s optimizer for this rank."""
     opt = engine.optimizer
@@ -151,7 +152,7 @@ def _source_kind(directory: Path) -> tuple[str, int | None]:
     return _mp_rank_optimizer_kind(directory), None
 
 
-def _target_kind(engine: Any) -> str:
+def _target_kind(engine: Engine) -> str:
     opt = getattr(engine, "optimizer", None)
     if hasattr(opt, "fp32_partitioned_groups_flat"):
         return "zero3"
@@ -162,7 +163,7 @@ def _target_kind(engine: Any) -> str:
     return "torch" if isinstance(opt, torch.optim.Optimizer) else type(opt).__name__
 
 
-def load_mode(engine: Any, directory: Path, *, weights_only_copy: bool) -> str:
+def load_mode(engine: Engine, directory: Path, *, weights_only_copy: bool) -> str:
     """How the optimizer state of ``directory`` reaches ``engine``: ``"native"`` (DeepSpeed loads it, or there is
     none) or ``"carry"`` (:func:`carry_optimizer_state`); a ``CheckpointError`` when it cannot be carried."""
     shown = directory.parent.parent if ".resharded" in str(directory) else directory

@@ -36,6 +36,7 @@ from megatron.checkpoint.rng import rng_state
 from megatron.checkpoint.run_config import CheckpointConfig
 from megatron.checkpoint.safe_load import safe_torch_load
 from megatron.checkpoint.tags import checkpoint_tag
+from megatron.engine_protocol import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _strip_optimizer_states(directory: Path, zero_stage: int) -> None:
 
 
 def save_checkpoint(
-    engine: Any,
+    engine: Engine,
     lr_scheduler: LRSchedule | None,
     iteration: int,
     cfg: CheckpointConfig,
@@ -134,11 +135,11 @@ def save_checkpoint(
     return directory
 
 
-def _zero_stage(engine: Any) -> int:
+def _zero_stage(engine: Engine) -> int:
     return int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
 
 
-def _layout(engine: Any, world: int) -> dict[str, int]:
+def _layout(engine: Engine, world: int) -> dict[str, int]:
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
     dp = mpu.get_data_parallel_world_size() if mpu.model_parallel_is_initialized() else world
     zero = _zero_stage(engine)

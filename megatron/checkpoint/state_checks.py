@@ -22,6 +22,7 @@ import torch
 from megatron import mpu
 from megatron.checkpoint.finite import nonfinite_message, nonfinite_tensor
 from megatron.checkpoint.layout import CheckpointError
+from megatron.engine_protocol import Engine
 
 MASTER = "fp32 master weights"
 OPTIM_ADVICE = (
@@ -84,7 +85,7 @@ def _copy_names(wrapper: Any, module_names: dict[int, str]) -> dict[int, str]:
     }
 
 
-def nonfinite_optimizer_state(engine: Any) -> tuple[str, str, int, int] | None:
+def nonfinite_optimizer_state(engine: Engine) -> tuple[str, str, int, int] | None:
     """``(parameter name, state key, non-finite count, numel)`` of the first non-finite tensor of the engine's
     optimizer state (moments such as ``exp_avg``/``exp_avg_sq``, and a wrapper's fp32 master weights), else None."""
     base = base_optimizer(getattr(engine, "optimizer", None))
@@ -111,7 +112,7 @@ def nonfinite_optimizer_state(engine: Any) -> tuple[str, str, int, int] | None:
     return None
 
 
-def optimizer_state_file(engine: Any, root: str | Path, tag: str) -> Path:
+def optimizer_state_file(engine: Engine, root: str | Path, tag: str) -> Path:
     """The file of checkpoint ``root/tag`` this rank's optimizer state is loaded from: its ZeRO shard (ZeRO 1-3,
     bf16 optimizer), else its model-states file (ZeRO-0, where the torch optimizer's state dict lives)."""
     wrapper = getattr(engine, "optimizer", None)
@@ -141,7 +142,7 @@ def _weight_file(directory: Path, name: str, pipe: bool, zero3: bool) -> Path:
     return directory / f"mp_rank_{tp:02d}_model_states.pt"
 
 
-def weights_problem(engine: Any, directory: Path) -> str | None:
+def weights_problem(engine: Engine, directory: Path) -> str | None:
     """This rank's first non-finite parameter (ZeRO-3: its partition) as a one-line message naming its file."""
     module = engine.module
     pipe = type(module).__name__ == "PipelineModule" or hasattr(module, "forward_funcs")
@@ -156,7 +157,7 @@ def first_problem_on_any_rank(problem: str | None) -> str | None:
     return next((m for m in mpu.all_gather_objects(problem) if m is not None), None)
 
 
-def check_loaded_state_finite(engine: Any, root: str | Path, tag: str, *, optimizer: str | None) -> None:
+def check_loaded_state_finite(engine: Engine, root: str | Path, tag: str, *, optimizer: str | None) -> None:
     """After a load: every rank checks its optimizer state (``optimizer``: ``"file"`` when DeepSpeed read it from
     the checkpoint's files, ``"carried"`` when it was carried over from another layout, None when not loaded) and
     then its parameters; all ranks raise the first problem found."""
@@ -172,7 +173,7 @@ def check_loaded_state_finite(engine: Any, root: str | Path, tag: str, *, optimi
         raise CheckpointError(problem)
 
 
-def check_state_before_save(engine: Any, save: str, tag: str, *, optimizer: bool) -> None:
+def check_state_before_save(engine: Engine, save: str, tag: str, *, optimizer: bool) -> None:
     """Before a save: a weight or (``optimizer``: it is saved) an optimizer tensor holding NaN/inf would make a
     checkpoint no run can resume from, which retention might then keep instead of the good ones: refuse it."""
     problem = None

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
+from megatron.engine_protocol import Engine
 from megatron.evaluation.config import EvalConfig
 from megatron.evaluation.pipe_stage import TrainingPipeStage
 from megatron.evaluation.tasks import resolve_tasks
@@ -28,7 +29,7 @@ from megatron.generation.parallel import StageForward
 from megatron.mpu.dp_split import DataParallelSplit
 
 
-def build_task_eval(engine: Any, tokenizer: Any, cfg: EvalConfig) -> Callable[[], dict[str, float]] | None:
+def build_task_eval(engine: Engine, tokenizer: Any, cfg: EvalConfig) -> Callable[[], dict[str, float]] | None:
     """The ``eval_tasks`` callable for the loop, or None when no tasks are configured (tasks resolved now)."""
     if not cfg.eval_tasks:
         return None

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from megatron.neox_arguments.number_checks import short_repr
+from megatron.neox_arguments.number_checks import short_repr, walk
 from megatron.neox_arguments.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, RANGES, Range
 
 # (dotted name, value) -> problems, each "name=value must ..." without the file
@@ -300,22 +300,17 @@ def _dotted(key: str, path: tuple[str | int, ...]) -> str:
 
 def _leaf_problems(key: str, value: Any) -> Iterator[str]:
     """Rule violations of the settings under ``key``, and non-finite floats anywhere else below it."""
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
-    seen: set[int] = set()
-    while stack:
-        path, v = stack.pop()
+
+    def rule_at(path: tuple[str | int, ...]) -> Rule | None:
         names = tuple(str(p) for p in (key, *path) if not isinstance(p, int))
-        rule = _rule(names) if path and not isinstance(path[-1], int) else None
+        return _rule(names) if path and not isinstance(path[-1], int) else None
+
+    for path, v in walk(value, enter=lambda path, _: rule_at(path) is None):  # a rule checks its whole value
+        rule = rule_at(path)
         if rule is not None:
             yield from rule(_dotted(key, path), v)
         elif isinstance(v, float):
             yield from _finite(_dotted(key, path), v)
-        elif isinstance(v, (dict, list, tuple)):
-            if id(v) in seen:  # a shared or recursive container (from_dict with Python objects): once is enough
-                continue
-            seen.add(id(v))
-            items = v.items() if isinstance(v, dict) else enumerate(v)
-            stack.extend(((*path, k), child) for k, child in reversed(list(items)))
 
 
 def _unknown_params(optimizer: dict[str, Any]) -> list[str]:

@@ -3,13 +3,14 @@
 
 ``huge_int_problems``: such integers are never valid (no tensor, counter or DeepSpeed setting takes one) and must be
 refused before anything prints them: Python cannot even ``repr`` an integer of more than 4300 digits. The types and
-ranges of the settings inside dict-valued keys are checked by ``nested_checks.py``.
+ranges of the settings inside dict-valued keys are checked by ``nested_checks.py``; ``walk`` is the one walk over a
+config value's containers that both use.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 INT64_MAX = 2**63 - 1
@@ -33,22 +34,29 @@ def short_repr(value: Any, limit: int = 120) -> str:
     return text if text and len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
 
 
-def _numbers(value: Any) -> Iterator[tuple[tuple[str | int, ...], int | float]]:
-    """(path below the key, number) for every int/float inside ``value`` (bools are not numbers)."""
+def walk(
+    value: Any, enter: Callable[[tuple[str | int, ...], Any], bool] | None = None
+) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    """(path below ``value``, item) for ``value`` and everything inside its dicts, lists and tuples, depth first in
+    order. A container is entered once (a shared or recursive one, from ``from_dict`` with Python objects: once is
+    enough), and not where ``enter(path, item)`` is False."""
     stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
     seen: set[int] = set()
     while stack:
         path, v = stack.pop()
-        if isinstance(v, bool):
+        yield path, v
+        if not isinstance(v, (dict, list, tuple)) or id(v) in seen or (enter is not None and not enter(path, v)):
             continue
-        if isinstance(v, (int, float)):
+        seen.add(id(v))
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        stack.extend(((*path, k), child) for k, child in reversed(list(items)))
+
+
+def _numbers(value: Any) -> Iterator[tuple[tuple[str | int, ...], int | float]]:
+    """(path below the key, number) for every int/float inside ``value`` (bools are not numbers)."""
+    for path, v in walk(value):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
             yield path, v
-        elif isinstance(v, (dict, list, tuple)):
-            if id(v) in seen:  # a shared or recursive container (from_dict with Python objects): once is enough
-                continue
-            seen.add(id(v))
-            items = v.items() if isinstance(v, dict) else enumerate(v)
-            stack.extend(((*path, k), child) for k, child in reversed(list(items)))
 
 
 def _dotted(key: str, path: tuple[str | int, ...]) -> str:

@@ -20,6 +20,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
+from megatron.engine_protocol import Engine
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.losses import dpo_loss, kto_loss, rm_loss, sequence_logprobs, token_logprobs
@@ -104,7 +105,7 @@ class DPOObjective(PairwiseObjective):
     def _logprobs(self, model: Any, b: SequenceBatch) -> torch.Tensor:
         return sequence_logprobs(token_logprobs(model(b.inputs), b.targets, self.cfg.dpo_fp32), b.mask)
 
-    def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
+    def loss(self, engine: Engine, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
         """The DPO loss and its reward metrics."""
         chosen, rejected = self._logprobs(engine, b).chunk(2)
         ref_c = ref_r = None
@@ -125,7 +126,7 @@ def last_trained_position(mask: torch.Tensor) -> torch.Tensor:
 class RewardModelObjective(PairwiseObjective):
     """``-mean log σ(r⁺-r⁻) + z_loss·mean(r⁺²+r⁻²)``; the model ends in ``rm_linear`` (one output)."""
 
-    def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
+    def loss(self, engine: Engine, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
         """The reward-model loss and its accuracy metrics."""
         scores = engine(b.inputs)[..., 0].float()  # [2b, s]
         rewards = scores.gather(1, last_trained_position(b.mask).unsqueeze(1)).squeeze(1)
@@ -154,7 +155,7 @@ class KTOObjective:
         """Masked per-token log-probs ``[n, s]``."""
         return token_logprobs(model(b.inputs), b.targets, self.cfg.kto_fp32) * b.mask
 
-    def loss(self, engine: Any, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
+    def loss(self, engine: Engine, b: SequenceBatch) -> tuple[torch.Tensor, Metrics]:
         """The KTO loss; each half's KL reference point comes from the other half of the micro-batch."""
         policy = self._logprobs(engine, b)
         if b.reference is not None:

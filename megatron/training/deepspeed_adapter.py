@@ -20,7 +20,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
-from megatron.training.engine_protocol import Engine, PipelineEngine
+from megatron.engine_protocol import Engine, PipelineEngine
 
 logger = logging.getLogger("megatron.train")
 

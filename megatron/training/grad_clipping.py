@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from megatron import mpu
+from megatron.engine_protocol import Engine
 from megatron.training.deepspeed_adapter import engine_clips_fp32, leave_fp32_clipping_to_the_step
-from megatron.training.engine_protocol import Engine
 
 
 def _counted(param: torch.nn.Parameter, tp_rank: int) -> bool:

@@ -15,6 +15,7 @@ import torch
 
 from megatron import mpu
 from megatron.config_utils import NeoXValues, neox_overrides, require_keys
+from megatron.engine_protocol import Engine
 from megatron.errors import UserError
 from megatron.logging.flops import FLOPS_FORMULA, FlopsConfig, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
@@ -26,7 +27,6 @@ from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.logging import ProfilingKeys
 from megatron.neox_arguments.sections.training import IterationKeys
-from megatron.training.engine_protocol import Engine
 from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 

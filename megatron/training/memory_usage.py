@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.training.engine_protocol import Engine
+from megatron.engine_protocol import Engine
 
 PREFIX = "memory/"
 # fp32 master partitions of DeepSpeed's ZeRO-1/2, ZeRO-3 and BF16 optimizers

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from megatron.engine_protocol import Engine
 from megatron.logging.timers import Timers
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.objectives import DPOObjective, KTOObjective, RewardModelObjective, frozen_copy
-from megatron.training.engine_protocol import Engine
 from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard
 from megatron.training.step import AccumulatingStep, StepResult

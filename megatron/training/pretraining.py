@@ -25,6 +25,7 @@ from megatron import mpu
 from megatron.checkpoint import CheckpointError, tokenizer_identity
 from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
 from megatron.data.samplers import iterate_forever
+from megatron.engine_protocol import Engine
 from megatron.errors import DataError
 from megatron.evaluation.config import EvalConfig
 from megatron.evaluation.in_training import build_task_eval, char_counter_factory
@@ -44,7 +45,6 @@ from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
-from megatron.training.engine_protocol import Engine
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.nonfinite import StepGuard, build_step_guard
@@ -202,7 +202,7 @@ VALIDATION_KEY = "checkpoint_validation_logits"
 
 
 @torch.no_grad()
-def validation_logits(engine: Any, seq_length: int, vocab_size: int) -> torch.Tensor:
+def validation_logits(engine: Engine, seq_length: int, vocab_size: int) -> torch.Tensor:
     """Logits of a fixed sequence (``checkpoint_validation_with_forward_pass``; sequential models only)."""
     tokens = (torch.arange(seq_length, device=engine.device) % vocab_size).unsqueeze(0)  # [1, s]
     was_training = engine.module.training
@@ -213,7 +213,7 @@ def validation_logits(engine: Any, seq_length: int, vocab_size: int) -> torch.Te
 
 
 def check_validation_logits(
-    engine: Any, plan: RunPlan, vocab_size: int, client_state: dict[str, Any], path: str
+    engine: Engine, plan: RunPlan, vocab_size: int, client_state: dict[str, Any], path: str
 ) -> None:
     """Compare the stored forward pass with one of the loaded model (dtype-aware tolerance)."""
     stored = client_state.get(VALIDATION_KEY)

@@ -23,6 +23,7 @@ from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
 from megatron.config_utils import NeoXValues, neox_values
+from megatron.engine_protocol import Engine, PipelineEngine
 from megatron.logging.timers import Timers
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
@@ -35,7 +36,6 @@ from megatron.training.deepspeed_adapter import (
     run_optimizer_step_through,
     skip_optimizer_step,
 )
-from megatron.training.engine_protocol import Engine, PipelineEngine
 from megatron.training.grad_clipping import fp32_clipping_for
 from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard, Verdict

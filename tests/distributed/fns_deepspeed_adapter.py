@@ -7,6 +7,7 @@ it. A DeepSpeed release that changes one of the behaviours makes the matching te
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import torch
@@ -317,10 +318,45 @@ def _protocol_members(proto: type) -> set[str]:
     return out
 
 
+def _named_parameters(fn: Any) -> list[str]:
+    """The parameters of ``fn`` that a caller can name, in order (``self``, ``*args`` and ``**kwargs`` left out)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds and p.name != "self"]
+
+
+def _deepspeed_method(engine: Any, name: str) -> Any:
+    """The function behind ``engine.<name>``, through decorators that do not set ``__wrapped__`` (DeepSpeed's
+    ``instrument_w_nvtx`` wraps ``backward`` in a ``(*args, **kwargs)`` closure)."""
+    fn = getattr(getattr(engine, name), "__func__", getattr(engine, name))
+    while fn.__name__ != name and fn.__closure__:
+        inner = [c.cell_contents for c in fn.__closure__ if inspect.isfunction(c.cell_contents)]
+        if len(inner) != 1:
+            break
+        fn = inner[0]
+    return fn
+
+
+def _signature_mismatches(engine: Any, proto: type) -> list[str]:
+    """Methods the protocol declares whose named parameters are not the first ones of DeepSpeed's method (so a call
+    the type checker accepts, positional or by keyword, means the same to DeepSpeed)."""
+    out = []
+    for name in sorted(_protocol_members(proto)):
+        declared = getattr(proto, name, None)
+        if not inspect.isfunction(declared) or not hasattr(engine, name):
+            continue  # an attribute (or a missing member, reported as missing)
+        real = _deepspeed_method(engine, name)
+        ours, theirs = _named_parameters(declared), _named_parameters(real)
+        kinds = {p.kind for p in inspect.signature(real).parameters.values()}
+        takes_anything = not theirs and {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds
+        if theirs[: len(ours)] != ours and not takes_anything:  # (PipelineEngine's disabled backward / step)
+            out.append(f"{name}: declared {ours}, DeepSpeed has {theirs}")
+    return out
+
+
 def engine_protocol_members() -> dict[str, Any]:
-    """megatron/training/engine_protocol.py: every member ``Engine`` / ``PipelineEngine`` declare, and those a real
-    ``DeepSpeedEngine`` / ``PipelineEngine`` lack."""
-    from megatron.training.engine_protocol import Engine, PipelineEngine
+    """megatron/engine_protocol.py: every member ``Engine`` / ``PipelineEngine`` declare, those a real
+    ``DeepSpeedEngine`` / ``PipelineEngine`` lack, and the declared methods whose parameters are not DeepSpeed's."""
+    from megatron.engine_protocol import Engine, PipelineEngine
 
     engines = {
         "plain": (_engine(), Engine),
@@ -332,4 +368,5 @@ def engine_protocol_members() -> dict[str, Any]:
             name: sorted(m for m in _protocol_members(proto) if not hasattr(e, m))
             for name, (e, proto) in engines.items()
         },
+        "signatures": {name: _signature_mismatches(e, proto) for name, (e, proto) in engines.items()},
     }

@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 from tests.harness import REPO_ROOT
-from tests.unit.test_layering import python_files
+from tests.source_ast import python_files
 
 PACKAGE = "megatron.checkpoint"
 

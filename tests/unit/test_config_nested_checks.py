@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
-from megatron.neox_arguments.nested_checks import NESTED, OPTIMIZER_PARAMS
+from megatron.neox_arguments.nested_checks import NESTED, OPTIMIZER_PARAMS, nested_problems
+from megatron.neox_arguments.number_checks import huge_int_problems, walk
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
 from megatron.training.optimizer_config import OptimizerConfig
 from tests.unit.test_neox_args import TINY, build, problems
@@ -250,3 +251,32 @@ def test_never_looser_than_deepspeeds_own_config_classes(monkeypatch: pytest.Mon
     bf16_from_fp16 = {p for p in unknown if p[0] == "bf16" and ("fp16", p[1]) in NESTED}
     assert set(unknown) - bf16_from_fp16 == NOT_DEEPSPEED
     assert not looser, looser
+
+
+def test_the_walk_enters_each_container_once_and_not_where_told() -> None:
+    """number_checks.walk, which the nested checks and the 64-bit check both use: a recursive or shared container
+    (``from_dict`` takes Python objects) is entered once, and a value a rule checks whole is not entered."""
+    loop: list[Any] = [float("nan"), 2**70]
+    loop.append(loop)
+    shared = {"stage": "x"}
+    value = {"zero_optimization": {"extra": loop, "offload_param": shared}, "more": [shared, shared]}
+    zo = ("zero_optimization",)
+    assert [p for p, _ in walk(value)] == [
+        (), zo, (*zo, "extra"), (*zo, "extra", 0), (*zo, "extra", 1), (*zo, "extra", 2),
+        (*zo, "offload_param"), (*zo, "offload_param", "stage"), ("more",), ("more", 0), ("more", 1),
+    ]  # fmt: skip
+    pruned = [p for p, _ in walk(value, enter=lambda path, _: path != zo)]
+    assert pruned == [(), zo, ("more",), ("more", 0), ("more", 0, "stage"), ("more", 1)]
+    config = {"zero_optimization": value["zero_optimization"], "deepspeed_extra_args": {"zero_optimization": shared}}
+    config["deepspeed_extra_args"]["again"] = [shared, loop]
+    assert nested_problems(config, {"zero_optimization": "a.yml"}) == [
+        "zero_optimization.extra[0]=nan must be a finite number (set in a.yml)",
+        "deepspeed_extra_args.zero_optimization.stage='x' must be 0, 1, 2 or 3",
+        "deepspeed_extra_args.again[1][0]=nan must be a finite number",
+    ]
+    assert huge_int_problems(config, {}) == [
+        "zero_optimization.extra[1]=<an integer of about 21 digits> is too large: integers must fit in 64 bits "
+        f"(at most {2**63 - 1})",
+        "deepspeed_extra_args.again[1][1]=<an integer of about 21 digits> is too large: integers must fit in 64 bits "
+        f"(at most {2**63 - 1})",
+    ]

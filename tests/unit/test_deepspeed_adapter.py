@@ -97,9 +97,13 @@ def test_fp16_on_cpu_is_allowed_on_the_accelerator_instance_only() -> None:
 
 
 def test_deepspeed_engines_have_every_member_of_the_engine_protocol() -> None:
-    """The step, loop and adapter are typed against megatron/training/engine_protocol.py; DeepSpeed's engines must
-    have what it declares (structural typing: they do not subclass it)."""
+    """The step, loop, adapter, checkpoint save / load, post-training objectives and in-training evaluation are typed
+    against megatron/engine_protocol.py; DeepSpeed's engines must have what it declares (structural typing: they do
+    not subclass it), and each declared method's parameters must be the first ones of DeepSpeed's method."""
     got = one_rank(fns.engine_protocol_members)
     assert {"module", "optimizer", "backward", "step", "_take_model_step"} <= set(got["declared"]["plain"])
+    checkpoint = {"save_checkpoint", "load_checkpoint", "_get_ckpt_name", "_get_zero_ckpt_name", "dp_world_size"}
+    assert checkpoint | {"device", "seq_dp_world_size"} <= set(got["declared"]["plain"])
     assert {"train_batch", "is_last_stage", "total_loss"} <= set(got["declared"]["pipe"])
     assert got["missing"] == {"plain": [], "pipe": []}, got["missing"]
+    assert got["signatures"] == {"plain": [], "pipe": []}, got["signatures"]

@@ -35,6 +35,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cluster": {"errors"},  # hostfiles and launcher rank variables
     "cpu_features": set(),
     "registry": set(),  # the name -> entry tables of optimizers, activations, norms, position embeddings
+    "engine_protocol": set(),  # the DeepSpeed engine's type: training, checkpoint, post_training, evaluation use it
     "mpu": {"cluster"},  # collectives and process groups; the launcher's rank variables before the group exists
     "distributed": {"cluster"},
     "neox_arguments": {"errors", "cluster", "distributed"},  # not launcher, training, model, data, post_training

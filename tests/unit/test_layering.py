@@ -9,13 +9,12 @@ imports under ``if TYPE_CHECKING:`` are fine) and names ``file:line`` of each vi
 from __future__ import annotations
 
 import ast
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness import REPO_ROOT
+from tests.source_ast import dotted_name, python_files
 
 # Modules that wrap torch.distributed for everything else (DeepSpeed's ``deepspeed.comm`` is the same layer).
 FORBIDDEN_MODULES = ("torch.distributed", "deepspeed.comm")
@@ -28,33 +27,16 @@ ALLOWED: dict[str, str] = {
     "benchmarks/bench_train.py": "the A/B baseline is a plain-PyTorch DDP loop, written as a user without neox-forge",
 }
 
-# Not our source: skipped anywhere (plus hidden folders such as .venv), and run outputs at the top level only
-# (``megatron/data`` is source; ``data/`` and ``runs/`` are the quick start's outputs).
-SKIPPED_DIRS = {"venv", "node_modules", "__pycache__"}
-SKIPPED_TOP_DIRS = {"build", "dist", "data", "runs"}
-
 
 def _forbidden(name: str) -> bool:
     return any(name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES)
-
-
-def _dotted(node: ast.AST) -> str | None:
-    """``a.b.c`` for a chain of attribute accesses on a name, else None."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
     """ids of the nodes inside ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) bodies."""
     inside: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _dotted(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+        if isinstance(node, ast.If) and dotted_name(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             for stmt in node.body:
                 inside.update(id(n) for n in ast.walk(stmt))
     return inside
@@ -74,10 +56,10 @@ def violations_in(source: str, filename: str) -> list[str]:
             names = [f"{node.module}.{a.name}" for a in node.names]
             if _forbidden(node.module) or any(_forbidden(n) for n in names):
                 found.append((node.lineno, f"from {node.module} import {', '.join(a.name for a in node.names)}"))
-        elif isinstance(node, ast.Attribute) and _dotted(node) in FORBIDDEN_MODULES:
-            found.append((node.lineno, f"{_dotted(node)} attribute"))
+        elif isinstance(node, ast.Attribute) and dotted_name(node) in FORBIDDEN_MODULES:
+            found.append((node.lineno, f"{dotted_name(node)} attribute"))
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            callee = _dotted(node.func)
+            callee = dotted_name(node.func)
             arg = node.args[0].value
             importer = callee in ("importlib.import_module", "import_module", "__import__")
             if importer and isinstance(arg, str) and _forbidden(arg):
@@ -87,16 +69,6 @@ def violations_in(source: str, filename: str) -> list[str]:
 
 def _allowed(relative: str) -> bool:
     return any(relative == p or (p.endswith("/") and relative.startswith(p)) for p in ALLOWED)
-
-
-def python_files(root: Path) -> Iterator[Path]:
-    """Every ``*.py`` under ``root`` outside hidden, virtual-env and cache folders and the top-level run outputs."""
-    for folder, dirs, files in os.walk(root):
-        top = Path(folder) == root
-        dirs[:] = sorted(
-            d for d in dirs if not (d.startswith(".") or d in SKIPPED_DIRS or (top and d in SKIPPED_TOP_DIRS))
-        )
-        yield from (Path(folder) / f for f in sorted(files) if f.endswith(".py"))
 
 
 def find_violations(root: Path) -> list[str]:
