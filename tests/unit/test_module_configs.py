@@ -82,6 +82,16 @@ def test_no_module_config_declares_a_key(cls: type) -> None:
     assert keys == {f.name for b in key_bases for f in dataclasses.fields(b)}, "every key field comes from a base"
 
 
+def test_keys_are_keyword_only() -> None:
+    """The schema classes are keyword-only: a key's position in a module config follows its groups' order, so a
+    positional argument would silently bind another key."""
+    for cls in CONFIGS:
+        positional = [f.name for f in dataclasses.fields(cls) if f.name in KNOWN_KEYS and not f.kw_only]
+        assert not positional, f"{cls.__name__}: keys that can be passed by position: {positional}"
+    with pytest.raises(TypeError, match="positional argument"):
+        LoggingConfig(100)  # type: ignore[misc]
+
+
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
 def test_fields_are_schema_keys_or_declared(cls: type) -> None:
     check_neox_field_names(cls)  # raises TypeError naming the field and the closest key

@@ -13,7 +13,7 @@ from megatron.neox_arguments.fields import arg
 _DS = "DeepSpeed `{}` config block, passed through unchanged."
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BatchSizeKeys:
     """The global batch, the micro batch and gradient accumulation."""
 
@@ -24,7 +24,7 @@ class BatchSizeKeys:
     gradient_accumulation_steps: int = arg(1, "Micro-batches accumulated per optimizer step.", derived=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimizerDictKeys:
     """DeepSpeed's optimizer and scheduler dicts."""
 
@@ -32,7 +32,7 @@ class OptimizerDictKeys:
     scheduler: dict | None = arg(None, "`{type, params}` of a DeepSpeed LR scheduler (normally unset).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GradientReduceKeys:
     """How gradients are all-reduced."""
 
@@ -41,7 +41,7 @@ class GradientReduceKeys:
     gradient_predivide_factor: float = arg(1.0, "Divide gradients by this factor before averaging.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ReportingKeys:
     """DeepSpeed's progress and timer reports."""
 
@@ -49,7 +49,7 @@ class ReportingKeys:
     wall_clock_breakdown: bool = arg(False, "Time forward/backward/step separately.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, ReportingKeys):
     """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
 
@@ -85,7 +85,7 @@ class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, 
     load_universal: bool = arg(False, "The checkpoint to load is a DeepSpeed universal checkpoint.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeepspeedRunnerArgs:
     """Launch keys: DeepSpeed's runner on one node; srun/mpirun/pdsh across nodes (docs/cluster.md)."""
 

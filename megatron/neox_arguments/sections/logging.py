@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from megatron.neox_arguments.fields import arg
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ProfilingKeys:
     """The profiler and the memory profiler."""
 
@@ -21,14 +21,14 @@ class ProfilingKeys:
     memory_profiling_path: str | None = arg(None, "Where the memory snapshot is written.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PeakFlopsKeys:
     """The device's peak throughput (for MFU)."""
 
     peak_theoretical_tflops: float | None = arg(None, "Peak TFLOP/s of one device; enables MFU/HFU logging.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoggingArgs(ProfilingKeys, PeakFlopsKeys):
     """Console, TensorBoard, Weights & Biases, Comet and profiler settings."""
 

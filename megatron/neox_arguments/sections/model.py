@@ -49,7 +49,7 @@ ATTENTION_TYPES = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrecisionKeys:
     """The training precision."""
 
@@ -58,7 +58,7 @@ class PrecisionKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ShapeKeys:
     """Depth and width of the model."""
 
@@ -66,7 +66,7 @@ class ShapeKeys:
     hidden_size: int = arg(None, "Width of the residual stream (required).", checkpointed=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SequenceKeys:
     """The training sequence length and the longest position."""
 
@@ -78,7 +78,7 @@ class SequenceKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VocabPaddingKeys:
     """How the vocabulary is padded."""
 
@@ -87,7 +87,7 @@ class VocabPaddingKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ResidualKeys:
     """GPT-J's parallel residual."""
 
@@ -97,7 +97,7 @@ class ResidualKeys:
     gpt_j_tied: bool = arg(False, "With gpt_j_residual, share one norm between the attention and MLP branches.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, ResidualKeys):
     """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
 

@@ -17,7 +17,7 @@ OptimizerType = Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3
 OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimizerTypeKeys:
     """Which optimizer runs."""
 
@@ -27,7 +27,7 @@ class OptimizerTypeKeys:
     use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ZeroKeys:
     """The ZeRO values mirrored from ``zero_optimization``."""
 
@@ -42,19 +42,19 @@ class ZeroKeys:
     zero_allgather_bucket_size: int = arg(None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LRKeys:
     """The peak learning rate."""
 
     lr: float = arg(0.001, "Peak learning rate, taken from `optimizer.params.lr` when that is set.", derived=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimizerArgs(OptimizerTypeKeys, ZeroKeys, LRKeys):
     """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LRSchedulerArgs:
     """Learning-rate warmup and decay."""
 
@@ -75,7 +75,7 @@ class LRSchedulerArgs:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MoEArgs:
     """Dropless mixture-of-experts layers (GPT-NeoX's megablocks keys; neox-forge's own implementation, see
     docs/moe.md). Experts are sharded over the tensor-parallel group."""

@@ -15,7 +15,7 @@ TOKENIZER_TYPES = Literal[
 ]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelSizeKeys:
     """The tensor- and pipeline-parallel sizes."""
 
@@ -25,7 +25,7 @@ class ParallelSizeKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LayerSplitKeys:
     """How layers are split over ranks: sequence parallelism and the pipeline partition."""
 
@@ -39,7 +39,7 @@ class LayerSplitKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelismArgs(ParallelSizeKeys, LayerSplitKeys):
     """Pipeline, tensor and sequence parallelism."""
 
@@ -52,7 +52,7 @@ class ParallelismArgs(ParallelSizeKeys, LayerSplitKeys):
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VocabKeys:
     """The padded vocabulary size (rows of the embedding)."""
 
@@ -63,21 +63,21 @@ class VocabKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenizerArgs(VocabKeys):
     """Tokenizer choice and the padded vocabulary size."""
 
     tokenizer_type: TOKENIZER_TYPES = arg("GPT2BPETokenizer", "Tokenizer implementation.", checkpointed=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SeedKeys:
     """The base random seed."""
 
     seed: int = arg(1234, "Seed of python, numpy and torch random generators, and of data shuffling.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DistributedKeys:
     """The torch.distributed backend and timeout."""
 
@@ -91,7 +91,7 @@ class DistributedKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LaunchKeys:
     """What the launcher decides: multi-node mode, the user script, the GPU count."""
 
@@ -112,28 +112,28 @@ class LaunchKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoadIterationKeys:
     """The checkpoint iteration to load."""
 
     iteration: int | None = arg(None, "Current iteration; set while running.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OnnxKeys:
     """ONNX-exportable operators."""
 
     onnx_safe: bool = arg(False, "Work around known problems of the torch ONNX exporter.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LossMaskKeys:
     """Whether the loss skips end-of-document tokens."""
 
     eod_mask_loss: bool = arg(False, "Exclude end-of-document tokens from the loss.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OtherArgs(SeedKeys, DistributedKeys, LaunchKeys, LoadIterationKeys, OnnxKeys, LossMaskKeys):
     """Distributed runtime, seeds and values set while running."""
 

@@ -11,7 +11,7 @@ from typing import Literal
 from megatron.neox_arguments.fields import arg
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerationKeys:
     """What text generation does and where it writes."""
 
@@ -33,7 +33,7 @@ class GenerationKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingKeys:
     """How tokens are sampled."""
 
@@ -44,7 +44,7 @@ class SamplingKeys:
     recompute: bool = arg(False, "Recompute attention over the whole context at each step (no KV cache).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrecomputeKeys:
     """The name of precomputed reference log-probabilities."""
 
@@ -55,7 +55,7 @@ class PrecomputeKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvalHarnessKeys:
     """lm-eval tasks and settings."""
 
@@ -77,6 +77,6 @@ class EvalHarnessKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TextgenArgs(GenerationKeys, SamplingKeys, PrecomputeKeys, EvalHarnessKeys):
     """Sampling settings for generate.py and task settings for eval.py."""

@@ -18,7 +18,7 @@ CHECKPOINT_SCALES = Literal["linear", "log"]
 _PAIR = "Pairwise (DPO/RM) data: list of dataset prefixes for the {} {} examples{}."
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataPathKeys:
     """Where the training text is and how it is stored."""
 
@@ -29,7 +29,7 @@ class DataPathKeys:
     data_impl: DATA_IMPLS = arg("infer", "Indexed-dataset flavour; `infer` reads the index file's magic bytes.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PairedDataPathKeys:
     """Chosen/rejected (pos/neg) datasets of pairwise post-training."""
 
@@ -41,7 +41,7 @@ class PairedDataPathKeys:
     neg_test_data_paths: list | None = arg(None, _PAIR.format("test", "rejected", ""))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataKeys:
     """Labels, weights, splits, packing and loading of the datasets."""
 
@@ -73,7 +73,7 @@ class DataKeys:
     num_workers: int = arg(2, "DataLoader worker processes.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainImplKeys:
     """The training objective."""
 
@@ -82,7 +82,7 @@ class TrainImplKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PostTrainingKeys:
     """DPO, KTO and reward-model settings and data."""
 
@@ -106,7 +106,7 @@ class PostTrainingKeys:
     test_reward_data_paths: list | None = arg(None, "Reward streams matching test_data_paths.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoadSaveKeys:
     """The checkpoint directories."""
 
@@ -118,7 +118,7 @@ class LoadSaveKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CheckpointKeys:
     """When checkpoints are saved, what they hold and how they are loaded."""
 
@@ -146,7 +146,7 @@ class CheckpointKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class IterationKeys:
     """How long training runs and when it evaluates."""
 
@@ -161,7 +161,7 @@ class IterationKeys:
     exit_interval: int | None = arg(None, "Exit once the iteration is a multiple of this value.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenizerFileKeys:
     """The tokenizer's files."""
 
@@ -169,7 +169,7 @@ class TokenizerFileKeys:
     merge_file: str | None = arg(None, "BPE merges file (GPT2BPETokenizer).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DropoutKeys:
     """Dropout rates."""
 
@@ -177,7 +177,7 @@ class DropoutKeys:
     hidden_dropout: float = arg(0.0, "Dropout on the outputs of attention and MLP blocks.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class UpdateRuleKeys:
     """Weight decay and muP."""
 
@@ -185,7 +185,7 @@ class UpdateRuleKeys:
     use_mup: bool = arg(False, "Use maximal-update parametrisation (muP).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RecomputeKeys:
     """Whether and how many layers are recomputed in backward."""
 
@@ -193,7 +193,7 @@ class RecomputeKeys:
     checkpoint_num_layers: int = arg(1, "Layers per activation-checkpoint chunk.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ActivationCheckpointKeys:
     """DeepSpeed's activation-checkpointing options."""
 
@@ -204,14 +204,14 @@ class ActivationCheckpointKeys:
     profile_backward: bool = arg(False, "Profile the backward pass of checkpointed layers.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvalLimitKeys:
     """The lm-eval example limit."""
 
     eval_limit: int | None = arg(None, "neox-forge: examples per evaluation task (unset: all).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BatchMaskKeys:
     """Position ids and attention masks at document boundaries."""
 
@@ -219,7 +219,7 @@ class BatchMaskKeys:
     reset_attention_mask: bool = arg(False, "neox-forge: block attention across documents in a packed sample.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PreemptionKeys:
     """Stopping on signals and time limits."""
 
@@ -233,7 +233,7 @@ class PreemptionKeys:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingArgs(
     DataPathKeys,
     PairedDataPathKeys,
