@@ -4,16 +4,22 @@
 (samples per iteration), ``s`` the sequence length, ``l`` layers, ``h`` hidden size, ``V`` the padded vocab;
 ``K = 3`` counts forward + backward (model FLOPs, MFU) and ``K = 4`` adds the recomputed forward of activation
 checkpointing (hardware FLOPs, HFU). Per device: divide by ``iteration_time · world_size``.
+
+Mamba layers (``attention_config`` type ``mamba``) count GPT-NeoX's Mamba formula per layer,
+``K·B·s·(d·(11·16 + 4·r + 1) + 6·d·h + 2·d·4)`` (selective scan, projections, conv; ``d`` the inner width
+``expansion_factor·h`` or ``intermediate_size`` or ``2h``, ``r = ⌈h/16⌉``), and a model made only of them GPT-NeoX's
+output-layer term ``6·B·s·h·V``; in a mixed model the other layers keep the transformer formula's terms.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from megatron.config_utils import NeoXValues, neox_values, require_keys
 from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.logging import PeakFlopsKeys
-from megatron.neox_arguments.sections.model import SequenceKeys, ShapeKeys
+from megatron.neox_arguments.sections.model import LayerTypeKeys, MLPWidthKeys, SequenceKeys, ShapeKeys
 from megatron.neox_arguments.sections.other import VocabKeys
 from megatron.neox_arguments.sections.training import RecomputeKeys
 
@@ -21,7 +27,9 @@ FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 
 
 
 @dataclass
-class FlopsConfig(BatchSizeKeys, SequenceKeys, ShapeKeys, VocabKeys, RecomputeKeys, PeakFlopsKeys):
+class FlopsConfig(
+    BatchSizeKeys, SequenceKeys, ShapeKeys, VocabKeys, RecomputeKeys, PeakFlopsKeys, MLPWidthKeys, LayerTypeKeys
+):
     """Shape and batch values the formula needs."""
 
     def __post_init__(self) -> None:
@@ -40,7 +48,21 @@ def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     """FLOPs of one training iteration over the whole global batch."""
     b, s, layers, h, v = cfg.train_batch_size, cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size
     assert v is not None, "from_neox_args refuses padded_vocab_size unset"
-    return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
+    mamba = sum(1 for t in cfg.attention_config or () if t == "mamba")
+    if not mamba:
+        return 24.0 * k * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
+    if cfg.expansion_factor:
+        inner = h * cfg.expansion_factor
+    elif cfg.intermediate_size:
+        inner = float(cfg.intermediate_size)
+    else:
+        inner = 2.0 * h
+    d_state, conv, dt_rank = 16, 4, math.ceil(h / 16)
+    per_mamba = k * b * s * (inner * (11 * d_state + 4 * dt_rank + 1) + 6 * inner * h + 2 * inner * conv)
+    others = layers - mamba
+    per_transformer = 24.0 * k * b * s * h * h * (1.0 + s / (6.0 * h))
+    head = 6.0 * b * s * h * v if others == 0 else 1.5 * k * b * s * h * v
+    return mamba * per_mamba + others * per_transformer + head
 
 
 def throughput_metrics(cfg: FlopsConfig, iteration_time: float, world_size: int) -> dict[str, float]:

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local")
+SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -256,6 +256,11 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
 
         for problem in moe_problems(self):
             raise ValueError(problem)
+        if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:
+            raise ValueError(
+                "mamba_inner_func_fusion and mamba_use_bias_in_linears cannot be combined (GPT-NeoX's fused Mamba "
+                "inner function has no projection biases); unset one"
+            )
 
     # ------------------------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 - GPT-NeoX's name lives here
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
+from megatron.model.mamba import ParallelMambaResidualLayerPipe
 from megatron.model.moe import with_aux_loss
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.seeding import seeded
@@ -39,7 +40,8 @@ from megatron.model.word_embeddings import EmbeddingPipe
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe"]
+CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe", "ParallelMambaResidualLayerPipe"]
+LAYER_CLASSES = (ParallelTransformerLayerPipe, ParallelMambaResidualLayerPipe)  # what specs 2..L+1 can be
 
 
 def _pre_transformer_block(args: tuple) -> tuple:
@@ -67,8 +69,11 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
     else:
         specs.append(LayerSpec(EmbeddingPipe, cfg, 0))
     specs.append(_pre_transformer_block)
-    for i in range(cfg.num_layers):
-        specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
+    for i, kind in enumerate(cfg.layer_types):
+        if kind == "mamba":
+            specs.append(LayerSpec(ParallelMambaResidualLayerPipe, cfg, i, i + 2))
+        else:
+            specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
     specs.append(_post_transformer_block)
     specs.append(LayerSpec(NormPipe, cfg, cfg.num_layers + 3))
     if cfg.tied_embeddings:
@@ -161,13 +166,11 @@ class GPTSequential(nn.Module):
         i = 0
         while i < len(layers):
             layer = layers[i]
-            if isinstance(layer, ParallelTransformerLayerPipe):
+            if isinstance(layer, LAYER_CLASSES):
                 if use_ckpt:
                     j = i
                     while (
-                        j < len(layers)
-                        and j - i < self.checkpoint_num_layers
-                        and isinstance(layers[j], ParallelTransformerLayerPipe)
+                        j < len(layers) and j - i < self.checkpoint_num_layers and isinstance(layers[j], LAYER_CLASSES)
                     ):
                         j += 1
                     x = _checkpoint(_run_chunk(layers[i:j]), *x)

@@ -82,6 +82,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
         problems.append(f"pos_emb={cfg.pos_emb!r} (HF models here use rotary)")
     if any(kind == "local" for kind in cfg.layer_types):
         problems.append("attention_config 'local' layers")
+    if any(kind == "mamba" for kind in cfg.layer_types):
+        problems.append("attention_config 'mamba' layers (HF GPTNeoX/Llama/Mistral have none)")
     if cfg.use_qk_layernorm:
         problems.append("use_qk_layernorm")
     if cfg.gpt_j_tied:

@@ -21,9 +21,8 @@ from torch import nn
 
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
-from megatron.model.gpt2_model import _Lambda, build_layer_specs
+from megatron.model.gpt2_model import LAYER_CLASSES, _Lambda, build_layer_specs
 from megatron.model.kv_cache import KVCache
-from megatron.model.transformer import ParallelTransformerLayerPipe
 
 
 def stage_spec_indices(num_layers: int, stage: int, num_stages: int) -> list[int]:
@@ -86,7 +85,7 @@ class InferenceStage(nn.Module):
             shape = (s, b, self.cfg.hidden_size)
             x = (mpu.recv_from_prev_stage(shape, self.cfg.params_dtype, tokens.device), positions, None)
         for module in run:
-            x = module(x, kv_cache=kv_cache) if isinstance(module, ParallelTransformerLayerPipe) else module(x)
+            x = module(x, kv_cache=kv_cache) if isinstance(module, LAYER_CLASSES) else module(x)
         if kv_cache is not None:
             kv_cache.advance(s)
         if not self.is_last:

@@ -14,6 +14,8 @@ built internally when ``attention_mask`` is None (a given mask is sliced to ``[.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -30,6 +32,7 @@ class KVCache:
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
         self._lengths: dict[int, int] = {}
+        self.layer_states: dict[int, Any] = {}  # recurrent layers' state (Mamba: conv and SSM state), by layer
         self.seq_len = 0
 
     def past_length(self, layer: int) -> int:
@@ -63,4 +66,5 @@ class KVCache:
         self._keys.clear()
         self._values.clear()
         self._lengths.clear()
+        self.layer_states.clear()
         self.seq_len = 0

@@ -6,6 +6,8 @@ The *full* tensor is the one a tp=1 model holds (GPT-NeoX's tp=1 checkpoint layo
 * for a dimension made of sub-matrices (GQA ``query_key_value`` = ``[Q | K | V]`` with sizes
   ``(h, kv·hn, kv·hn)``; gated ``mlp.linear1`` = ``[up | gate]``), every sub-matrix is split and the rank keeps
   ``[Q_r | K_r | V_r]`` / ``[up_r | gate_r]`` — exactly GPT-NeoX's per-rank layout;
+* Mamba mixers: ``in_proj`` per half (``[x_r | z_r]``), conv1d, dt_proj, A_log and D along the inner dimension,
+  ``x_proj``/``out_proj`` weights along their input;
 * replicated (norms, row-parallel biases, learned position embeddings, rotary buffers).
 
 Row-parallel biases are TP-invariant in neox-forge (added once after the reduction), so no bias scaling applies.
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from megatron.model.config import GPTModelConfig
+from megatron.model.mamba.sizes import mamba_inner_size
 
 
 def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[int, ...] | None]:
@@ -39,6 +42,15 @@ def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[in
         return 0, None
     if "mlp.linear1." in name:
         return 0, ((cfg.mlp_sizes[0] // 2,) * 2 if cfg.is_gated else None)
+    if ".mixer." in name:  # Mamba: the inner dimension is split (in_proj per half, [x_r | z_r])
+        if re.search(r"mixer\.in_proj\.(weight|bias)$", name):
+            inner = mamba_inner_size(cfg)
+            return 0, (inner, inner)
+        if re.search(r"mixer\.(conv1d\.(weight|bias)|dt_proj\.(weight|bias)|A_log|D)$", name):
+            return 0, None
+        if re.search(r"mixer\.(x_proj|out_proj)\.weight$", name):
+            return 1, None
+        return None, None
     if name.endswith("attention.rpe.weight"):
         return 1, None
     if re.search(r"attention\.(qk|k)_layernorm\.(weight|bias|scale)$", name):

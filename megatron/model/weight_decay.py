@@ -20,9 +20,12 @@ _CACHE: dict[str, frozenset[str]] = {}
 def no_weight_decay(module: nn.Module, name: str, param: torch.Tensor) -> bool:
     """Whether ``module``'s own parameter ``name`` is excluded from weight decay.
 
-    Every parameter of a norm layer, every bias, and a parameter flagged ``_no_weight_decay = True``.
+    Every parameter of a norm layer, every bias, a parameter flagged ``_no_weight_decay = True``, and the parameters
+    a module class lists in its ``NO_WEIGHT_DECAY`` (Mamba's ``A_log`` and ``D``).
     """
-    return is_norm(module) or name == "bias" or bool(getattr(param, "_no_weight_decay", False))
+    if is_norm(module) or name == "bias" or bool(getattr(param, "_no_weight_decay", False)):
+        return True
+    return name in getattr(type(module), "NO_WEIGHT_DECAY", ())
 
 
 def no_weight_decay_names(model: nn.Module) -> frozenset[str]:

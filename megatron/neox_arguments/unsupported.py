@@ -25,17 +25,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "te_fp8_mha",
         )
     },
-    **{
-        k: "Mamba"
-        for k in (
-            "mamba_selective_scan_fusion",
-            "mamba_causal_conv_fusion",
-            "mamba_inner_func_fusion",
-            "mamba_selective_fp32_params",
-            "mamba_use_bias_in_conv",
-            "mamba_use_bias_in_linears",
-        )
-    },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
     "sparsity_config": "sparse attention",
     "gmlp_attn_dim": "gMLP",
@@ -134,7 +123,6 @@ IGNORED_KEYS: dict[str, str] = {
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
     "attention_config": {
-        "mamba": "Mamba",
         "rwkv": "RWKV",
         "sparse_fixed": "sparse attention",
         "sparse_variable": "sparse attention",

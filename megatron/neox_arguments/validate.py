@@ -5,6 +5,7 @@ Single values (ranges, syntax) are checked earlier, before deriving: ``value_che
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -50,6 +51,9 @@ def _deepspeed(c: Ctx) -> list[str]:
 def _heads(c: Ctx) -> list[str]:
     v, out = c.v, []
     h, heads, mp = v["hidden_size"], v["num_attention_heads"], v["model_parallel_size"]
+    types = v["attention_config"] or []
+    if types and all(t == "mamba" for t in types):  # no attention layer: the heads are unused (as in GPT-NeoX)
+        return []
     if h and heads and h % heads:
         out.append(f"{c.at('hidden_size')} is not divisible by {c.at('num_attention_heads')}")
     if heads and mp and heads % mp:
@@ -154,6 +158,49 @@ def _layers(c: Ctx) -> list[str]:
         out.append("intermediate_size and expansion_factor are exclusive; set one")
     if v["sequence_parallel"] and v["model_parallel_size"] == 1:
         logger.warning("sequence_parallel has no effect with model_parallel_size 1")
+    return out + mamba_problems(c)
+
+
+def mamba_problems(c: Ctx) -> list[str]:
+    """Rules of Mamba layers (``attention_config`` type ``mamba``; the list is expanded by then)."""
+    v = c.v
+    if "mamba" not in (v["attention_config"] or []):
+        return []
+    out: list[str] = []
+    if v["mamba_inner_func_fusion"] and v["mamba_use_bias_in_linears"]:
+        out.append(
+            f"{c.at('mamba_inner_func_fusion')} cannot be combined with {c.at('mamba_use_bias_in_linears')} "
+            "(GPT-NeoX's fused Mamba inner function has no projection biases); unset one"
+        )
+    h, tp = v["hidden_size"], v["model_parallel_size"]
+    if not (isinstance(tp, int) and tp > 0):
+        pass  # the range rule reports it
+    elif isinstance(h, int) and h > 0 and v["intermediate_size"] is None:
+        inner = int((v["expansion_factor"] or 2) * h)
+        if inner % tp:
+            out.append(
+                f"Mamba's inner width int(expansion_factor·hidden_size) = {inner} is not divisible by "
+                f"{c.at('model_parallel_size')}"
+            )
+    elif isinstance(v["intermediate_size"], int) and v["intermediate_size"] % tp:
+        out.append(f"Mamba's inner width {c.at('intermediate_size')} is not divisible by {c.at('model_parallel_size')}")
+    method = str(v["pipe_partition_method"])
+    if v["pipe_parallel_size"] >= 2 and method.lower().startswith("type:"):
+        try:
+            counted = re.search(method.split(":", 1)[1], "ParallelMambaResidualLayerPipe", re.IGNORECASE)
+        except re.error:
+            counted = None  # an invalid pattern matches nothing
+        if not counted and all(t == "mamba" for t in v["attention_config"]):
+            out.append(
+                f"{c.at('pipe_partition_method')} matches no layer of this all-Mamba model (its layers are "
+                "ParallelMambaResidualLayerPipe): use 'type:transformer|mlp|mamba', 'uniform' or 'parameters'"
+            )
+    if v["precision"] in ("fp16", "bfloat16", "bf16") and v["mamba_selective_fp32_params"]:
+        logger.warning(
+            "mamba_selective_fp32_params: DeepSpeed keeps every parameter in %s (A_log and D included; their fp32 "
+            "master copies live in the optimizer); the selective scan computes in fp32",
+            v["precision"],
+        )
     return out
 
 

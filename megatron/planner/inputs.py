@@ -144,6 +144,11 @@ class TrainingSetup(
         if args.padded_vocab_size is None:
             raise ValueError("TrainingSetup.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
         attention = [str(t) for t in (args.attention_config or [])]
+        if "mamba" in attention:
+            raise ValueError(
+                "not supported yet: planning a model with Mamba layers (attention_config=mamba): the planner's "
+                "activation-memory and step-time models cover transformer layers only"
+            )
         data_types = args.data_types or {}
         return cls(
             precision=args.precision,

@@ -35,6 +35,9 @@ CONFIGS = {
         no_weight_tying=True,
     ),
     "tied-learned": GPTModelConfig(**BASE, pos_emb="learned"),
+    "mamba-attention": GPTModelConfig(
+        **BASE, attention_config=[[["mamba", "global"], 1]], norm="rmsnorm", mamba_use_bias_in_linears=True
+    ),
 }
 LAYOUTS = [(1, 0), (2, 0), (1, 2), (2, 2), (4, 1)]
 

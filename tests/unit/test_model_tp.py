@@ -39,6 +39,9 @@ TP_CASES = {
     "rpe-qknorm-gqa": dict(pos_emb="rpe", use_qk_layernorm=True, num_kv_heads=2),
     # the qk norm holds this rank's heads: a TP shard the sequence-parallel norm sync must not sum
     "sp-qknorm-rmsnorm": dict(sequence_parallel=True, use_qk_layernorm=True, norm="rmsnorm"),
+    # Mamba: the inner dimension split (in_proj per [x | z] half), x_proj's partial sums reduced
+    "mamba-attention-linear-biases": dict(attention_config=[[["mamba", "global"], 1]], mamba_use_bias_in_linears=True),
+    "sp-mamba-rmsnorm": dict(sequence_parallel=True, attention_config=[[["mamba"], 2]], norm="rmsnorm"),
 }
 
 
@@ -109,6 +112,7 @@ def _greedy(cfg: GPTModelConfig, steps: int = 6, cached: bool = True) -> torch.T
 
 
 DECODE_CFG = dict(num_kv_heads=2, activation="swiglu", norm="rmsnorm", mlp_multiple_of=4)
+MAMBA_DECODE_CFG = dict(attention_config=[[["mamba", "global"], 1]], mamba_use_bias_in_linears=True)
 
 
 def tp_rank_fn(tp: int, cases: dict) -> dict:
@@ -116,6 +120,7 @@ def tp_rank_fn(tp: int, cases: dict) -> dict:
     mpu.initialize_model_parallel(tp)
     out = {name: _step(_cfg(**kw)) for name, kw in cases.items()}
     out["decode"] = _greedy(_cfg(**DECODE_CFG))
+    out["mamba_decode"] = _greedy(_cfg(**MAMBA_DECODE_CFG))  # the conv and SSM states of this rank's channels
     try:
         build_sequential_model(_cfg(num_kv_heads=1))
         out["mqa_error"] = None
@@ -152,8 +157,10 @@ def test_tensor_and_sequence_parallel_match_tp1() -> None:
             for key, value in shards[r].items():
                 assert torch.equal(value, got[r]["state"][key]), f"{name}: shard {r} of {key}"
     expected = _greedy(_cfg(**DECODE_CFG), cached=False)
+    mamba_expected = _greedy(_cfg(**MAMBA_DECODE_CFG), cached=False)
     for r in ranks:
         assert torch.equal(r["decode"], expected)
+        assert torch.equal(r["mamba_decode"], mamba_expected)
         assert r["mqa_error"] == "num_kv_heads=1 must be divisible by model_parallel_size=2"
         assert "scalenorm is not supported with model_parallel_size > 1" in r["qk_scalenorm_error"]
 

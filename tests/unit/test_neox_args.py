@@ -339,7 +339,10 @@ def test_unsupported_features_refused_default_values_accepted():
     msgs = problems(te_mha=True, te_layernorm_mlp=True)
     assert msgs == [msgs[0]] and msgs[0].startswith("not supported yet: te_layernorm_mlp=True, te_mha=True")
     assert build(moe_num_experts=8).moe_num_experts == 8  # implemented now (docs/moe.md)
-    assert "attention_config=mamba" in problems(attention_config=[[["mamba"], 2]])[0]
+    assert build(attention_config=[[["mamba"], 2]]).attention_config == ["mamba", "mamba"]  # docs/model.md#mamba
+    assert problems(attention_config=[[["mamba"], 2]], mamba_inner_func_fusion=True, mamba_use_bias_in_linears=True)[
+        0
+    ].startswith("mamba_inner_func_fusion=True cannot be combined with mamba_use_bias_in_linears=True")
     assert "norm=te_rmsnorm" in problems(norm="te_rmsnorm")[0]
     assert build(te_mha=False, moe_num_experts=1, use_mup=False).te_mha is False
 

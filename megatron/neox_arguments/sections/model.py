@@ -98,14 +98,34 @@ class ResidualKeys:
 
 
 @dataclass(kw_only=True)
-class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, ResidualKeys):
-    """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
+class MLPWidthKeys:
+    """The width of the MLP."""
 
     intermediate_size: int | None = arg(
         None, "Width of the MLP's inner projection. Unset: 4 x hidden_size (gated activations: scaled by 2/3)."
     )
     mlp_multiple_of: int = arg(1, "Round the MLP inner width up to a multiple of this value.")
     expansion_factor: float | None = arg(None, "MLP inner width as a multiple of hidden_size (default 4).")
+
+
+@dataclass(kw_only=True)
+class LayerTypeKeys:
+    """The kind of each layer."""
+
+    attention_config: list | None = arg(
+        None,
+        "Attention type per layer, written as a list of [[types...], repeat] pairs, e.g. "
+        '`[[["global"], 12]]` or `[[["local", "global"], "all"]]` ("all" tiles the pattern over num_layers). '
+        f"Types: {', '.join(ATTENTION_TYPES)}. Unset: global attention in every layer. Expanded to a flat "
+        "per-layer list by derive().",
+        derived=True,
+    )
+
+
+@dataclass(kw_only=True)
+class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, ResidualKeys, MLPWidthKeys, LayerTypeKeys):
+    """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
+
     num_attention_heads: int = arg(None, "Number of attention (query) heads (required).", checkpointed=True)
     num_kv_heads: int | None = arg(
         None,
@@ -127,14 +147,6 @@ class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, Residu
     rpe_max_distance: int = arg(128, "Maximum distance of T5-style relative position encoding.")
     opt_pos_emb_offset: int = arg(0, "Offset added to learned position indices (OPT checkpoints use 2).")
     no_weight_tying: bool = arg(False, "Use a separate output projection instead of the input embedding matrix.")
-    attention_config: list | None = arg(
-        None,
-        "Attention type per layer, written as a list of [[types...], repeat] pairs, e.g. "
-        '`[[["global"], 12]]` or `[[["local", "global"], "all"]]` ("all" tiles the pattern over num_layers). '
-        f"Types: {', '.join(ATTENTION_TYPES)}. Unset: global attention in every layer. Expanded to a flat "
-        "per-layer list by derive().",
-        derived=True,
-    )
     sparsity_config: dict | None = arg(
         None, "DeepSpeed sparse-attention settings for the sparse attention types (block size, layout...)."
     )
