@@ -18,8 +18,10 @@ import torch
 
 from megatron.config_utils import NeoXValues, neox_values, require_keys
 from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
+from megatron.model.layer_sharing import sharing_problems
 from megatron.model.norms import NORMS as NORM_REGISTRY
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
+from megatron.model.soft_prompt import soft_prompt_problems
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
@@ -34,7 +36,7 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba")
+SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba", "gmlp", "amlp")
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -97,10 +99,23 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
     """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
     fused_kernels: dict = field(default_factory=dict)
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
+    gmlp_seq_length: int | None = None
+    """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
 
-    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, and
+    soft_prompt_init_ids: tuple[int, ...] = ()
+    """Token ids of ``soft_prompt_tuning.init_string`` (``soft_prompt.with_prompt_init`` sets them from the run's
+    tokenizer; empty: uniform init)."""
+
+    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, gmlp_seq_length from
+    # seq_length (a required key that most model configs do without), soft_prompt_init_ids from the tokenizer, and
     # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels")
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "params_dtype",
+        "parallel_output",
+        "fused_kernels",
+        "gmlp_seq_length",
+        "soft_prompt_init_ids",
+    )
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -254,6 +269,8 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
                     f"attention_config: layer {i} type {kind!r} is {where}; supported: {', '.join(SUPPORTED_ATTENTION)}"
                 )
 
+        if any(kind in ("gmlp", "amlp") for kind in self.layer_types):
+            need(self.gmlp_seq_length is not None, "gmlp/amlp layers need seq_length (the span of sgu.proj)")
         for problem in moe_problems(self):
             raise ValueError(problem)
         if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:
@@ -261,6 +278,8 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
                 "mamba_inner_func_fusion and mamba_use_bias_in_linears cannot be combined (GPT-NeoX's fused Mamba "
                 "inner function has no projection biases); unset one"
             )
+        for problem in sharing_problems(self) + soft_prompt_problems(self):
+            raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -280,13 +299,11 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
         kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
+        kwargs["gmlp_seq_length"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:
             logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
-        soft = args.soft_prompt_tuning
-        if isinstance(soft, dict) and soft.get("enabled"):
-            raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)

@@ -80,8 +80,8 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
     problems = []
     if cfg.pos_emb != "rotary":
         problems.append(f"pos_emb={cfg.pos_emb!r} (HF models here use rotary)")
-    if any(kind == "local" for kind in cfg.layer_types):
-        problems.append("attention_config 'local' layers")
+    for kind in sorted({k for k in cfg.layer_types if k in ("local", "gmlp", "amlp")}):
+        problems.append(f"attention_config '{kind}' layers")
     if any(kind == "mamba" for kind in cfg.layer_types):
         problems.append("attention_config 'mamba' layers (HF GPTNeoX/Llama/Mistral have none)")
     if cfg.use_qk_layernorm:

@@ -27,7 +27,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
     "sparsity_config": "sparse attention",
-    "gmlp_attn_dim": "gMLP",
     **{
         k: "muP"
         for k in (
@@ -57,7 +56,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
-    **{k: "parameter sharing across layers" for k in ("num_unique_layers", "param_sharing_style")},
     **{
         k: "REINFORCE (needs an online data server)"
         for k in (
@@ -75,7 +73,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
-    "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "load_universal": "loading DeepSpeed universal checkpoints",
     "autotuning": "DeepSpeed autotuning",
@@ -128,8 +125,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
         "sparse_variable": "sparse attention",
         "bigbird": "sparse attention",
         "bslongformer": "sparse attention",
-        "gmlp": "gMLP",
-        "amlp": "aMLP",
     },
     "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
     "dataset_impl": {"online": "REINFORCE (needs an online data server)"},

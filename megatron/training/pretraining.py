@@ -37,6 +37,7 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
 from megatron.model.moe import with_aux_loss
+from megatron.model.soft_prompt import soft_prompt_tokens, with_prompt_init
 from megatron.neox_arguments import NeoXArgs
 from megatron.parallel_config import ParallelConfig
 from megatron.post_training.config import PostTrainingConfig
@@ -118,7 +119,7 @@ class ModelSetup:
         values = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
         layout = ParallelConfig.from_neox_args(args)  # the one reader of the ZeRO stage; the optimizer receives it
         return cls(
-            model=model_lib.GPTModelConfig.from_neox_args(args),
+            model=with_prompt_init(model_lib.GPTModelConfig.from_neox_args(args), args.tokenizer),
             optimizer_cfg=OptimizerConfig.from_neox_args(args, layout),
             lr_schedule=LRScheduleConfig.from_neox_args(args),
             parallel=layout,
@@ -170,13 +171,14 @@ def setup_model_and_optimizer(
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
+    prompt = soft_prompt_tokens(model_cfg) > 0  # may start from a checkpoint without the prefix (load checks the rest)
     result = ckpt.load_checkpoint(
         engine,
         lr_scheduler,
         load_cfg,
         checkpoint_args=setup.checkpoint_args,
         model=model_cfg,
-        load_module_strict=not plan.reward_head,
+        load_module_strict=not (plan.reward_head or prompt),
     )
     if result.path and plan.validate_with_forward:
         check_validation_logits(engine, plan, model_cfg.vocab_rows, result.client_state, result.path)
