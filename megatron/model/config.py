@@ -36,7 +36,18 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba", "gmlp", "amlp")
+SUPPORTED_ATTENTION = (
+    "global",
+    "flash",
+    "local",
+    "sparse_fixed",
+    "sparse_variable",
+    "bigbird",
+    "bslongformer",
+    "mamba",
+    "gmlp",
+    "amlp",
+)
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -101,6 +112,7 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     gmlp_seq_length: int | None = None
     """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
+    sparse_layout_tokens: int | None = None  # seq_length (GPT-NeoX's layout size); None: max_position_embeddings
 
     soft_prompt_init_ids: tuple[int, ...] = ()
     """Token ids of ``soft_prompt_tuning.init_string`` (``soft_prompt.with_prompt_init`` sets them from the run's
@@ -115,6 +127,7 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
         "fused_kernels",
         "gmlp_seq_length",
         "soft_prompt_init_ids",
+        "sparse_layout_tokens",
     )
 
     @property
@@ -300,6 +313,7 @@ class GPTModelConfig(ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutK
         kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
         kwargs["gmlp_seq_length"] = args.seq_length
+        kwargs["sparse_layout_tokens"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if args.use_mup:

@@ -26,7 +26,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
-    "sparsity_config": "sparse attention",
     **{
         k: "muP"
         for k in (
@@ -121,10 +120,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
     "attention_config": {
         "rwkv": "RWKV",
-        "sparse_fixed": "sparse attention",
-        "sparse_variable": "sparse attention",
-        "bigbird": "sparse attention",
-        "bslongformer": "sparse attention",
     },
     "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
     "dataset_impl": {"online": "REINFORCE (needs an online data server)"},

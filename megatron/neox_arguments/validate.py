@@ -16,6 +16,7 @@ from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.ranges import range_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
+from megatron.neox_arguments.sparsity_checks import sparsity_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
 logger = logging.getLogger(__name__)
@@ -296,6 +297,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("gmlp", _gmlp),
     ("post-training", _post_training),
     ("mixture of experts", _moe),
+    ("sparse attention", lambda c: sparsity_problems(c.v)),
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
@@ -304,7 +306,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
 ]
 
 
-MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers")
+MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers", "sparse attention")
 """The rules on the model's shape alone (``GPTModelConfig`` does not repeat them; it checks MoE itself)."""
 
 

@@ -148,7 +148,12 @@ class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, Residu
     opt_pos_emb_offset: int = arg(0, "Offset added to learned position indices (OPT checkpoints use 2).")
     no_weight_tying: bool = arg(False, "Use a separate output projection instead of the input embedding matrix.")
     sparsity_config: dict | None = arg(
-        None, "DeepSpeed sparse-attention settings for the sparse attention types (block size, layout...)."
+        None,
+        "Block layouts of the sparse attention types (local, sparse_fixed, sparse_variable, bigbird, bslongformer), "
+        "as GPT-NeoX passes them to DeepSpeed's sparsity configs: `block` (16) and per type `num_local_blocks`, "
+        "`num_global_blocks`, `num_different_global_patterns`, `different_layout_per_head`, `num_random_blocks`, "
+        "`local_window_blocks`, `global_block_indices`, `global_block_end_indices`, `num_sliding_window_blocks` "
+        "(docs/model.md). seq_length must be a multiple of `block`.",
     )
     num_unique_layers: int | None = arg(
         None,
