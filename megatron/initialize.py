@@ -11,24 +11,18 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.distributed import init_distributed, on_cpu
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.deepspeed import GradientReduceKeys
+from megatron.neox_arguments.sections.other import DistributedKeys, ParallelSizeKeys, SeedKeys
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-@schema_defaults
-class InitConfig:
+class InitConfig(SeedKeys, ParallelSizeKeys, GradientReduceKeys, DistributedKeys):
     """GPT-NeoX keys used at start-up."""
-
-    seed: int = from_schema()
-    model_parallel_size: int = from_schema()
-    pipe_parallel_size: int = from_schema()
-    fp32_allreduce: bool = from_schema()
-    distributed_backend: str = from_schema()  # GPT-NeoX's default; gloo is used instead on CPU
-    distributed_timeout_minutes: float = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> InitConfig:

@@ -18,25 +18,18 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-# the one megatron layer imported: its fields take their defaults from the schema (config_utils.from_schema)
-from megatron.config_utils import NeoXValues, from_schema, schema_defaults
+# the megatron layers imported: config_utils, and the schema classes that declare its keys
+from megatron.config_utils import NeoXValues, neox_values
+from megatron.neox_arguments.sections.optimizer import ZeroKeys
+from megatron.neox_arguments.sections.other import LayerSplitKeys, ParallelSizeKeys
 
 
 @dataclass
-@schema_defaults
-class ParallelConfig:
-    """The parallelism keys of a run (GPT-NeoX names)."""
-
-    model_parallel_size: int = from_schema()
-    """Tensor-parallel degree."""
-    pipe_parallel_size: int = from_schema()
-    """Pipeline stages; 0 = no pipeline engine, 1 = GPT-NeoX's single-stage pipe engine."""
-    sequence_parallel: bool = from_schema()
-    """Megatron sequence parallelism (only meaningful with model_parallel_size > 1)."""
-    zero_stage: int = from_schema()
-    """``zero_optimization.stage`` as the config layer derived it (``derive.py``): the one owner of the stage among
-    the module configs. The optimizer receives it from here (``OptimizerConfig.from_neox_args(args, layout)``); the
-    checkpoint code reads what the engine runs (``engine.zero_optimization_stage()``)."""
+class ParallelConfig(ParallelSizeKeys, LayerSplitKeys, ZeroKeys):
+    """The parallelism keys of a run (GPT-NeoX names). Its ``zero_stage`` is ``zero_optimization.stage`` as the config
+    layer derived it (``derive.py``): the one owner of the stage among the module configs. The optimizer receives it
+    from here (``OptimizerConfig.from_neox_args(args, layout)``); the checkpoint code reads what the engine runs
+    (``engine.zero_optimization_stage()``)."""
 
     @property
     def pipeline(self) -> bool:
@@ -47,12 +40,7 @@ class ParallelConfig:
     def from_neox_args(cls, args: NeoXValues) -> ParallelConfig:
         """Read every field strictly under its NeoX key (``zero_stage``: the config layer's copy of
         ``zero_optimization.stage``)."""
-        return cls(
-            model_parallel_size=args.model_parallel_size,
-            pipe_parallel_size=args.pipe_parallel_size,
-            sequence_parallel=args.sequence_parallel,
-            zero_stage=args.zero_stage,
-        )
+        return cls(**neox_values(cls, args))
 
     def pipeline_section(self) -> dict[str, bool]:
         """The DeepSpeed ``pipeline`` entries this layout needs."""

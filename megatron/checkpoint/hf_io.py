@@ -24,10 +24,12 @@ from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.safe_load import UnsafeCheckpointError, safe_torch_load
 from megatron.checkpoint.writer import staged_output
 from megatron.config_utils import not_neox_keys
-from megatron.model.config import GPTModelConfig
+from megatron.model.config import FUSION_KEYS, GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
 from megatron.model.moe.hf_mixtral import mixtral_disk_names
+from megatron.neox_arguments.neox_args import default_values
 from megatron.neox_arguments.precision import dtype_of_precision
+from megatron.neox_arguments.unsupported import UNSUPPORTED_KEYS
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -207,7 +209,7 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
         cfg, arch = hf_config_to_neox(hf_config)
     except (ValueError, TypeError, AttributeError) as e:  # a field of the wrong type or missing
         raise CheckpointError(f"{config_json}: {e}") from None
-    hf_checks.check_tokenizer_fits(hf_dir, cfg.padded_vocab_size)
+    hf_checks.check_tokenizer_fits(hf_dir, cfg.vocab_rows)
     weights = read_hf_weights(hf_dir)
     hf_checks.check_weights_against_config(weights, cfg, arch, config_json, hf_config)
     stored = next(iter(weights.values())).dtype if weights else torch.float32
@@ -222,10 +224,11 @@ def import_hf(hf_dir: str | Path, precision: str = "auto") -> tuple[dict[str, to
 
 # GPTModelConfig fields that do not describe the converted checkpoint's architecture: how a run initialises, trains or
 # executes the model (the user's setup file sets them), or written in another form (padded_vocab_size: as
-# make_vocab_size_divisible_by). Every other field of the model config is written, so a new one cannot be forgotten.
+# make_vocab_size_divisible_by, which is written from it). Every other field of the model config is written, so a new one cannot be forgotten.
 RUN_KEYS = frozenset(
     {
         "padded_vocab_size",
+        "make_vocab_size_divisible_by",
         "init_method",
         "output_layer_init_method",
         "seed",
@@ -238,8 +241,13 @@ RUN_KEYS = frozenset(
         "apply_query_key_layer_scaling",
         "moe_lbl_in_fp32",
         "onnx_safe",
+        "precision",
+        "seq_length",
+        "torch_compile",
+        "use_cpu_initialization",
+        "output_layer_parallelism",  # GPT-NeoX supports one value, column
     }
-)
+) | frozenset(FUSION_KEYS)  # kernel switches: the same computation, mapped to SDPA / torch ops
 # The model keys of the YAML written next to a converted checkpoint (tests/unit/test_hf_model_keys.py loads it back).
 MODEL_KEYS: tuple[str, ...] = tuple(
     f.name
@@ -268,10 +276,13 @@ def neox_config_yaml(cfg: GPTModelConfig, tp: int, pp: int) -> str:
     values: dict[str, Any] = {key: getattr(cfg, key) for key in MODEL_KEYS}
     values["attention_config"] = _attention_runs(cfg.layer_types)
     values = {k: v for k, v in values.items() if v is not None and (cfg.is_moe or not k.startswith("moe_"))}
+    # a key of a feature not supported yet, at its default, describes nothing of the checkpoint
+    defaults = default_values()
+    values = {k: v for k, v in values.items() if not (k in UNSUPPORTED_KEYS and v == defaults[k])}
     values.update(
         model_parallel_size=tp,
         pipe_parallel_size=pp,
-        make_vocab_size_divisible_by=cfg.padded_vocab_size // tp,
+        make_vocab_size_divisible_by=cfg.vocab_rows // tp,
     )
     header = "# Model keys of a checkpoint converted from Hugging Face by tools/ckpts/convert_hf_to_neox.py\n"
     return header + yaml.safe_dump(values, sort_keys=False)

@@ -44,7 +44,7 @@ class ReshardResult:
 
 def target_vocab(ckpt: NeoXCheckpoint, tp: int, padded_vocab_size: int | None) -> int:
     """Padded vocabulary rows for the target: as given, else kept when ``tp`` divides it, else padded up."""
-    current = ckpt.cfg.padded_vocab_size
+    current = ckpt.cfg.vocab_rows
     if padded_vocab_size is not None:
         if padded_vocab_size % tp:
             raise CheckpointError(f"padded_vocab_size={padded_vocab_size} is not divisible by tp={tp}")

@@ -6,44 +6,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.checkpoint.layout import CheckpointError
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
-from megatron.neox_arguments.sections.training import CHECKPOINT_SCALES
+from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.neox_arguments.keys import CHECKPOINTED_KEYS
+from megatron.neox_arguments.sections.model import ResidualKeys
+from megatron.neox_arguments.sections.other import LoadIterationKeys
+from megatron.neox_arguments.sections.training import CheckpointKeys, LoadSaveKeys
 
-CHECKPOINT_ARG_KEYS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "max_position_embeddings",
-    "make_vocab_size_divisible_by",
-    "padded_vocab_size",
-    "tokenizer_type",
-    "model_parallel_size",
-)
+# GPT-NeoX's model-shape args a checkpoint stores: marked next to each key in the schema (``checkpointed=True``)
+CHECKPOINT_ARG_KEYS = CHECKPOINTED_KEYS
 AUTO = "auto"
 
 
 @dataclass
-@schema_defaults
-class CheckpointConfig:
-    """GPT-NeoX checkpoint keys."""
-
-    save: str | None = from_schema()
-    load: str | None = from_schema()
-    checkpoint_factor: int | float | None = from_schema()
-    checkpoint_scale: CHECKPOINT_SCALES = from_schema()
-    extra_save_iters: list | None = from_schema()
-    keep_last_n_checkpoints: int | None = from_schema()
-    no_save_optim: bool = from_schema()
-    no_save_rng: bool = from_schema()
-    no_load_optim: bool = from_schema()
-    no_load_rng: bool = from_schema()
-    finetune: bool = from_schema()
-    iteration: int | None = from_schema()
-    gpt_j_residual: bool = (
-        from_schema()
-    )  # decides how row-parallel biases are stored at TP > 1 (checkpoint.bias_layout)
-    load_verify_checksums: bool = from_schema()
-    load_allow_tokenizer_change: bool = from_schema()
+class CheckpointConfig(LoadSaveKeys, CheckpointKeys, LoadIterationKeys, ResidualKeys):
+    """GPT-NeoX checkpoint keys (``gpt_j_residual`` decides how row-parallel biases are stored at TP > 1:
+    ``checkpoint.bias_layout``)."""
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:

@@ -75,7 +75,7 @@ def check_divisible(cfg: GPTModelConfig, tp: int) -> None:
     for what, value in (
         ("num_attention_heads", cfg.num_attention_heads),
         ("num_kv_heads", cfg.kv_heads),
-        ("padded_vocab_size", cfg.padded_vocab_size),
+        ("padded_vocab_size", cfg.vocab_rows),
         ("MLP width", cfg.mlp_sizes[1]),
     ):
         if value % tp:

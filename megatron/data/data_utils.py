@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import PACK_IMPLS, GPT2Dataset, is_cache_builder
 from megatron.data.index_map_params import IndexMapParams
@@ -25,7 +25,10 @@ from megatron.data.indexed_dataset import make_dataset
 from megatron.data.samplers import DistributedBatchSampler
 from megatron.data.token_check import check_token_ids
 from megatron.errors import DataError
-from megatron.neox_arguments.sections import training as training_keys
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.model import SequenceKeys
+from megatron.neox_arguments.sections.other import SeedKeys, VocabKeys
+from megatron.neox_arguments.sections.training import DataKeys, DataPathKeys, IterationKeys
 from megatron.neox_arguments.value_checks import parse_split
 
 logger = logging.getLogger(__name__)
@@ -33,53 +36,26 @@ logger = logging.getLogger(__name__)
 SPLIT_NAMES = ("train", "valid", "test")
 
 
-@dataclass
-@schema_defaults
-class DataConfig:
+@dataclass(kw_only=True)  # micro_batch_size (not a key) has no default
+class DataConfig(SequenceKeys, BatchSizeKeys, IterationKeys, SeedKeys, DataPathKeys, DataKeys, VocabKeys):
     """The data keys of a GPT-NeoX config (flat names as in GPT-NeoX YAML)."""
 
-    seq_length: int
-    train_batch_size: int
     micro_batch_size: int
-    train_iters: int | None = from_schema()
-    train_epochs: int | None = from_schema()
-    eval_interval: int = from_schema()
-    eval_iters: int = from_schema()
-    seed: int = from_schema()
-    data_path: str | None = from_schema()
-    split: str = from_schema()
-    train_data_paths: list | None = from_schema()
-    valid_data_paths: list | None = from_schema()
-    test_data_paths: list | None = from_schema()
-    train_data_weights: list | None = from_schema()
-    valid_data_weights: list | None = from_schema()
-    test_data_weights: list | None = from_schema()
-    train_label_data_paths: list | None = from_schema()
-    valid_label_data_paths: list | None = from_schema()
-    test_label_data_paths: list | None = from_schema()
     label_data_paths: list[str] | None = None
-    weight_by_num_documents: bool = from_schema()
-    weighted_sampler_alpha: float = from_schema()
     weighted_document_limit: int | None = None
-    data_impl: training_keys.DATA_IMPLS = from_schema()
-    pack_impl: training_keys.PACK_IMPLS = from_schema()
-    allow_chopped: bool = from_schema()
-    mmap_warmup: bool = from_schema()
-    use_shared_fs: bool = from_schema()
-    num_workers: int = from_schema()
-    # set by training from the tokenizer; token ids are checked against it
-    padded_vocab_size: int | None = from_schema()
 
     # not config keys: micro_batch_size is train_micro_batch_size_per_gpu; label_data_paths (labels for data_path)
     # and weighted_document_limit are set only by code that builds a DataConfig itself
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("micro_batch_size", "label_data_paths", "weighted_document_limit")
+
+    def __post_init__(self) -> None:
+        require_keys(self, ("seq_length", "train_batch_size"))  # required: the schema's default is None
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> DataConfig:
         """Read every field strictly under its NeoX key (``None`` means the default; ``micro_batch_size`` is
         ``train_micro_batch_size_per_gpu``, which the config layer also mirrors into GPT-NeoX's older ``batch_size``)."""
         kwargs: dict[str, Any] = neox_overrides(cls, args)
-        kwargs["seq_length"], kwargs["train_batch_size"] = args.seq_length, args.train_batch_size
         kwargs["micro_batch_size"] = args.train_micro_batch_size_per_gpu
         return cls(**kwargs)
 

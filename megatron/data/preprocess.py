@@ -59,7 +59,11 @@ class PreprocessConfig:
 
     def tokenizer_config(self) -> TokenizerConfig:
         # build_tokenizer refuses a name that is not one of the schema's tokenizer types
-        return TokenizerConfig(cast(TOKENIZER_TYPES, self.tokenizer_type), self.vocab_file, self.merge_file)
+        return TokenizerConfig(
+            tokenizer_type=cast(TOKENIZER_TYPES, self.tokenizer_type),
+            vocab_file=self.vocab_file,
+            merge_file=self.merge_file,
+        )
 
 
 @dataclass

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.model import SequenceKeys
+from megatron.neox_arguments.sections.other import ParallelSizeKeys, SeedKeys
+from megatron.neox_arguments.sections.textgen import EvalHarnessKeys
+from megatron.neox_arguments.sections.training import EvalLimitKeys
 
 
-@dataclass(kw_only=True)  # the required keys have no default
-@schema_defaults
-class EvalConfig:
+@dataclass
+class EvalConfig(EvalHarnessKeys, EvalLimitKeys, SeedKeys, SequenceKeys, BatchSizeKeys, ParallelSizeKeys):
     """What the evaluation adapter and lm-eval's ``simple_evaluate`` need (GPT-NeoX key names)."""
-
-    eval_tasks: list | None = from_schema()
-    eval_limit: int | None = from_schema()
-    eval_bootstrap_iters: int = from_schema()
-    eval_num_fewshot: int | None = from_schema()  # GPT-NeoX: every task 0-shot; None: each task's own
-    seed: int = from_schema()
-    seq_length: int
-    max_position_embeddings: int
-    train_micro_batch_size_per_gpu: int
-    pipe_parallel_size: int = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> EvalConfig:

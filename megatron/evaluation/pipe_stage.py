@@ -33,7 +33,7 @@ class TrainingPipeStage:
         if not isinstance(cfg, GPTModelConfig):
             raise TypeError(f"TrainingPipeStage needs a GPT2ModelPipe (with a .cfg), got {type(module).__name__}")
         self.cfg = cfg  # GPT2ModelPipe's model config (StageForward reads padded_vocab_size)
-        self.vocab = int(self.cfg.padded_vocab_size)
+        self.vocab = self.cfg.vocab_rows
         self.stage, self.num_stages = mpu.get_pipe_parallel_rank(), mpu.get_pipe_parallel_world_size()
 
     @property

@@ -12,15 +12,20 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from megatron.checkpoint import model_config as checkpoint_model_config
-from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.generation.sampling import SamplingConfig
 from megatron.initialize import InitConfig
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.model import SequenceKeys
+from megatron.neox_arguments.sections.other import LoadIterationKeys, ParallelSizeKeys, SeedKeys
+from megatron.neox_arguments.sections.textgen import GenerationKeys, PrecomputeKeys
+from megatron.neox_arguments.sections.training import DataPathKeys, LoadSaveKeys, PairedDataPathKeys
 from megatron.tokenizer import TokenizerConfig
 
 # GPT-NeoX's order of the dataset groups precompute scores: train/test/valid, else pairwise pos/neg, else data_path
@@ -31,26 +36,9 @@ PRECOMPUTE_GROUPS: tuple[tuple[str, ...], ...] = (
 )
 
 
-@dataclass(kw_only=True)  # seq_length and train_micro_batch_size_per_gpu (required / derived) have no default
-@schema_defaults
-class PrecomputeConfig:
+@dataclass
+class PrecomputeConfig(PrecomputeKeys, LoadSaveKeys, SequenceKeys, BatchSizeKeys, DataPathKeys, PairedDataPathKeys):
     """``text_gen_type: precompute``: which datasets to score and what to call the outputs (GPT-NeoX keys)."""
-
-    precompute_model_name: str | None = from_schema()
-    load: str | None = from_schema()
-    seq_length: int
-    train_micro_batch_size_per_gpu: int
-    data_impl: Literal["infer", "mmap", "cached"] = from_schema()
-    data_path: str | None = from_schema()
-    train_data_paths: list | None = from_schema()
-    test_data_paths: list | None = from_schema()
-    valid_data_paths: list | None = from_schema()
-    pos_train_data_paths: list | None = from_schema()
-    neg_train_data_paths: list | None = from_schema()
-    pos_valid_data_paths: list | None = from_schema()
-    neg_valid_data_paths: list | None = from_schema()
-    pos_test_data_paths: list | None = from_schema()
-    neg_test_data_paths: list | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> PrecomputeConfig:
@@ -82,25 +70,11 @@ class PrecomputeConfig:
         return paths
 
 
-@dataclass(kw_only=True)  # text_gen_type (derived) and the nested module configs have no default
-@schema_defaults
-class InferenceConfig:
+@dataclass(kw_only=True)  # the nested module configs have no default
+class InferenceConfig(LoadSaveKeys, LoadIterationKeys, SeedKeys, ParallelSizeKeys, GenerationKeys):
     """What loading a checkpoint for inference and ``text_gen_type`` need (GPT-NeoX keys), with the module configs
     of the tokenizer, the sampler, precompute and process start-up."""
 
-    load: str | None = from_schema()
-    save: str | None = from_schema()
-    iteration: int | None = from_schema()
-    seed: int = from_schema()
-    inference_precision: Literal["fp32", "fp16", "bfloat16"] | None = from_schema()
-    model_parallel_size: int = from_schema()
-    pipe_parallel_size: int = from_schema()
-    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"]
-    sample_input_file: str | None = from_schema()
-    sample_output_file: str | None = from_schema()
-    prompt_end: str = from_schema()
-    num_samples: int = from_schema()
-    return_logits: bool = from_schema()
     tokenizer: TokenizerConfig
     sampling: SamplingConfig
     precompute: PrecomputeConfig

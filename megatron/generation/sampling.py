@@ -13,8 +13,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
 from megatron.model.kv_cache import KVCache
+from megatron.neox_arguments.sections.model import SequenceKeys
+from megatron.neox_arguments.sections.textgen import SamplingKeys
 
 # (tokens [b, s_new], cache) -> logits [b, s_new, V]; None on pipeline stages without logits, whose ForwardFn
 # then also has share_tokens / share_logits (megatron.generation.parallel.StageForward)
@@ -30,20 +32,16 @@ class SharesTokens(Protocol):
     def share_logits(self, logits: torch.Tensor | None, batch: int, device: torch.device | str) -> torch.Tensor: ...
 
 
-@dataclass(kw_only=True)  # seq_length (required) has no default
-@schema_defaults
-class SamplingConfig:
+@dataclass(kw_only=True)
+class SamplingConfig(SamplingKeys, SequenceKeys):
     """GPT-NeoX text-generation keys."""
 
-    temperature: float = from_schema()
-    top_k: int = from_schema()
-    top_p: float = from_schema()
-    maximum_tokens: int = from_schema()
-    seq_length: int
     stop_tokens: Sequence[int] = ()
-    recompute: bool = from_schema()
 
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("stop_tokens",)  # callers' stop sequences, not a config key
+
+    def __post_init__(self) -> None:
+        require_keys(self, ("seq_length",))  # required: the schema's default is None
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> SamplingConfig:

@@ -19,48 +19,33 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues, from_schema, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values, require_keys
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.logging import PeakFlopsKeys
+from megatron.neox_arguments.sections.model import LayerTypeKeys, MLPWidthKeys, SequenceKeys, ShapeKeys
+from megatron.neox_arguments.sections.other import VocabKeys
+from megatron.neox_arguments.sections.training import RecomputeKeys
 
 FLOPS_FORMULA = "24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)), K=3 (MFU) or 4 with activation checkpointing (HFU)"
 RWKV_FLOPS_FORMULA = "B·s·(78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/heads) (GPT-NeoX's RWKV formula)"
 
 
 @dataclass
-@schema_defaults
-class FlopsConfig:
+class FlopsConfig(
+    BatchSizeKeys, SequenceKeys, ShapeKeys, VocabKeys, RecomputeKeys, PeakFlopsKeys, MLPWidthKeys, LayerTypeKeys
+):
     """Shape and batch values the formula needs."""
 
-    train_batch_size: int
-    seq_length: int
-    num_layers: int
-    hidden_size: int
-    padded_vocab_size: int
-    num_attention_heads: int
-    checkpoint_activations: bool = from_schema()
-    peak_theoretical_tflops: float | None = from_schema()
-    attention_config: list | None = from_schema()
-    """Per-layer types, expanded (the config layer's form); None: every layer a transformer layer."""
-    expansion_factor: float | None = from_schema()
-    intermediate_size: int | None = from_schema()
+    def __post_init__(self) -> None:
+        # required: the schema's default is None
+        require_keys(self, ("train_batch_size", "seq_length", "num_layers", "hidden_size", "padded_vocab_size"))
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> FlopsConfig:
         """Read every field strictly under its NeoX key (``padded_vocab_size`` set)."""
         if args.padded_vocab_size is None:
             raise ValueError("FlopsConfig.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
-        return cls(
-            train_batch_size=args.train_batch_size,
-            seq_length=args.seq_length,
-            num_layers=args.num_layers,
-            hidden_size=args.hidden_size,
-            padded_vocab_size=args.padded_vocab_size,
-            checkpoint_activations=args.checkpoint_activations,
-            peak_theoretical_tflops=args.peak_theoretical_tflops,
-            attention_config=args.attention_config,
-            num_attention_heads=args.num_attention_heads,
-            expansion_factor=args.expansion_factor,
-            intermediate_size=args.intermediate_size,
-        )
+        return cls(**neox_values(cls, args))
 
 
 def flops_formula(cfg: FlopsConfig) -> str:
@@ -71,6 +56,7 @@ def flops_formula(cfg: FlopsConfig) -> str:
 def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     """FLOPs of one training iteration over the whole global batch."""
     b, s, layers, h, v = cfg.train_batch_size, cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.padded_vocab_size
+    assert v is not None, "from_neox_args refuses padded_vocab_size unset"
     if cfg.attention_config and "rwkv" in cfg.attention_config:
         a = cfg.num_attention_heads
         return b * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * v + 18.0 * layers * h * h / a)

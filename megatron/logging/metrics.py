@@ -12,31 +12,17 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.logging.run_observer import format_duration, memory_text
+from megatron.neox_arguments.sections.deepspeed import ReportingKeys
+from megatron.neox_arguments.sections.logging import LoggingArgs
 
 logger = logging.getLogger("megatron.train")
 
 
 @dataclass
-@schema_defaults
-class LoggingConfig:
+class LoggingConfig(LoggingArgs, ReportingKeys):
     """GPT-NeoX logging keys."""
-
-    log_interval: int = from_schema()
-    tensorboard_dir: str | None = from_schema()
-    log_dir: str | None = from_schema()
-    use_wandb: bool | None = from_schema()  # unset (None) means off, as False does
-    wandb_project: str = from_schema()
-    wandb_group: str | None = from_schema()
-    wandb_team: str | None = from_schema()
-    wandb_run_name: str | None = from_schema()
-    wandb_host: str = from_schema()
-    wandb_init_all_ranks: bool = from_schema()
-    log_grad_norm: bool = from_schema()
-    log_param_norm: bool = from_schema()
-    wall_clock_breakdown: bool = from_schema()
-    peak_theoretical_tflops: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> LoggingConfig:

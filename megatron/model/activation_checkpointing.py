@@ -21,40 +21,23 @@ import math
 from dataclasses import dataclass
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.model import ShapeKeys
+from megatron.neox_arguments.sections.other import LayerSplitKeys, ParallelSizeKeys
+from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(kw_only=True)  # num_layers (required) has no default
-@schema_defaults
-class ActivationCheckpointConfig:
+@dataclass
+class ActivationCheckpointConfig(
+    RecomputeKeys, ActivationCheckpointKeys, ShapeKeys, ParallelSizeKeys, BatchSizeKeys, LayerSplitKeys
+):
     """GPT-NeoX keys of activation checkpointing."""
 
-    checkpoint_activations: bool = from_schema()
-    """Recompute transformer layers in backward."""
-    checkpoint_num_layers: int = from_schema()
-    """Transformer layers per checkpointed chunk."""
-    partition_activations: bool = from_schema()
-    """Split checkpointed activations across the tensor-parallel group."""
-    contiguous_checkpointing: bool = from_schema()
-    """Store partitions in contiguous preallocated buffers."""
-    checkpoint_in_cpu: bool = from_schema()
-    """Keep checkpoints in host memory."""
-    synchronize_each_layer: bool = from_schema()
-    """Synchronise the accelerator at the start and end of every checkpointed chunk."""
-    profile_backward: bool = from_schema()
-    """Time the checkpointed chunks."""
-    num_layers: int
-    """Transformer layers of the model (sizes the contiguous buffers)."""
-    pipe_parallel_size: int = from_schema()
-    """Pipeline stages (0/1: none); sizes the contiguous buffers for micro-batches in flight."""
-    gradient_accumulation_steps: int = from_schema()
-    """Micro-batches per step (bounds the micro-batches in flight in a pipeline)."""
-    sequence_parallel: bool = from_schema()
-    """Megatron sequence parallelism (activations already split over the TP group)."""
-
     def __post_init__(self) -> None:
+        require_keys(self, ("num_layers",))  # required: the schema's default is None
         if not isinstance(self.checkpoint_num_layers, int) or self.checkpoint_num_layers < 1:
             raise ValueError(f"checkpoint_num_layers must be an integer >= 1, got {self.checkpoint_num_layers!r}")
         if self.contiguous_checkpointing and not self.partition_activations:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values, require_keys
 from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
 from megatron.model.layer_sharing import sharing_problems
 from megatron.model.norms import NORMS as NORM_REGISTRY
@@ -26,8 +26,10 @@ from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import model as model_keys
-from megatron.neox_arguments.sections.model import ATTENTION_TYPES
-from megatron.neox_arguments.sections.optimizer import MOE_ROUTER_TYPES
+from megatron.neox_arguments.sections.model import ATTENTION_TYPES, ModelArgs
+from megatron.neox_arguments.sections.optimizer import MoEArgs
+from megatron.neox_arguments.sections.other import LayerSplitKeys, OnnxKeys, SeedKeys, VocabKeys
+from megatron.neox_arguments.sections.training import DropoutKeys, MupKeys, RecomputeKeys
 
 logger = logging.getLogger(__name__)
 
@@ -82,117 +84,23 @@ def expand_attention_config(attention_config: Any, num_layers: int) -> tuple[str
 pad_vocab_size = padded_vocab_size  # GPT-NeoX's rule, defined once in megatron.neox_arguments.derive
 
 
-@dataclass(kw_only=True)  # the required keys have no default, wherever they stand
-@schema_defaults
-class GPTModelConfig:
-    """Architecture of the GPT model (GPT-NeoX key names; see docs/model.md for the semantics of each key)."""
+# Keys the model cannot be built without (their schema default is None: the config layer requires or derives them).
+REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size", "max_position_embeddings")
 
-    num_layers: int
-    """Number of transformer layers L."""
-    hidden_size: int
-    """Model width h."""
-    num_attention_heads: int
-    """Query heads; head dim = h / heads."""
-    padded_vocab_size: int
-    """Rows of the word embedding / output layer (already padded, divisible by the TP size)."""
-    max_position_embeddings: int
-    """Longest position (learned/sinusoidal tables, rotary cache hint, ALiBi)."""
-    num_kv_heads: int | None = from_schema()
-    """Key/value heads (GQA/MQA when < num_attention_heads); None = MHA."""
-    intermediate_size: int | None = from_schema()
-    """MLP width before GPT-NeoX's sizing rule (for gated activations ≈ 3× the HF intermediate size)."""
-    expansion_factor: float | None = from_schema()
-    """MLP width as a multiple of hidden_size (exclusive with intermediate_size); default 4."""
-    mlp_multiple_of: int = from_schema()
-    """Round the MLP widths up to multiples of this."""
-    norm: model_keys.NORMS = from_schema()
-    """layernorm | rmsnorm | scalenorm | non_parametric_layernorm (te_* map to the plain equivalents)."""
-    layernorm_epsilon: float = from_schema()
-    """LayerNorm epsilon."""
-    rms_norm_epsilon: float = from_schema()
-    """RMSNorm epsilon."""
-    scalenorm_epsilon: float = from_schema()
-    """ScaleNorm epsilon."""
-    use_bias_in_norms: bool = from_schema()
-    """LayerNorm has a bias (RMSNorm/ScaleNorm never have one)."""
-    pos_emb: model_keys.POS_EMBS = from_schema()
-    """learned | sinusoidal | rotary | alibi | rpe | none."""
-    rotary_pct: float = from_schema()
-    """Fraction of each head's dims that get rotary embedding (int(head_dim·pct) dims)."""
-    rotary_emb_base: int = from_schema()
-    """Rotary theta."""
-    rotary_save_freqs_buffer: bool = from_schema()
-    """Persist ``attention.rotary_emb.inv_freq`` in the state dict."""
-    rpe_num_buckets: int = from_schema()
-    """T5 relative position buckets."""
-    rpe_max_distance: int = from_schema()
-    """T5 relative position max distance."""
-    opt_pos_emb_offset: int = from_schema()
-    """Offset added to positions of learned position embeddings (OPT uses 2)."""
-    no_weight_tying: bool = from_schema()
-    """False: the output layer reuses the word embedding."""
-    activation: model_keys.ACTIVATIONS = from_schema()
-    """gelu | relu | silu | swish | mish | softsign | geglu | reglu | swiglu | bilinear | glu."""
-    bias_gelu_fusion: bool = from_schema()
-    """GPT-NeoX semantics kept: selects the tanh-approximate GELU."""
-    onnx_safe: bool = from_schema()
-    """erf GELU written out explicitly (same values as exact GELU)."""
-    gpt_j_residual: bool = from_schema()
-    """Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)), one TP reduction."""
-    gpt_j_tied: bool = from_schema()
-    """With gpt_j_residual, use ln1 for the MLP input too (ln2 exists but is unused)."""
-    use_bias_in_attn_linear: bool = from_schema()
-    """Bias in query_key_value and attention.dense."""
-    use_bias_in_mlp: bool = from_schema()
-    """Bias in mlp.linear1 / mlp.linear2."""
-    use_qk_layernorm: bool = from_schema()
-    """LayerNorm-type norm over [heads_per_partition, head_dim] of q and k."""
-    sliding_window_width: int | None = from_schema()
-    """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
-    attention_config: list | None = from_schema()
-    """Per-layer type (global | flash | local | sparse_fixed | sparse_variable | bigbird | bslongformer attention
-    layers, mamba layers, gmlp | amlp | rwkv blocks); empty = all global."""
-    sparsity_config: dict | None = from_schema()
-    """The block layouts of the sparse types (``sparse_layouts.GPT_NEOX_DEFAULTS``)."""
-    dim_att: int | None = from_schema()
-    """RWKV: time-mix width (None: hidden_size)."""
-    head_size: int | None = from_schema()
-    """RWKV: width of each head (derived as dim_att // num_attention_heads; a given value must agree)."""
-    ffn_dim: int | None = from_schema()
-    """RWKV: channel-mix width (None: intermediate_size, else int(expansion_factor (3.5) · h), floored to 32s)."""
-    hidden_dropout: float = from_schema()
-    """Dropout after embeddings, attention and MLP."""
-    attention_dropout: float = from_schema()
-    """Dropout on attention probabilities."""
-    init_method: model_keys.INIT_METHODS = from_schema()
-    """Init of embeddings, query_key_value, linear1 and an untied output layer."""
-    output_layer_init_method: model_keys.INIT_METHODS = from_schema()
-    """Init of attention.dense and mlp.linear2."""
-    init_method_std: float = from_schema()
-    """Base std for normal-type inits."""
-    apply_query_key_layer_scaling: bool = from_schema()
-    """Divide scores by the (1-based) layer number and undo it inside an fp32 softmax."""
-    attention_softmax_in_fp32: bool = from_schema()
-    """Softmax in fp32 for half-precision params."""
+
+@dataclass(kw_only=True)
+class GPTModelConfig(
+    ModelArgs, MoEArgs, VocabKeys, SeedKeys, OnnxKeys, DropoutKeys, RecomputeKeys, LayerSplitKeys, MupKeys
+):
+    """Architecture of the GPT model: every model and MoE key, and the few other keys the model reads (each key's
+    type, default and doc: its schema class in megatron/neox_arguments/sections/; semantics: docs/model.md)."""
+
     params_dtype: torch.dtype = torch.float32
     """Parameter dtype (from ``precision``)."""
-    sequence_parallel: bool = from_schema()
-    """Megatron sequence parallelism (norm/dropout regions sharded on the sequence)."""
-    checkpoint_activations: bool = from_schema()
-    """Recompute transformer layers in backward."""
-    checkpoint_num_layers: int = from_schema()
-    """Layers per activation-checkpoint chunk."""
     parallel_output: bool = True
     """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
-    fp16_lm_cross_entropy: bool = from_schema()
-    """Compute the loss in half precision instead of fp32."""
-    seed: int = from_schema()
-    """Base seed; layer ``i`` is initialised after ``torch.manual_seed(seed + i)``."""
-    pipe_partition_method: str = from_schema()
-    """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
-    gmlp_attn_dim: int = from_schema()
-    """Width of aMLP's single-head tiny attention."""
+    """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     gmlp_seq_length: int | None = None
     """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
     sparse_layout_tokens: int | None = None  # seq_length (GPT-NeoX's layout size); None: max_position_embeddings
@@ -212,49 +120,6 @@ class GPTModelConfig:
         "soft_prompt_init_ids",
         "sparse_layout_tokens",
     )
-    """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
-    moe_num_experts: int = from_schema()
-    """Experts per MoE layer (1 = dense MLPs everywhere)."""
-    moe_expert_interval: int = from_schema()
-    """Layer ``i`` (0-based) is an MoE layer when ``i % moe_expert_interval == 0`` (GPT-NeoX's placement)."""
-    moe_top_k: int = from_schema()
-    """Experts each token is routed to."""
-    moe_router_type: MOE_ROUTER_TYPES = from_schema()
-    """sinkhorn | topk."""
-    moe_jitter_eps: float | None = from_schema()
-    """Multiplicative uniform jitter ``[1-eps, 1+eps]`` on the top-k router's input in training."""
-    moe_normalize_expert_weights: bool = from_schema()
-    """topk router: divide each token's top-k weights by their sum (Mixtral)."""
-    moe_loss_weight: float = from_schema()
-    """Weight of the load-balancing auxiliary loss (mean over MoE layers) added to the LM loss."""
-    moe_lbl_in_fp32: bool = from_schema()
-    """Compute the router probabilities of the load-balancing loss in fp32."""
-    moe_gated_experts: bool = from_schema()
-    """Gated activations: gated experts (w1, w3, w2 at int(8h/3)); False builds GPT-NeoX's ungated w1/w2 at 4h."""
-    mamba_selective_scan_fusion: bool = from_schema()
-    """Mamba layers: mamba_ssm's selective-scan kernel when importable on a GPU (else the PyTorch scan)."""
-    mamba_causal_conv_fusion: bool = from_schema()
-    """Mamba layers: causal_conv1d's kernel when importable on a GPU (else torch's conv1d)."""
-    mamba_inner_func_fusion: bool = from_schema()
-    """Mamba layers: both kernels above (GPT-NeoX's fused inner function); refused with mamba_use_bias_in_linears."""
-    mamba_selective_fp32_params: bool = from_schema()
-    """Mamba layers: A_log and D in fp32 (honoured in fp32 runs; DeepSpeed casts them to fp16/bf16, warned)."""
-    mamba_use_bias_in_conv: bool = from_schema()
-    """Mamba layers: bias in conv1d."""
-    mamba_use_bias_in_linears: bool = from_schema()
-    """Mamba layers: bias in in_proj, x_proj and out_proj."""
-    num_unique_layers: int | None = from_schema()
-    """Distinct transformer layers reused over num_layers (None: every layer its own); see layer_sharing."""
-    param_sharing_style: str = from_schema()
-    """grouped (1,2,1,2) | spaced (1,1,2,2): which unique layer each position uses."""
-    soft_prompt_tuning: dict | None = from_schema()
-    """``{enabled, n_tokens, init_string, init_range}``: a trained prefix, the rest frozen (see soft_prompt)."""
-    use_mup: bool = from_schema()
-    """muP (``megatron/model/mup.py``): attention scale 1/(d·mup_attn_temp), embedding times mup_embedding_mult."""
-    mup_attn_temp: float = from_schema()
-    mup_embedding_mult: float = from_schema()
-    mup_rp_embedding_mult: float = from_schema()
-    """Multiplier of learned/sinusoidal position embeddings (GPT-NeoX applies it with or without use_mup)."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -262,6 +127,7 @@ class GPTModelConfig:
         return tuple(self.attention_config or ())
 
     def __post_init__(self) -> None:
+        require_keys(self, REQUIRED_KEYS)
         # GPT-NeoX's form ([[types], count] items; None: all global) becomes one type per layer: see layer_types
         self.attention_config = list(expand_attention_config(self.attention_config or None, self.num_layers))
         # a direct construction may spell them in any case, as the config layer accepts them
@@ -272,6 +138,11 @@ class GPTModelConfig:
 
     # ------------------------------------------------------------------------------------------------------
     # derived values
+
+    @property
+    def vocab_rows(self) -> int:
+        """``padded_vocab_size``, typed without None: a model config requires it (``__post_init__``)."""
+        return typing.cast(int, self.padded_vocab_size)
 
     @property
     def head_dim(self) -> int:

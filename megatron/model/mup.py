@@ -35,8 +35,9 @@ import torch
 import yaml
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.training import MupKeys
 
 # mup's header of a base shapes file (mup.shape.__BSH_COMMENT__), so that the files are byte for byte mup's.
 BASE_SHAPES_HEADER = (
@@ -54,18 +55,9 @@ logger = logging.getLogger(__name__)
 BaseShapes = dict[str, list[int | None]]
 
 
-@dataclass
-@schema_defaults
-class MupConfig:
+@dataclass(kw_only=True)
+class MupConfig(MupKeys):
     """The muP keys the training side reads (the model's forward multipliers live in ``GPTModelConfig``)."""
-
-    use_mup: bool = from_schema()
-    coord_check: bool = from_schema()
-    save_base_shapes: bool = from_schema()
-    base_shapes_file: str | None = from_schema()
-    mup_init_scale: float = from_schema()
-    mup_output_temp: float = from_schema()
-    mup_width_scale: int = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> MupConfig:

@@ -143,7 +143,7 @@ class ParallelLinearPipe(nn.Module):
             init_method, _ = init_methods(cfg)
             self.final_linear = mpu.ColumnParallelLinear(
                 cfg.hidden_size,
-                cfg.padded_vocab_size,
+                cfg.vocab_rows,
                 bias=False,
                 gather_output=not cfg.parallel_output,
                 init_method=init_method,

@@ -27,7 +27,7 @@ class Embedding(nn.Module):
         self.cfg = cfg
         init_method, _ = init_methods(cfg)
         self.word_embeddings = mpu.VocabParallelEmbedding(
-            cfg.padded_vocab_size, cfg.hidden_size, init_method=init_method, params_dtype=cfg.params_dtype
+            cfg.vocab_rows, cfg.hidden_size, init_method=init_method, params_dtype=cfg.params_dtype
         )
         build_position = POSITION_EMBEDDINGS.get(cfg.pos_emb).embedding
         self.position_embeddings = build_position(cfg, init_method) if build_position is not None else None

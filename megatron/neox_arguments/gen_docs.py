@@ -35,7 +35,8 @@ def render() -> str:
         "",
         f"{total} keys, GPT-NeoX's names and defaults. In config files `-` and `_` are interchangeable in "
         "top-level keys; any key can be overridden on the deepy.py command line with `--key value`. "
-        "*derived*: computed by `derive()` when unset. *not supported yet*: accepted with its default value "
+        "*derived*: computed by `derive()` when unset. *checkpointed*: stored in every checkpoint and compared with the "
+        "config on load. *not supported yet*: accepted with its default value "
         "only. *ignored*: accepted, a non-default value is logged as ignored. How loading, merging, validation and launching work: [configuration.md](configuration.md).",
         "",
     ]
@@ -46,6 +47,8 @@ def render() -> str:
             tags = []
             if f.metadata.get("derived"):
                 tags.append("derived")
+            if f.metadata.get("checkpointed"):
+                tags.append("checkpointed")
             if f.name in UNSUPPORTED_KEYS:
                 tags.append(f"not supported yet: {UNSUPPORTED_KEYS[f.name]}")
             if f.name in IGNORED_KEYS:

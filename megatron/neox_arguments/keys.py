@@ -23,3 +23,5 @@ for _section, _cls in SECTIONS.items():
             raise RuntimeError(f"key {_f.name} declared in sections {KEY_SECTION[_f.name]} and {_section}")
         KEY_SECTION[_f.name], FIELDS[_f.name], HINTS[_f.name] = _section, _f, _hints[_f.name]
 KNOWN_KEYS: set[str] = set(KEY_SECTION)
+# The model-shape keys every checkpoint records and a load compares with the config (``arg(..., checkpointed=True)``).
+CHECKPOINTED_KEYS: tuple[str, ...] = tuple(k for k, f in FIELDS.items() if f.metadata.get("checkpointed"))

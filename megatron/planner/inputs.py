@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from dataclasses import dataclass
+from typing import ClassVar
 
-from megatron.config_utils import NeoXValues
+from megatron.config_utils import NeoXValues, require_keys
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.model import PrecisionKeys, SequenceKeys, ShapeKeys
+from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKeys
+from megatron.neox_arguments.sections.other import LayerSplitKeys, VocabKeys
+from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
 from megatron.parallel_config import ParallelConfig
 from megatron.training.optimizer_registry import OPTIMIZERS
 
@@ -53,30 +59,30 @@ class Hardware:
             raise ConfigError(bad)
 
 
-@dataclass(frozen=True)
-class TrainingSetup:
-    """The config values the memory and time models read (flat GPT-NeoX names, resolved)."""
+@dataclass(kw_only=True)  # not frozen: the schema classes it inherits are not
+class TrainingSetup(
+    PrecisionKeys,
+    ZeroKeys,
+    SequenceKeys,
+    ShapeKeys,
+    VocabKeys,
+    RecomputeKeys,
+    ActivationCheckpointKeys,
+    LayerSplitKeys,
+    OptimizerTypeKeys,
+):
+    """The config values the memory and time models read: the keys (inherited, GPT-NeoX names) and values derived
+    from the resolved config under short names of their own."""
 
-    precision: str  # fp16, bfloat16 or fp32
-    zero_stage: int
-    tp: int
+    tp: int  # model_parallel_size
     pp: int  # pipe_parallel_size as configured (0: no PipelineModule)
     dp: int
     micro_batch: int
     gas: int
     train_batch: int
-    seq_length: int
-    hidden_size: int
-    num_layers: int
     num_heads: int
-    num_kv_heads: int
-    padded_vocab_size: int
-    checkpoint_activations: bool
-    checkpoint_num_layers: int
-    partition_activations: bool
-    sequence_parallel: bool
+    kv_heads: int  # num_kv_heads resolved (unset: one key/value head per query head)
     flash_attention: bool
-    optimizer_type: str
     grad_accum_fp32: bool
     reduce_bucket_size: int
     allgather_bucket_size: int
@@ -84,6 +90,34 @@ class TrainingSetup:
     param_persistence_threshold: int
     prefetch_bucket_size: int
     offload: tuple[str, ...]  # ZeRO offload sections set (offload_optimizer, offload_param)
+
+    # not config keys: the layout, batch and attention values the planner derives (its search varies them)
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "tp",
+        "pp",
+        "dp",
+        "micro_batch",
+        "gas",
+        "train_batch",
+        "num_heads",
+        "kv_heads",
+        "flash_attention",
+        "grad_accum_fp32",
+        "reduce_bucket_size",
+        "allgather_bucket_size",
+        "overlap_comm",
+        "param_persistence_threshold",
+        "prefetch_bucket_size",
+        "offload",
+    )
+
+    def __post_init__(self) -> None:
+        require_keys(self, ("precision", "seq_length", "hidden_size", "num_layers", "padded_vocab_size"))
+
+    @property
+    def vocab_rows(self) -> int:
+        """``padded_vocab_size``, typed without None: a training setup requires it (``__post_init__``)."""
+        return typing.cast(int, self.padded_vocab_size)
 
     @property
     def stages(self) -> int:
@@ -134,7 +168,7 @@ class TrainingSetup:
             hidden_size=args.hidden_size,
             num_layers=args.num_layers,
             num_heads=heads,
-            num_kv_heads=args.num_kv_heads or heads,  # unset: one key/value head per query head
+            kv_heads=args.num_kv_heads or heads,  # unset: one key/value head per query head
             padded_vocab_size=args.padded_vocab_size,
             checkpoint_activations=args.checkpoint_activations,
             checkpoint_num_layers=args.checkpoint_num_layers,

@@ -103,7 +103,7 @@ def activation_bytes(setup: TrainingSetup, layers: int, last_stage: bool) -> dic
     blocks = math.ceil(layers / c)
     logits = 0.0
     if last_stage:  # 16-bit logits and the fp32 copy the cross entropy works on
-        logits = setup.seq_length * setup.micro_batch * setup.padded_vocab_size / setup.tp * (setup.param_bytes + 4)
+        logits = setup.seq_length * setup.micro_batch * setup.vocab_rows / setup.tp * (setup.param_bytes + 4)
     kept = {
         "no_checkpointing": layers * per["full"],
         "checkpointing": blocks * per["checkpoint"],
@@ -165,5 +165,5 @@ def training_state_bytes(setup: TrainingSetup, total_params: int) -> int:
 
 def kv_cache_bytes(setup: TrainingSetup, batch: int, tokens: int) -> int:
     """Keys and values of every layer for ``batch`` sequences of ``tokens`` in 16-bit (the whole model)."""
-    kv_width = setup.hidden_size * setup.num_kv_heads // setup.num_heads
+    kv_width = setup.hidden_size * setup.kv_heads // setup.num_heads
     return 2 * setup.num_layers * batch * tokens * kv_width * 2

@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import ClassVar
 
-from megatron.config_utils import NeoXValues
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.model import VocabPaddingKeys
+from megatron.neox_arguments.sections.other import LayerSplitKeys
 from megatron.planner.calibrated import Link, Prediction, Workload, predict
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements
@@ -103,15 +105,13 @@ def link(hw: Hardware) -> Link:
     return Link(hw.peak_tflops, hw.hbm_GBps, hw.intra_node_GBps, hw.inter_node_GBps)
 
 
-@dataclass(frozen=True)
-class PlanInputs:
+@dataclass(kw_only=True)  # not frozen: the schema classes it inherits are not
+class PlanInputs(LayerSplitKeys, VocabPaddingKeys):
     """What the planner reads of a resolved config: the training setup, the model config and the two keys the
     parameter count and the search need; built once by the planner's entry (:meth:`from_neox_args`)."""
 
     setup: TrainingSetup
     model: GPTModelConfig
-    pipe_partition_method: str
-    make_vocab_size_divisible_by: int
 
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("setup", "model")
 
@@ -124,8 +124,7 @@ class PlanInputs:
         return cls(
             setup=TrainingSetup.from_neox_args(values),
             model=GPTModelConfig.from_neox_args(values),
-            pipe_partition_method=args.pipe_partition_method,
-            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+            **neox_values(cls, args),
         )
 
 

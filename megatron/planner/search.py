@@ -135,8 +135,8 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
         return "tp-spans-nodes", f"TP {tp} exceeds the {hw.gpus_per_node} GPUs per node (all-reduces would cross nodes)"
     if base.num_heads % tp:
         return "heads", f"num_attention_heads {base.num_heads} not divisible by TP {tp}"
-    if base.num_kv_heads % tp:
-        return "heads", f"num_kv_heads {base.num_kv_heads} not divisible by TP {tp}"
+    if base.kv_heads % tp:
+        return "heads", f"num_kv_heads {base.kv_heads} not divisible by TP {tp}"
     if stages > 1 and base.num_layers % stages:
         return "layers", f"num_layers {base.num_layers} not divisible by {stages} pipeline stages"
     if stages > 1 and zero >= 2:

@@ -7,42 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
-from megatron.neox_arguments.sections.training import DATASET_IMPLS, TRAIN_IMPLS
+from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.neox_arguments.sections.other import LossMaskKeys
+from megatron.neox_arguments.sections.textgen import PrecomputeKeys
+from megatron.neox_arguments.sections.training import (
+    PairedDataPathKeys,
+    PostTrainingKeys,
+    TrainImplKeys,
+)
 
 
 @dataclass
-@schema_defaults
-class PostTrainingConfig:
+class PostTrainingConfig(PostTrainingKeys, TrainImplKeys, LossMaskKeys, PrecomputeKeys, PairedDataPathKeys):
     """Objective and its coefficients; data stream prefixes per split for pairwise (DPO/RM) and KTO data."""
-
-    train_impl: TRAIN_IMPLS = from_schema()
-    dataset_impl: DATASET_IMPLS = from_schema()
-    dpo_beta: float = from_schema()
-    dpo_fp32: bool = from_schema()
-    dpo_reference_free: bool = from_schema()
-    kto_beta: float = from_schema()
-    kto_fp32: bool = from_schema()
-    kto_desirable_weight: float = from_schema()
-    kto_undesirable_weight: float = from_schema()
-    z_loss: float = from_schema()
-    eod_mask_loss: bool = from_schema()
-    precompute_model_name: str | None = from_schema()
-    pos_train_data_paths: list | None = from_schema()
-    neg_train_data_paths: list | None = from_schema()
-    pos_train_label_data_paths: list | None = from_schema()
-    neg_train_label_data_paths: list | None = from_schema()
-    pos_valid_data_paths: list | None = from_schema()
-    neg_valid_data_paths: list | None = from_schema()
-    pos_valid_label_data_paths: list | None = from_schema()
-    neg_valid_label_data_paths: list | None = from_schema()
-    pos_test_data_paths: list | None = from_schema()
-    neg_test_data_paths: list | None = from_schema()
-    pos_test_label_data_paths: list | None = from_schema()
-    neg_test_label_data_paths: list | None = from_schema()
-    train_reward_data_paths: list | None = from_schema()
-    valid_reward_data_paths: list | None = from_schema()
-    test_reward_data_paths: list | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> PostTrainingConfig:

@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.errors import DataError
-from megatron.neox_arguments.sections import other as schema_other
+from megatron.neox_arguments.sections.model import VocabPaddingKeys
+from megatron.neox_arguments.sections.other import ParallelSizeKeys, TokenizerArgs
+from megatron.neox_arguments.sections.training import TokenizerFileKeys
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +36,8 @@ TOKENIZER_TYPES = (
 
 
 @dataclass
-@schema_defaults
-class TokenizerConfig:
+class TokenizerConfig(TokenizerArgs, TokenizerFileKeys, VocabPaddingKeys, ParallelSizeKeys):
     """The tokenizer keys of a GPT-NeoX config."""
-
-    tokenizer_type: schema_other.TOKENIZER_TYPES = from_schema()
-    vocab_file: str | None = from_schema()
-    merge_file: str | None = from_schema()
-    make_vocab_size_divisible_by: int = from_schema()
-    model_parallel_size: int = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> TokenizerConfig:

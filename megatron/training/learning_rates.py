@@ -21,29 +21,18 @@ from typing import Any
 
 import torch
 
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
-from megatron.neox_arguments.sections.optimizer import LR_DECAY_STYLES
+from megatron.neox_arguments.sections.optimizer import LRKeys, LRSchedulerArgs
+from megatron.neox_arguments.sections.training import IterationKeys, MupKeys
 from megatron.training.lr_schedules import LR_SCHEDULES, DecayPoint
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-@schema_defaults
-class LRScheduleConfig:
+class LRScheduleConfig(LRSchedulerArgs, LRKeys, IterationKeys, MupKeys):
     """The GPT-NeoX keys that define the schedule."""
-
-    lr: float = from_schema()
-    min_lr: float = from_schema()
-    lr_decay_style: LR_DECAY_STYLES = from_schema()
-    train_iters: int | None = from_schema()
-    lr_decay_iters: int | None = from_schema()
-    lr_decay_fraction: float | None = from_schema()
-    warmup: float = from_schema()
-    override_lr_scheduler: bool = from_schema()
-    use_checkpoint_lr_scheduler: bool = from_schema()
-    use_mup: bool = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> LRScheduleConfig:

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import time
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides, require_keys
 from megatron.engine_protocol import Engine
 from megatron.errors import UserError
 from megatron.logging.flops import FlopsConfig, flops_formula, throughput_metrics
@@ -23,6 +24,9 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.moe import moe_metrics
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.logging import ProfilingKeys
+from megatron.neox_arguments.sections.training import IterationKeys
 from megatron.training.memory_usage import log_param_optimizer_bytes
 from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 
@@ -33,20 +37,8 @@ MAX_CONSECUTIVE_OVERFLOWS = 50  # GPT-NeoX's OverflowMonitor limit
 
 
 @dataclass
-@schema_defaults
-class LoopConfig:
+class LoopConfig(IterationKeys, BatchSizeKeys, ProfilingKeys):
     """Loop keys of a GPT-NeoX config."""
-
-    train_iters: int
-    train_batch_size: int
-    eval_interval: int = from_schema()
-    eval_iters: int = from_schema()
-    exit_interval: int | None = from_schema()
-    profile: bool = from_schema()
-    profile_step_start: int = from_schema()
-    profile_step_stop: int = from_schema()
-    memory_profiling: bool = from_schema()
-    memory_profiling_path: str | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> LoopConfig:
@@ -55,6 +47,14 @@ class LoopConfig:
             raise ConfigError("train_iters must be set (train_epochs is converted to train_iters by the config)")
         values = neox_overrides(cls, args)
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        require_keys(self, ("train_iters", "train_batch_size"))
+
+    @property
+    def iterations(self) -> int:
+        """``train_iters``, typed without None: a loop config requires it (``__post_init__``)."""
+        return typing.cast(int, self.train_iters)
 
 
 @dataclass
@@ -170,7 +170,7 @@ class Trainer:
         self.consumed_valid = 0  # validation samples read so far (all DP ranks), saved with checkpoints
         # preemption: (iteration, the step's reduced stop flag) -> True on every rank to stop now
         self.stop_check: Callable[[int, float], bool] | None = None
-        self.observer = observer or RunObserver(loop_cfg.train_iters, loop_cfg.train_batch_size, flops_cfg.seq_length)
+        self.observer = observer or RunObserver(loop_cfg.iterations, loop_cfg.train_batch_size, flops_cfg.seq_length)
         self.on_step = on_step  # called with (iteration, result) after every training step, on every rank
 
     def _lr(self) -> float:
@@ -182,7 +182,7 @@ class Trainer:
         cfg = self.loop_cfg
         interval_time = 0.0  # seconds spent in training steps since the last log line (not eval/saves)
         interval_iters = 0
-        while state.iteration < cfg.train_iters:
+        while state.iteration < cfg.iterations:
             self.profiler.before(state.iteration + 1)
             start = _now()
             result = self.step.train(train_iter)
@@ -255,7 +255,7 @@ class Trainer:
     def _console(self, state: LoopState, scalars: dict[str, float]) -> None:
         mean = state.loss_sum / state.loss_count if state.loss_count else float("nan")
         counts = {"number of skipped iterations": state.skipped_iters, "number of nan iterations": state.nan_iters}
-        line = format_console_line(state.iteration, self.loop_cfg.train_iters, scalars, {"lm_loss": mean}, counts)
+        line = format_console_line(state.iteration, self.loop_cfg.iterations, scalars, {"lm_loss": mean}, counts)
         state.loss_sum, state.loss_count = 0.0, 0
         state.skipped_iters = state.nan_iters = 0
         if self.log_cfg.wall_clock_breakdown:

@@ -6,22 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from megatron.config_utils import NeoXValues, from_schema, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.distributed import on_cpu
 from megatron.neox_arguments.nested_checks import NUMERIC_PARAMS
-from megatron.neox_arguments.sections.optimizer import OptimizerType
+from megatron.neox_arguments.sections.deepspeed import OptimizerDictKeys
+from megatron.neox_arguments.sections.optimizer import LRKeys, OptimizerTypeKeys
+from megatron.neox_arguments.sections.training import UpdateRuleKeys
 from megatron.parallel_config import ParallelConfig
 
 
 @dataclass
-@schema_defaults
-class OptimizerConfig:
+class OptimizerConfig(OptimizerDictKeys, OptimizerTypeKeys, LRKeys, UpdateRuleKeys):
     """GPT-NeoX keys for the optimizer."""
 
-    optimizer: dict | None = from_schema()
-    optimizer_type: OptimizerType = from_schema()
-    lr: float = from_schema()  # optimizer.params.lr, derived into lr by the config layer
-    weight_decay: float = from_schema()
     zero_allow_untested_optimizer: bool = False
     on_cpu: bool = True
     layout_zero_stage: int = 0
@@ -36,10 +33,7 @@ class OptimizerConfig:
         the ZeRO stage comes from the run's ``layout``."""
         allow = (args.deepspeed_extra_args or {}).get("zero_allow_untested_optimizer", False)  # a DeepSpeed-only key
         return cls(
-            optimizer=args.optimizer,
-            optimizer_type=args.optimizer_type,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
+            **neox_values(cls, args),
             zero_allow_untested_optimizer=bool(allow),
             on_cpu=on_cpu(),
             layout_zero_stage=layout.zero_stage,

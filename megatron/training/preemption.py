@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, neox_overrides, schema_defaults
+from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.sections.training import PreemptionKeys
 from megatron.neox_arguments.value_checks import check_preemption_keys
 from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals
 
@@ -31,12 +32,8 @@ REQUEUE_EXIT_CODE = 42
 
 
 @dataclass
-@schema_defaults
-class PreemptionConfig:
+class PreemptionConfig(PreemptionKeys):
     """Keys that end a run early to be requeued."""
-
-    preemption_signals: list = from_schema()
-    exit_duration_in_mins: float | None = from_schema()
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> PreemptionConfig:

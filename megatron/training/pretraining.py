@@ -189,7 +189,7 @@ def setup_model_and_optimizer(
         load_module_strict=not (plan.reward_head or prompt),
     )
     if result.path and plan.validate_with_forward:
-        check_validation_logits(engine, plan, model_cfg.padded_vocab_size, result.client_state, result.path)
+        check_validation_logits(engine, plan, model_cfg.vocab_rows, result.client_state, result.path)
     return engine, lr_scheduler, result.iteration, result
 
 
@@ -362,7 +362,7 @@ def pretrain(
             return PretrainResult(iteration=iteration, start_iteration=iteration)
         step = build_step(plan, engine, lr_scheduler, timers, guard, batch_cfg, post_cfg)
         if args.torch_compile:
-            time_compiled_steps(step, loop_cfg.train_iters - iteration)
+            time_compiled_steps(step, loop_cfg.iterations - iteration)
         result = PretrainResult(
             iteration=iteration,
             start_iteration=iteration,
@@ -392,7 +392,7 @@ def pretrain(
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
             observer.saved(os.path.join(save_cfg.save, ckpt.checkpoint_tag(it)))
 
-        observer = RunObserver(loop_cfg.train_iters, tbs, plan.seq_length, iteration, start_time=start_time)
+        observer = RunObserver(loop_cfg.iterations, tbs, plan.seq_length, iteration, start_time=start_time)
         trainer = Trainer(
             engine=engine,
             step=step,

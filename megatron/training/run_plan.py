@@ -15,26 +15,23 @@ from typing import ClassVar, Literal
 
 import torch
 
+from megatron.config_utils import neox_values
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.precision import dtype_of_precision
-from megatron.neox_arguments.sections.model import PRECISIONS
-from megatron.neox_arguments.sections.training import TRAIN_IMPLS
+from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
+from megatron.neox_arguments.sections.model import PrecisionKeys, SequenceKeys
+from megatron.neox_arguments.sections.training import TrainImplKeys
 
 logger = logging.getLogger("megatron.train")
 
 StepVariant = Literal["pipe", "sequential", "post_training"]
 
 
-@dataclass(frozen=True)
-class RunPlan:
+@dataclass(kw_only=True)  # not frozen: the schema classes it inherits are not
+class RunPlan(PrecisionKeys, TrainImplKeys, BatchSizeKeys, SequenceKeys):
     """What kind of run this is; every field is derived from validated keys and never changes during the run."""
 
     pipeline: bool  # DeepSpeed PipelineModule + PipelineEngine (``pipe_parallel_size >= 1``: ``is_pipe_parallel``)
-    precision: PRECISIONS
-    train_impl: TRAIN_IMPLS  # the objective: normal (language modelling, SFT), dpo, kto or rm
-    gradient_accumulation_steps: int
-    train_batch_size: int
-    seq_length: int
     validate_with_forward: bool  # ``checkpoint_validation_with_forward_pass`` where it can run (not under pipelines)
 
     # decisions, not config keys: the pipeline engine (``is_pipe_parallel``), forward validation
@@ -47,15 +44,7 @@ class RunPlan:
         validate = args.checkpoint_validation_with_forward_pass
         if validate and pipeline:
             logger.warning("checkpoint_validation_with_forward_pass is not supported with pipe_parallel_size >= 1")
-        return cls(
-            pipeline=pipeline,
-            precision=args.precision,
-            train_impl=args.train_impl,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            train_batch_size=args.train_batch_size,
-            seq_length=args.seq_length,
-            validate_with_forward=validate and not pipeline,
-        )
+        return cls(**neox_values(cls, args), pipeline=pipeline, validate_with_forward=validate and not pipeline)
 
     @property
     def step_variant(self) -> StepVariant:

@@ -22,11 +22,13 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
-from megatron.config_utils import NeoXValues, from_schema, schema_defaults
+from megatron.config_utils import NeoXValues, neox_values
 from megatron.engine_protocol import Engine, PipelineEngine
 from megatron.logging.timers import Timers
 from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
+from megatron.neox_arguments.sections.other import LossMaskKeys
+from megatron.neox_arguments.sections.training import BatchMaskKeys
 from megatron.training.deepspeed_adapter import (
     manual_loss_scale,
     pipeline_loss_sum,
@@ -41,15 +43,11 @@ from megatron.training.nonfinite import StepGuard, Verdict
 Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-@dataclass
-@schema_defaults
-class BatchConfig:
+@dataclass(kw_only=True)  # eod_token (not a key) has no default
+class BatchConfig(LossMaskKeys, BatchMaskKeys):
     """How token batches become model inputs."""
 
     eod_token: int
-    eod_mask_loss: bool = from_schema()
-    reset_position_ids: bool = from_schema()
-    reset_attention_mask: bool = from_schema()
     with_labels: bool = False  # label datasets (SFT): a "label" stream, negative ids excluded from the loss
 
     # not config keys: the tokenizer's end-of-document id, and whether train_label_data_paths is set
@@ -58,13 +56,7 @@ class BatchConfig:
     @classmethod
     def from_neox_args(cls, args: NeoXValues, eod_token: int) -> BatchConfig:
         """Read every field strictly under its NeoX key (``None`` means the default)."""
-        return cls(
-            eod_token=eod_token,
-            eod_mask_loss=args.eod_mask_loss,
-            reset_position_ids=args.reset_position_ids,
-            reset_attention_mask=args.reset_attention_mask,
-            with_labels=bool(args.train_label_data_paths),
-        )
+        return cls(**neox_values(cls, args), eod_token=eod_token, with_labels=bool(args.train_label_data_paths))
 
 
 def get_batch(data: dict[str, torch.Tensor] | None, cfg: BatchConfig) -> Batch:

@@ -18,6 +18,8 @@ CONFIG_LAYER = MEGATRON / "neox_arguments"  # derives and validates the keys
 STAGE_OWNER = MEGATRON / "parallel_config.py"
 ARGS_TYPES = {"NeoXArgs", "NeoXValues", "SimpleNamespace"}
 ARGS_NAMES = {"args", "neox_args"}
+STAGE_KEY_CLASSES = {"ZeroKeys", "OptimizerArgs"}  # the key group declaring zero_stage, and its section
+KEY_READERS = {"neox_values", "neox_overrides"}  # megatron/config_utils.py: fill a module config's keys from the args
 
 
 def _args_params(tree: ast.AST) -> set[str]:
@@ -33,7 +35,8 @@ def _args_params(tree: ast.AST) -> set[str]:
 
 def zero_stage_reads(source: str) -> list[int]:
     """Lines where ``source`` reads the ZeRO stage from the configuration: ``args.zero_stage``,
-    ``getattr(args, "zero_stage")``, a module-config field ``zero_stage = from_schema()`` (filled from the args), or
+    ``getattr(args, "zero_stage")``, a module config inheriting the key (``ZeroKeys``) that fills its keys from the
+    args (``neox_values`` / ``neox_overrides``; one that receives the stage as a value does not read it), or
     ``...zero_optimization...["stage"]`` / ``.get("stage")``."""
     tree = ast.parse(source)
     params = _args_params(tree)
@@ -45,8 +48,8 @@ def _reads_stage(n: ast.AST, params: set[str]) -> bool:
         return n.value.id in params
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr"):
         return len(n.args) >= 2 and isinstance(n.args[1], ast.Constant) and n.args[1].value == "zero_stage"
-    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "zero_stage":
-        return n.value is not None and "from_schema" in ast.unparse(n.value)
+    if isinstance(n, ast.ClassDef) and any(ast.unparse(b) in STAGE_KEY_CLASSES for b in n.bases):
+        return any(isinstance(c, ast.Name) and c.id in KEY_READERS for c in ast.walk(n))
     if isinstance(n, ast.Subscript) and "zero_optimization" in ast.unparse(n.value):
         return isinstance(n.slice, ast.Constant) and n.slice.value == "stage"
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get":
@@ -72,13 +75,14 @@ def test_only_the_parallel_config_reads_the_zero_stage() -> None:
 
 def test_the_scan_sees_each_kind_of_read() -> None:
     source = (
-        "class C:\n    zero_stage: int = from_schema()\n"
+        "class C(ZeroKeys):\n    f = neox_values\n"
         "def f(args):\n    return args.zero_stage\n"
         "def g(cfg: NeoXValues):\n    return cfg.zero_stage, getattr(cfg, 'zero_stage')\n"
         "def h(v):\n    return v.zero_optimization['stage'], (v.zero_optimization or {}).get('stage')\n"
         "def ok(plan, layout):\n    return layout.zero_stage, plan.zero_stage\n"
+        "class Receives(ZeroKeys):\n    x: int = 0\n"
     )
-    assert zero_stage_reads(source) == [2, 4, 6, 6, 8, 8]
+    assert zero_stage_reads(source) == [1, 4, 6, 6, 8, 8]
 
 
 def test_precision_is_mapped_to_a_dtype_only_by_its_owner() -> None:

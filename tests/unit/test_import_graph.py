@@ -40,8 +40,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "distributed": {"cluster"},
     "neox_arguments": {"errors", "cluster", "distributed"},  # not launcher, training, model, data, post_training
     "config_utils": {"neox_arguments"},
-    "parallel_config": {"config_utils"},  # from_schema: its fields' defaults are the schema's
-    "logging": {"cluster", "config_utils", "distributed", "mpu"},
+    "parallel_config": {"config_utils", "neox_arguments"},  # its keys: inherited from the schema
+    "logging": {"cluster", "config_utils", "distributed", "mpu", "neox_arguments"},  # its keys: the schema's
     "model": {"config_utils", "mpu", "neox_arguments", "errors", "distributed", "registry"},  # not training, checkpoint
     "tokenizer": {"config_utils", "errors", "logging", "neox_arguments"},
     "data": {"config_utils", "errors", "logging", "mpu", "neox_arguments", "tokenizer"},  # not training, model

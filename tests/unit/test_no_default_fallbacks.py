@@ -1,7 +1,7 @@
 """No ``or <default>`` fallback, and no ``int()``/``float()``/``bool()`` coercion, restates a config key's schema.
 
 Every resolved config holds each key with its schema type (``NeoXArgs`` type-checks and fills in defaults; module
-configs take the schema's types and defaults, ``from_schema()``). So ``cfg.pipe_parallel_size or 0`` restates the
+configs inherit the schema's keys with their types and defaults). So ``cfg.pipe_parallel_size or 0`` restates the
 default 0 (and would hide a wrong value) and ``int(cfg.pipe_parallel_size)`` restates the type. The scan parses
 ``megatron/``, ``tools/`` and the top-level entry points with ``ast``; a key read is ``<obj>.<key>``,
 ``<values>["<key>"]`` or a function parameter named after a key. It flags:

@@ -70,7 +70,7 @@ def check_common(tok, texts=TEXTS, exact=True) -> None:
 
 @needs_shared
 def test_hf_tokenizer_20b():
-    tok = build_tokenizer(TokenizerConfig("HFTokenizer", str(TOKENIZER_20B)))
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="HFTokenizer", vocab_file=str(TOKENIZER_20B)))
     assert isinstance(tok, HFTokenizer)
     # get_vocab_size() with added tokens, as GPT-NeoX calls it: ids 0..50280
     assert (tok.eod, tok.pad, tok.vocab_size) == (0, 1, 50281)
@@ -84,7 +84,11 @@ def test_gpt2_bpe_from_vocab_and_merges_matches_gpt2_json(tmp_path):
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
     tok = build_tokenizer(
-        TokenizerConfig("GPT2BPETokenizer", str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+        TokenizerConfig(
+            tokenizer_type="GPT2BPETokenizer",
+            vocab_file=str(tmp_path / "vocab.json"),
+            merge_file=str(tmp_path / "merges.txt"),
+        )
     )
     assert isinstance(tok, GPT2BPETokenizer)
     assert tok.eod == 50256 and tok.vocab_size == 50257
@@ -93,7 +97,9 @@ def test_gpt2_bpe_from_vocab_and_merges_matches_gpt2_json(tmp_path):
     assert tok.tokenize("Hello world") == [15496, 995]  # GPT-2's well-known ids
     check_common(tok)
     with pytest.raises(ValueError, match="merge_file"):
-        build_tokenizer(TokenizerConfig("GPT2BPETokenizer", str(tmp_path / "vocab.json"), None))
+        build_tokenizer(
+            TokenizerConfig(tokenizer_type="GPT2BPETokenizer", vocab_file=str(tmp_path / "vocab.json"), merge_file=None)
+        )
 
 
 @needs_shared
@@ -108,7 +114,7 @@ def test_tiktoken_from_local_bpe_file_matches_gpt2(tmp_path):
         lines.append(f"{base64.b64encode(raw).decode()} {rank}")
     path = tmp_path / "gpt2.tiktoken"
     path.write_text("\n".join(lines) + "\n")
-    tok = build_tokenizer(TokenizerConfig("TiktokenTokenizer", str(path)))
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="TiktokenTokenizer", vocab_file=str(path)))
     assert isinstance(tok, TiktokenTokenizer)
     assert tok.eod == 50256 and tok.vocab_size == 50257
     reference = HFTokenizer(str(GPT2_JSON))
@@ -122,7 +128,7 @@ def test_tiktoken_from_local_bpe_file_matches_gpt2(tmp_path):
 
 @needs_shared
 def test_hf_gpt2_tokenizer_adds_padding_token():
-    tok = build_tokenizer(TokenizerConfig("HFGPT2Tokenizer", str(GPT2_JSON)))
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="HFGPT2Tokenizer", vocab_file=str(GPT2_JSON)))
     assert isinstance(tok, HFGPT2Tokenizer)
     assert tok.eod == 50256 and tok.pad == 50257 and tok.vocab_size == 50258
     assert tok.tokenize("Hello world") == [15496, 995]
@@ -132,7 +138,7 @@ def test_hf_gpt2_tokenizer_adds_padding_token():
 @needs_shared
 def test_spm_tokenizer(tmp_path):
     model = shared_files.train_shakespeare_spm(tmp_path / "spm", vocab_size=400)
-    tok = build_tokenizer(TokenizerConfig("SPMTokenizer", str(model)))
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="SPMTokenizer", vocab_file=str(model)))
     assert isinstance(tok, SPMTokenizer)
     assert tok.vocab_size == 400
     assert tok.tokenizer.id_to_piece(tok.eod) == "<|endoftext|>"
@@ -142,7 +148,7 @@ def test_spm_tokenizer(tmp_path):
 
 
 def test_char_level_tokenizer():
-    tok = build_tokenizer(TokenizerConfig("CharLevelTokenizer"))
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="CharLevelTokenizer"))
     assert isinstance(tok, CharLevelTokenizer)
     assert (tok.vocab_size, tok.eod, tok.pad) == (512, 0, 1)
     assert tok.tokenize("Hi é") == [72, 105, 32, 195, 169]
@@ -164,16 +170,16 @@ def test_config_from_neox_args_and_errors(tmp_path):
     assert cfg.tokenizer_type == "CharLevelTokenizer" and cfg.make_vocab_size_divisible_by == 64
     assert cfg.model_parallel_size == 1
     with pytest.raises(ValueError, match="unknown tokenizer_type 'BertTokenizer'; valid: GPT2BPETokenizer"):
-        build_tokenizer(TokenizerConfig("BertTokenizer"))
+        build_tokenizer(TokenizerConfig(tokenizer_type="BertTokenizer"))
     with pytest.raises(ValueError, match="vocab_file"):
-        build_tokenizer(TokenizerConfig("HFTokenizer", None))
+        build_tokenizer(TokenizerConfig(tokenizer_type="HFTokenizer", vocab_file=None))
     missing = str(tmp_path / "nope.json")
     with pytest.raises(ValueError, match=r"nope\.json"):
-        build_tokenizer(TokenizerConfig("HFTokenizer", missing))
+        build_tokenizer(TokenizerConfig(tokenizer_type="HFTokenizer", vocab_file=missing))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(ValueError, match=r"broken\.json"):
-        build_tokenizer(TokenizerConfig("HFTokenizer", str(broken)))
+        build_tokenizer(TokenizerConfig(tokenizer_type="HFTokenizer", vocab_file=str(broken)))
 
 
 @pytest.mark.parametrize("preset", ["neox", "lossless"])

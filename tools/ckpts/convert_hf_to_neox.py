@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     target = TargetLayout(tp=args.tp, pp=args.pp)
     cli.refuse_existing_output_dir(args)
     sd, cfg, arch, _ = import_hf(args.input_dir, args.precision)
-    if cfg.padded_vocab_size % target.tp:  # pad the vocabulary rows (zeros) so that every TP rank gets a slice
-        rows = -(-cfg.padded_vocab_size // target.tp) * target.tp
+    if cfg.vocab_rows % target.tp:  # pad the vocabulary rows (zeros) so that every TP rank gets a slice
+        rows = -(-cfg.vocab_rows // target.tp) * target.tp
         print(f"vocab_size {cfg.padded_vocab_size} is not divisible by tp={target.tp}: padding to {rows} rows")
         sd = {k: resize_vocab(k, v, rows) for k, v in sd.items()}
         cfg = cfg.replace(padded_vocab_size=rows)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     extra["neox_config.yml"] = neox_config_yaml(cfg, target.tp, target.pp)
     if tokenizer:
         extra["tokenizer.yml"] = tokenizer_yaml(tokenizer)
-    ckpt_args: dict[str, Any] = {"make_vocab_size_divisible_by": cfg.padded_vocab_size // target.tp}
+    ckpt_args: dict[str, Any] = {"make_vocab_size_divisible_by": cfg.vocab_rows // target.tp}
     if tokenizer:  # recorded like a training run does, so that a finetune with another tokenizer is refused
         ckpt_args.update(
             tokenizer_type="HFTokenizer", **tokenizer_identity(hf_tokenizer_vocab(args.input_dir), tokenizer)

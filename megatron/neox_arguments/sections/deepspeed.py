@@ -13,21 +13,47 @@ from megatron.neox_arguments.fields import arg
 _DS = "DeepSpeed `{}` config block, passed through unchanged."
 
 
-@dataclass
-class DeepspeedConfigArgs:
-    """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
+@dataclass(kw_only=True)
+class BatchSizeKeys:
+    """The global batch, the micro batch and gradient accumulation."""
 
-    deepspeed: bool = arg(True, "DeepSpeed is always used (must be true).")
     train_batch_size: int = arg(
         None, "Global batch = micro batch x gradient accumulation x data-parallel size.", derived=True
     )
     train_micro_batch_size_per_gpu: int = arg(None, "Samples per rank per forward/backward.", derived=True)
     gradient_accumulation_steps: int = arg(1, "Micro-batches accumulated per optimizer step.", derived=True)
+
+
+@dataclass(kw_only=True)
+class OptimizerDictKeys:
+    """DeepSpeed's optimizer and scheduler dicts."""
+
     optimizer: dict | None = arg(None, "`{type, params}`: optimizer name and constructor arguments (lr, betas...).")
     scheduler: dict | None = arg(None, "`{type, params}` of a DeepSpeed LR scheduler (normally unset).")
+
+
+@dataclass(kw_only=True)
+class GradientReduceKeys:
+    """How gradients are all-reduced."""
+
     fp32_allreduce: bool = arg(False, "All-reduce gradients (and TP reductions) in fp32.")
     prescale_gradients: bool = arg(False, "Scale gradients before the all-reduce.")
     gradient_predivide_factor: float = arg(1.0, "Divide gradients by this factor before averaging.")
+
+
+@dataclass(kw_only=True)
+class ReportingKeys:
+    """DeepSpeed's progress and timer reports."""
+
+    steps_per_print: int = arg(10, "DeepSpeed's own progress print interval.")
+    wall_clock_breakdown: bool = arg(False, "Time forward/backward/step separately.")
+
+
+@dataclass(kw_only=True)
+class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, ReportingKeys):
+    """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
+
+    deepspeed: bool = arg(True, "DeepSpeed is always used (must be true).")
     sparse_gradients: bool = arg(False, "Sparse all-reduce of embedding gradients.")
     fp16: dict | None = arg(None, "fp16 settings: enabled, loss_scale (0 = dynamic), initial_scale_power, ...")
     bf16: dict | None = arg(None, "bf16 settings: enabled.")
@@ -38,8 +64,6 @@ class DeepspeedConfigArgs:
     )
     curriculum_learning: dict | None = arg(None, "Sequence-length curriculum settings.")
     curriculum_seqlen: int = arg(0, "Current curriculum sequence length (set while running).")
-    steps_per_print: int = arg(10, "DeepSpeed's own progress print interval.")
-    wall_clock_breakdown: bool = arg(False, "Time forward/backward/step separately.")
     dump_state: bool = arg(False, "Print the DeepSpeed engine state after initialisation.")
     flops_profiler: dict | None = arg(None, _DS.format("flops_profiler"))
     communication_data_type: str | None = arg(None, "Data type of gradient communication.")
@@ -61,7 +85,7 @@ class DeepspeedConfigArgs:
     load_universal: bool = arg(False, "The checkpoint to load is a DeepSpeed universal checkpoint.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeepspeedRunnerArgs:
     """Launch keys: DeepSpeed's runner on one node; srun/mpirun/pdsh across nodes (docs/cluster.md)."""
 

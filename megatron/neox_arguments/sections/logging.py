@@ -10,8 +10,26 @@ from dataclasses import dataclass
 from megatron.neox_arguments.fields import arg
 
 
-@dataclass
-class LoggingArgs:
+@dataclass(kw_only=True)
+class ProfilingKeys:
+    """The profiler and the memory profiler."""
+
+    profile: bool = arg(False, "Run the torch profiler between profile_step_start and profile_step_stop.")
+    profile_step_start: int = arg(10, "First profiled iteration.")
+    profile_step_stop: int = arg(12, "Last profiled iteration.")
+    memory_profiling: bool = arg(False, "Record a memory snapshot.")
+    memory_profiling_path: str | None = arg(None, "Where the memory snapshot is written.")
+
+
+@dataclass(kw_only=True)
+class PeakFlopsKeys:
+    """The device's peak throughput (for MFU)."""
+
+    peak_theoretical_tflops: float | None = arg(None, "Peak TFLOP/s of one device; enables MFU/HFU logging.")
+
+
+@dataclass(kw_only=True)
+class LoggingArgs(ProfilingKeys, PeakFlopsKeys):
     """Console, TensorBoard, Weights & Biases, Comet and profiler settings."""
 
     use_wandb: bool | None = arg(None, "Log to Weights & Biases.")
@@ -39,9 +57,3 @@ class LoggingArgs:
     log_gradient_noise_scale: bool = arg(False, "Estimate and log the gradient noise scale.")
     gradient_noise_scale_n_batches: int = arg(5, "Batches accumulated per gradient-noise-scale estimate.")
     gradient_noise_scale_cpu_offload: bool = arg(False, "Keep the noise-scale gradient buffer on the CPU.")
-    memory_profiling: bool = arg(False, "Record a memory snapshot.")
-    memory_profiling_path: str | None = arg(None, "Where the memory snapshot is written.")
-    profile: bool = arg(False, "Run the torch profiler between profile_step_start and profile_step_stop.")
-    profile_step_start: int = arg(10, "First profiled iteration.")
-    profile_step_stop: int = arg(12, "Last profiled iteration.")
-    peak_theoretical_tflops: float | None = arg(None, "Peak TFLOP/s of one device; enables MFU/HFU logging.")

@@ -49,32 +49,91 @@ ATTENTION_TYPES = (
 )
 
 
-@dataclass
-class ModelArgs:
-    """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
+@dataclass(kw_only=True)
+class PrecisionKeys:
+    """The training precision."""
 
     precision: PRECISIONS = arg(
         None, "Training precision. Derived from the `fp16`/`bf16` dicts when unset; `fp32` otherwise.", derived=True
     )
-    num_layers: int = arg(None, "Number of transformer layers (required).")
-    hidden_size: int = arg(None, "Width of the residual stream (required).")
+
+
+@dataclass(kw_only=True)
+class ShapeKeys:
+    """Depth, width and attention heads of the model."""
+
+    num_layers: int = arg(None, "Number of transformer layers (required).", checkpointed=True)
+    hidden_size: int = arg(None, "Width of the residual stream (required).", checkpointed=True)
+    num_attention_heads: int = arg(None, "Number of attention (query) heads (required).", checkpointed=True)
+
+
+@dataclass(kw_only=True)
+class SequenceKeys:
+    """The training sequence length and the longest position."""
+
+    seq_length: int = arg(None, "Training sequence length in tokens.")
+    max_position_embeddings: int = arg(
+        None,
+        "Largest position the model supports (size of a learned position table); >= seq_length (required).",
+        checkpointed=True,
+    )
+
+
+@dataclass(kw_only=True)
+class VocabPaddingKeys:
+    """How the vocabulary is padded."""
+
+    make_vocab_size_divisible_by: int = arg(
+        128, "Pad the vocabulary to a multiple of this value times model_parallel_size.", checkpointed=True
+    )
+
+
+@dataclass(kw_only=True)
+class ResidualKeys:
+    """GPT-J's parallel residual."""
+
+    gpt_j_residual: bool = arg(
+        False, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of two sequential residual adds."
+    )
+    gpt_j_tied: bool = arg(False, "With gpt_j_residual, share one norm between the attention and MLP branches.")
+
+
+@dataclass(kw_only=True)
+class MLPWidthKeys:
+    """The width of the MLP."""
+
     intermediate_size: int | None = arg(
         None, "Width of the MLP's inner projection. Unset: 4 x hidden_size (gated activations: scaled by 2/3)."
     )
     mlp_multiple_of: int = arg(1, "Round the MLP inner width up to a multiple of this value.")
     expansion_factor: float | None = arg(None, "MLP inner width as a multiple of hidden_size (default 4).")
-    num_attention_heads: int = arg(None, "Number of attention (query) heads (required).")
+
+
+@dataclass(kw_only=True)
+class LayerTypeKeys:
+    """The kind of each layer."""
+
+    attention_config: list | None = arg(
+        None,
+        "Attention type per layer, written as a list of [[types...], repeat] pairs, e.g. "
+        '`[[["global"], 12]]` or `[[["local", "global"], "all"]]` ("all" tiles the pattern over num_layers). '
+        f"Types: {', '.join(ATTENTION_TYPES)}. Unset: global attention in every layer. Expanded to a flat "
+        "per-layer list by derive().",
+        derived=True,
+    )
+
+
+@dataclass(kw_only=True)
+class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, ResidualKeys, MLPWidthKeys, LayerTypeKeys):
+    """Shape, positional encoding, normalisation, activation, initialisation and kernel-fusion switches."""
+
     num_kv_heads: int | None = arg(
         None,
         "Number of key/value heads. Unset or equal to num_attention_heads: multi-head attention; fewer: "
         "grouped-query attention; 1: multi-query attention. Must divide num_attention_heads.",
     )
-    seq_length: int = arg(None, "Training sequence length in tokens.")
     sliding_window_width: int | None = arg(
         None, "If set, each token attends only to this many previous tokens (sliding-window attention)."
-    )
-    max_position_embeddings: int = arg(
-        None, "Largest position the model supports (size of a learned position table); >= seq_length (required)."
     )
     norm: NORMS = arg("layernorm", "Normalisation layer type.")
     layernorm_fusion: bool = arg(False, "Use a fused LayerNorm kernel where available.")
@@ -88,14 +147,6 @@ class ModelArgs:
     rpe_max_distance: int = arg(128, "Maximum distance of T5-style relative position encoding.")
     opt_pos_emb_offset: int = arg(0, "Offset added to learned position indices (OPT checkpoints use 2).")
     no_weight_tying: bool = arg(False, "Use a separate output projection instead of the input embedding matrix.")
-    attention_config: list | None = arg(
-        None,
-        "Attention type per layer, written as a list of [[types...], repeat] pairs, e.g. "
-        '`[[["global"], 12]]` or `[[["local", "global"], "all"]]` ("all" tiles the pattern over num_layers). '
-        f"Types: {', '.join(ATTENTION_TYPES)}. Unset: global attention in every layer. Expanded to a flat "
-        "per-layer list by derive().",
-        derived=True,
-    )
     sparsity_config: dict | None = arg(
         None,
         "Block layouts of the sparse attention types (local, sparse_fixed, sparse_variable, bigbird, bslongformer), "
@@ -110,9 +161,6 @@ class ModelArgs:
         "checkpoints still hold every layer, as equal copies.",
     )
     param_sharing_style: str = arg("grouped", "Order of shared layers: `grouped` (1,2,1,2) or `spaced` (1,1,2,2).")
-    make_vocab_size_divisible_by: int = arg(
-        128, "Pad the vocabulary to a multiple of this value times model_parallel_size."
-    )
     activation: ACTIVATIONS = arg("gelu", f"MLP activation; gated ones: {', '.join(GATED_ACTIVATIONS)}.")
     use_flashattn_swiglu: bool = arg(False, "Use flash-attn's fused SwiGLU kernel (CUDA only).")
     scaled_upper_triang_masked_softmax_fusion: bool = arg(
@@ -149,10 +197,6 @@ class ModelArgs:
     gmlp_attn_dim: int = arg(
         64, "Width of the single-head tiny attention of `amlp` layers (gMLP blocks with attention)."
     )
-    gpt_j_residual: bool = arg(
-        False, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of two sequential residual adds."
-    )
-    gpt_j_tied: bool = arg(False, "With gpt_j_residual, share one norm between the attention and MLP branches.")
     use_bias_in_norms: bool = arg(True, "Give norm layers a bias term.")
     use_bias_in_attn_linear: bool = arg(True, "Give the attention projections (QKV, dense) bias terms.")
     use_bias_in_mlp: bool = arg(True, "Give the MLP projections bias terms.")

@@ -17,14 +17,20 @@ OptimizerType = Literal["adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3
 OPTIMIZER_TYPES: tuple[str, ...] = get_args(OptimizerType)
 
 
-@dataclass
-class OptimizerArgs:
-    """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
+@dataclass(kw_only=True)
+class OptimizerTypeKeys:
+    """Which optimizer runs."""
 
     optimizer_type: OptimizerType = arg(
         "adam", "Optimizer, taken from `optimizer.type` (case-insensitive).", derived=True
     )
     use_bnb_optimizer: bool = arg(False, "Use bitsandbytes 8-bit Adam and a stable embedding.")
+
+
+@dataclass(kw_only=True)
+class ZeroKeys:
+    """The ZeRO values mirrored from ``zero_optimization``."""
+
     zero_stage: int = arg(0, "ZeRO stage, mirrored from `zero_optimization.stage`.", derived=True)
     zero_reduce_scatter: bool = arg(
         None, "ZeRO: reduce-scatter gradients instead of all-reduce (mirrored).", derived=True
@@ -34,10 +40,21 @@ class OptimizerArgs:
     )
     zero_reduce_bucket_size: int = arg(None, "ZeRO: elements reduced at a time (mirrored).", derived=True)
     zero_allgather_bucket_size: int = arg(None, "ZeRO: elements all-gathered at a time (mirrored).", derived=True)
+
+
+@dataclass(kw_only=True)
+class LRKeys:
+    """The peak learning rate."""
+
     lr: float = arg(0.001, "Peak learning rate, taken from `optimizer.params.lr` when that is set.", derived=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
+class OptimizerArgs(OptimizerTypeKeys, ZeroKeys, LRKeys):
+    """Optimizer choice and the ZeRO values mirrored from ``zero_optimization``."""
+
+
+@dataclass(kw_only=True)
 class LRSchedulerArgs:
     """Learning-rate warmup and decay."""
 
@@ -58,7 +75,7 @@ class LRSchedulerArgs:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MoEArgs:
     """Dropless mixture-of-experts layers (GPT-NeoX's megablocks keys; neox-forge's own implementation, see
     docs/moe.md). Experts are sharded over the tensor-parallel group."""

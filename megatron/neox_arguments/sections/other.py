@@ -15,24 +15,36 @@ TOKENIZER_TYPES = Literal[
 ]
 
 
-@dataclass
-class ParallelismArgs:
-    """Pipeline, tensor and sequence parallelism."""
+@dataclass(kw_only=True)
+class ParallelSizeKeys:
+    """The tensor- and pipeline-parallel sizes."""
 
+    model_parallel_size: int = arg(1, "Tensor-parallel degree.", checkpointed=True)
     pipe_parallel_size: int = arg(
         0, "Pipeline stages. 0: no pipeline engine (layers run sequentially); >= 1: DeepSpeed pipeline engine."
     )
-    model_parallel_size: int = arg(1, "Tensor-parallel degree.")
+
+
+@dataclass(kw_only=True)
+class LayerSplitKeys:
+    """How layers are split over ranks: sequence parallelism and the pipeline partition."""
+
+    sequence_parallel: bool = arg(
+        False, "Megatron sequence parallelism: norm/dropout regions sharded along the sequence (needs TP > 1)."
+    )
     pipe_partition_method: str = arg(
         "type:transformer|mlp",
         "How layers are split over pipeline stages: `parameters`, `uniform` or `type:<regex>` (balance the "
         "layers whose class name matches).",
     )
+
+
+@dataclass(kw_only=True)
+class ParallelismArgs(ParallelSizeKeys, LayerSplitKeys):
+    """Pipeline, tensor and sequence parallelism."""
+
     world_size: int | None = arg(None, "Number of processes; set at run time from the launcher's environment.")
     is_pipe_parallel: bool = arg(False, "True when pipe_parallel_size >= 1 (derived).", derived=True)
-    sequence_parallel: bool = arg(
-        False, "Megatron sequence parallelism: norm/dropout regions sharded along the sequence (needs TP > 1)."
-    )
     dp_world_size: int = arg(
         None,
         "Data-parallel size: global_num_gpus / (max(pipe_parallel_size, 1) x model_parallel_size) (derived).",
@@ -40,19 +52,34 @@ class ParallelismArgs:
     )
 
 
-@dataclass
-class TokenizerArgs:
-    """Tokenizer choice and the padded vocabulary size."""
+@dataclass(kw_only=True)
+class VocabKeys:
+    """The padded vocabulary size (rows of the embedding)."""
 
-    tokenizer_type: TOKENIZER_TYPES = arg("GPT2BPETokenizer", "Tokenizer implementation.")
     padded_vocab_size: int | None = arg(
-        None, "Vocabulary size after padding; set once the tokenizer is built (depends on model_parallel_size)."
+        None,
+        "Vocabulary size after padding; set once the tokenizer is built (depends on model_parallel_size).",
+        checkpointed=True,
     )
 
 
-@dataclass
-class OtherArgs:
-    """Distributed runtime, seeds and values set while running."""
+@dataclass(kw_only=True)
+class TokenizerArgs(VocabKeys):
+    """Tokenizer choice and the padded vocabulary size."""
+
+    tokenizer_type: TOKENIZER_TYPES = arg("GPT2BPETokenizer", "Tokenizer implementation.", checkpointed=True)
+
+
+@dataclass(kw_only=True)
+class SeedKeys:
+    """The base random seed."""
+
+    seed: int = arg(1234, "Seed of python, numpy and torch random generators, and of data shuffling.")
+
+
+@dataclass(kw_only=True)
+class DistributedKeys:
+    """The torch.distributed backend and timeout."""
 
     distributed_backend: str = arg("nccl", "torch.distributed backend; neox-forge uses gloo on CPU-only machines.")
     distributed_timeout_minutes: float = arg(
@@ -62,6 +89,54 @@ class OtherArgs:
         "needs TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default). Raise it when one rank legitimately works alone for "
         "long (building data indices, saving large checkpoints); see docs/cluster.md. Valid: 0.001 (60 ms) to 10080 (7 days).",
     )
+
+
+@dataclass(kw_only=True)
+class LaunchKeys:
+    """What the launcher decides: multi-node mode, the user script, the GPU count."""
+
+    deepspeed_mpi: bool = arg(
+        False,
+        "Ranks started by mpirun: rank/world size from OMPI_COMM_WORLD_*/MV2_COMM_WORLD_*/PMI_* (implies force_multi).",
+    )
+    deepspeed_slurm: bool = arg(
+        False, "Ranks started by srun: rank/world size from SLURM_PROCID/LOCALID/STEP_NUM_TASKS, master = first node."
+    )
+    user_script: str | None = arg(None, "The script deepy.py launched (train.py, generate.py, eval.py).")
+    global_num_gpus: int = arg(
+        None,
+        "Total number of ranks. Unset: WORLD_SIZE inside a launched rank, else the hostfile's slots (after "
+        "include/exclude/num_nodes; num_gpus per host when set), else the GPUs of this node (num_gpus or all, x "
+        "num_nodes), else on a CPU-only machine num_gpus CPU ranks (default 1) x num_nodes.",
+        derived=True,
+    )
+
+
+@dataclass(kw_only=True)
+class LoadIterationKeys:
+    """The checkpoint iteration to load."""
+
+    iteration: int | None = arg(None, "Current iteration; set while running.")
+
+
+@dataclass(kw_only=True)
+class OnnxKeys:
+    """ONNX-exportable operators."""
+
+    onnx_safe: bool = arg(False, "Work around known problems of the torch ONNX exporter.")
+
+
+@dataclass(kw_only=True)
+class LossMaskKeys:
+    """Whether the loss skips end-of-document tokens."""
+
+    eod_mask_loss: bool = arg(False, "Exclude end-of-document tokens from the loss.")
+
+
+@dataclass(kw_only=True)
+class OtherArgs(SeedKeys, DistributedKeys, LaunchKeys, LoadIterationKeys, OnnxKeys, LossMaskKeys):
+    """Distributed runtime, seeds and values set while running."""
+
     local_rank: int | None = arg(None, "Rank within the node; set by the launcher.")
     rank: int | None = arg(None, "Global rank; set by the launcher.")
     lazy_mpu_init: bool = arg(False, "Let an external manager finish distributed initialisation.")
@@ -71,32 +146,13 @@ class OtherArgs:
         "value is ignored with a warning.",
     )
     short_seq_prob: float = arg(0.1, "Probability of producing a short sequence (unused by GPT training).")
-    eod_mask_loss: bool = arg(False, "Exclude end-of-document tokens from the loss.")
     adlr_autoresume: bool = arg(False, "Enable ADLR cluster auto-resume.")
     adlr_autoresume_interval: int = arg(1000, "Iterations between auto-resume termination checks.")
-    seed: int = arg(1234, "Seed of python, numpy and torch random generators, and of data shuffling.")
-    onnx_safe: bool = arg(False, "Work around known problems of the torch ONNX exporter.")
     deepscale: bool = arg(False, "Deprecated DeepSpeed flag (no effect).")
     deepscale_config: str | None = arg(None, "Deprecated DeepSpeed config path (no effect).")
-    deepspeed_mpi: bool = arg(
-        False,
-        "Ranks started by mpirun: rank/world size from OMPI_COMM_WORLD_*/MV2_COMM_WORLD_*/PMI_* (implies force_multi).",
-    )
-    deepspeed_slurm: bool = arg(
-        False, "Ranks started by srun: rank/world size from SLURM_PROCID/LOCALID/STEP_NUM_TASKS, master = first node."
-    )
-    user_script: str | None = arg(None, "The script deepy.py launched (train.py, generate.py, eval.py).")
-    iteration: int | None = arg(None, "Current iteration; set while running.")
     do_train: bool | None = arg(None, "Whether a training set exists; set while running.")
     do_valid: bool | None = arg(None, "Whether a validation set exists; set while running.")
     do_test: bool | None = arg(None, "Whether a test set exists; set while running.")
-    global_num_gpus: int = arg(
-        None,
-        "Total number of ranks. Unset: WORLD_SIZE inside a launched rank, else the hostfile's slots (after "
-        "include/exclude/num_nodes; num_gpus per host when set), else the GPUs of this node (num_gpus or all, x "
-        "num_nodes), else on a CPU-only machine num_gpus CPU ranks (default 1) x num_nodes.",
-        derived=True,
-    )
     config_files: dict | None = arg(
         None, "Raw text of every config file, by file name (set by the loader; saved with checkpoints)."
     )
