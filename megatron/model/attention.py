@@ -150,7 +150,7 @@ class ParallelSelfAttention(nn.Module):
                 self.attention_type,
                 cfg.sparsity_config,
                 cfg.num_attention_heads,
-                cfg.sparse_layout_tokens or cfg.max_position_embeddings,
+                cfg.seq_length or cfg.max_position_embeddings,
                 cfg.seed,
                 layer_index,
             )

@@ -101,24 +101,17 @@ class GPTModelConfig(
     """Return vocab-parallel logits [.., V/tp] (False: gathered [.., V])."""
     fused_kernels: dict = field(default_factory=dict)
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
-    gmlp_seq_length: int | None = None
-    """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
-    sparse_layout_tokens: int | None = None  # seq_length (GPT-NeoX's layout size); None: max_position_embeddings
-
     soft_prompt_init_ids: tuple[int, ...] = ()
     """Token ids of ``soft_prompt_tuning.init_string`` (``soft_prompt.with_prompt_init`` sets them from the run's
     tokenizer; empty: uniform init)."""
 
-    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, gmlp_seq_length from
-    # seq_length (a required key that most model configs do without), soft_prompt_init_ids from the tokenizer, and
-    # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
+    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, soft_prompt_init_ids
+    # from the tokenizer, and parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
         "params_dtype",
         "parallel_output",
         "fused_kernels",
-        "gmlp_seq_length",
         "soft_prompt_init_ids",
-        "sparse_layout_tokens",
     )
 
     @property
@@ -273,7 +266,7 @@ class GPTModelConfig(
                 )
 
         if any(kind in ("gmlp", "amlp") for kind in self.layer_types):
-            need(self.gmlp_seq_length is not None, "gmlp/amlp layers need seq_length (the span of sgu.proj)")
+            need(self.seq_length is not None, "gmlp/amlp layers need seq_length (the span of sgu.proj)")
         for problem in moe_problems(self):
             raise ValueError(problem)
         if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:
@@ -302,8 +295,6 @@ class GPTModelConfig(
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
         kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
-        kwargs["gmlp_seq_length"] = args.seq_length
-        kwargs["sparse_layout_tokens"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
         if str(kwargs.get("norm", "")).startswith("te_"):

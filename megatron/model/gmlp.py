@@ -77,9 +77,9 @@ class SpatialGatingUnit(nn.Module):
 
     def __init__(self, cfg: GPTModelConfig, d_ff: int, d_attn: int | None) -> None:
         super().__init__()
-        if cfg.gmlp_seq_length is None:
+        if cfg.seq_length is None:
             raise ValueError("gmlp/amlp layers need seq_length (the span of sgu.proj)")
-        self.seq_length = cfg.gmlp_seq_length
+        self.seq_length = cfg.seq_length
         self.norm = build_norm(cfg, d_ff)
         self.proj = nn.Linear(self.seq_length, self.seq_length, dtype=cfg.params_dtype)
         nn.init.zeros_(self.proj.weight)  # the block starts as res · 1: identity gating

@@ -45,7 +45,7 @@ def test_gmlp_is_no_longer_refused() -> None:
     assert a.attention_config == ["amlp", "global"] and a.gmlp_attn_dim == 8
     a.update_value("padded_vocab_size", 64)
     cfg = GPTModelConfig.from_neox_args(a)
-    assert cfg.layer_types == ("amlp", "global") and cfg.gmlp_attn_dim == 8 and cfg.gmlp_seq_length == 16
+    assert cfg.layer_types == ("amlp", "global") and cfg.gmlp_attn_dim == 8 and cfg.seq_length == 16
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def _model(types: list[str]) -> GPTModelConfig:
         num_attention_heads=4,
         padded_vocab_size=64,
         max_position_embeddings=16,
-        gmlp_seq_length=16,
+        seq_length=16,
         gmlp_attn_dim=8,
         attention_config=types,
     )

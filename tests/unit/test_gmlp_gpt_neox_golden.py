@@ -29,7 +29,7 @@ def config(case: dict[str, Any], **more: Any) -> GPTModelConfig:
         num_attention_heads=2,
         padded_vocab_size=16,
         max_position_embeddings=case["seq_length"],
-        gmlp_seq_length=case["seq_length"],
+        seq_length=case["seq_length"],
         gmlp_attn_dim=case["gmlp_attn_dim"],
         attention_config=[case["layer_type"]],
         norm=case["norm"],

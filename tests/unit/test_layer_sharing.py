@@ -152,4 +152,4 @@ def test_moe_layers_are_not_shared_yet() -> None:
 @pytest.mark.parametrize("kind", ["mamba", "gmlp", "amlp"])
 def test_only_transformer_layers_are_shared(kind: str) -> None:
     with pytest.raises(ValueError, match=f"not supported yet: num_unique_layers=1 with {kind} layers"):
-        cfg(num_unique_layers=1, attention_config=[[[kind], "all"]], gmlp_seq_length=16)
+        cfg(num_unique_layers=1, attention_config=[[[kind], "all"]], seq_length=16)

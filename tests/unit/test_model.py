@@ -140,9 +140,7 @@ def test_gpt_neox_mlp_sizing() -> None:
 @pytest.mark.parametrize("kind", ATTENTION_TYPES)
 def test_every_gpt_neox_layer_type_builds(kind: str) -> None:
     """No attention_config type GPT-NeoX names is refused any more: each builds a model that runs."""
-    cfg = tiny(
-        attention_config=[[[kind], 2]], sparsity_config={"block": 4}, gmlp_seq_length=32, sparse_layout_tokens=32
-    )
+    cfg = tiny(attention_config=[[[kind], 2]], sparsity_config={"block": 4}, seq_length=32)
     model = build_sequential_model(cfg)
     logits = model(torch.randint(0, cfg.padded_vocab_size, (1, 32)))
     assert logits.shape[:2] == (1, 32) and torch.isfinite(logits).all()

@@ -103,7 +103,7 @@ def _cfg(kind: str, **kw) -> GPTModelConfig:
         num_layers=2,
         hidden_size=32,
         num_attention_heads=4,
-        sparse_layout_tokens=32,
+        seq_length=32,
         max_position_embeddings=32,
         padded_vocab_size=64,
         pos_emb="rotary",

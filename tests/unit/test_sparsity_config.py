@@ -66,7 +66,7 @@ def test_a_config_builds_gpt_neox_layouts_at_seq_length() -> None:
     )
     args.update_value("padded_vocab_size", 128)
     cfg = GPTModelConfig.from_neox_args(args)
-    assert cfg.sparse_layout_tokens == 64 and cfg.layer_types == ("sparse_fixed", "sparse_variable")
+    assert cfg.seq_length == 64 and cfg.layer_types == ("sparse_fixed", "sparse_variable")
     for layer, kind in enumerate(cfg.layer_types):
         module = SparseAttention(kind, cfg.sparsity_config, 4, 64, cfg.seed, layer)
         want = gpt_neox_layout(kind, sparsity, 4, 64, layout_rng(7, layer))[1]
