@@ -99,7 +99,7 @@ def _hf_int(hf_config: Any, key: str, default: int) -> int:
 
 def mamba_config_keys(hf_config: Any) -> dict[str, Any]:
     """GPT-NeoX model keys of a HF ``MambaConfig``; ``ValueError`` naming the field GPT-NeoX's Mamba cannot hold."""
-    h = int(hf_config.hidden_size)
+    h: int = hf_config.hidden_size
     fixed = {
         "state_size": (_hf_int(hf_config, "state_size", D_STATE), D_STATE),
         "conv_kernel": (_hf_int(hf_config, "conv_kernel", D_CONV), D_CONV),
