@@ -33,6 +33,11 @@ KNOWN = {
     "zero_memory_small": ("≤ 0.6", "ZeRO-3 / ZeRO-0 per-rank parameter+optimizer bytes at 2 ranks, small shape, fp32"),
     "zero_memory_small_bf16": ("≤ 0.6", "same in bf16 (bf16 parameters, fp32 master weights and Adam state)"),
     "decode": ("≥ 1.2 (batch 1 and 8)", "HF generate, greedy, fp32, token-identical; ratio = min of batch 1 / 8"),
+    "sparse_attention": (
+        "—",
+        "dense SDPA masked with the same layout (no block-sparse kernel), fp32, forward + backward; ratio: the "
+        "sparse.yml local layout (others in the details)",
+    ),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
         "HF generate, greedy, bf16 weights on both sides, token-identical; ratio = min of batch 1 / 8",
@@ -60,6 +65,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 4 | `python benchmarks/bench_index_maps.py` | index maps for 10⁷ samples vs the loop algorithm |
 | 5 | `python benchmarks/bench_decode.py [--bf16]` | greedy decode vs HF `generate`, batch 1 and 8 |
 | 6 | `python benchmarks/bench_zero_memory.py [--small] [--bf16]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
+| 7 | `python benchmarks/bench_sparse_attention.py [--seq 2048]` | block-sparse attention vs dense masked SDPA, per layout |
 
 ## Measured
 """
@@ -248,8 +254,9 @@ spends per step (logits processors, stopping criteria, cache objects). In bf16 t
   `OMP_NUM_THREADS` says when set, and prints `CPU threads per rank: N (why)`.
 - At the start of training rank 0 logs `MFU: FLOPs per iteration = <GPT-NeoX formula>; peak P TFLOP/s per rank
   from <source>`: `peak_theoretical_tflops` from the config; else on CPU a 0.25 s in-process GEMM calibration in
-  the training dtype (a measured ceiling, so CPU MFU means "fraction of what this machine's GEMM reaches"); else
-  a table of known GPUs' dense bf16 peaks (`megatron/logging/peak_flops.py`). MFU then appears in every log line.
+  the training dtype, once per process and thread count (a measured ceiling, so CPU MFU means "fraction of what this
+  machine's GEMM reaches"); else a table of known GPUs' dense bf16 peaks (`megatron/logging/peak_flops.py`). MFU
+  then appears in every log line.
 
 ## GPU check
 

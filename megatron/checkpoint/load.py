@@ -23,7 +23,7 @@ from megatron.checkpoint.bias_layout import row_biases_on_disk, stored_layout
 from megatron.checkpoint.layout import ZERO3_RE, CheckpointError
 from megatron.checkpoint.lr_state import LR_SCHEDULER_KEY, LRSchedule, restore_lr_schedule
 from megatron.checkpoint.optimizer_carry import NO_LOAD_OPTIM_HINT, carry_optimizer_state, load_mode
-from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.reader import load_torch, read_checkpoint
 from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.resume import resolve_load_dir, resolve_tag, verify_manifest
 from megatron.checkpoint.rng import set_rng_state
@@ -32,6 +32,8 @@ from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, unsafe_
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
 from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
+from megatron.model.layer_sharing import is_shared
+from megatron.model.soft_prompt import check_prompt_checkpoint, soft_prompt_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +108,12 @@ def check_checkpoint_args(saved: dict[str, Any], current: dict[str, Any], path: 
         raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(bad))
 
 
+_SHARED_CARRY = (
+    "not supported yet: carrying the optimizer state of shared layers (num_unique_layers) from {} to another layout "
+    "or optimizer form; {}"
+)
+
+
 def load_checkpoint(
     engine: Engine,
     lr_scheduler: LRSchedule | None,
@@ -143,8 +151,14 @@ def load_checkpoint(
     verify_manifest(Path(root) / tag)
     weights_only = cfg.no_load_optim or cfg.finetune
     carry = False
-    if not weights_only and not (optimizer_missing and not dropped):  # (a copy of a source without any state)
+    has_state = not weights_only and not (optimizer_missing and not dropped)  # (a copy of a source without any state)
+    shared = model is not None and is_shared(model)
+    if has_state and shared and resharded:
+        raise CheckpointError(_SHARED_CARRY.format(cfg.load, NO_LOAD_OPTIM_HINT))
+    if has_state:
         carry = load_mode(engine, Path(root) / tag, weights_only_copy=dropped) == "carry"
+    if carry and shared:
+        raise CheckpointError(_SHARED_CARRY.format(cfg.load, NO_LOAD_OPTIM_HINT))
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
     load_optim = not (weights_only or optimizer_missing or carry)
@@ -171,6 +185,8 @@ def load_checkpoint(
     if path is None or client is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {Path(root) / tag}")
     path = str(Path(root) / tag / Path(path).name) if load_root != root else path
+    if model is not None and soft_prompt_tokens(model) and not load_module_strict:  # all but the prefix were loaded
+        check_prompt_checkpoint(set(load_torch(Path(path), mmap=True).get("module") or ()), engine.module, path)
     if carry:
         _carry_optimizer_state(engine, Path(root) / tag, model)
     state_checks.check_loaded_state_finite(

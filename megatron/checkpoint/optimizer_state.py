@@ -25,6 +25,7 @@ import torch
 from megatron.checkpoint.layout import CheckpointError, stage_bounds
 from megatron.checkpoint.rules import merge_tensor, resize_vocab, split_tensor
 from megatron.model.config import GPTModelConfig
+from megatron.model.layer_sharing import first_position, is_shared, unique_layer
 from megatron.model.meta import meta_param_shapes
 from megatron.model.weight_decay import model_no_weight_decay_names
 
@@ -45,6 +46,12 @@ def slice_param_names(cfg: GPTModelConfig, pp: int, stage: int, partition_method
     lo, hi = parts[stage], parts[stage + 1]
     head = cfg.num_layers + 4
     owned = [n for n in names if lo <= int(n.split(".")[1]) < hi]
+    if is_shared(cfg):  # a stage holds each shared layer it runs, named after the layer's first position
+        run = {first_position(cfg, unique_layer(cfg, i)) + 2 for i in range(cfg.num_layers) if lo <= i + 2 < hi}
+        layers = range(2, cfg.num_layers + 2)
+        owned = [n for n in names if int(n.split(".")[1]) in run] + [
+            n for n in owned if int(n.split(".")[1]) not in layers
+        ]
     if not cfg.tied_embeddings:
         return owned
     # DeepSpeed registers ``tied_modules`` before the layers; every stage with the embedding or the tied head holds

@@ -10,6 +10,7 @@
 | ``attention.dense.weight``, ``mlp.linear2.weight``       | cat dim 1                                        |
 | norms, position embeddings                               | replicated (rank 0; mean if ranks disagree)      |
 | row-parallel biases                                      | replicated, or ``split``: **sum** over TP        |
+| gMLP blocks (``input_linear``, ``output_linear``, ``sgu``) | tp=1 only: refused across TP ranks               |
 
 Row-parallel biases are stored as GPT-NeoX's training stores them: equal shares that sum to the effective bias in
 parallel-residual layers at TP > 1 (``split``), the effective bias otherwise (``megatron.checkpoint.bias_layout``).
@@ -28,7 +29,7 @@ import torch
 
 from megatron.checkpoint.bias_layout import is_row_bias
 from megatron.model.config import GPTModelConfig
-from megatron.model.tp_sharding import merge, partition_spec, shard
+from megatron.model.tp_sharding import check_reshardable, merge, partition_spec, shard
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def merge_tensor(
     dim, subs = partition_spec(name, cfg)
     if len(shards) == 1:
         return shards[0]
+    check_reshardable(name, len(shards))
     if dim is not None:
         return merge(list(shards), dim, subs)
     if sum_row_biases and is_row_bias(name):
@@ -77,6 +79,7 @@ def merge_tensor(
 
 def split_tensor(name: str, full: torch.Tensor, cfg: GPTModelConfig, tp: int) -> list[torch.Tensor]:
     """The per-TP-rank shards of the full tensor ``name`` (replicated tensors are shared, not copied)."""
+    check_reshardable(name, tp)
     dim, subs = partition_spec(name, cfg)
     if dim is None or tp == 1:
         return [full] * tp

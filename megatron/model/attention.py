@@ -1,5 +1,5 @@
 """Causal self-attention with GPT-NeoX's fused ``query_key_value`` layout, GQA, rotary/ALiBi/RPE, QK-norm,
-sliding-window and ``local`` attention, and a KV cache.
+sliding-window and block-sparse attention (``local``, ``sparse_fixed``, ... : ``sparse_attention.py``), and a KV cache.
 
 Layouts: the layer works on ``[s, b, h]``; attention itself runs on ``[b, heads, s, hn]``.
 Fused QKV (per TP rank): MHA is per-head interleaved ``[np][q|k|v][hn]`` (HF GPTNeoX layout); GQA is blocked
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 
 import torch
@@ -20,9 +19,12 @@ from torch import nn
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.kv_cache import KVCache
+from megatron.model.mup import attention_scale
 from megatron.model.norms import Norm, RMSNorm, ScaleNorm, build_norm
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS, apply_rotary, rotate_in_place
 from megatron.model.residual_projection import residual_projection
+from megatron.model.sparse_attention import SparseAttention
+from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +142,21 @@ class ParallelSelfAttention(nn.Module):
         self.rotary_emb = position.rotary(cfg) if position.rotary is not None else None
         self.position_bias = position.attention_bias(cfg) if position.attention_bias is not None else None
         self.rpe = rpe
-        self.scale = 1.0 / math.sqrt(self.hn)
+        self.scale = attention_scale(self.hn, cfg.use_mup, cfg.mup_attn_temp)
         self.layer_scale = float(max(1, layer_index)) if cfg.apply_query_key_layer_scaling else 1.0
         self.dense = residual_projection(cfg, cfg.hidden_size, cfg.use_bias_in_attn_linear, output_layer_init_method)
+        self.sparse = (
+            SparseAttention(
+                self.attention_type,
+                cfg.sparsity_config,
+                cfg.num_attention_heads,
+                cfg.sparse_layout_tokens or cfg.max_position_embeddings,
+                cfg.seed,
+                layer_index,
+            )
+            if self.attention_type in SPARSE_TYPES
+            else None
+        )
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -199,6 +213,8 @@ class ParallelSelfAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, past: int
     ) -> torch.Tensor:
         sq, sk = q.shape[2], k.shape[2]
+        if self.sparse is not None and self._sparse_kernel_applies(mask, past, sq, sk):
+            return self._sparse_attention(q, k, v)
         allowed, bias = None, None  # allowed: bool [b|1, 1, sq, sk] or None = plain causal
         mask_is_causal = True  # the given mask adds nothing to causality (a window or local blocks may still)
         if not self._always_causal(mask):
@@ -277,8 +293,33 @@ class ParallelSelfAttention(nn.Module):
             and self.position_bias is None
             and self.rpe is None
             and self.cfg.sliding_window_width is None
-            and self.attention_type != "local"
+            and self.sparse is None
         )
+
+    def _sparse_kernel_applies(self, mask: torch.Tensor | None, past: int, sq: int, sk: int) -> bool:
+        """The block-sparse kernel covers self-attention of a whole sequence (no cache) whose length is a multiple
+        of the block, with nothing but causality and the layout restricting it (no other mask, window or bias)."""
+        assert self.sparse is not None
+        if past or sq != sk or not self.sparse.kernel_applies(sq) or self.cfg.sliding_window_width is not None:
+            return False
+        if self.position_bias is not None or self.rpe is not None:
+            return False
+        if mask is None:
+            return True
+        q_pos, k_pos = self._positions(0, sq, sk, mask.device)
+        return mask.shape[0] == 1 and torch.equal(mask[0, 0, :sq, :sk].bool(), k_pos[None, :] > q_pos[:, None])
+
+    def _sparse_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert self.sparse is not None
+        if self.nkv != self.np:
+            k = k.repeat_interleave(self.np // self.nkv, dim=1)
+            v = v.repeat_interleave(self.np // self.nkv, dim=1)
+        context = self.sparse(q, k, v, self.scale)
+        dropout = self.cfg.attention_dropout if self.training else 0.0
+        if dropout > 0.0:  # GPT-NeoX drops out the sparse layers' context, not their probabilities
+            with model_parallel_rng_fork(dropout):
+                context = F.dropout(context, p=dropout)
+        return context
 
     @staticmethod
     def _positions(past: int, sq: int, sk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,19 +350,16 @@ class ParallelSelfAttention(nn.Module):
             if not (m.shape[0] == 1 and torch.equal(m[0, 0], causal_masked)):
                 allowed = ~m
         window = self.cfg.sliding_window_width
-        extra = None
+        extra = None  # [1, 1|heads, sq, sk]
         if window is not None:
-            extra = (q_pos[:, None] - k_pos[None, :]) <= window
-        if self.attention_type == "local":
-            sparsity = self.cfg.sparsity_config or {}  # the key's None: no settings (DeepSpeed's defaults)
-            block = int(sparsity.get("block", 16))
-            reach = int(sparsity.get("num_sliding_window_blocks", 3)) // 2
-            local = (q_pos[:, None] // block - k_pos[None, :] // block) <= reach
-            extra = local if extra is None else extra & local
+            extra = ((q_pos[:, None] - k_pos[None, :]) <= window)[None, None]
+        if self.sparse is not None:  # the layout at token level, per head
+            blocks = self.sparse.allowed(q_pos, k_pos)[None]
+            extra = blocks if extra is None else extra & blocks
         mask_is_causal = allowed is None
         if extra is not None:
             base = allowed if allowed is not None else (k_pos[None, :] <= q_pos[:, None])[None, None]
-            allowed = base & extra[None, None]
+            allowed = base & extra
         return allowed, mask_is_causal
 
     def _use_flash(self, q: torch.Tensor, past: int, bias: torch.Tensor | None, mask_is_causal: bool) -> bool:

@@ -18,8 +18,10 @@ import torch
 
 from megatron.config_utils import NeoXValues, from_schema, neox_values, schema_defaults
 from megatron.model.activations import ACTIVATIONS as ACTIVATION_REGISTRY
+from megatron.model.layer_sharing import sharing_problems
 from megatron.model.norms import NORMS as NORM_REGISTRY
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
+from megatron.model.soft_prompt import soft_prompt_problems
 from megatron.neox_arguments.derive import padded_vocab_size
 from megatron.neox_arguments.moe_checks import moe_problems
 from megatron.neox_arguments.precision import dtype_of_precision
@@ -32,7 +34,18 @@ logger = logging.getLogger(__name__)
 # Norms, activations and position embeddings are their registries' entries (the schema's Literal types are checked
 # against them by tests/unit/test_registries.py).
 INIT_METHODS: tuple[str, ...] = typing.get_args(model_keys.INIT_METHODS)
-SUPPORTED_ATTENTION = ("global", "flash", "local", "mamba")
+SUPPORTED_ATTENTION = (
+    "global",
+    "flash",
+    "local",
+    "sparse_fixed",
+    "sparse_variable",
+    "bigbird",
+    "bslongformer",
+    "mamba",
+    "gmlp",
+    "amlp",
+)
 KNOWN_ATTENTION = ATTENTION_TYPES  # every type GPT-NeoX's attention_config names
 # Fused-kernel switches of GPT-NeoX: accepted, and always mapped to the fastest available equivalent
 # (SDPA / plain torch ops that torch.compile can fuse). Only ``bias_gelu_fusion`` changes numerics (tanh GELU).
@@ -148,9 +161,10 @@ class GPTModelConfig:
     sliding_window_width: int | None = from_schema()
     """Query i attends keys j with i - w <= j <= i (w+1 tokens)."""
     attention_config: list | None = from_schema()
-    """Per-layer attention type (global | flash | local); empty = all global."""
+    """Per-layer type (global | flash | local | sparse_fixed | sparse_variable | bigbird | bslongformer attention
+    layers, mamba layers, gmlp | amlp blocks); empty = all global."""
     sparsity_config: dict | None = from_schema()
-    """``local`` attention: ``block`` (16) and ``num_sliding_window_blocks`` (3)."""
+    """The block layouts of the sparse types (``sparse_layouts.GPT_NEOX_DEFAULTS``)."""
     hidden_dropout: float = from_schema()
     """Dropout after embeddings, attention and MLP."""
     attention_dropout: float = from_schema()
@@ -182,10 +196,27 @@ class GPTModelConfig:
     pipe_partition_method: str = from_schema()
     """DeepSpeed PipelineModule partition method."""
     fused_kernels: dict = field(default_factory=dict)
+    gmlp_attn_dim: int = from_schema()
+    """Width of aMLP's single-head tiny attention."""
+    gmlp_seq_length: int | None = None
+    """``seq_length``: the span of gMLP's sequence projection ``sgu.proj`` (None: unset; gmlp/amlp need it)."""
+    sparse_layout_tokens: int | None = None  # seq_length (GPT-NeoX's layout size); None: max_position_embeddings
 
-    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, and
+    soft_prompt_init_ids: tuple[int, ...] = ()
+    """Token ids of ``soft_prompt_tuning.init_string`` (``soft_prompt.with_prompt_init`` sets them from the run's
+    tokenizer; empty: uniform init)."""
+
+    # not config keys: params_dtype comes from precision, fused_kernels from the *_fusion keys, gmlp_seq_length from
+    # seq_length (a required key that most model configs do without), soft_prompt_init_ids from the tokenizer, and
     # parallel_output is the model builder's choice (logits stay split over TP ranks for the parallel loss)
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("params_dtype", "parallel_output", "fused_kernels")
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "params_dtype",
+        "parallel_output",
+        "fused_kernels",
+        "gmlp_seq_length",
+        "soft_prompt_init_ids",
+        "sparse_layout_tokens",
+    )
     """The GPT-NeoX fusion switches given (recorded; always mapped to SDPA / plain torch)."""
     moe_num_experts: int = from_schema()
     """Experts per MoE layer (1 = dense MLPs everywhere)."""
@@ -217,6 +248,18 @@ class GPTModelConfig:
     """Mamba layers: bias in conv1d."""
     mamba_use_bias_in_linears: bool = from_schema()
     """Mamba layers: bias in in_proj, x_proj and out_proj."""
+    num_unique_layers: int | None = from_schema()
+    """Distinct transformer layers reused over num_layers (None: every layer its own); see layer_sharing."""
+    param_sharing_style: str = from_schema()
+    """grouped (1,2,1,2) | spaced (1,1,2,2): which unique layer each position uses."""
+    soft_prompt_tuning: dict | None = from_schema()
+    """``{enabled, n_tokens, init_string, init_range}``: a trained prefix, the rest frozen (see soft_prompt)."""
+    use_mup: bool = from_schema()
+    """muP (``megatron/model/mup.py``): attention scale 1/(d·mup_attn_temp), embedding times mup_embedding_mult."""
+    mup_attn_temp: float = from_schema()
+    mup_embedding_mult: float = from_schema()
+    mup_rp_embedding_mult: float = from_schema()
+    """Multiplier of learned/sinusoidal position embeddings (GPT-NeoX applies it with or without use_mup)."""
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -364,6 +407,8 @@ class GPTModelConfig:
                     f"attention_config: layer {i} type {kind!r} is {where}; supported: {', '.join(SUPPORTED_ATTENTION)}"
                 )
 
+        if any(kind in ("gmlp", "amlp") for kind in self.layer_types):
+            need(self.gmlp_seq_length is not None, "gmlp/amlp layers need seq_length (the span of sgu.proj)")
         for problem in moe_problems(self):
             raise ValueError(problem)
         if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:
@@ -371,6 +416,8 @@ class GPTModelConfig:
                 "mamba_inner_func_fusion and mamba_use_bias_in_linears cannot be combined (GPT-NeoX's fused Mamba "
                 "inner function has no projection biases); unset one"
             )
+        for problem in sharing_problems(self) + soft_prompt_problems(self):
+            raise ValueError(problem)
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -390,13 +437,10 @@ class GPTModelConfig:
         kwargs["padded_vocab_size"] = int(values["padded_vocab_size"])
         kwargs["params_dtype"] = dtype_of_precision(args.precision)  # the config layer derived precision
         kwargs["fused_kernels"] = {k: True for k in FUSION_KEYS if getattr(args, k)}
+        kwargs["gmlp_seq_length"] = args.seq_length
+        kwargs["sparse_layout_tokens"] = args.seq_length
         if args.output_layer_parallelism != "column":
             raise ValueError("output_layer_parallelism must be 'column' (the only value GPT-NeoX supports)")
-        if args.use_mup:
-            logger.warning("use_mup is set but muP is not implemented; the model uses standard parametrisation")
-        soft = args.soft_prompt_tuning
-        if isinstance(soft, dict) and soft.get("enabled"):
-            raise ValueError("soft_prompt_tuning is not supported by neox-forge; remove it or set enabled: false")
         if str(kwargs.get("norm", "")).startswith("te_"):
             logger.warning("norm=%s: TransformerEngine is not used; using the plain equivalent", kwargs["norm"])
         return cls(**kwargs)

@@ -20,7 +20,7 @@ from torch import nn
 
 from megatron import mpu
 from megatron.model.config import GPTModelConfig
-from megatron.model.tp_sharding import partition_spec
+from megatron.model.tp_sharding import check_reshardable, partition_spec
 
 _PIPE_NAME = re.compile(r"^(\d+)\.(.+)$")
 _TIED_NAME = re.compile(r"^tied_modules\.([^.]+)\.(.+)$")
@@ -117,6 +117,7 @@ def gather_full_state_dict(
     with _zero3_gathered([p for _, p in named]):
         for name, param in named:
             key = neox_parameter_name(name, tied)
+            check_reshardable(key, tp)  # a gMLP block at TP > 1 has no tp=1 equivalent
             tensor = param.detach().to("cpu", torch.float32).clone()
             spec = _partitioning(key, param, cfg) if tp > 1 else None
             if spec is not None:

@@ -24,12 +24,15 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.fused_loss import fused_lm_cross_entropy
 from megatron.model.fused_softmax import gpt2_attention_mask_func  # noqa: F401 - GPT-NeoX's name lives here
+from megatron.model.gmlp import GMLP_TYPES, GMLPBlock
 from megatron.model.init_functions import init_methods
 from megatron.model.kv_cache import KVCache
+from megatron.model.layer_sharing import CacheAt, is_shared, transformer_layer_spec
 from megatron.model.mamba import ParallelMambaResidualLayerPipe
 from megatron.model.moe import with_aux_loss
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.seeding import seeded
+from megatron.model.soft_prompt import SOFT_PROMPT_PIPE_REFUSAL, SoftPromptPipe, prepare_soft_prompt, soft_prompt_tokens
 from megatron.model.transformer import (
     NormPipe,
     ParallelLinearPipe,
@@ -40,8 +43,9 @@ from megatron.model.word_embeddings import EmbeddingPipe
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe", "ParallelMambaResidualLayerPipe"]
-LAYER_CLASSES = (ParallelTransformerLayerPipe, ParallelMambaResidualLayerPipe)  # what specs 2..L+1 can be
+CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe", "ParallelMambaResidualLayerPipe", "GMLPBlock"]
+# what specs 2..L+1 can be: activation-checkpointed, take kv_cache
+LAYER_CLASSES = (ParallelTransformerLayerPipe, ParallelMambaResidualLayerPipe, GMLPBlock)
 
 
 def _pre_transformer_block(args: tuple) -> tuple:
@@ -68,12 +72,14 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
         specs.append(TiedLayerSpec("embed", EmbeddingPipe, cfg, 0, tied_weight_attr="word_embeddings_weight"))
     else:
         specs.append(LayerSpec(EmbeddingPipe, cfg, 0))
-    specs.append(_pre_transformer_block)
-    for i, kind in enumerate(cfg.layer_types):
+    specs.append(LayerSpec(SoftPromptPipe, cfg, 1) if soft_prompt_tokens(cfg) else _pre_transformer_block)
+    for i, kind in enumerate(cfg.layer_types):  # shared layers: layer_sharing (transformer layers only)
         if kind == "mamba":
             specs.append(LayerSpec(ParallelMambaResidualLayerPipe, cfg, i, i + 2))
+        elif kind in GMLP_TYPES:
+            specs.append(LayerSpec(GMLPBlock, cfg, i, i + 2))
         else:
-            specs.append(LayerSpec(ParallelTransformerLayerPipe, cfg, i, i + 2, rpe=rpe))
+            specs.append(transformer_layer_spec(cfg, i, ParallelTransformerLayerPipe, rpe=rpe))
     specs.append(_post_transformer_block)
     specs.append(LayerSpec(NormPipe, cfg, cfg.num_layers + 3))
     if cfg.tied_embeddings:
@@ -115,8 +121,9 @@ class GPTSequential(nn.Module):
         owners: dict[str, nn.Module] = {}
         for spec in build_layer_specs(cfg):
             if isinstance(spec, TiedLayerSpec):
-                if spec.key in owners:
-                    modules.append(_Lambda(spec.forward_fn, owners[spec.key]))
+                if spec.key in owners:  # a tied head calls into its owner; a shared layer runs again
+                    tied = owners[spec.key]
+                    modules.append(tied if spec.forward_fn is None else _Lambda(spec.forward_fn, tied))
                     continue
                 module = spec.build()
                 owners[spec.key] = module
@@ -126,6 +133,11 @@ class GPTSequential(nn.Module):
             else:
                 modules.append(_Lambda(spec))
         self.sequential = nn.Sequential(*modules)
+        embedding = modules[0]
+        assert isinstance(embedding, EmbeddingPipe)
+        # soft prompt tuning: the prefix's init (init_string's word embeddings), every other parameter frozen
+        prepare_soft_prompt(self, embedding.word_embeddings, cfg.soft_prompt_init_ids)
+        self._shared = is_shared(cfg)
         if cfg.sequence_parallel:  # norms see only this rank's tokens: their gradients are summed over TP
             mpu.mark_norms_for_sequence_parallel_grad_sync(self)
         self.checkpoint_activations = cfg.checkpoint_activations
@@ -148,7 +160,7 @@ class GPTSequential(nn.Module):
         b, s = input_ids.shape
         if kv_cache is not None and self.cfg.sequence_parallel and mpu.get_model_parallel_world_size() > 1:
             raise ValueError("incremental decoding (kv_cache) is not supported with sequence_parallel; disable it")
-        if position_ids is None:
+        if position_ids is None:  # token positions (a soft prompt shifts them itself)
             start = kv_cache.seq_len if kv_cache is not None else 0
             position_ids = torch.arange(start, start + s, device=input_ids.device).unsqueeze(0).expand(b, s)
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and kv_cache is None
@@ -163,10 +175,13 @@ class GPTSequential(nn.Module):
             if weight is None:
                 raise ValueError("loss_targets: this model cannot fuse its output layer into the loss")
             layers = layers[:-1]
-        i = 0
+        i, prefix = 0, 0
         while i < len(layers):
             layer = layers[i]
-            if isinstance(layer, LAYER_CLASSES):
+            if isinstance(layer, SoftPromptPipe):
+                prefix = layer.n_tokens if layer.prepends(kv_cache) else 0
+                x = layer(x, kv_cache=kv_cache)
+            elif isinstance(layer, LAYER_CLASSES):
                 if use_ckpt:
                     j = i
                     while (
@@ -176,9 +191,11 @@ class GPTSequential(nn.Module):
                     x = _checkpoint(_run_chunk(layers[i:j]), *x)
                     i = j
                     continue
-                x = layer(x, kv_cache=kv_cache)
+                x = layer(x, kv_cache=CacheAt(kv_cache, i) if self._shared and kv_cache is not None else kv_cache)
             else:
                 x = layer(x)
+                if prefix and i == self.cfg.num_layers + 2:  # after _post_transformer_block: drop the prefix's outputs
+                    x = x[:, prefix:]
             i += 1
         if kv_cache is not None:
             kv_cache.advance(s)
@@ -195,6 +212,8 @@ class GPTSequential(nn.Module):
         last = self.sequential[-1]
         owner = last._owner[0] if isinstance(last, _Lambda) and last.fn is logits_helper else None
         weight: torch.Tensor
+        if getattr(owner or last, "mup_output_mult", 1.0) != 1.0:
+            return None  # muP's readout multiplier is applied by the output layer itself
         if isinstance(last, ParallelLinearPipe):
             weight = last.final_linear.weight
         elif isinstance(owner, EmbeddingPipe):
@@ -262,6 +281,8 @@ class GPT2ModelPipe(PipelineModule):
         checkpoint_num_layers: int | None = None,
     ) -> None:
         self.cfg = cfg
+        if soft_prompt_tokens(cfg):
+            raise ValueError(SOFT_PROMPT_PIPE_REFUSAL)
         ckpt = cfg.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
         every = cfg.checkpoint_num_layers if checkpoint_num_layers is None else checkpoint_num_layers
         topology = topology if topology is not None else mpu.get_topology()

@@ -42,6 +42,7 @@ from megatron.model.moe.hf_mixtral import (
     mixtral_to_neox_experts,
     neox_to_mixtral_experts,
 )
+from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES
 
 ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")
 _TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
@@ -93,10 +94,13 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
     problems = []
     if cfg.pos_emb != "rotary":
         problems.append(f"pos_emb={cfg.pos_emb!r} (HF models here use rotary)")
-    if any(kind == "local" for kind in cfg.layer_types):
-        problems.append("attention_config 'local' layers")
+    for kind in sorted({k for k in cfg.layer_types if k in ("gmlp", "amlp")}):
+        problems.append(f"attention_config '{kind}' layers")
     if any(kind == "mamba" for kind in cfg.layer_types):
         problems.append("attention_config 'mamba' layers (use architecture 'mamba': MambaForCausalLM)")
+    sparse = sorted({kind for kind in cfg.layer_types if kind in SPARSE_TYPES})
+    if sparse:
+        problems.append(f"attention_config {', '.join(repr(k) for k in sparse)} layers")
     if cfg.use_qk_layernorm:
         problems.append("use_qk_layernorm")
     if cfg.gpt_j_tied:

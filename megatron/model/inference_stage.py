@@ -23,6 +23,8 @@ from megatron import mpu
 from megatron.model.config import GPTModelConfig
 from megatron.model.gpt2_model import LAYER_CLASSES, _Lambda, build_layer_specs
 from megatron.model.kv_cache import KVCache
+from megatron.model.layer_sharing import CacheAt, is_shared
+from megatron.model.soft_prompt import soft_prompt_tokens
 
 
 def stage_spec_indices(num_layers: int, stage: int, num_stages: int) -> list[int]:
@@ -43,6 +45,12 @@ class InferenceStage(nn.Module):
         super().__init__()
         # no sequence parallelism or activation checkpointing at inference (same results, simpler layout)
         self.cfg = cfg = dataclasses.replace(cfg, sequence_parallel=False, checkpoint_activations=False)
+        if soft_prompt_tokens(cfg):
+            raise ValueError(
+                "not supported yet: generation from a soft-prompt-tuned model with model_parallel_size or "
+                "pipe_parallel_size > 1; generate with both at 1 (the checkpoint is merged on read)"
+            )
+        self._shared = is_shared(cfg)
         self.stage, self.num_stages = mpu.get_pipe_parallel_rank(), mpu.get_pipe_parallel_world_size()
         self.indices = stage_spec_indices(cfg.num_layers, self.stage, self.num_stages)
         specs = build_layer_specs(cfg)
@@ -84,8 +92,12 @@ class InferenceStage(nn.Module):
         else:
             shape = (s, b, self.cfg.hidden_size)
             x = (mpu.recv_from_prev_stage(shape, self.cfg.params_dtype, tokens.device), positions, None)
-        for module in run:
-            x = module(x, kv_cache=kv_cache) if isinstance(module, LAYER_CLASSES) else module(x)
+        first = 2 if self.stage == 0 else 0  # the embedding and the transposition ran above
+        for idx, module in list(zip(self.indices, self.run_order))[first:]:
+            if isinstance(module, LAYER_CLASSES):  # a shared layer keeps a cache entry per position
+                x = module(x, kv_cache=CacheAt(kv_cache, idx) if self._shared and kv_cache is not None else kv_cache)
+            else:
+                x = module(x)
         if kv_cache is not None:
             kv_cache.advance(s)
         if not self.is_last:

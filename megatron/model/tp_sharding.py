@@ -8,7 +8,11 @@ The *full* tensor is the one a tp=1 model holds (GPT-NeoX's tp=1 checkpoint layo
   ``[Q_r | K_r | V_r]`` / ``[up_r | gate_r]`` — exactly GPT-NeoX's per-rank layout;
 * Mamba mixers: ``in_proj`` per half (``[x_r | z_r]``), conv1d, dt_proj, A_log and D along the inner dimension,
   ``x_proj``/``out_proj`` weights along their input;
-* replicated (norms, row-parallel biases, learned position embeddings, rotary buffers).
+* replicated (norms, row-parallel biases, learned position embeddings, rotary buffers);
+* gMLP blocks (``input_linear``, ``output_linear``, ``sgu.``): GPT-NeoX's per-rank layout (a contiguous split of
+  ``input_linear``'s outputs, ``output_linear``'s inputs, and every rank's own gating unit, of which the ``ff`` /
+  ``2·ff`` dims are split here only to count each rank's share). Such a block is a different function at another TP
+  size, so these tensors are never merged or split across TP ranks (:func:`check_reshardable`).
 
 Row-parallel biases are TP-invariant in neox-forge (added once after the reduction), so no bias scaling applies.
 """
@@ -22,6 +26,18 @@ import torch
 
 from megatron.model.config import GPTModelConfig
 from megatron.model.mamba.sizes import mamba_inner_size
+
+GMLP_TENSOR = re.compile(r"(^|\.)(input_linear|output_linear|sgu)\.")
+
+
+def check_reshardable(name: str, tp: int) -> None:
+    """Raise for a gMLP tensor split over (or merged from) more than one TP rank."""
+    if tp > 1 and GMLP_TENSOR.search(name):
+        raise ValueError(
+            f"{name}: gmlp/amlp layers cannot change tensor parallel size (GPT-NeoX's gMLP normalises, mixes and "
+            f"attends within each TP rank's slice, so the same weights compute another function at another size); "
+            f"keep model_parallel_size as the checkpoint has it"
+        )
 
 
 def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[int, ...] | None]:
@@ -50,6 +66,12 @@ def partition_spec(name: str, cfg: GPTModelConfig) -> tuple[int | None, tuple[in
             return 0, None
         if re.search(r"mixer\.(x_proj|out_proj)\.weight$", name):
             return 1, None
+        return None, None
+    if GMLP_TENSOR.search(name):  # see the module docstring: per-rank shares, never resharded
+        if name.endswith(("output_linear.weight", "sgu.attn.proj_qkv.weight")):
+            return 1, None
+        if re.search(r"(input_linear|sgu\.norm|sgu\.attn\.proj_ffn)\.", name):
+            return 0, None
         return None, None
     if name.endswith("attention.rpe.weight"):
         return 1, None
@@ -83,6 +105,7 @@ def shard_state_dict(full: dict[str, torch.Tensor], cfg: GPTModelConfig, rank: i
     """Shard a whole tp=1 state dict for ``rank`` of ``world``."""
     out = {}
     for name, tensor in full.items():
+        check_reshardable(name, world)
         dim, subs = partition_spec(name, cfg)
         out[name] = tensor.clone() if dim is None or world == 1 else shard(tensor, dim, rank, world, subs)
     return out
@@ -92,6 +115,7 @@ def merge_state_dicts(shards: Sequence[dict[str, torch.Tensor]], cfg: GPTModelCo
     """Merge per-rank state dicts back to the tp=1 layout (replicated tensors are taken from rank 0)."""
     out = {}
     for name, tensor in shards[0].items():
+        check_reshardable(name, len(shards))
         dim, subs = partition_spec(name, cfg)
         out[name] = tensor.clone() if dim is None or len(shards) == 1 else merge([s[name] for s in shards], dim, subs)
     return out

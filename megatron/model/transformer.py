@@ -125,11 +125,17 @@ def parallel_lm_logits(hidden: torch.Tensor, weight: torch.Tensor, cfg: GPTModel
 
 def logits_helper(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
     """``forward_fn`` of the tied output spec: logits from the embedding module's word embeddings."""
+    if embedding.mup_output_mult != 1.0:  # muP's readout multiplier (megatron/model/mup.py)
+        hidden = hidden * embedding.mup_output_mult
     return parallel_lm_logits(hidden, embedding.word_embeddings_weight, embedding.cfg)
 
 
 class ParallelLinearPipe(nn.Module):
-    """Untied output layer (spec L+4): ``final_linear`` column-parallel ``h → V``, no bias, ``init_method``."""
+    """Untied output layer (spec L+4): ``final_linear`` column-parallel ``h → V``, no bias, ``init_method``.
+
+    ``mup_output_mult``: muP's readout multiplier of the input (set by ``megatron.model.mup.apply_mup``)."""
+
+    mup_output_mult: float = 1.0
 
     def __init__(self, cfg: GPTModelConfig, spec_index: int) -> None:
         super().__init__()
@@ -148,4 +154,6 @@ class ParallelLinearPipe(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[b, s, h]`` → logits ``[b, s, V/tp]`` (or ``V`` when not ``parallel_output``)."""
+        if self.mup_output_mult != 1.0:
+            hidden = hidden * self.mup_output_mult
         return self.final_linear(hidden)[0]

@@ -14,7 +14,13 @@ from megatron.model.seeding import seeded
 
 
 class Embedding(nn.Module):
-    """``word_embeddings`` (``[V/tp, h]``) + optional ``position_embeddings``; output ``[b, s, h]``."""
+    """``word_embeddings`` (``[V/tp, h]``) + optional ``position_embeddings``; output ``[b, s, h]``.
+
+    ``mup_output_mult``: the readout multiplier when this embedding is tied with the output layer (set by
+    ``megatron.model.mup.apply_mup``; 1 without muP).
+    """
+
+    mup_output_mult: float = 1.0
 
     def __init__(self, cfg: GPTModelConfig) -> None:
         super().__init__()
@@ -31,8 +37,13 @@ class Embedding(nn.Module):
         """``input_ids``/``position_ids`` [b, s] → ``[b, s(/tp with SP), h]``."""
         emb = self.word_embeddings(input_ids)
         if self.position_embeddings is not None:
-            emb = emb + self.position_embeddings(position_ids, emb.dtype)
+            position = self.position_embeddings(position_ids, emb.dtype)
+            if self.cfg.mup_rp_embedding_mult != 1.0:
+                position = position * self.cfg.mup_rp_embedding_mult
+            emb = emb + position
         emb = self.embedding_dropout(emb)
+        if self.cfg.use_mup and self.cfg.mup_embedding_mult != 1.0:
+            emb = emb * self.cfg.mup_embedding_mult
         if self.cfg.sequence_parallel and mpu.get_model_parallel_world_size() > 1:
             emb = mpu.scatter_to_sequence_parallel_region(emb, 1)
         return emb

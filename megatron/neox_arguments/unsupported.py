@@ -26,23 +26,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "RWKV" for k in ("dim_att", "head_size", "ffn_dim")},
-    "sparsity_config": "sparse attention",
-    "gmlp_attn_dim": "gMLP",
-    **{
-        k: "muP"
-        for k in (
-            "use_mup",
-            "coord_check",
-            "save_base_shapes",
-            "base_shapes_file",
-            "mup_init_scale",
-            "mup_attn_temp",
-            "mup_output_temp",
-            "mup_embedding_mult",
-            "mup_rp_embedding_mult",
-            "mup_width_scale",
-        )
-    },
     "use_bnb_optimizer": "bitsandbytes",
     **{
         k: "Comet"
@@ -57,7 +40,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
-    **{k: "parameter sharing across layers" for k in ("num_unique_layers", "param_sharing_style")},
     **{
         k: "REINFORCE (needs an online data server)"
         for k in (
@@ -75,7 +57,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
-    "soft_prompt_tuning": "soft prompt tuning",
     "curriculum_learning": "curriculum learning",
     "load_universal": "loading DeepSpeed universal checkpoints",
     "autotuning": "DeepSpeed autotuning",
@@ -124,12 +105,6 @@ UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
     "attention_config": {
         "rwkv": "RWKV",
-        "sparse_fixed": "sparse attention",
-        "sparse_variable": "sparse attention",
-        "bigbird": "sparse attention",
-        "bslongformer": "sparse attention",
-        "gmlp": "gMLP",
-        "amlp": "aMLP",
     },
     "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
     "dataset_impl": {"online": "REINFORCE (needs an online data server)"},

@@ -16,6 +16,7 @@ from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.ranges import range_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
+from megatron.neox_arguments.sparsity_checks import sparsity_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
 
 logger = logging.getLogger(__name__)
@@ -204,11 +205,32 @@ def mamba_problems(c: Ctx) -> list[str]:
     return out
 
 
+def _gmlp(c: Ctx) -> list[str]:
+    """gMLP/aMLP blocks: what GPT-NeoX refuses with them, and what their TP-local sequence mixing cannot do."""
+    v, out = c.v, list[str]()
+    types = v["attention_config"] if isinstance(v["attention_config"], list) else []
+    if not any(t in ("gmlp", "amlp") for t in types):
+        return out
+    if v["partition_activations"]:
+        out.append(f"{c.at('partition_activations')} cannot be combined with gmlp/amlp layers (as in GPT-NeoX)")
+    if v["sequence_parallel"] and v["model_parallel_size"] > 1:
+        out.append(f"{c.at('sequence_parallel')} cannot be combined with gmlp/amlp layers: they mix the whole sequence")
+    if v["moe_num_experts"] > 1:
+        out.append(f"not supported yet: {c.at('moe_num_experts')} with gmlp/amlp layers (MoE in gMLP models)")
+    return out
+
+
 def _post_training(c: Ctx) -> list[str]:
     v, out = c.v, []
     impl = v["train_impl"]
     if impl in ("dpo", "rm", "kto") and v["pipe_parallel_size"] >= 1:
         out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
+    soft = v["soft_prompt_tuning"]
+    if isinstance(soft, dict) and soft.get("enabled") is True and v["pipe_parallel_size"] >= 1:
+        out.append(
+            f"not supported yet: soft_prompt_tuning with the pipeline engine ({c.at('pipe_parallel_size')}); "
+            "set pipe_parallel_size: 0"
+        )
     out += post_training_problems(v)
     if impl == "dpo" and v["dpo_reference_free"] and v["precompute_model_name"] and v["text_gen_type"] != "precompute":
         logger.warning("precompute_model_name is ignored: train_impl dpo with dpo_reference_free uses no reference")
@@ -222,7 +244,11 @@ def _moe(c: Ctx) -> list[str]:
     keys += ("moe_loss_weight", "moe_normalize_expert_weights", "moe_gated_experts", "activation")
     cfg = SimpleNamespace(**{k: c.v[k] for k in keys})
     cfg.sequence_parallel = c.v["sequence_parallel"]
-    return moe_problems(cfg) + moe_layout_problems(c.v)
+    out = moe_problems(cfg) + moe_layout_problems(c.v)
+    unique, layers = c.v["num_unique_layers"], c.v["num_layers"]
+    if unique is not None and layers and unique < layers and c.v["moe_num_experts"] > 1:
+        out.append(f"not supported yet: {c.at('num_unique_layers')} with MoE layers ({c.at('moe_num_experts')})")
+    return out
 
 
 def _ranges(c: Ctx) -> list[str]:
@@ -268,8 +294,10 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("data paths", _data),
     ("checkpoints", _checkpoints),
     ("layers", _layers),
+    ("gmlp", _gmlp),
     ("post-training", _post_training),
     ("mixture of experts", _moe),
+    ("sparse attention", lambda c: sparsity_problems(c.v)),
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
@@ -278,7 +306,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
 ]
 
 
-MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers")
+MODEL_RULES = ("attention heads", "key/value heads", "sequence length", "layers", "sparse attention")
 """The rules on the model's shape alone (``GPTModelConfig`` does not repeat them; it checks MoE itself)."""
 
 

@@ -16,6 +16,7 @@ from megatron.cluster.hostfile import parse_filter
 from megatron.errors import DataError
 from megatron.neox_arguments.nested_checks import nested_problems
 from megatron.neox_arguments.ranges import range_problems
+from megatron.neox_arguments.soft_prompt_keys import soft_prompt_problem
 
 Check = Callable[[Any], "str | None"]
 
@@ -165,6 +166,7 @@ SYNTAX: dict[str, Check] = {
     "communication_data_type": _one_of("fp32", "fp16", "bf16"),
     "distributed_backend": _one_of("nccl", "gloo", "mpi", "ccl", "hccl", "xccl"),
     "param_sharing_style": _one_of("grouped", "spaced"),
+    "soft_prompt_tuning": soft_prompt_problem,
     "wandb_host": _url,
     "prompt_end": _separator,
 }

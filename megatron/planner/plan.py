@@ -157,5 +157,9 @@ def build_plan(
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
     )
+    gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
+    if gmlp:  # parameters come from the built model; the activation and time models know attention layers only
+        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters exact; activation memory, KV cache and "
+                 "step time estimated as for attention layers"]  # fmt: skip
     plan.warnings = list(notes or []) + _warnings(plan)
     return plan

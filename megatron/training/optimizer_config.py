@@ -23,7 +23,6 @@ class OptimizerConfig:
     lr: float = from_schema()  # optimizer.params.lr, derived into lr by the config layer
     weight_decay: float = from_schema()
     zero_allow_untested_optimizer: bool = False
-    use_mup: bool = from_schema()
     on_cpu: bool = True
     layout_zero_stage: int = 0
     """The ZeRO stage, received from its owner (``ParallelConfig.zero_stage``), not read from the arguments."""
@@ -42,7 +41,6 @@ class OptimizerConfig:
             lr=args.lr,
             weight_decay=args.weight_decay,
             zero_allow_untested_optimizer=bool(allow),
-            use_mup=args.use_mup,
             on_cpu=on_cpu(),
             layout_zero_stage=layout.zero_stage,
         )

@@ -11,7 +11,7 @@ stages DeepSpeed has tested it under (others need ``zero_allow_untested_optimize
 | ``adam`` | ``torch.optim.AdamW`` (decoupled weight decay, what GPT-NeoX's FusedAdam computes; torch's fused one-pass kernel for CPU parameters); ``params.fused: true`` or ``params.torch_adam: false`` selects DeepSpeed's ``FusedAdam`` (JIT-built C++ op on CPU, ~70 s once) |
 | ``cpu_adam`` / ``cpu_torch_adam`` | ``deepspeed.ops.adam.DeepSpeedCPUAdam`` (JIT-built once), for ZeRO-Offload |
 | ``onebitadam`` | created by DeepSpeed from the config (needs a CUDA/NCCL backend) |
-| ``sgd`` | ``torch.optim.SGD`` (GPT-NeoX requires muP's MuSGD; muP is not supported here) |
+| ``sgd`` | ``torch.optim.SGD`` (GPT-NeoX builds MuSGD, which works only with muP; with ``use_mup`` ours gets MuSGD's groups) |
 | ``lion`` / ``sm3`` / ``madgrad_wd`` | ``megatron.training.optim_algorithms`` (Lion → DeepSpeed ``FusedLion`` under ZeRO on accelerators, as GPT-NeoX) |
 """
 

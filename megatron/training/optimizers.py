@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from megatron.model.mup import MupShapes
 from megatron.model.weight_decay import no_weight_decay
 from megatron.neox_arguments.errors import ConfigError
 from megatron.training.optimizer_config import OptimizerConfig
@@ -53,17 +54,16 @@ def check_zero_compatibility(cfg: OptimizerConfig) -> None:
 
 
 def build_optimizer(
-    model: torch.nn.Module, cfg: OptimizerConfig
+    model: torch.nn.Module, cfg: OptimizerConfig, mup: MupShapes | None = None
 ) -> tuple[torch.optim.Optimizer | None, list[dict[str, Any]]]:
     """Build the optimizer for ``model``; returns ``(optimizer, param_groups)``.
 
     ``optimizer`` is None where DeepSpeed builds it from its config and the param groups (``onebitadam``).
+    ``mup``: the model's muP shapes (``megatron.model.mup.apply_mup``), which split the groups by LR multiplier.
     """
     if cfg.type not in OPTIMIZERS:
         raise ConfigError(OPTIMIZERS.unknown((cfg.optimizer or {}).get("type", cfg.type)))
     spec = OPTIMIZERS.get(cfg.type)
-    if cfg.use_mup:
-        raise ConfigError("use_mup is not supported by neox-forge; unset it")
     check_zero_compatibility(cfg)
     params = cfg.params
     if "weight_decay" in params:
@@ -72,6 +72,8 @@ def build_optimizer(
     if not groups:
         raise ConfigError("the model has no trainable parameters")
     params.pop("lr", None)  # the config layer derives the key lr from it (its one default lives there)
+    if mup is not None:
+        groups = mup.param_groups(groups, cfg.type, cfg.lr)
     return spec.factory(groups, cfg.lr, params, cfg), groups
 
 

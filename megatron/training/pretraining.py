@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import deepspeed
@@ -37,16 +38,20 @@ from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
 from megatron.model.activation_checkpointing import ActivationCheckpointConfig, configure_activation_checkpointing
 from megatron.model.moe import with_aux_loss
+from megatron.model.mup import MupConfig
+from megatron.model.soft_prompt import soft_prompt_tokens, with_prompt_init
 from megatron.neox_arguments import NeoXArgs
 from megatron.parallel_config import ParallelConfig
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.data import build_post_training_loaders
 from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
+from megatron.training.coord_check import run_coord_check
 from megatron.training.cpu_precision import apply_cpu_precision
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
+from megatron.training.mup_setup import prepare_mup, save_base_shapes
 from megatron.training.nonfinite import StepGuard, build_step_guard
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.post_training_step import build_post_training_step
@@ -54,7 +59,7 @@ from megatron.training.preemption import Preemption, PreemptionConfig
 from megatron.training.run_plan import RunPlan
 from megatron.training.save_lock import SaveLock, acquire_on_rank0
 from megatron.training.startup_signals import StartupSignals
-from megatron.training.step import AccumulatingStep, BatchConfig, PipeStep, SequentialStep, StepResult
+from megatron.training.step import AccumulatingStep, BatchConfig, PipeStep, SequentialStep, StepResult, get_batch
 from megatron.training.torch_compile import compile_transformer_layers, time_compiled_steps
 
 logger = logging.getLogger("megatron.train")
@@ -99,6 +104,7 @@ class ModelSetup:
     deepspeed_config: dict[str, Any]  # the DeepSpeed config from the DeepSpeed-section keys
     compile_layers: bool  # torch_compile
     checkpoint_args: dict[str, Any]  # stored in and checked against every checkpoint
+    mup: MupConfig
 
     # bundles module configs and derived values: none of its fields is a config key itself
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -110,6 +116,7 @@ class ModelSetup:
         "deepspeed_config",
         "compile_layers",
         "checkpoint_args",
+        "mup",
     )
 
     @classmethod
@@ -118,7 +125,7 @@ class ModelSetup:
         values = {k: getattr(args, k) for k in ckpt.CHECKPOINT_ARG_KEYS}
         layout = ParallelConfig.from_neox_args(args)  # the one reader of the ZeRO stage; the optimizer receives it
         return cls(
-            model=model_lib.GPTModelConfig.from_neox_args(args),
+            model=with_prompt_init(model_lib.GPTModelConfig.from_neox_args(args), args.tokenizer),
             optimizer_cfg=OptimizerConfig.from_neox_args(args, layout),
             lr_schedule=LRScheduleConfig.from_neox_args(args),
             parallel=layout,
@@ -126,6 +133,7 @@ class ModelSetup:
             deepspeed_config=args.deepspeed_config,
             compile_layers=args.torch_compile,
             checkpoint_args=checkpoint_args(values, args.tokenizer, args.vocab_file),
+            mup=MupConfig.from_neox_args(args),
         )
 
 
@@ -154,7 +162,8 @@ def setup_model_and_optimizer(
     model = build_model(model_cfg, plan)  # the builders also register the sequence-parallel norm-gradient sync
     if setup.compile_layers:
         compile_transformer_layers(model)
-    optimizer, groups = build_optimizer(model, opt_cfg)
+    mup_shapes = prepare_mup(model, setup.mup, model_cfg, mpu.world_rank())  # None without use_mup
+    optimizer, groups = build_optimizer(model, opt_cfg, mup_shapes)
     lr_scheduler = AnnealingLR(optimizer, setup.lr_schedule)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
@@ -170,13 +179,14 @@ def setup_model_and_optimizer(
     # DeepSpeed may wrap the optimizer (ZeRO, bf16): the schedule must write into the wrapper's groups.
     lr_scheduler.optimizer = engine.optimizer
     lr_scheduler.step(lr_scheduler.num_iters)
+    prompt = soft_prompt_tokens(model_cfg) > 0  # may start from a checkpoint without the prefix (load checks the rest)
     result = ckpt.load_checkpoint(
         engine,
         lr_scheduler,
         load_cfg,
         checkpoint_args=setup.checkpoint_args,
         model=model_cfg,
-        load_module_strict=not plan.reward_head,
+        load_module_strict=not (plan.reward_head or prompt),
     )
     if result.path and plan.validate_with_forward:
         check_validation_logits(engine, plan, model_cfg.padded_vocab_size, result.client_state, result.path)
@@ -328,6 +338,9 @@ def pretrain(
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install(startup)
     try:
         setup = ModelSetup.from_neox_args(args)
+        if setup.mup.use_mup and setup.mup.save_base_shapes:  # GPT-NeoX: write the base shapes and stop
+            save_base_shapes(setup.mup, setup.model, lambda cfg: build_model(cfg, plan), rank, not plan.pipeline)
+            return PretrainResult(iteration=0, start_iteration=0)
         engine, lr_scheduler, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
@@ -342,6 +355,11 @@ def pretrain(
             fp16=bool(engine.fp16_enabled()),
         )
         batch_cfg = BatchConfig.from_neox_args(args, tokenizer.eod)
+        if setup.mup.use_mup and setup.mup.coord_check:  # GPT-NeoX: the coordinate check on the first batch, stop
+            if train_iter is None:
+                raise DataError("coord_check needs training data (data_path or train_data_paths)")
+            run_coord_check(setup.model, setup.mup, get_batch(next(train_iter), batch_cfg), rank, Path.cwd())
+            return PretrainResult(iteration=iteration, start_iteration=iteration)
         step = build_step(plan, engine, lr_scheduler, timers, guard, batch_cfg, post_cfg)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.train_iters - iteration)

@@ -15,6 +15,7 @@ from typing import Any
 from megatron.neox_arguments import KNOWN_KEYS
 from megatron.neox_arguments.derive import expand_attention_config
 from megatron.neox_arguments.loader import merge_config_files
+from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES
 
 ITERS = 3
 SEQ = 32
@@ -99,6 +100,8 @@ def shrink(raw: dict[str, Any], files: dict[str, str], out_dir: Path) -> tuple[d
     cfg["max_position_embeddings"] = SEQ
     if cfg.get("sliding_window_width"):
         cfg["sliding_window_width"] = SEQ // 2
+    if set(types or ()) & set(SPARSE_TYPES):
+        cfg["sparsity_config"] = shrink_sparsity(cfg.get("sparsity_config") or {})
 
     cfg["model_parallel_size"] = _shrink_parallel(cfg.get("model_parallel_size", 1)) or 1
     if "pipe_parallel_size" in cfg:
@@ -127,6 +130,25 @@ def shrink(raw: dict[str, Any], files: dict[str, str], out_dir: Path) -> tuple[d
     if cfg.get("use_tensorboard") or "tensorboard_dir" in raw:
         cfg["tensorboard_dir"] = str(out_dir / "tb")
     return cfg, world
+
+
+def shrink_sparsity(sparsity: dict[str, Any]) -> dict[str, Any]:
+    """Blocks of SEQ / 8 tokens, and every block count at most half of the 8 blocks (the layouts stay sparse)."""
+    out = {**sparsity, "block": min(int(sparsity.get("block", 16)), SEQ // 8)}
+    half = SEQ // out["block"] // 2
+    for key in ("num_local_blocks", "num_sliding_window_blocks", "num_random_blocks", "num_global_blocks"):
+        if key in out:
+            out[key] = min(out[key], half)
+    if "local_window_blocks" in out:
+        out["local_window_blocks"] = [min(w, half) for w in out["local_window_blocks"]]
+    local, glob = out.get("num_local_blocks", 4), out.get("num_global_blocks", 1)
+    if local % glob:
+        out["num_global_blocks"] = 1
+    if "num_different_global_patterns" in out:
+        out["num_different_global_patterns"] = min(
+            out["num_different_global_patterns"], local // out.get("num_global_blocks", 1)
+        )
+    return out
 
 
 def _shrink_tokenizer(cfg: dict[str, Any], files: dict[str, str]) -> None:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
 REAL = SHARED / "reference" / "gpt-neox-configs"
 LLAMA_FAMILY = ("llama", "llama2", "mistral")
-SETUP_NAMES = ("local_setup.yml", "text_generation.yml", "train_config.yml")
+SETUP_NAMES = ("local_setup.yml", "text_generation.yml", "train_config.yml", "sparse.yml")  # sparse.yml: below
 
 
 def model_configs() -> dict[str, list[Path]]:
@@ -41,10 +41,12 @@ def model_configs() -> dict[str, list[Path]]:
             continue
         extra = [REPO / "configs" / "llama" / "train_config.yml"] if rel.parts[0] in LLAMA_FAMILY else []
         found[f"ours/{rel}"] = [p, *extra]
+    found["ours/125M.yml + sparse.yml"] = [REPO / "configs" / "125M.yml", REPO / "configs" / "sparse.yml"]
     if REAL.is_dir():
         for name, (extra, outcome) in REAL_EXPECTED.items():
             if outcome == "ok" and not name.startswith("post-training/"):
                 found[f"real/{name}"] = [REAL / name, *(REAL / e for e in extra if e != "local_setup.yml")]
+        found["real/125M.yml + sparse.yml"] = [REAL / "125M.yml", REAL / "sparse.yml"]  # a setup-style addition
     return found
 
 
@@ -85,6 +87,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "variant/sm3-fp16": (
         "125M.yml",
         {"optimizer": {"type": "sm3", "params": {"lr": 0.0006}}, "pipe_parallel_size": 0, "zero_optimization": None},
+    ),
+    # every block-sparse attention type of GPT-NeoX (sparse.yml itself uses local layers), 2 TP ranks
+    "variant/sparse-types": (
+        "125M.yml",
+        {
+            "attention_config": [[["sparse_fixed", "sparse_variable", "bigbird", "bslongformer"], "all"]],
+            "sparsity_config": {"different_layout_per_head": True, "num_random_blocks": 1, "num_local_blocks": 2},
+            "num_layers": 4,
+            "model_parallel_size": 2,
+        },
     ),
 }
 

@@ -100,7 +100,6 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
     ("key", "value", "feature"),
     [
         ("kl_impl", "abs", "REINFORCE"),
-        ("num_unique_layers", 1, "parameter sharing"),
         ("s3_chunk_size", 5, "S3"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
         ("comet_experiment", "run-1", "Comet"),

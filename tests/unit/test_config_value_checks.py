@@ -26,9 +26,9 @@ from tests.unit.test_neox_args import CPU1, TINY
 STRUCTURED: dict[str, tuple[Any, str]] = {
     "pipe_partition_method": ("type:transformer(", "invalid regular expression"),
     "attention_config": ([["global", 2]], "[[types...], repeat] pair"),
-    "sparsity_config": ({"block": 16}, "not supported yet"),
+    "sparsity_config": ({"block": 0}, "sparsity_config.block=0 must be an integer >= 1"),
     "param_sharing_style": ("zigzag", "must be one of"),
-    "soft_prompt_tuning": ({"enabled": True, "n_tokens": 0}, "not supported yet"),
+    "soft_prompt_tuning": ({"enabled": True, "n_tokens": 0}, "n_tokens=0 must be an integer >= 1"),
     "te_fp8_amax_compute_algo": ("median", "not supported yet"),
     **dict.fromkeys(DATA_PATH_LISTS, (["data/a_text_document", 3], "entry 3 is not a non-empty string")),
     **dict.fromkeys(

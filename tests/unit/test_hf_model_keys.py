@@ -54,7 +54,13 @@ def test_the_yaml_loads_back_into_the_same_model(name: str) -> None:
     cfg = GPTModelConfig(**CASES[name])
     for tp in (1, 2):
         values = yaml.safe_load(neox_config_yaml(cfg, tp, 0))
-        setup = {"seq_length": 16, "train_micro_batch_size_per_gpu": 1, "train_iters": 1, "global_num_gpus": tp}
+        # seq_length: the local layers' default window (4 blocks of 16) must fit, as in GPT-NeoX
+        setup = {
+            "seq_length": cfg.max_position_embeddings,
+            "train_micro_batch_size_per_gpu": 1,
+            "train_iters": 1,
+            "global_num_gpus": tp,
+        }
         args = NeoXArgs({**values, **setup}, env=LaunchEnv(world_size=None, on_cpu=True))
         args.update_value("padded_vocab_size", cfg.padded_vocab_size)
         back = GPTModelConfig.from_neox_args(args)

@@ -142,7 +142,7 @@ def test_gpt_neox_mlp_sizing() -> None:
         ({"norm": "batchnorm"}, "norm='batchnorm'"),
         ({"pos_emb": "xpos"}, "pos_emb"),
         ({"activation": "tanh"}, "activation"),
-        ({"attention_config": [[["sparse_fixed"], 2]]}, "not supported"),
+        ({"attention_config": [[["rwkv"], 2]]}, "not supported"),
         ({"attention_config": [[["global"], 3]]}, "num_layers is 2"),
         ({"attention_config": [[["mystery"], 2]]}, "unknown"),
         ({"init_method": "kaiming"}, "init_method"),

@@ -61,7 +61,7 @@ SETUP_FILES: dict[str, tuple[list[str], str]] = {
     "text_generation.yml": ([SETUP], "ok"),
     "cpu_mock_config.yml": ([SETUP], "ok"),
     "docker/pythia-paths.yml": ([], "ok"),
-    "sparse.yml": ([SETUP], "not supported yet: sparsity_config="),
+    "sparse.yml": ([SETUP], "ok"),
 }
 
 
@@ -135,10 +135,11 @@ def _check(paths: list[str], expected: str) -> None:
         assert expected in outcome, outcome
 
 
+ADDITIONS = ("sparse.yml",)  # merged after a model config, as GPT-NeoX's configs/sparse.yml is
 SHIPPED = sorted(
     os.path.relpath(p, REPO / "configs")
     for p in glob.glob(str(REPO / "configs/**/*.yml"), recursive=True)
-    if "cpu/" not in p and not p.endswith(("local_setup.yml", "text_generation.yml", "train_config.yml"))
+    if "cpu/" not in p and not p.endswith(("local_setup.yml", "text_generation.yml", "train_config.yml", *ADDITIONS))
 )
 
 
@@ -150,6 +151,16 @@ def test_shipped_config_loads(name):
     paths = [str(REPO / "configs" / p) for p in [name, *extra, *setup, "text_generation.yml"]]
     args = NeoXArgs(**_kwargs(paths))
     assert args.num_layers > 0 and args.train_batch_size > 0
+
+
+@pytest.mark.parametrize("name", ADDITIONS)
+def test_shipped_additions_load_after_a_model_config(name):
+    paths = [str(REPO / "configs" / p) for p in ["125M.yml", name, "local_setup.yml"]]
+    args = NeoXArgs(**_kwargs(paths))
+    assert args.attention_config == ["local", "global"] * 6 and args.sparsity_config == {
+        "block": 16,
+        "num_local_blocks": 32,
+    }
 
 
 def test_shipped_model_facts():

@@ -36,7 +36,7 @@ MIXER_TENSORS = (
     "out_proj.weight",
     "out_proj.bias",
 )
-MIXED = "Hugging Face has no model class for a Mamba+attention hybrid; only all-Mamba models convert (to mamba)"
+MIXED = "Hugging Face has no model class mixing Mamba with other layers; only all-Mamba models convert (to mamba)"
 
 
 def mixed_layers_problem(cfg: GPTModelConfig) -> str | None:

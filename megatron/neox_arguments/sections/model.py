@@ -97,10 +97,17 @@ class ModelArgs:
         derived=True,
     )
     sparsity_config: dict | None = arg(
-        None, "DeepSpeed sparse-attention settings for the sparse attention types (block size, layout...)."
+        None,
+        "Block layouts of the sparse attention types (local, sparse_fixed, sparse_variable, bigbird, bslongformer), "
+        "as GPT-NeoX passes them to DeepSpeed's sparsity configs: `block` (16) and per type `num_local_blocks`, "
+        "`num_global_blocks`, `num_different_global_patterns`, `different_layout_per_head`, `num_random_blocks`, "
+        "`local_window_blocks`, `global_block_indices`, `global_block_end_indices`, `num_sliding_window_blocks` "
+        "(docs/model.md). seq_length must be a multiple of `block`.",
     )
     num_unique_layers: int | None = arg(
-        None, "Number of distinct layers whose parameters are shared across num_layers (must divide it)."
+        None,
+        "Number of distinct transformer layers whose parameters are shared across num_layers (must divide it); "
+        "checkpoints still hold every layer, as equal copies.",
     )
     param_sharing_style: str = arg("grouped", "Order of shared layers: `grouped` (1,2,1,2) or `spaced` (1,1,2,2).")
     make_vocab_size_divisible_by: int = arg(
@@ -139,7 +146,9 @@ class ModelArgs:
     output_layer_init_method: INIT_METHODS = arg(
         "scaled_normal", "Initialiser of the residual-output projections (attention dense, MLP output)."
     )
-    gmlp_attn_dim: int = arg(64, "Width of the single-head attention inside gMLP blocks.")
+    gmlp_attn_dim: int = arg(
+        64, "Width of the single-head tiny attention of `amlp` layers (gMLP blocks with attention)."
+    )
     gpt_j_residual: bool = arg(
         False, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of two sequential residual adds."
     )
@@ -148,7 +157,10 @@ class ModelArgs:
     use_bias_in_attn_linear: bool = arg(True, "Give the attention projections (QKV, dense) bias terms.")
     use_bias_in_mlp: bool = arg(True, "Give the MLP projections bias terms.")
     soft_prompt_tuning: dict | None = arg(
-        None, "Soft-prompt tuning settings: enabled, n_tokens, init_string, init_range (trains only the prompt)."
+        None,
+        "Soft-prompt tuning settings: enabled (default false), n_tokens (10), init_string ('': uniform init in "
+        "[-init_range, init_range], init_range 0.5). Trains only a prefix of n_tokens embeddings "
+        "(`sequential.1.soft_embedding_weight`); every other parameter is frozen. Needs pipe_parallel_size 0.",
     )
     mamba_selective_scan_fusion: bool = arg(False, "Mamba: fused selective-scan kernel.")
     mamba_causal_conv_fusion: bool = arg(False, "Mamba: fused causal conv1d kernel.")
