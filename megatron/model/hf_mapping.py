@@ -1,6 +1,7 @@
 """Full (tp=1) GPT-NeoX state dict ⟷ Hugging Face state dict and config, for ``architecture`` in
 ``neox`` (``GPTNeoXForCausalLM``), ``llama`` (``LlamaForCausalLM``), ``mistral`` (``MistralForCausalLM``) and
-``mixtral`` (``MixtralForCausalLM``, MoE: :mod:`megatron.model.moe.hf_mixtral`).
+``mixtral`` (``MixtralForCausalLM``, MoE: :mod:`megatron.model.moe.hf_mixtral`) and ``mamba``
+(``MambaForCausalLM``, all-Mamba models: :mod:`megatron.model.mamba.hf_mamba`).
 
 NeoX keys are ``sequential.{idx}.<name>`` (``{idx}.<name>`` is accepted on input): embedding ``0``, layer ``i`` at
 ``i + 2``, final norm ``L + 3``, untied output layer ``L + 4``. A TP-sharded checkpoint must first be merged with
@@ -28,6 +29,13 @@ from typing import Any
 import torch
 
 from megatron.model.config import GPTModelConfig
+from megatron.model.mamba.hf_mamba import (
+    mamba_config,
+    mamba_config_keys,
+    mamba_to_neox_state_dict,
+    mixed_layers_problem,
+    neox_to_mamba_state_dict,
+)
 from megatron.model.moe.hf_mixtral import (
     mixtral_config,
     mixtral_moe_keys,
@@ -36,7 +44,7 @@ from megatron.model.moe.hf_mixtral import (
 )
 from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES
 
-ARCHITECTURES = ("neox", "llama", "mistral", "mixtral")
+ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")
 _TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 _GATE_ACT = {"swiglu": "silu", "reglu": "relu", "bilinear": None, "glu": "sigmoid"}
 
@@ -78,13 +86,18 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
     import transformers
 
     _check_arch(architecture)
+    if architecture == "mamba":
+        return mamba_config(cfg, **extra)
+    mixed = mixed_layers_problem(cfg)
+    if mixed:
+        raise ValueError(mixed)
     problems = []
     if cfg.pos_emb != "rotary":
         problems.append(f"pos_emb={cfg.pos_emb!r} (HF models here use rotary)")
     for kind in sorted({k for k in cfg.layer_types if k in ("gmlp", "amlp")}):
         problems.append(f"attention_config '{kind}' layers")
     if any(kind == "mamba" for kind in cfg.layer_types):
-        problems.append("attention_config 'mamba' layers (HF GPTNeoX/Llama/Mistral have none)")
+        problems.append("attention_config 'mamba' layers (use architecture 'mamba': MambaForCausalLM)")
     sparse = sorted({kind for kind in cfg.layer_types if kind in SPARSE_TYPES})
     if sparse:
         problems.append(f"attention_config {', '.join(repr(k) for k in sparse)} layers")
@@ -174,13 +187,18 @@ def neox_to_hf_config(cfg: GPTModelConfig, architecture: str = "neox", **extra: 
 
 
 def hf_config_to_neox(hf_config: Any, **overrides: Any) -> tuple[GPTModelConfig, str]:
-    """``(GPTModelConfig, architecture)`` for a HF GPTNeoX/Llama/Mistral config (5.x or old-style fields)."""
+    """``(GPTModelConfig, architecture)`` for a HF GPTNeoX/Llama/Mistral/Mixtral/Mamba config (5.x or old-style
+    fields)."""
     model_type: str | None = getattr(hf_config, "model_type", None)
-    arch = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}.get(model_type or "")
+    arch = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral", "mamba": "mamba"}.get(
+        model_type or ""
+    )
     if arch is None:
         raise ValueError(
-            f"unsupported Hugging Face model_type {model_type!r}; supported: gpt_neox, llama, mistral, mixtral"
+            f"unsupported Hugging Face model_type {model_type!r}; supported: gpt_neox, llama, mistral, mixtral, mamba"
         )
+    if arch == "mamba":
+        return GPTModelConfig(**{**mamba_config_keys(hf_config), **overrides}), arch
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"rope_type={rope.get('rope_type')!r} (RoPE scaling) is not supported; only 'default'")
@@ -300,6 +318,8 @@ def neox_to_hf_state_dict(
     """Map a full NeoX state dict to HF names for ``architecture`` (tensors are shared, not copied)."""
     _check_arch(architecture)
     sd = normalise_neox_keys(state_dict)
+    if architecture == "mamba":
+        return neox_to_mamba_state_dict(sd, cfg)
     L = cfg.num_layers
     out: dict[str, torch.Tensor] = {}
 
@@ -360,6 +380,8 @@ def hf_to_neox_state_dict(
     """Map a HF state dict (``lm_head``/``embed_out`` both accepted) to full NeoX ``sequential.{idx}.`` keys."""
     _check_arch(architecture)
     sd = dict(state_dict)
+    if architecture == "mamba":
+        return mamba_to_neox_state_dict(sd, cfg)
     if "embed_out.weight" in sd and "lm_head.weight" not in sd:
         sd["lm_head.weight"] = sd.pop("embed_out.weight")
     L = cfg.num_layers

@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config_file", nargs="*", default=None, help="GPT-NeoX YAML(s); default: the checkpoint's")
     p.add_argument("--output_dir", required=True, help="Hugging Face folder to create")
     p.add_argument("--precision", default="auto", choices=["auto", "fp16", "bf16", "fp32"])
-    p.add_argument("--architecture", default="neox", choices=["neox", "llama", "mistral", "mixtral"])
+    p.add_argument("--architecture", default="neox", choices=["neox", "llama", "mistral", "mixtral", "mamba"])
     p.add_argument("--no_save_tokenizer", action="store_true", help="do not write tokenizer files")
     p.add_argument("--vocab-is-hf-tokenizer", dest="vocab_is_hf_tokenizer", action="store_true")
     p.add_argument("--pad-token-id", dest="pad_token_id", type=int, default=None)
