@@ -10,11 +10,18 @@ Two rules GPT-NeoX leaves implicit:
   all-gathers it on the other side, which is correct only when the activations are identical on every TP rank.
   With ``sequence_parallel`` each TP rank holds a different slice of the sequence, so that partitioning must be
   off (``pipeline.pipe_partitioned`` / ``pipeline.grad_partitioned``), or stages would receive a mix of slices.
+
+And one DeepSpeed bug worked around: with more than one pipeline stage, DeepSpeed 0.19's pipeline engine starts its
+backward timers on every stage but the last and then runs ``tensor.backward``, whose prologue starts them again
+(``AssertionError: bwd_microstep timer has already been started``, whatever the model). So DeepSpeed's own
+``wall_clock_breakdown`` is turned off there (one warning); neox-forge's ``time (ms)`` breakdown, which is its own
+timers, still prints.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +29,8 @@ from typing import Any
 from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.sections.optimizer import ZeroKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys, ParallelSizeKeys
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,7 +57,8 @@ class ParallelConfig(ParallelSizeKeys, LayerSplitKeys, ZeroKeys):
         return {"pipe_partitioned": replicated, "grad_partitioned": replicated}
 
     def apply(self, ds_config: dict[str, Any]) -> dict[str, Any]:
-        """A copy of ``ds_config`` with the ``pipeline`` entries set; an explicit contradicting value is an error."""
+        """A copy of ``ds_config`` with the ``pipeline`` entries set (an explicit contradicting value is an error), and
+        DeepSpeed's ``wall_clock_breakdown`` off with more than one pipeline stage (the module docstring says why)."""
         out = copy.deepcopy(ds_config)
         section = dict(out.get("pipeline") or {})
         for key, value in self.pipeline_section().items():
@@ -60,4 +70,12 @@ class ParallelConfig(ParallelSizeKeys, LayerSplitKeys, ZeroKeys):
                 )
             section[key] = value
         out["pipeline"] = section
+        if self.pipe_parallel_size > 1 and out.get("wall_clock_breakdown"):
+            logger.warning(
+                "wall_clock_breakdown: DeepSpeed's own timers are off with pipe_parallel_size=%d (DeepSpeed 0.19's "
+                "pipeline engine starts its backward timer twice on every stage but the last); the time (ms) "
+                "breakdown of neox-forge's timers still prints",
+                self.pipe_parallel_size,
+            )
+            out["wall_clock_breakdown"] = False
         return out
