@@ -248,8 +248,9 @@ spends per step (logits processors, stopping criteria, cache objects). In bf16 t
   `OMP_NUM_THREADS` says when set, and prints `CPU threads per rank: N (why)`.
 - At the start of training rank 0 logs `MFU: FLOPs per iteration = <GPT-NeoX formula>; peak P TFLOP/s per rank
   from <source>`: `peak_theoretical_tflops` from the config; else on CPU a 0.25 s in-process GEMM calibration in
-  the training dtype (a measured ceiling, so CPU MFU means "fraction of what this machine's GEMM reaches"); else
-  a table of known GPUs' dense bf16 peaks (`megatron/logging/peak_flops.py`). MFU then appears in every log line.
+  the training dtype, once per process and thread count (a measured ceiling, so CPU MFU means "fraction of what this
+  machine's GEMM reaches"); else a table of known GPUs' dense bf16 peaks (`megatron/logging/peak_flops.py`). MFU
+  then appears in every log line.
 
 ## GPU check
 

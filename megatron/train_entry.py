@@ -1,11 +1,14 @@
 """``train.py``'s work, kept out of the entry point (which stays GPT-NeoX-sized): logging set-up, the training run, and
 the script mode that turns user errors into one line and ends the rank. Heavy modules are imported inside the
-functions: ``train.py`` installs its start-up signal handlers before anything here imports torch.
+functions: ``train.py`` installs its start-up signal handlers before anything here imports torch, and a config or
+launch-environment error is reported before torch and DeepSpeed are imported at all (a refusal takes a fraction of a
+second, not the seconds of those imports).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -25,8 +28,6 @@ def train(
     from megatron.logging.tee import tee_output
     from megatron.neox_arguments import NeoXArgs
     from megatron.neox_arguments.size_checks import check_fits_machine
-    from megatron.training.preemption import REQUEUE_EXIT_CODE
-    from megatron.training.pretraining import pretrain
 
     # validated as deepy.py validates, whatever started this rank
     args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)
@@ -37,6 +38,9 @@ def train(
             tee_output(args.log_dir, args.rank, launched_local_rank())
         except OSError as e:
             raise UserError(f"log_dir {args.log_dir}: cannot write the log files ({e})") from None
+    from megatron.training.preemption import REQUEUE_EXIT_CODE  # torch and DeepSpeed: only for a valid config
+    from megatron.training.pretraining import pretrain
+
     result = pretrain(args, startup=startup)
     if result.stopped_before_training:  # a signal before the first step: nothing to save (the log line says so)
         return STOPPED_EXIT_CODE
@@ -64,7 +68,6 @@ def run_script(startup: StartupSignals) -> int:
     the process exits, so a launcher's late SIGTERM cannot cut its last steps short)."""
     setup_logging()
     from megatron.cluster.peers import lost_peer_message
-    from megatron.distributed import shutdown_and_exit
     from megatron.errors import UserError
 
     code = 0
@@ -82,5 +85,19 @@ def run_script(startup: StartupSignals) -> int:
         else:  # a bug: keep the traceback
             logging.getLogger("megatron.train").exception("training failed")
         code = 1
-    shutdown_and_exit(code)
+    _end_rank(code)
     return code
+
+
+def _end_rank(code: int) -> None:
+    """``shutdown_and_exit`` once torch is loaded; a rank refused before that (its config or launch environment)
+    has no process group to close, and ends without importing torch just to exit."""
+    if "torch" in sys.modules:
+        from megatron.distributed import shutdown_and_exit
+
+        shutdown_and_exit(code)
+        return  # reached only where shutdown_and_exit is replaced (tests)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -2,8 +2,9 @@
 
 In order: ``peak_theoretical_tflops`` from the config; on CUDA, a table of known GPUs' dense bf16/fp16 tensor-core
 peaks (vendor datasheets); on CPU, a short in-process GEMM calibration (the best sustained ``torch.mm``
-throughput of this rank's threads in the training dtype) — a measured ceiling, not a datasheet number, so CPU
-MFU reads as "fraction of what this machine's GEMM reaches". Logged once at the start of training.
+throughput of this rank's threads in the training dtype, measured once per process, dtype and thread count) — a
+measured ceiling, not a datasheet number, so CPU MFU reads as "fraction of what this machine's GEMM reaches". Logged
+once at the start of training.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def calibrate_gemm_tflops(dtype: torch.dtype = torch.float32, seconds: float = 0
     return 2.0 * n**3 / max(best, 1e-9) / 1e12
 
 
+# (dtype, threads) -> the calibrated peak: a process that trains again (GPT-NeoX's Python API, several runs on the
+# same ranks) reuses its first measurement instead of spending another 0.25 s of every core on GEMMs
+_CALIBRATED: dict[tuple[torch.dtype, int], float] = {}
+
+
 def resolve_peak(configured: float | None, dtype: torch.dtype, on_cpu: bool) -> tuple[float | None, str]:
     """``(peak TFLOP/s per rank or None, source)``."""
     if configured:
@@ -71,7 +77,10 @@ def resolve_peak(configured: float | None, dtype: torch.dtype, on_cpu: bool) -> 
     if on_cpu:
         threads = torch.get_num_threads()
         dt = str(dtype).removeprefix("torch.")
-        peak = calibrate_gemm_tflops(dtype)
+        key = (dtype, threads)
+        if key not in _CALIBRATED:
+            _CALIBRATED[key] = calibrate_gemm_tflops(dtype)
+        peak = _CALIBRATED[key]
         return peak, f"in-process {dt} GEMM calibration on CPU ({threads} thread{'s' if threads > 1 else ''})"
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown device"
     gpu_peak = gpu_table_peak(name)

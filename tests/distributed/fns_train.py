@@ -34,27 +34,58 @@ def deepy_train(cfg: dict[str, Any], config_file: Path, world: int, timeout: flo
     return run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=timeout).stdout
 
 
-def make_tiny_data(root: str | Path, max_docs: int = 40, vocab_size: int = 512) -> dict[str, str]:
-    """Stdlib corpus → BPE tokenizer → mmap dataset, with the project's own tools (about a second)."""
-    root = Path(root)
-    corpus = root / "corpus"
+# (max_docs, vocab_size) -> a folder holding the built corpus: built once per test process and copied to each test
+_TINY_CORPORA: dict[tuple[int, int], Path] = {}
+
+
+def _build_tiny_corpus(corpus: Path, max_docs: int, vocab_size: int) -> None:
+    """Stdlib corpus → BPE tokenizer → mmap dataset in ``corpus``, with the project's own tools."""
     corpus.mkdir(parents=True, exist_ok=True)
     prefix = corpus / "tiny"
     tokenizer = corpus / "tokenizer.json"
+    py = sys.executable
+    tools = REPO / "tools" / "datasets"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    jsonl = corpus / "tiny.jsonl"
+    tok_args = ["--tokenizer_output_path", tokenizer, "--vocab_size", str(vocab_size)]
+    pre_args = ["--tokenizer-type", "HFTokenizer", "--vocab-file", tokenizer, "--append-eod", "--workers", "1"]
+    for cmd in (
+        [py, tools / "corpora.py", "--output", jsonl, "--max-docs", str(max_docs)],
+        [py, tools / "train_tokenizer.py", "--json_input_dir", corpus, *tok_args],
+        [py, tools / "preprocess_data.py", "--input", jsonl, "--output-prefix", prefix, *pre_args],
+    ):
+        subprocess.run([str(c) for c in cmd], check=True, env=env, capture_output=True, timeout=300)
+
+
+def _tiny_corpus(max_docs: int, vocab_size: int) -> Path:
+    """The corpus for these sizes, built on the first call in this process (the tools are deterministic: the
+    same files byte for byte every time) and removed when the process exits."""
+    key = (max_docs, vocab_size)
+    if key not in _TINY_CORPORA:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="neox-tiny-corpus-"))
+        owner = os.getpid()
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(folder, ignore_errors=True))
+        _build_tiny_corpus(folder / "corpus", max_docs, vocab_size)
+        _TINY_CORPORA[key] = folder / "corpus"
+    return _TINY_CORPORA[key]
+
+
+def make_tiny_data(root: str | Path, max_docs: int = 40, vocab_size: int = 512) -> dict[str, str]:
+    """Stdlib corpus → BPE tokenizer → mmap dataset, with the project's own tools (about 4 s, paid once per test
+    process and size: later calls copy the built files into ``root``)."""
+    import shutil
+
+    corpus = Path(root) / "corpus"
+    prefix = corpus / "tiny"
     if not Path(f"{prefix}_text_document.idx").exists():
-        py = sys.executable
-        tools = REPO / "tools" / "datasets"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        jsonl = corpus / "tiny.jsonl"
-        tok_args = ["--tokenizer_output_path", tokenizer, "--vocab_size", str(vocab_size)]
-        pre_args = ["--tokenizer-type", "HFTokenizer", "--vocab-file", tokenizer, "--append-eod", "--workers", "1"]
-        for cmd in (
-            [py, tools / "corpora.py", "--output", jsonl, "--max-docs", str(max_docs)],
-            [py, tools / "train_tokenizer.py", "--json_input_dir", corpus, *tok_args],
-            [py, tools / "preprocess_data.py", "--input", jsonl, "--output-prefix", prefix, *pre_args],
-        ):
-            subprocess.run([str(c) for c in cmd], check=True, env=env, capture_output=True, timeout=300)
-    return {"data_path": f"{prefix}_text_document", "vocab_file": str(tokenizer)}
+        corpus.mkdir(parents=True, exist_ok=True)
+        for built in sorted(_tiny_corpus(max_docs, vocab_size).iterdir()):
+            shutil.copy2(built, corpus / built.name)
+    return {"data_path": f"{prefix}_text_document", "vocab_file": str(corpus / "tokenizer.json")}
 
 
 def tiny_config(data: dict[str, str], world: int = 1, **overrides: Any) -> dict[str, Any]:
@@ -88,6 +119,9 @@ def tiny_config(data: dict[str, str], world: int = 1, **overrides: Any) -> dict[
         "make_vocab_size_divisible_by": 64,
         "global_num_gpus": world,
         "seed": 1234,
+        # MFU against a given peak: no 0.25 s GEMM calibration in every rank of every run (the calibration itself
+        # runs in the runs of shipped and real configs, and in tests/unit/test_threads_and_peak.py)
+        "peak_theoretical_tflops": 1.0,
         **data,
     }
     cfg.update(overrides)

@@ -48,6 +48,31 @@ def test_peak_sources():
     assert calibrate_gemm_tflops(torch.float32, seconds=0.0, size=64) > 0
 
 
+def test_cpu_calibration_runs_once_per_process_dtype_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second run in the same process (several runs on the same ranks, GPT-NeoX's Python API) reuses the first
+    measurement; another dtype or thread count is measured anew."""
+    from megatron.logging import peak_flops
+
+    calls: list[torch.dtype] = []
+
+    def counted(dtype: torch.dtype = torch.float32, seconds: float = 0.25, size: int | None = None) -> float:
+        calls.append(dtype)
+        return calibrate_gemm_tflops(dtype, seconds=0.0, size=64)
+
+    monkeypatch.setattr(peak_flops, "calibrate_gemm_tflops", counted)
+    monkeypatch.setattr(peak_flops, "_CALIBRATED", {})
+    first = resolve_peak(None, torch.float32, on_cpu=True)
+    assert resolve_peak(None, torch.float32, on_cpu=True) == first and calls == [torch.float32]
+    assert resolve_peak(None, torch.float64, on_cpu=True)[0] and calls == [torch.float32, torch.float64]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        resolve_peak(None, torch.float32, on_cpu=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [torch.float32, torch.float64, torch.float32]
+
+
 def test_flops_config_with_peak_logs_once_and_feeds_mfu(caplog):
     args = neox_namespace(train_batch_size=8, seq_length=256, num_layers=6, hidden_size=128, padded_vocab_size=50304,
                           checkpoint_activations=False, peak_theoretical_tflops=None)  # fmt: skip
