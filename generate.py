@@ -26,19 +26,22 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
     this process and raises on errors; as a script it prints them in one line and ends the rank."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     from megatron.cluster.worker_env import launched_world_size
-    from megatron.distributed import shutdown_and_exit
-    from megatron.generation.text_generation import run_generation
     from megatron.neox_arguments import NeoXArgs
 
     in_process = input_args is not None or overwrite_values is not None
     try:
         args = NeoXArgs.consume_neox_args(overwrite_values=overwrite_values, input_args=input_args)
+        check_prompt_file(args)  # torch and the model only for a readable prompt file
+        from megatron.generation.text_generation import run_generation
+
         records = run_generation(args)
     except ValueError as e:  # configuration or checkpoint mistakes
         if in_process:
             raise
         print(f"error: {e}", file=sys.stderr, flush=True)
         if os.environ.get("WORLD_SIZE", "1") != "1":  # several ranks, or a bad WORLD_SIZE just reported: end the rank
+            from megatron.distributed import shutdown_and_exit
+
             shutdown_and_exit(1)
         return 1
     for record in records:
@@ -48,8 +51,23 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
         note = f" [{record['message']}]" if record["message"] else ""
         print(f"----- prompt: {record['context']!r}{note}\n{record['context']}{record['text'] or ''}", flush=True)
     if launched_world_size() > 1 and not in_process:
+        from megatron.distributed import shutdown_and_exit
+
         shutdown_and_exit(0)
     return 0
+
+
+def check_prompt_file(args: Any) -> None:
+    """Refuse a missing or undecodable ``sample_input_file`` before torch is imported, on the ranks that read it
+    (rank 0, or every rank of a tensor/pipeline-parallel launch), with the error ``generate`` would give later."""
+    from megatron.cluster.worker_env import launched_world_size
+    from megatron.generation.prompts import read_prompts
+
+    if args.text_gen_type != "input-file" or not args.sample_input_file:
+        return
+    parallel = launched_world_size() > 1 and args.model_parallel_size * max(args.pipe_parallel_size, 1) > 1
+    if parallel or not args.rank:
+        read_prompts(args.sample_input_file, args.prompt_end)
 
 
 if __name__ == "__main__":

@@ -153,13 +153,48 @@ def _empty_split(cfg: DataConfig, name: str, size: int, count: int | None) -> No
     logger.warning("%s; no %s evaluation will run (use more documents, a larger share, or a zero share)", message, name)
 
 
-def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None] | None = None) -> tuple[Any, Any, Any]:
-    """The three datasets (``None`` where a split is empty or has no samples; an empty train split is an error)."""
+def _text_and_label_prefixes(cfg: DataConfig) -> tuple[list[str], list[str]]:
+    """Every text and every label dataset prefix the run reads."""
+    if cfg.data_path:
+        return [cfg.data_path], list(cfg.label_data_paths or [])[:1]
+    texts: list[str] = []
+    labels: list[str] = []
+    for split in SPLIT_NAMES:
+        texts += getattr(cfg, f"{split}_data_paths") or []
+        labels += [p for p in getattr(cfg, f"{split}_label_data_paths") or [] if p]
+    return texts, labels
+
+
+def check_datasets(cfg: DataConfig, barrier: Callable[[], None] | None = None) -> dict[tuple[str, bool], Any]:
+    """Open every dataset of the run with the checks :func:`open_dataset` makes (index and ``.bin`` consistency,
+    documents present, token ids inside ``padded_vocab_size``), so training refuses bad data before it builds the
+    model and engine; returns the opened datasets by ``(prefix, is_text)`` for
+    :func:`build_train_valid_test_datasets` to reuse."""
+    cfg.validate()
+    texts, labels = _text_and_label_prefixes(cfg)
+    opened: dict[tuple[str, bool], Any] = {}
+    for prefix, text in [(p, True) for p in texts] + [(p, False) for p in labels]:
+        if (prefix, text) not in opened:
+            opened[prefix, text] = open_dataset(cfg, prefix, barrier, text=text)
+    return opened
+
+
+def build_train_valid_test_datasets(
+    cfg: DataConfig, barrier: Callable[[], None] | None = None, opened: dict[tuple[str, bool], Any] | None = None
+) -> tuple[Any, Any, Any]:
+    """The three datasets (``None`` where a split is empty or has no samples; an empty train split is an error).
+    ``opened``: datasets :func:`check_datasets` already opened and checked."""
     cfg.validate()
     counts = cfg.num_samples()
+    known = opened or {}
+
+    def open_checked(prefix: str, text: bool = True) -> Any:
+        found = known.get((prefix, text))
+        return found if found is not None else open_dataset(cfg, prefix, barrier, text=text)
+
     if cfg.data_path:
-        indexed = open_dataset(cfg, cfg.data_path, barrier)
-        labels = open_dataset(cfg, cfg.label_data_paths[0], text=False) if cfg.label_data_paths else None
+        indexed = open_checked(cfg.data_path)
+        labels = open_checked(cfg.label_data_paths[0], text=False) if cfg.label_data_paths else None
         bounds = split_boundaries(cfg.split, len(indexed.sizes))
         out: list[Any] = []
         for k, name in enumerate(SPLIT_NAMES):
@@ -180,7 +215,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             result.append(None)
             continue
         label_paths = getattr(cfg, f"{split}_label_data_paths") or [None] * len(paths)
-        indexed = [open_dataset(cfg, p, barrier) for p in paths]
+        indexed = [open_checked(p) for p in paths]
         weights = getattr(cfg, f"{split}_data_weights") or [1.0] * len(paths)
         if cfg.weight_by_num_documents:
             num_docs = [len(d.sizes) for d in indexed]
@@ -195,7 +230,7 @@ def build_train_valid_test_datasets(cfg: DataConfig, barrier: Callable[[], None]
             per_dataset = list(counted)
         datasets = []
         for i, (prefix, ds, label_path) in enumerate(zip(paths, indexed, label_paths)):
-            labels = open_dataset(cfg, label_path, text=False) if label_path else None
+            labels = open_checked(label_path, text=False) if label_path else None
             docs = np.arange(len(ds.sizes), dtype=np.int32)
             datasets.append(
                 _gpt2(cfg, f"{split}_{i}", prefix, docs, ds, per_dataset[i], label_dataset=labels, barrier=barrier)
@@ -252,14 +287,16 @@ def build_train_valid_test_data_loaders(
     consumed_train_samples: int = 0,
     consumed_valid_samples: int = 0,
     barrier: Callable[[], None] | None = None,
+    opened: dict[tuple[str, bool], Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Datasets as GPT-NeoX builds them, wrapped in per-DP-rank loaders: ``(train, valid, test)``, any may be None.
 
     Each batch is ``{"text": LongTensor[micro_batch, seq_length + 1]}`` (+ ``"label"``). Re-iterating a loader
     starts the next epoch from sample 0. ``barrier`` (default: the default group's barrier when
-    ``torch.distributed`` is initialised) lets the ranks that call this wait while one of them builds index maps.
+    ``torch.distributed`` is initialised) lets the ranks that call this wait while one of them builds index maps;
+    ``opened``: as for :func:`build_train_valid_test_datasets`.
     """
-    train, valid, test = build_train_valid_test_datasets(cfg, barrier=barrier)
+    train, valid, test = build_train_valid_test_datasets(cfg, barrier=barrier, opened=opened)
     return (
         make_data_loader(train, cfg, dp_rank, dp_size, consumed_train_samples),
         make_data_loader(valid, cfg, dp_rank, dp_size, consumed_valid_samples, name="valid"),

@@ -12,8 +12,7 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +23,7 @@ from megatron.generation.api import generate_samples_from_prompt
 from megatron.generation.config import InferenceConfig
 from megatron.generation.loading import inference_device, inference_dtype, load_checkpoint_for_inference
 from megatron.generation.precompute import precompute_logprobs
+from megatron.generation.prompts import read_interactive_prompt, read_prompts
 from megatron.generation.sampling import ForwardFn, kv_cache_forward
 from megatron.initialize import set_random_seed
 from megatron.model import build_sequential_model
@@ -56,40 +56,6 @@ def setup_for_inference(config: InferenceConfig) -> tuple[torch.nn.Module, Any]:
     model.eval().to(inference_device())
     logger.info("loaded checkpoint %s for generation (%s)", tag, dtype)
     return model, tokenizer
-
-
-def read_prompts(path: str, prompt_end: str = "\n") -> list[str]:
-    """GPT-NeoX's prompts of ``sample_input_file``: split on ``prompt_end``, each stripped, empty ones dropped.
-
-    The file is read with universal newlines, so ``\r\n`` line ends count as ``\n``.
-    """
-    if not os.path.isfile(path):
-        raise ConfigError(f"sample_input_file {path} does not exist")
-    raw = Path(path).read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(
-            f"sample_input_file {path}:{line}: invalid UTF-8 (byte {e.start}); prompts must be UTF-8 text"
-        ) from None
-    text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text gives
-    prompts = [p.strip() for p in text.split(prompt_end)]
-    return [p for p in prompts if p]
-
-
-def read_interactive_prompt(stream: TextIO, prompt_end: str = "\n") -> str | None:
-    """One prompt from ``stream``: a line when ``prompt_end`` is a newline, else lines up to the first
-    ``prompt_end`` (newlines kept); None at end of input."""
-    text = ""
-    for line in stream:
-        line = line.rstrip("\r\n") if line.endswith("\n") else line
-        if prompt_end in ("\n", "\r\n"):
-            return line
-        if prompt_end in line:
-            return text + line.split(prompt_end)[0]
-        text += line + "\n"
-    return text or None
 
 
 def run_generation(args: NeoXValues) -> list[dict[str, Any]]:

@@ -46,11 +46,15 @@ class LaunchEnv:
     @classmethod
     def capture(cls, hostfile: str | None) -> LaunchEnv:
         """Read WORLD_SIZE, the accelerator and the hostfile (``hostfile`` or $DLTS_HOSTFILE if it exists)."""
-        # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
-        from megatron.distributed import on_cpu
-
         ws = launched_world_size() if "WORLD_SIZE" in os.environ else None
-        cpu = on_cpu()
+        # DS_ACCELERATOR=cpu (deepy sets it for CPU ranks) answers without torch, so a rank can refuse bad input
+        # before importing it; else megatron.distributed.on_cpu asks torch (imported here: the config layer and the
+        # launcher do not load torch)
+        cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+        if not cpu:
+            from megatron.distributed import on_cpu
+
+            cpu = on_cpu()
         gpus = 0
         if not cpu:
             import torch

@@ -228,11 +228,16 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
     return result[0], result[1], result[2]
 
 
+def builds_own_data(pt: PostTrainingConfig) -> bool:
+    """Whether this training reads pairwise or KTO data (built here), not language-model data."""
+    return bool(pt.pairwise) or pt.train_impl == "kto"
+
+
 def build_post_training_loaders(
     pt: PostTrainingConfig, data: DataConfig, *, dp_rank: int, dp_size: int, consumed_train: int, consumed_valid: int
 ) -> tuple[Any, Any, Any] | None:
     """Loaders for pairwise and KTO data; ``None`` for language-model data (SFT included), built elsewhere."""
-    if not pt.pairwise and pt.train_impl != "kto":
+    if not builds_own_data(pt):
         return None
     train, valid, test = build_datasets(pt, data)
     if train is None:

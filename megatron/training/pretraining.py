@@ -24,7 +24,7 @@ from megatron import checkpoint as ckpt
 from megatron import model as model_lib
 from megatron import mpu
 from megatron.checkpoint import CheckpointError, tokenizer_identity
-from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders
+from megatron.data.data_utils import DataConfig, build_train_valid_test_data_loaders, check_datasets
 from megatron.data.samplers import iterate_forever
 from megatron.engine_protocol import Engine
 from megatron.errors import DataError
@@ -43,7 +43,7 @@ from megatron.model.soft_prompt import soft_prompt_tokens, with_prompt_init
 from megatron.neox_arguments import NeoXArgs
 from megatron.parallel_config import ParallelConfig
 from megatron.post_training.config import PostTrainingConfig
-from megatron.post_training.data import build_post_training_loaders
+from megatron.post_training.data import build_post_training_loaders, builds_own_data
 from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training.coord_check import run_coord_check
@@ -259,9 +259,14 @@ def build_step(
 
 
 def build_data_iterators(
-    data_cfg: DataConfig, post_cfg: PostTrainingConfig, consumed_train: int, consumed_valid: int
+    data_cfg: DataConfig,
+    post_cfg: PostTrainingConfig,
+    consumed_train: int,
+    consumed_valid: int,
+    opened: dict[tuple[str, bool], Any] | None = None,
 ) -> tuple[Iterator[Any] | None, Iterator[Any] | None, Iterator[Any] | None]:
-    """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts."""
+    """Endless train/valid/test batch iterators for this DP rank, resuming at the consumed sample counts
+    (``opened``: the datasets :func:`check_datasets` opened before the model was built)."""
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     loaders = build_post_training_loaders(
         post_cfg,
@@ -279,6 +284,7 @@ def build_data_iterators(
             dp_size=dp_size,
             consumed_train_samples=consumed_train,
             consumed_valid_samples=consumed_valid,
+            opened=opened,
         )
     train, valid, test = (iterate_forever(loader) if loader is not None else None for loader in loaders)
     return train, valid, test
@@ -321,6 +327,9 @@ def pretrain(
     # the values known only now, in this run's copy of the arguments (the caller's stay as validated); the
     # tokenizer's identity goes into every checkpoint, as in GPT-NeoX
     args = args.derived(tokenizer=tokenizer, padded_vocab_size=vocab, train_iters=iters)
+    post_cfg = PostTrainingConfig.from_neox_args(args)
+    # bad data (a wrong path, a corrupt index, ids past the vocabulary) refused before the model and engine are built
+    opened = None if builds_own_data(post_cfg) else check_datasets(DataConfig.from_neox_args(args))
     loop_cfg = LoopConfig.from_neox_args(args)
     log_cfg = LoggingConfig.from_neox_args(args)
     save_cfg = ckpt.CheckpointConfig.from_neox_args(args)
@@ -344,9 +353,8 @@ def pretrain(
         engine, lr_scheduler, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
-        post_cfg = PostTrainingConfig.from_neox_args(args)
         train_iter, valid_iter, test_iter = build_data_iterators(
-            DataConfig.from_neox_args(args), post_cfg, iteration * tbs, consumed_valid
+            DataConfig.from_neox_args(args), post_cfg, iteration * tbs, consumed_valid, opened
         )
         guard = build_step_guard(
             args.max_consecutive_nonfinite_steps,

@@ -1,6 +1,6 @@
 """Hostile datasets through the command users run (``deepy.py train.py``): a ``.idx`` whose pointers all aim at
 document 0, token ids past the model's vocabulary and a dataset without documents stop training with one
-``error:`` line naming the file; an index-map cache of another split is rebuilt for the new document range instead
+``error:`` line naming the file, before the model and engine are built; an index-map cache of another split is rebuilt for the new document range instead
 of being reused."""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_deepy_train_refuses_hostile_data_in_one_line(tmp_path: Path, damage) ->
     cfg = tiny_config(data, world=1, master_port=free_port(), train_iters=2)
     cfg.pop("global_num_gpus")
     cfg["num_gpus"] = 1
+    cfg["load"] = str(tmp_path / "checkpoints")  # looked for only once the model and engine are built
     config_file = tmp_path / "bad.yml"
     config_file.write_text(yaml.safe_dump(cfg))
     cmd = [PYTHON, "deepy.py", "train.py", str(config_file), "--run_dir", str(tmp_path / "run")]
@@ -67,6 +68,7 @@ def test_deepy_train_refuses_hostile_data_in_one_line(tmp_path: Path, damage) ->
     assert errors and message in errors[0] and data["data_path"] in errors[0], result.stdout[-3000:] + result.stderr
     assert "Traceback" not in result.stderr
     assert "building train index maps" not in result.stdout  # refused before any sample was drawn
+    assert "no checkpoint in" not in result.stdout  # and before the model and engine were built (seconds, not more)
 
 
 def test_training_with_a_changed_split_rebuilds_the_validation_index_maps(tmp_path: Path) -> None:
