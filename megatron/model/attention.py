@@ -150,7 +150,7 @@ class ParallelSelfAttention(nn.Module):
                 self.attention_type,
                 cfg.sparsity_config,
                 cfg.num_attention_heads,
-                cfg.seq_length or cfg.max_position_embeddings,
+                cfg.seq_length,
                 cfg.seed,
                 layer_index,
             )

@@ -30,6 +30,7 @@ from megatron.neox_arguments.sections.model import ATTENTION_TYPES, ModelArgs
 from megatron.neox_arguments.sections.optimizer import MoEArgs
 from megatron.neox_arguments.sections.other import LayerSplitKeys, OnnxKeys, SeedKeys, VocabKeys
 from megatron.neox_arguments.sections.training import DropoutKeys, MupKeys, RecomputeKeys
+from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +268,8 @@ class GPTModelConfig(
 
         if any(kind in ("gmlp", "amlp") for kind in self.layer_types):
             need(self.seq_length is not None, "gmlp/amlp layers need seq_length (the span of sgu.proj)")
+        if any(kind in SPARSE_TYPES for kind in self.layer_types):
+            need(self.seq_length is not None, "sparse attention layers need seq_length (their layouts' size)")
         for problem in moe_problems(self):
             raise ValueError(problem)
         if "mamba" in self.layer_types and self.mamba_inner_func_fusion and self.mamba_use_bias_in_linears:

@@ -19,6 +19,7 @@ CASES = {
     "llama-local": {
         **_BASE,
         "max_position_embeddings": 64,
+        "seq_length": 64,  # the local layers' layouts are made at seq_length
         "pos_emb": "rotary",
         "rotary_emb_base": 500000,
         "norm": "rmsnorm",

@@ -100,8 +100,8 @@ def test_bad_sharing_settings_are_refused() -> None:
         build(num_unique_layers=1, param_sharing_style="zigzag")
     mixed = [[["global", "local"], "all"]]
     with pytest.raises(ValueError, match="layers 0 and 1 share parameters but attention_config"):
-        cfg(num_unique_layers=2, param_sharing_style="spaced", attention_config=mixed)
-    cfg(num_unique_layers=2, param_sharing_style="grouped", attention_config=mixed)  # the types line up
+        cfg(num_unique_layers=2, param_sharing_style="spaced", attention_config=mixed, seq_length=64)
+    cfg(num_unique_layers=2, param_sharing_style="grouped", attention_config=mixed, seq_length=64)  # types line up
 
 
 def test_inference_stage_decodes_shared_layers_with_one_cache_entry_per_position() -> None:

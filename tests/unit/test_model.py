@@ -291,7 +291,9 @@ OPTIONS = {
     "qk-layernorm": dict(use_qk_layernorm=True),
     "qk-rmsnorm-gqa": dict(use_qk_layernorm=True, norm="rmsnorm", num_kv_heads=2),
     "sliding-window": dict(sliding_window_width=4),
-    "flash-and-local": dict(attention_config=[[["flash", "local"], "all"]], sparsity_config={"block": 4}),
+    "flash-and-local": dict(
+        attention_config=[[["flash", "local"], "all"]], sparsity_config={"block": 4}, seq_length=64
+    ),
     "fusion-keys": dict(fused_kernels={"rope_fusion": True, "scaled_masked_softmax_fusion": True}),
     "qk-layer-scaling-fp32-softmax": dict(apply_query_key_layer_scaling=True, attention_softmax_in_fp32=True),
     "bf16": dict(params_dtype=torch.bfloat16, attention_softmax_in_fp32=True),

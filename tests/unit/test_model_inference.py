@@ -55,10 +55,17 @@ def test_packed_documents_with_resets_equal_separate_documents(pos_emb: str) -> 
         dict(pos_emb="learned", gpt_j_residual=True),
         dict(pos_emb="alibi"),
         dict(pos_emb="rpe", rpe_num_buckets=8, rpe_max_distance=16),
-        dict(sliding_window_width=3, attention_config=[[["global", "local"], "all"]], sparsity_config={"block": 4}),
+        dict(
+            sliding_window_width=3,
+            attention_config=[[["global", "local"], "all"]],
+            sparsity_config={"block": 4},
+            seq_length=64,
+        ),
         # block-sparse layers: lengths that are multiples of the block run the kernel, the cache the token mask
         dict(
-            attention_config=[[["sparse_fixed", "bigbird"], "all"]], sparsity_config={"block": 4, "num_local_blocks": 2}
+            attention_config=[[["sparse_fixed", "bigbird"], "all"]],
+            sparsity_config={"block": 4, "num_local_blocks": 2},
+            seq_length=64,
         ),
         dict(params_dtype=torch.bfloat16, attention_softmax_in_fp32=True),
         dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", activation="swiglu"),  # MoE: token-wise
