@@ -73,8 +73,6 @@ _RUNTIME = "GPT-NeoX bookkeeping set while running; neox-forge decides from the 
 
 # key -> why it changes nothing here. A non-default value is accepted and warned about once, at config time.
 IGNORED_KEYS: dict[str, str] = {
-    "log_grad_pct_zeros": "not implemented by neox-forge's training loop",
-    "log_optimizer_states": "not implemented by neox-forge's training loop",
     "log_gradient_noise_scale": "not implemented by neox-forge's training loop",
     "fused_kernels_build_path": "neox-forge builds no fused CUDA kernels (its fusions are PyTorch code)",
     "hysteresis": _FP16_BLOCK.format("hysteresis"),

@@ -19,6 +19,7 @@ from megatron.engine_protocol import Engine
 from megatron.errors import UserError
 from megatron.logging.flops import FlopsConfig, flops_formula, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
+from megatron.logging.param_metrics import ParamMetrics
 from megatron.logging.progress import progress
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
@@ -172,6 +173,16 @@ class Trainer:
         self.stop_check: Callable[[int, float], bool] | None = None
         self.observer = observer or RunObserver(loop_cfg.iterations, loop_cfg.train_batch_size, flops_cfg.seq_length)
         self.on_step = on_step  # called with (iteration, result) after every training step, on every rank
+        # GPT-NeoX's per-parameter metrics (every iteration); gradients are read in the step, before clipping
+        self.param_metrics = ParamMetrics(
+            engine,
+            log_cfg.log_grad_pct_zeros,
+            log_cfg.log_grad_norm,
+            log_cfg.log_param_norm,
+            log_cfg.log_optimizer_states,
+        )
+        if self.param_metrics.wants_gradients:
+            step.optimizer_step.grad_probe = self.param_metrics.capture_gradients
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -208,6 +219,7 @@ class Trainer:
                 scalars["train/param_norm"] = param_norm(self.engine)
             # GPT-NeoX writes timers/<name> every iteration: seconds per iteration since the last log line
             scalars.update(self.timers.breakdown(TIMER_NAMES, normalizer=interval_iters, reset=False))
+            scalars.update(self.param_metrics.collect())
             if len(state.history) == 1:  # once, after this run's first step (optimizer state exists by then)
                 scalars.update(log_param_optimizer_bytes(self.engine))
             if state.iteration % self.log_cfg.log_interval == 0:
