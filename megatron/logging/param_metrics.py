@@ -17,6 +17,9 @@ from deepspeed.utils import safe_get_full_grad
 
 from megatron import mpu
 from megatron.engine_protocol import Engine
+from megatron.errors import UserError
+from megatron.logging.noise_scale import GradientNoiseScale
+from megatron.neox_arguments.sections.logging import LoggingArgs
 from megatron.training.deepspeed_adapter import optimizer_state_fragment
 from megatron.training.optimizers import weight_decay_param_groups
 
@@ -134,29 +137,67 @@ def _state_keys(base: object) -> list[str]:
     return keys
 
 
-class ParamMetrics:
-    """The per-parameter metrics ``log_cfg`` asks for: :meth:`capture_gradients` runs in the step (every rank,
-    before the optimizer step), :meth:`collect` after it returns everything of the iteration."""
+def full_gradients(engine: Engine) -> list[torch.Tensor]:
+    """Every gradient as the optimizer will read it (ZeRO partitions assembled), a replicated parameter's only on
+    model-parallel rank 0: summing squared norms over the model-parallel group then counts each entry once."""
+    tp_rank = mpu.get_model_parallel_rank()
+    out = []
+    for p in engine.module.parameters():
+        if not p.requires_grad:
+            continue
+        grad = safe_get_full_grad(p)
+        if grad is not None and (_tp_partitioned(p) or tp_rank == 0):
+            out.append(grad)
+    return out
 
-    def __init__(self, engine: Engine, grad_pct_zeros: bool, grad_norms: bool, param_norms: bool, opt_states: bool):
+
+def _sum_over_model_group(value: torch.Tensor) -> torch.Tensor:
+    if mpu.get_model_parallel_world_size() > 1:
+        mpu.all_reduce_sum(value, group="model")
+    return value
+
+
+class ParamMetrics:
+    """The per-parameter metrics ``log_cfg`` asks for and the gradient noise scale: :meth:`capture_gradients` runs
+    in the step (every rank, after the last backward, before clipping and the optimizer step), :meth:`collect`
+    after it returns everything of the iteration."""
+
+    def __init__(self, engine: Engine, log_cfg: LoggingArgs, train_batch_size: int) -> None:
         self.engine = engine
-        self.grad_pct_zeros, self.grad_norms, self.param_norms, self.opt_states = (
-            grad_pct_zeros,
-            grad_norms,
-            param_norms,
-            opt_states,
-        )
+        self.grad_pct_zeros, self.grad_norms = log_cfg.log_grad_pct_zeros, log_cfg.log_grad_norm
+        self.param_norms, self.opt_states = log_cfg.log_param_norm, log_cfg.log_optimizer_states
+        self.noise_scale: GradientNoiseScale | None = None
+        if log_cfg.log_gradient_noise_scale:
+            if log_cfg.gradient_noise_scale_n_batches < 2:
+                raise UserError(
+                    f"gradient_noise_scale_n_batches={log_cfg.gradient_noise_scale_n_batches}: the noise scale "
+                    "compares one batch with the mean of n_batches of them; set it to 2 or more"
+                )
+            self.noise_scale = GradientNoiseScale(
+                train_batch_size,
+                log_cfg.gradient_noise_scale_n_batches,
+                cpu_offload=log_cfg.gradient_noise_scale_cpu_offload,
+                reduce=_sum_over_model_group,
+            )
         self._gradients: dict[str, float] = {}
 
     @property
     def wants_gradients(self) -> bool:
-        return self.grad_pct_zeros or self.grad_norms
+        return self.grad_pct_zeros or self.grad_norms or self.noise_scale is not None
 
     def capture_gradients(self) -> None:
         self._gradients = gradient_metrics(self.engine, self.grad_pct_zeros, self.grad_norms)
+        if self.noise_scale is not None:
+            grads = full_gradients(self.engine)
+            bad = torch.tensor([0.0 if all(bool(torch.isfinite(g).all()) for g in grads) else 1.0])
+            if mpu.world_size() > 1:
+                mpu.all_reduce_max(bad)
+            self.noise_scale.update(grads, finite=not bool(bad.item()))
 
     def collect(self) -> dict[str, float]:
         out, self._gradients = self._gradients, {}
+        if self.noise_scale is not None and self.noise_scale.noise_scale is not None:
+            out["train/noise_scale"] = self.noise_scale.noise_scale
         if self.param_norms:
             out.update(parameter_norms(self.engine))
         if self.opt_states:

@@ -173,14 +173,8 @@ class Trainer:
         self.stop_check: Callable[[int, float], bool] | None = None
         self.observer = observer or RunObserver(loop_cfg.iterations, loop_cfg.train_batch_size, flops_cfg.seq_length)
         self.on_step = on_step  # called with (iteration, result) after every training step, on every rank
-        # GPT-NeoX's per-parameter metrics (every iteration); gradients are read in the step, before clipping
-        self.param_metrics = ParamMetrics(
-            engine,
-            log_cfg.log_grad_pct_zeros,
-            log_cfg.log_grad_norm,
-            log_cfg.log_param_norm,
-            log_cfg.log_optimizer_states,
-        )
+        # GPT-NeoX's per-parameter metrics and gradient noise scale (every iteration); gradients are read in the step, before clipping
+        self.param_metrics = ParamMetrics(engine, log_cfg, loop_cfg.train_batch_size)
         if self.param_metrics.wants_gradients:
             step.optimizer_step.grad_probe = self.param_metrics.capture_gradients
 

@@ -18,6 +18,8 @@ KEYS = {
     "log_grad_norm": True,
     "log_param_norm": True,
     "log_optimizer_states": True,
+    "log_gradient_noise_scale": True,
+    "gradient_noise_scale_n_batches": 2,
 }
 
 
@@ -32,7 +34,7 @@ def test_param_metrics_zero_and_tp_agree(tmp_path: Path) -> None:
     layouts = {
         "zero0": {"zero_optimization": {"stage": 0}},
         "zero1": {"zero_optimization": {"stage": 1}},
-        "zero2": {"zero_optimization": {"stage": 2}},
+        "zero2": {"zero_optimization": {"stage": 2}, "gradient_noise_scale_cpu_offload": True},
         "pipe": {"pipe_parallel_size": 1},  # DeepSpeed's pipeline engine (its schedule's optimizer step)
         # one data-parallel rank: two micro-batches make the same global batch of 8
         "tp2": {"model_parallel_size": 2, "gradient_accumulation_steps": 2},
@@ -62,10 +64,13 @@ def test_param_metrics_zero_and_tp_agree(tmp_path: Path) -> None:
         total = sum(ref[t][it][1] ** 2 for t in grads) ** 0.5
         assert total == pytest.approx(ref["train/grad_norm"][it][1], rel=1e-4)
         assert sum(ref[t][it][1] ** 2 for t in params) ** 0.5 == pytest.approx(ref["train/param_norm"][it][1], rel=1e-4)
+    # the gradient noise scale: first estimate after gradient_noise_scale_n_batches iterations, then every iteration
+    assert [s for s, _ in ref["train/noise_scale"]] == [2, 3]
+    assert ref["train/noise_scale"][0][1] == ref["train/noise_scale"][1][1]  # the next estimate is at iteration 4
     for name in ("zero1", "zero2", "pipe", "tp2"):
         # the pipeline module names its layers "0.", "2.": the sequential one "sequential.0.", as in GPT-NeoX
         other = {_sequential_name(t) if name == "pipe" else t: v for t, v in logged[name].items()}
-        for tag in grads + zeros + params + states:
+        for tag in grads + zeros + params + states + ["train/noise_scale"]:
             assert tag in other, (name, tag)
             rel = 1e-3 if name == "tp2" else 1e-5
             assert [v for _, v in other[tag]] == pytest.approx([v for _, v in ref[tag]], rel=rel, abs=1e-7), (name, tag)
