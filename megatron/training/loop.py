@@ -19,7 +19,6 @@ from megatron.engine_protocol import Engine
 from megatron.errors import UserError
 from megatron.logging.flops import FlopsConfig, flops_formula, throughput_metrics
 from megatron.logging.metrics import LoggingConfig, Metrics, format_console_line
-from megatron.logging.param_metrics import ParamMetrics
 from megatron.logging.progress import progress
 from megatron.logging.run_observer import RunObserver
 from megatron.logging.timers import Timers
@@ -29,6 +28,7 @@ from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.logging import ProfilingKeys
 from megatron.neox_arguments.sections.training import IterationKeys
 from megatron.training.memory_usage import log_param_optimizer_bytes
+from megatron.training.param_metrics import ParamMetrics
 from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
