@@ -73,9 +73,6 @@ _RUNTIME = "GPT-NeoX bookkeeping set while running; neox-forge decides from the 
 
 # key -> why it changes nothing here. A non-default value is accepted and warned about once, at config time.
 IGNORED_KEYS: dict[str, str] = {
-    "log_grad_pct_zeros": "not implemented by neox-forge's training loop",
-    "log_optimizer_states": "not implemented by neox-forge's training loop",
-    "log_gradient_noise_scale": "not implemented by neox-forge's training loop",
     "fused_kernels_build_path": "neox-forge builds no fused CUDA kernels (its fusions are PyTorch code)",
     "hysteresis": _FP16_BLOCK.format("hysteresis"),
     "loss_scale_window": _FP16_BLOCK.format("loss_scale_window"),
@@ -84,8 +81,6 @@ IGNORED_KEYS: dict[str, str] = {
     "deepspeed_activation_checkpointing": "deprecated in GPT-NeoX; activation checkpointing always uses DeepSpeed's",
     "detect_nvlink_pairs": "DeeperSpeed-only device remapping; DeepSpeed has no such option",
     "no_ssh_check": "deepy never runs a passwordless-ssh check (pdsh reports unreachable hosts itself)",
-    "gradient_noise_scale_n_batches": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",
-    "gradient_noise_scale_cpu_offload": "gradient-noise-scale logging is not implemented (log_gradient_noise_scale)",
     "short_seq_prob": "unused by GPT training in GPT-NeoX as well",
     "lazy_mpu_init": "external distributed managers are not supported; neox-forge initialises torch.distributed itself",
     "deepscale": "deprecated DeepSpeed flag with no effect",

@@ -201,3 +201,26 @@ def pipeline_loss_sum(engine: PipelineEngine) -> torch.Tensor | None:
             "loss_fn must return one scalar loss"
         )
     return total.detach().reshape(1)
+
+
+# 10. A parameter's optimizer state under ZeRO-1/2 and the BF16 optimizer (read only). DeepSpeed 0.19.8 keeps it in the
+#    torch optimizer's state of the flat fp32 partition ``single_partition_of_fp32_groups[g]`` (ZeRO) or
+#    ``fp32_groups_flat_partition[g]`` (BF16); the parameter's slice of that partition on this rank is
+#    ``param._hp_mapping.hp_fragment_address`` (``None`` mapping: no slice here). ``safe_get_full_optimizer_state``
+#    reads the same slice through ``optim_fragment``, which DeepSpeed fills only when a step links it.
+def optimizer_state_fragment(engine: Engine, param: torch.Tensor, key: str) -> torch.Tensor | None:
+    """This rank's slice of ``param``'s optimizer state ``key`` (the slices of all data-parallel ranks are
+    disjoint), an empty tensor where this rank holds none, or ``None`` where the optimizer keeps no flat partition."""
+    opt = engine.optimizer
+    flats = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_groups_flat_partition", None)
+    if not flats or not hasattr(param, "_hp_mapping"):
+        return None
+    mapping = param._hp_mapping
+    if mapping is None:
+        return torch.zeros(0)
+    state = opt.optimizer.state.get(flats[mapping.param_group_index], {})
+    value = state.get(key)
+    if not torch.is_tensor(value):
+        return torch.zeros(0)
+    address = mapping.hp_fragment_address
+    return value.narrow(0, address.start, address.numel)

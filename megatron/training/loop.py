@@ -28,6 +28,7 @@ from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.logging import ProfilingKeys
 from megatron.neox_arguments.sections.training import IterationKeys
 from megatron.training.memory_usage import log_param_optimizer_bytes
+from megatron.training.param_metrics import ParamMetrics
 from megatron.training.step import AccumulatingStep, PipeStep, StepResult, is_nan
 
 logger = logging.getLogger("megatron.train")
@@ -172,6 +173,10 @@ class Trainer:
         self.stop_check: Callable[[int, float], bool] | None = None
         self.observer = observer or RunObserver(loop_cfg.iterations, loop_cfg.train_batch_size, flops_cfg.seq_length)
         self.on_step = on_step  # called with (iteration, result) after every training step, on every rank
+        # GPT-NeoX's per-parameter metrics and gradient noise scale (every iteration); gradients are read in the step, before clipping
+        self.param_metrics = ParamMetrics(engine, log_cfg, loop_cfg.train_batch_size)
+        if self.param_metrics.wants_gradients:
+            step.optimizer_step.grad_probe = self.param_metrics.capture_gradients
 
     def _lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
@@ -208,6 +213,7 @@ class Trainer:
                 scalars["train/param_norm"] = param_norm(self.engine)
             # GPT-NeoX writes timers/<name> every iteration: seconds per iteration since the last log line
             scalars.update(self.timers.breakdown(TIMER_NAMES, normalizer=interval_iters, reset=False))
+            scalars.update(self.param_metrics.collect())
             if len(state.history) == 1:  # once, after this run's first step (optimizer state exists by then)
                 scalars.update(log_param_optimizer_bytes(self.engine))
             if state.iteration % self.log_cfg.log_interval == 0:

@@ -122,6 +122,7 @@ class OptimizerStep:
         self.grad_norm: torch.Tensor | None = None  # the last step's norm before clipping (plain fp32 optimizer)
         self.stop_flag: Callable[[], float] | None = None  # this rank's preemption flag (training/preemption.py)
         self.last: Verdict | None = None
+        self.grad_probe: Callable[[], None] | None = None  # reads the reduced gradients before clipping (logging)
 
     def clip_gradients(self) -> None:
         """Gradient norm and clipping of a plain fp32 optimizer (device tensors, no host read); a wrapper optimizer
@@ -181,6 +182,8 @@ class PipelineOptimizerStep(OptimizerStep):
         counters; fp16 overflows are skipped there), followed by the LR step. The last stage's losses of
         the iteration are complete here (``deepspeed_adapter.pipeline_loss_sum``), so the decision sees the loss as
         the sequential step's does: non-finite and loss-spike skips, and the iteration's loss in its one host read."""
+        if self.grad_probe is not None:
+            self.grad_probe()
         self.clip_gradients()
         loss, loss_ranks = self.pipeline_loss()
         verdict = self.decide(loss, loss_ranks=loss_ranks)
@@ -233,6 +236,8 @@ class AccumulatingStep(ABC):
                 self.engine.step()  # not a boundary: DeepSpeed only counts the micro-batch
                 self.timers("optimizer").stop()
         assert self.engine.is_gradient_accumulation_boundary()
+        if self.optimizer_step.grad_probe is not None:
+            self.optimizer_step.grad_probe()
         self.timers("optimizer").start()
         self.optimizer_step.clip_gradients()  # norm + clipping (plain fp32; wrapped optimizers clip in engine.step())
         verdict = self.optimizer_step.decide(torch.cat(losses), self.step_metrics())  # one all-reduce, one host read
