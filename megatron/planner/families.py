@@ -1,0 +1,48 @@
+"""Activation memory of Mamba and RWKV layers: the bytes each layer keeps for its backward pass.
+
+The transformer formula (:mod:`megatron.planner.memory`) does not describe these layers: their training paths are
+chunked scans (``megatron/model/mamba/scan.py``, chunk ``t = 8``; ``megatron/model/rwkv/wkv.py``, chunk ``T = 16``)
+whose saved tensors are dominated by the per-chunk decay matrices. The formulas below count, term by term, the fp32
+tensors autograd saves in one layer's forward (measured with ``torch.autograd.graph.saved_tensors_hooks``, every
+storage once, parameters and the layer's input excluded, tensors of discarded outputs — the final scan state —
+not counted). ``tests/unit/test_planner_families.py`` checks them to the byte against that measurement for micro-batches
+of 2 or more and sequence lengths that are multiples of the chunk. The scans run in fp32 whatever the precision, so
+for 16-bit training the formula (fp32 everywhere) is an upper bound.
+
+Mamba (``d`` = inner width per TP rank, ``r = ⌈h/16⌉``, ``n = 16`` state size), bytes:
+``4·(b·s·d·(2·t·n + 5·n + 3) - 13·b·d + b·s·r + 2·b·s·h + b·s·(5·n + 1) + 32·d) + t²``
+(the ``[b, d, s, t, n]`` chunk decays twice, ``[b, d, s, n]`` cumulative decays and inputs, the ``[b, d, s]``
+streams, the Δ/B/C projections, the norm, ``A``, the ``t × t`` causal mask).
+
+RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP), bytes:
+``4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T - 48·b·h) + T²``
+(``16·T·b·s·h`` bytes of chunk decays, the token-shift, LoRA, receptance/key/value/gate streams, the carried
+``N × N`` state of every chunk, the causal mask).
+"""
+
+from __future__ import annotations
+
+import math
+
+MAMBA_CHUNK = 8  # megatron/model/mamba/scan.py CHUNK_SIZE
+MAMBA_STATE = 16  # d_state
+RWKV_CHUNK = 16  # megatron/model/rwkv/wkv.py DEFAULT_CHUNK
+FP32 = 4
+
+MAMBA_MEMORY_FORMULA = "4·(b·s·d·(2·t·n + 5·n + 3) − 13·b·d + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(5·n+1) + 32·d) + t², t=8, n=16"
+RWKV_MEMORY_FORMULA = "4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T − 48·b·h) + T², T=16"
+
+
+def mamba_layer_bytes(b: int, s: int, h: int, d_inner: int, tp: int = 1) -> float:
+    """Bytes one Mamba layer keeps for its backward pass (micro-batch ``b``, sequence ``s``, on one TP rank)."""
+    d, n, t, r = d_inner / tp, MAMBA_STATE, min(MAMBA_CHUNK, s), math.ceil(h / 16)
+    per = b * s * d * (2 * t * n + 5 * n + 3) - 13 * b * d + b * s * r + 2 * b * s * h + b * s * (5 * n + 1) + 32 * d
+    return FP32 * per + t * t
+
+
+def rwkv_layer_bytes(b: int, s: int, h: int, ffn_dim: int, heads: int) -> float:
+    """Bytes one RWKV block (time mix + channel mix) keeps for its backward pass."""
+    t, n = min(RWKV_CHUNK, s), h // heads
+    per = b * s * h * (4 * t + 4 + 1 / t) + 2 * b * s * ffn_dim + 230 * b * s + 19 * b * s * heads
+    per += b * s * heads * n * n / t - 48 * b * h
+    return FP32 * per + t * t
