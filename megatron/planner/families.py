@@ -10,9 +10,10 @@ of 2 or more and sequence lengths that are multiples of the chunk. The scans run
 for 16-bit training the formula (fp32 everywhere) is an upper bound.
 
 Mamba (``d`` = inner width per TP rank, ``r = ⌈h/16⌉``, ``n = 16`` state size), bytes:
-``4·(b·s·d·(2·t·n + 5·n + 3) - 13·b·d + b·s·r + 2·b·s·h + b·s·(5·n + 1) + 32·d) + t²``
+``4·(b·s·d·(2·t·n + 5·n + 3) - 13·b·d + b·s·r + 2·b·s·h + b·s·(5·n + 1) + 32·d) + t²`` with ``rmsnorm``
 (the ``[b, d, s, t, n]`` chunk decays twice, ``[b, d, s, n]`` cumulative decays and inputs, the ``[b, d, s]``
-streams, the Δ/B/C projections, the norm, ``A``, the ``t × t`` causal mask).
+streams, the Δ/B/C projections, the norm, ``A``, the ``t × t`` causal mask); ``layernorm`` keeps ``b·s·h + 2·b·s``
+floats instead of rmsnorm's ``2·b·s·h + b·s``, ``scalenorm`` ``2·b·s·h + 2·b·s``.
 
 RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP), bytes:
 ``4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T - 48·b·h) + T²``
@@ -29,14 +30,22 @@ MAMBA_STATE = 16  # d_state
 RWKV_CHUNK = 16  # megatron/model/rwkv/wkv.py DEFAULT_CHUNK
 FP32 = 4
 
-MAMBA_MEMORY_FORMULA = "4·(b·s·d·(2·t·n + 5·n + 3) − 13·b·d + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(5·n+1) + 32·d) + t², t=8, n=16"
+MAMBA_MEMORY_FORMULA = (
+    "4·(b·s·d·(2·t·n + 5·n + 3) − 13·b·d + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(5·n+1) + 32·d) + t², t=8, n=16"
+)
 RWKV_MEMORY_FORMULA = "4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T − 48·b·h) + T², T=16"
 
 
-def mamba_layer_bytes(b: int, s: int, h: int, d_inner: int, tp: int = 1) -> float:
+# what the pre-norm keeps besides the layer's input, in floats per token: (per h, constant)
+NORM_FLOATS = {"rmsnorm": (2, 1), "layernorm": (1, 2), "scalenorm": (2, 2)}
+
+
+def mamba_layer_bytes(b: int, s: int, h: int, d_inner: int, tp: int = 1, norm: str = "rmsnorm") -> float:
     """Bytes one Mamba layer keeps for its backward pass (micro-batch ``b``, sequence ``s``, on one TP rank)."""
     d, n, t, r = d_inner / tp, MAMBA_STATE, min(MAMBA_CHUNK, s), math.ceil(h / 16)
-    per = b * s * d * (2 * t * n + 5 * n + 3) - 13 * b * d + b * s * r + 2 * b * s * h + b * s * (5 * n + 1) + 32 * d
+    per_h, per_token = NORM_FLOATS.get(norm, NORM_FLOATS["rmsnorm"])
+    per = b * s * d * (2 * t * n + 5 * n + 3) - 13 * b * d + b * s * r + per_h * b * s * h + b * s * (5 * n + per_token)
+    per += 32 * d
     return FP32 * per + t * t
 
 
@@ -46,3 +55,16 @@ def rwkv_layer_bytes(b: int, s: int, h: int, ffn_dim: int, heads: int) -> float:
     per = b * s * h * (4 * t + 4 + 1 / t) + 2 * b * s * ffn_dim + 230 * b * s + 19 * b * s * heads
     per += b * s * heads * n * n / t - 48 * b * h
     return FP32 * per + t * t
+
+
+TRANSFORMER_MEMORY_FORMULA = "s·b·h·(10 + 24/t + 5·a·s/(h·t)) (Korthikanti et al.)"
+
+
+def formulas(family: str, flops_formula: str) -> dict[str, str]:
+    """Which activation-memory and FLOPs formulas a plan of ``family``'s layers uses (printed with the plan)."""
+    memory = {"mamba": MAMBA_MEMORY_FORMULA, "rwkv": RWKV_MEMORY_FORMULA}.get(family, TRANSFORMER_MEMORY_FORMULA)
+    if family == "mixed":
+        memory = "per layer: Mamba/RWKV counts (megatron/planner/families.py), transformer layers Korthikanti et al."
+    if family in ("mamba", "mixed") and "RWKV" not in flops_formula:
+        flops_formula = "GPT-NeoX's Mamba formula per Mamba layer (megatron/logging/flops.py), transformer terms else"
+    return {"activations_per_layer": memory, "flops": flops_formula}

@@ -16,7 +16,8 @@ Activations per micro-batch and transformer layer on one TP rank (Korthikanti et
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
 attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
 ``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
-``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule).
+``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Mamba and RWKV layers
+keep what :mod:`megatron.planner.families` counts instead (a mixed model: the average over its layers).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from megatron.planner.families import mamba_layer_bytes, rwkv_layer_bytes
 from megatron.planner.inputs import TrainingSetup
 from megatron.planner.params import StageParams
 
@@ -88,6 +90,12 @@ def _layer_activation_bytes(setup: TrainingSetup) -> dict[str, float]:
     scores = 0.0 if setup.flash_attention else 5.0 * a * s / (h * t)
     replicated = 10.0 / t if setup.sequence_parallel else 10.0  # layer norms and dropouts, split by SP
     full = s * b * h * (replicated + 24.0 / t + scores) * scale
+    kinds = list(setup.attention_config or ())
+    if setup.layer_family != "transformer":  # per layer kind (megatron/planner/families.py), averaged over layers
+        by_kind = {"mamba": mamba_layer_bytes(b, s, h, setup.mamba_inner, t, setup.norm_type)}
+        if "rwkv" in kinds:
+            by_kind["rwkv"] = rwkv_layer_bytes(b, s, h, setup.rwkv_ffn, a)
+        full = sum(by_kind.get(kind, full) for kind in kinds) / len(kinds)
     checkpoint = 2.0 * s * b * h * scale
     return {"full": full, "checkpoint": checkpoint, "partitioned": checkpoint / t}
 

@@ -3,11 +3,16 @@ in a tiny layer's forward, FLOPs are :mod:`megatron.logging.flops`'s, and ``deep
 
 from __future__ import annotations
 
+import json
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import deepy
+from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.model import GPTModelConfig, build_sequential_model
 from megatron.planner.families import mamba_layer_bytes, rwkv_layer_bytes
 
@@ -45,11 +50,19 @@ def saved_tensor_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
     return sum(n for ptr, n in sizes.items() if ptr not in skip)
 
 
-@pytest.mark.parametrize(("s", "b", "h", "d"), [(16, 2, 32, 64), (24, 3, 40, 48), (32, 2, 64, 128)])
-def test_mamba_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, d: int) -> None:
-    layer = build_sequential_model(_cfg(hidden_size=h, intermediate_size=d, attention_config=[[["mamba"], 2]]))
+@pytest.mark.parametrize(
+    ("s", "b", "h", "d", "norm"),
+    [
+        (16, 2, 32, 64, "rmsnorm"),
+        (24, 3, 40, 48, "layernorm"),
+        (32, 2, 64, 128, "scalenorm"),
+        (8, 2, 24, 40, "rmsnorm"),
+    ],
+)
+def test_mamba_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, d: int, norm: str) -> None:
+    cfg = _cfg(hidden_size=h, intermediate_size=d, norm=norm, attention_config=[[["mamba"], 2]])
     x = torch.randn(s, b, h, requires_grad=True)
-    assert saved_tensor_bytes(layer.sequential[2], x) == mamba_layer_bytes(b, s, h, d)
+    assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == mamba_layer_bytes(b, s, h, d, 1, norm)
 
 
 @pytest.mark.parametrize(("s", "b", "h", "heads", "ffn"), [(16, 2, 32, 2, 96), (32, 3, 64, 4, 128)])
@@ -57,3 +70,50 @@ def test_rwkv_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, heads
     cfg = _cfg(hidden_size=h, num_attention_heads=heads, ffn_dim=ffn, attention_config=[[["rwkv"], 2]])
     x = torch.randn(s, b, h, requires_grad=True)
     assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == rwkv_layer_bytes(b, s, h, ffn, heads)
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert deepy.main(["--plan", "train.py", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_of_a_mamba_model_counts_its_saved_tensors_and_flops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """configs/cpu/tiny.yml with Mamba layers (fp32, micro-batch 2, 64 tokens): the plan's activations are the
+    measured saved bytes of its two layers, its FLOPs GPT-NeoX's Mamba formula (megatron/logging/flops.py)."""
+    extra = tmp_path / "mamba.yml"
+    extra.write_text(yaml.safe_dump({"attention_config": [[["mamba"], "all"]], "checkpoint_activations": False}))
+    plan = _plan_json(capsys, "configs/cpu/tiny.yml", str(extra), "--vocab-size", "512")
+    per_mb = plan["memory"]["per_rank"][0]["activations_per_micro_batch"]
+    cfg = _cfg(hidden_size=64, norm="layernorm", attention_config=[[["mamba"], 2]])  # tiny.yml's norm
+    layer = build_sequential_model(cfg).sequential[2]
+    measured = saved_tensor_bytes(layer, torch.randn(64, 2, 64, requires_grad=True))
+    assert per_mb["no_checkpointing_kept"] == 2 * measured
+    flops = FlopsConfig(
+        train_batch_size=2,
+        seq_length=64,
+        num_layers=2,
+        hidden_size=64,
+        padded_vocab_size=512,
+        num_attention_heads=4,
+        attention_config=["mamba", "mamba"],
+    )
+    assert plan["throughput"]["model_flops"] == flops_per_iteration(flops, 3)
+    assert plan["throughput"]["predicted"]["model_flops"] == flops_per_iteration(flops, 3)
+    assert "Mamba" in plan["formulas"]["flops"] and "t=8" in plan["formulas"]["activations_per_layer"]
+
+
+def test_plan_of_the_shipped_rwkv_config(capsys: pytest.CaptureFixture[str]) -> None:
+    """configs/rwkv/170M.yml (GPT-NeoX's) plans: RWKV FLOPs formula, RWKV activation count, exact parameters."""
+    assert deepy.main(["--plan", "train.py", "configs/rwkv/170M.yml", "--vocab-size", "50304"]) == 0
+    out = capsys.readouterr().out
+    assert "GPT-NeoX's RWKV formula" in out and "T=16" in out
+    plan = _plan_json(capsys, "configs/rwkv/170M.yml", "--vocab-size", "50304")
+    h, layers, s, b = 768, 12, 512, 32  # the config's shape
+    ffn = plan["memory"]["per_rank"][0]["activations_per_micro_batch"]
+    assert ffn["no_checkpointing_kept"] == int(layers * rwkv_layer_bytes(b, s, h, 2688, 12))
+    flops = (
+        32 * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * 50304 + 18.0 * layers * h * h / 12)
+    )
+    assert plan["throughput"]["model_flops"] == pytest.approx(flops, rel=1e-12)
