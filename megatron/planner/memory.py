@@ -117,6 +117,9 @@ def activation_bytes(setup: TrainingSetup, layers: int, last_stage: bool) -> dic
         "checkpointing": blocks * per["checkpoint"],
         "checkpointing_partitioned": blocks * per["partitioned"],
     }
+    if setup.layer_family == "rwkv":  # RWKV blocks are not checkpointed (GPT-NeoX leaves them out too)
+        kept = dict.fromkeys(kept, kept["no_checkpointing"])
+        c = 0
     working = {"no_checkpointing": logits, "checkpointing": c * per["full"] + logits}
     working["checkpointing_partitioned"] = working["checkpointing"]
     out = {k: int(v + working[k]) for k, v in kept.items()}

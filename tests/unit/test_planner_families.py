@@ -113,6 +113,8 @@ def test_plan_of_the_shipped_rwkv_config(capsys: pytest.CaptureFixture[str]) -> 
     h, layers, s, b = 768, 12, 512, 32  # the config's shape
     ffn = plan["memory"]["per_rank"][0]["activations_per_micro_batch"]
     assert ffn["no_checkpointing_kept"] == int(layers * rwkv_layer_bytes(b, s, h, 2688, 12))
+    # checkpoint_activations is set, but RWKV blocks are not checkpointed: the plan keeps every layer's tensors
+    assert plan["memory"]["per_rank"][0]["activations"] == ffn["no_checkpointing"] == ffn["checkpointing"]
     flops = (
         32 * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * 50304 + 18.0 * layers * h * h / 12)
     )
