@@ -6,8 +6,8 @@ whose saved tensors are dominated by the per-chunk decay matrices. The formulas 
 tensors autograd saves in one layer's forward (measured with ``torch.autograd.graph.saved_tensors_hooks``, every
 storage once, parameters and the layer's input excluded, tensors of discarded outputs — the final scan state —
 not counted). ``tests/unit/test_planner_families.py`` checks them to the byte against that measurement for micro-batches
-of 2 or more and sequence lengths that are multiples of the chunk. The scans run in fp32 whatever the precision, so
-for 16-bit training the formula (fp32 everywhere) is an upper bound.
+of 2 or more and sequence lengths that are multiples of the chunk, in fp32. 16-bit training is not checked (the
+scans compute in fp32 whatever the precision, so most of these bytes stay fp32); the planner uses the fp32 count.
 
 Mamba (``d`` = inner width per TP rank, ``r = ⌈h/16⌉``, ``n = 16`` state size), bytes:
 ``4·(b·s·d·(2·t·n + 5·n + 3) - 13·b·d + b·s·r + 2·b·s·h + b·s·(5·n + 1) + 32·d) + t²`` with ``rmsnorm``
@@ -19,6 +19,11 @@ RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP), bytes:
 ``4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T - 48·b·h) + T²``
 (``16·T·b·s·h`` bytes of chunk decays, the token-shift, LoRA, receptance/key/value/gate streams, the carried
 ``N × N`` state of every chunk, the causal mask).
+
+gMLP (``f = 4h/tp``; ``p``, ``q`` the norm's floats per feature and per token: rmsnorm 2, 1; layernorm 1, 2;
+scalenorm 2, 2): ``4·(b·s·(p·h + p·f + 6·f) + 2·q·b·s + s²)`` (the block's and the gate's norms, the ``2f``-wide
+projection and activation, the gate's transposes, ``gate · res``, the causal ``s × s`` weight); aMLP adds
+``4·(2·b·s·f + 4·b·s·A + b·s²) + s²`` for its tiny attention of width ``A`` (``gmlp_attn_dim``).
 """
 
 from __future__ import annotations
@@ -57,12 +62,29 @@ def rwkv_layer_bytes(b: int, s: int, h: int, ffn_dim: int, heads: int) -> float:
     return FP32 * per + t * t
 
 
+GMLP_FF_MULT = 4  # megatron/model/gmlp.py FF_MULT
+GMLP_MEMORY_FORMULA = "4·(b·s·(p·h + p·f + 6·f) + 2·q·b·s + s²), f = 4h/tp; aMLP + 4·(2·b·s·f + 4·b·s·A + b·s²) + s²"
+
+
+def gmlp_layer_bytes(b: int, s: int, h: int, tp: int = 1, norm: str = "rmsnorm", attn_dim: int = 0) -> float:
+    """Bytes one gMLP block (aMLP with ``attn_dim`` > 0) keeps for its backward pass on one TP rank."""
+    f = GMLP_FF_MULT * h / tp
+    per_h, per_token = NORM_FLOATS.get(norm, NORM_FLOATS["rmsnorm"])  # the block's norm and the gate's norm
+    per = b * s * (per_h * h + per_h * f + 6 * f) + 2 * per_token * b * s + s * s
+    extra = 0
+    if attn_dim:  # the tiny attention: its input copy, q/k/v and output, the probabilities, the causal mask
+        per += 2 * b * s * f + 4 * b * s * attn_dim + b * s * s
+        extra = s * s
+    return FP32 * per + extra
+
+
 TRANSFORMER_MEMORY_FORMULA = "s·b·h·(10 + 24/t + 5·a·s/(h·t)) (Korthikanti et al.)"
 
 
 def formulas(family: str, flops_formula: str) -> dict[str, str]:
     """Which activation-memory and FLOPs formulas a plan of ``family``'s layers uses (printed with the plan)."""
-    memory = {"mamba": MAMBA_MEMORY_FORMULA, "rwkv": RWKV_MEMORY_FORMULA}.get(family, TRANSFORMER_MEMORY_FORMULA)
+    by_family = {"mamba": MAMBA_MEMORY_FORMULA, "rwkv": RWKV_MEMORY_FORMULA, "gmlp": GMLP_MEMORY_FORMULA}
+    memory = by_family.get(family, TRANSFORMER_MEMORY_FORMULA)
     if family == "mixed":
         memory = "per layer: Mamba/RWKV counts (megatron/planner/families.py), transformer layers Korthikanti et al."
     if family in ("mamba", "mixed") and "RWKV" not in flops_formula:

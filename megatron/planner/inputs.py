@@ -94,6 +94,7 @@ class TrainingSetup(
     prefetch_bucket_size: int
     offload: tuple[str, ...]  # ZeRO offload sections set (offload_optimizer, offload_param)
     norm_type: str = "layernorm"  # norm: the model's norm (Mamba layers' activation count reads it)
+    amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
     rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
@@ -128,9 +129,9 @@ class TrainingSetup(
 
     @property
     def layer_family(self) -> str:
-        """``mamba`` or ``rwkv`` when every layer is one, ``mixed`` when some are, else ``transformer``."""
-        kinds = set(self.attention_config or ())
-        family = kinds & {"mamba", "rwkv"}
+        """``mamba``, ``rwkv`` or ``gmlp`` (gMLP/aMLP) when every layer is one, ``mixed`` when some are, else ``transformer``."""
+        kinds = {"gmlp" if k == "amlp" else k for k in self.attention_config or ()}
+        family = kinds & {"mamba", "rwkv", "gmlp"}
         if not family:
             return "transformer"
         return family.pop() if len(kinds) == 1 else "mixed"
@@ -198,5 +199,6 @@ class TrainingSetup(
             intermediate_size=args.intermediate_size,
             expansion_factor=args.expansion_factor,
             norm_type=args.norm,
+            amlp_attn_dim=int(args.gmlp_attn_dim or 0),
             rwkv_ffn=rwkv_sizes(args).ffn_dim if "rwkv" in attention else 0,
         )

@@ -16,7 +16,7 @@ Activations per micro-batch and transformer layer on one TP rank (Korthikanti et
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
 attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
 ``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
-``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Mamba and RWKV layers
+``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Mamba, RWKV and gMLP layers
 keep what :mod:`megatron.planner.families` counts instead (a mixed model: the average over its layers).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from megatron.planner.families import mamba_layer_bytes, rwkv_layer_bytes
+from megatron.planner.families import gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
 from megatron.planner.inputs import TrainingSetup
 from megatron.planner.params import StageParams
 
@@ -92,7 +92,11 @@ def _layer_activation_bytes(setup: TrainingSetup) -> dict[str, float]:
     full = s * b * h * (replicated + 24.0 / t + scores) * scale
     kinds = list(setup.attention_config or ())
     if setup.layer_family != "transformer":  # per layer kind (megatron/planner/families.py), averaged over layers
-        by_kind = {"mamba": mamba_layer_bytes(b, s, h, setup.mamba_inner, t, setup.norm_type)}
+        by_kind = {
+            "mamba": mamba_layer_bytes(b, s, h, setup.mamba_inner, t, setup.norm_type),
+            "gmlp": gmlp_layer_bytes(b, s, h, t, setup.norm_type),
+            "amlp": gmlp_layer_bytes(b, s, h, t, setup.norm_type, setup.amlp_attn_dim),
+        }
         if "rwkv" in kinds:
             by_kind["rwkv"] = rwkv_layer_bytes(b, s, h, setup.rwkv_ffn, a)
         full = sum(by_kind.get(kind, full) for kind in kinds) / len(kinds)

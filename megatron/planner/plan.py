@@ -162,8 +162,8 @@ def build_plan(
         formulas=formulas(setup.layer_family, flops_formula(flops_config(setup))),
     )
     gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
-    if gmlp:  # parameters come from the built model; the activation and time models know attention layers only
-        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters exact; activation memory, KV cache and "
-                 "step time estimated as for attention layers"]  # fmt: skip
+    if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only
+        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters and activation memory counted for them; "
+                 "FLOPs, KV cache and step time estimated as for attention layers"]  # fmt: skip
     plan.warnings = list(notes or []) + _warnings(plan)
     return plan

@@ -14,7 +14,7 @@ import yaml
 import deepy
 from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.model import GPTModelConfig, build_sequential_model
-from megatron.planner.families import mamba_layer_bytes, rwkv_layer_bytes
+from megatron.planner.families import gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
 
 
 def _cfg(**kw: object) -> GPTModelConfig:
@@ -72,6 +72,17 @@ def test_rwkv_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, heads
     assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == rwkv_layer_bytes(b, s, h, ffn, heads)
 
 
+@pytest.mark.parametrize(
+    ("kind", "s", "b", "h", "norm", "attn"),
+    [("gmlp", 16, 2, 32, "rmsnorm", 0), ("gmlp", 24, 3, 16, "layernorm", 0), ("amlp", 16, 2, 32, "scalenorm", 8)],
+)
+def test_gmlp_activation_bytes_equal_saved_tensors(kind: str, s: int, b: int, h: int, norm: str, attn: int) -> None:
+    kw = {"gmlp_attn_dim": attn} if attn else {}
+    cfg = _cfg(hidden_size=h, norm=norm, seq_length=s, max_position_embeddings=s, attention_config=[[[kind], 2]], **kw)
+    x = torch.randn(s, b, h, requires_grad=True)
+    assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == gmlp_layer_bytes(b, s, h, 1, norm, attn)
+
+
 def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     assert deepy.main(["--plan", "train.py", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -119,3 +130,15 @@ def test_plan_of_the_shipped_rwkv_config(capsys: pytest.CaptureFixture[str]) -> 
         32 * s * (78.0 * layers * h * h + 84.0 * layers * h + 16.0 * h + 12.0 * h * 50304 + 18.0 * layers * h * h / 12)
     )
     assert plan["throughput"]["model_flops"] == pytest.approx(flops, rel=1e-12)
+
+
+def test_plan_of_a_gmlp_model_counts_its_saved_tensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """configs/cpu/tiny.yml with gMLP layers: the plan's activations are the measured saved bytes of its layers."""
+    extra = tmp_path / "gmlp.yml"
+    extra.write_text(yaml.safe_dump({"attention_config": [[["gmlp"], "all"]], "checkpoint_activations": False}))
+    plan = _plan_json(capsys, "configs/cpu/tiny.yml", str(extra), "--vocab-size", "512")
+    per_mb = plan["memory"]["per_rank"][0]["activations_per_micro_batch"]
+    cfg = _cfg(hidden_size=64, norm="layernorm", seq_length=64, attention_config=[[["gmlp"], 2]])
+    measured = saved_tensor_bytes(build_sequential_model(cfg).sequential[2], torch.randn(64, 2, 64, requires_grad=True))
+    assert per_mb["no_checkpointing_kept"] == 2 * measured
+    assert plan["formulas"]["activations_per_layer"].startswith("4·(b·s·(p·h + p·f + 6·f)")
