@@ -199,6 +199,6 @@ class TrainingSetup(
             intermediate_size=args.intermediate_size,
             expansion_factor=args.expansion_factor,
             norm_type=args.norm,
-            amlp_attn_dim=int(args.gmlp_attn_dim or 0),
+            amlp_attn_dim=args.gmlp_attn_dim if "amlp" in attention else 0,
             rwkv_ffn=rwkv_sizes(args).ffn_dim if "rwkv" in attention else 0,
         )
