@@ -117,6 +117,7 @@ class TrainingSetup(
         "offload",
         "rwkv_ffn",
         "norm_type",
+        "amlp_attn_dim",
     )
 
     def __post_init__(self) -> None:
