@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.planner.layout import GroupPlacement
 
 # Fitted against megatron/planner/published_runs.py (see docs/planner.md, "Calibration").
@@ -87,6 +88,7 @@ class Workload:
     flash_attention: bool = False
     sequence_parallel: bool = False
     engine: str = "deepspeed"  # "deepspeed" (GPT-NeoX, neox-forge, Megatron-DeepSpeed) or "megatron-lm"
+    flops_config: FlopsConfig | None = None  # a planned config: its FLOPs by megatron.logging.flops (Mamba, RWKV)
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:
@@ -101,6 +103,8 @@ class Workload:
 
     def flops(self, k: int) -> float:
         """GPT-NeoX's FLOPs per step (``k = 3`` model, ``4`` with the recomputed forward)."""
+        if self.flops_config is not None:
+            return flops_per_iteration(self.flops_config, k)
         b, s, n, h, v = self.train_batch, self.seq_length, self.num_layers, self.hidden_size, self.padded_vocab_size
         return 24.0 * k * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * n * h))
 

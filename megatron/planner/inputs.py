@@ -10,7 +10,8 @@ from typing import ClassVar
 
 from megatron.config_utils import NeoXValues, require_keys
 from megatron.neox_arguments.errors import ConfigError
-from megatron.neox_arguments.sections.model import PrecisionKeys, SequenceKeys, ShapeKeys
+from megatron.neox_arguments.rwkv_checks import rwkv_sizes
+from megatron.neox_arguments.sections.model import LayerTypeKeys, MLPWidthKeys, PrecisionKeys, SequenceKeys, ShapeKeys
 from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys, VocabKeys
 from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
@@ -70,6 +71,8 @@ class TrainingSetup(
     ActivationCheckpointKeys,
     LayerSplitKeys,
     OptimizerTypeKeys,
+    MLPWidthKeys,
+    LayerTypeKeys,
 ):
     """The config values the memory and time models read: the keys (inherited, GPT-NeoX names) and values derived
     from the resolved config under short names of their own."""
@@ -90,6 +93,9 @@ class TrainingSetup(
     param_persistence_threshold: int
     prefetch_bucket_size: int
     offload: tuple[str, ...]  # ZeRO offload sections set (offload_optimizer, offload_param)
+    norm_type: str = "layernorm"  # norm: the model's norm (Mamba layers' activation count reads it)
+    amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
+    rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -109,6 +115,9 @@ class TrainingSetup(
         "param_persistence_threshold",
         "prefetch_bucket_size",
         "offload",
+        "rwkv_ffn",
+        "norm_type",
+        "amlp_attn_dim",
     )
 
     def __post_init__(self) -> None:
@@ -118,6 +127,20 @@ class TrainingSetup(
     def vocab_rows(self) -> int:
         """``padded_vocab_size``, typed without None: a training setup requires it (``__post_init__``)."""
         return typing.cast(int, self.padded_vocab_size)
+
+    @property
+    def layer_family(self) -> str:
+        """``mamba``, ``rwkv`` or ``gmlp`` (gMLP/aMLP) when every layer is one, ``mixed`` when some are, else ``transformer``."""
+        kinds = {"gmlp" if k == "amlp" else k for k in self.attention_config or ()}
+        family = kinds & {"mamba", "rwkv", "gmlp"}
+        if not family:
+            return "transformer"
+        return family.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def mamba_inner(self) -> int:
+        """Mamba's inner width ``d_inner`` (``megatron/model/mamba/sizes.py``'s rule)."""
+        return self.intermediate_size or int((self.expansion_factor or 2) * self.hidden_size)
 
     @property
     def stages(self) -> int:
@@ -144,16 +167,6 @@ class TrainingSetup(
         if args.padded_vocab_size is None:
             raise ValueError("TrainingSetup.from_neox_args: padded_vocab_size is not set (build the tokenizer first)")
         attention = [str(t) for t in (args.attention_config or [])]
-        if "mamba" in attention:
-            raise ValueError(
-                "not supported yet: planning a model with Mamba layers (attention_config=mamba): the planner's "
-                "activation-memory and step-time models cover transformer layers only"
-            )
-        if "rwkv" in attention:  # its parameters would count exactly, but memory and time model transformer layers
-            raise ValueError(
-                "not supported yet by the planner: attention_config rwkv (its activation memory and step time model "
-                "transformer layers only)"
-            )
         data_types = args.data_types or {}
         return cls(
             precision=args.precision,
@@ -183,4 +196,10 @@ class TrainingSetup(
             param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
             prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
             offload=tuple(k for k in ("offload_optimizer", "offload_param") if zero.get(k)),
+            attention_config=attention or None,
+            intermediate_size=args.intermediate_size,
+            expansion_factor=args.expansion_factor,
+            norm_type=args.norm,
+            amlp_attn_dim=args.gmlp_attn_dim if "amlp" in attention else 0,
+            rwkv_ffn=rwkv_sizes(args).ffn_dim if "rwkv" in attention else 0,
         )

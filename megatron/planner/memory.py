@@ -16,7 +16,8 @@ Activations per micro-batch and transformer layer on one TP rank (Korthikanti et
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
 attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
 ``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
-``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule).
+``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Mamba, RWKV and gMLP layers
+keep what :mod:`megatron.planner.families` counts instead (a mixed model: the average over its layers).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from megatron.planner.families import gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
 from megatron.planner.inputs import TrainingSetup
 from megatron.planner.params import StageParams
 
@@ -88,6 +90,16 @@ def _layer_activation_bytes(setup: TrainingSetup) -> dict[str, float]:
     scores = 0.0 if setup.flash_attention else 5.0 * a * s / (h * t)
     replicated = 10.0 / t if setup.sequence_parallel else 10.0  # layer norms and dropouts, split by SP
     full = s * b * h * (replicated + 24.0 / t + scores) * scale
+    kinds = list(setup.attention_config or ())
+    if setup.layer_family != "transformer":  # per layer kind (megatron/planner/families.py), averaged over layers
+        by_kind = {
+            "mamba": mamba_layer_bytes(b, s, h, setup.mamba_inner, t, setup.norm_type),
+            "gmlp": gmlp_layer_bytes(b, s, h, t, setup.norm_type),
+            "amlp": gmlp_layer_bytes(b, s, h, t, setup.norm_type, setup.amlp_attn_dim),
+        }
+        if "rwkv" in kinds:
+            by_kind["rwkv"] = rwkv_layer_bytes(b, s, h, setup.rwkv_ffn, a)
+        full = sum(by_kind.get(kind, full) for kind in kinds) / len(kinds)
     checkpoint = 2.0 * s * b * h * scale
     return {"full": full, "checkpoint": checkpoint, "partitioned": checkpoint / t}
 
@@ -109,6 +121,9 @@ def activation_bytes(setup: TrainingSetup, layers: int, last_stage: bool) -> dic
         "checkpointing": blocks * per["checkpoint"],
         "checkpointing_partitioned": blocks * per["partitioned"],
     }
+    if setup.layer_family == "rwkv":  # RWKV blocks are not checkpointed (GPT-NeoX leaves them out too)
+        kept = dict.fromkeys(kept, kept["no_checkpointing"])
+        c = 0
     working = {"no_checkpointing": logits, "checkpointing": c * per["full"] + logits}
     working["checkpointing_partitioned"] = working["checkpointing"]
     out = {k: int(v + working[k]) for k, v in kept.items()}

@@ -7,17 +7,19 @@ from types import SimpleNamespace
 from typing import ClassVar
 
 from megatron.config_utils import NeoXValues, neox_values
+from megatron.logging.flops import flops_formula
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import VocabPaddingKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys
 from megatron.planner.calibrated import Link, Prediction, Workload, predict
+from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
-from megatron.planner.throughput import StepEstimate, estimate_step
+from megatron.planner.throughput import StepEstimate, estimate_step, flops_config
 
 BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
 GB = 1e9
@@ -37,6 +39,7 @@ class Plan:
     weights_16bit_bytes: int
     kv_cache: dict[str, int]
     predicted: Prediction
+    formulas: dict[str, str] = field(default_factory=dict)  # which activation and FLOPs formulas the plan used
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -97,6 +100,7 @@ def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) 
         param_bytes=setup.param_bytes,
         flash_attention=setup.flash_attention,
         sequence_parallel=setup.sequence_parallel,
+        flops_config=flops_config(setup),
     )
 
 
@@ -155,10 +159,11 @@ def build_plan(
         weights_16bit_bytes=2 * params.total,
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
+        formulas=formulas(setup.layer_family, flops_formula(flops_config(setup))),
     )
     gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
-    if gmlp:  # parameters come from the built model; the activation and time models know attention layers only
-        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters exact; activation memory, KV cache and "
-                 "step time estimated as for attention layers"]  # fmt: skip
+    if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only
+        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters and activation memory counted for them; "
+                 "FLOPs, KV cache and step time estimated as for attention layers"]  # fmt: skip
     plan.warnings = list(notes or []) + _warnings(plan)
     return plan

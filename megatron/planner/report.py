@@ -71,6 +71,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "per_rank": [r.to_dict() for r in plan.ranks],
         },
         "throughput": {**plan.step.to_dict(), "predicted": plan.predicted.to_dict()},
+        "formulas": plan.formulas,
         "warnings": plan.warnings,
     }
 
@@ -121,7 +122,9 @@ def format_plan(plan: Plan) -> str:
         f"no checkpointing {_gb(per_mb['no_checkpointing'])}, checkpointing {_gb(per_mb['checkpointing'])}, "
         f"checkpointing + partitioned {_gb(per_mb['checkpointing_partitioned'])}",
         "",
-        f"FLOPs per step      {step.model_flops:.3e} model, {step.hardware_flops:.3e} hardware (GPT-NeoX formula)",
+        f"FLOPs per step      {step.model_flops:.3e} model, {step.hardware_flops:.3e} hardware",
+        f"  FLOPs formula     {plan.formulas['flops']}",
+        f"  activations/layer {plan.formulas['activations_per_layer']}",
         f"step time           {step.step_s:.2f} s = compute {step.compute_s:.2f} + bubble {step.bubble_s:.2f} + TP "
         f"{step.tensor_comm_s:.2f} + PP {step.pipe_comm_s:.2f} + DP {step.data_comm_s:.2f} "
         f"(at {hw.peak_tflops:g} TFLOP/s peak, no overlap)",

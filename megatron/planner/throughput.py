@@ -1,4 +1,4 @@
-"""FLOPs per step (GPT-NeoX's formula, :mod:`megatron.logging.flops`) and a step-time estimate.
+"""FLOPs per step (GPT-NeoX's formulas, :mod:`megatron.logging.flops`: transformer, Mamba or RWKV) and a step-time estimate.
 
 The estimate adds, without overlap: the compute at the given peak (hardware FLOPs: with activation checkpointing
 the forward runs twice), the pipeline bubble ``(stages - 1) / micro-batches`` of it, the tensor-parallel
@@ -58,11 +58,9 @@ def _ring(nbytes: float, n: int, gbps: float) -> float:
     return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / (gbps * 1e9)
 
 
-def estimate_step(
-    setup: TrainingSetup, hw: Hardware, placements: list[GroupPlacement], params_per_rank: int, layers_per_stage: int
-) -> StepEstimate:
-    """The estimate for one step of ``setup`` on ``hw``."""
-    flops_cfg = FlopsConfig(
+def flops_config(setup: TrainingSetup) -> FlopsConfig:
+    """The values :mod:`megatron.logging.flops` reads, from a training setup (its layer types pick the formula)."""
+    return FlopsConfig(
         train_batch_size=setup.train_batch,
         seq_length=setup.seq_length,
         num_layers=setup.num_layers,
@@ -70,7 +68,17 @@ def estimate_step(
         padded_vocab_size=setup.padded_vocab_size,
         num_attention_heads=setup.num_heads,
         checkpoint_activations=setup.checkpoint_activations,
+        attention_config=setup.attention_config,
+        intermediate_size=setup.intermediate_size,
+        expansion_factor=setup.expansion_factor,
     )
+
+
+def estimate_step(
+    setup: TrainingSetup, hw: Hardware, placements: list[GroupPlacement], params_per_rank: int, layers_per_stage: int
+) -> StepEstimate:
+    """The estimate for one step of ``setup`` on ``hw``."""
+    flops_cfg = flops_config(setup)
     model = flops_per_iteration(flops_cfg, 3)
     hardware = flops_per_iteration(flops_cfg, 4 if setup.checkpoint_activations else 3)
     peak_total = hw.peak_tflops * 1e12 * hw.gpus

@@ -234,13 +234,13 @@ def test_the_shipped_config_loads_with_its_bf16_loss_scaling_keys_warned_about(c
     assert "ignored: bf16 training uses no loss scaling (set in " in caplog.text
 
 
-def test_the_planner_refuses_rwkv_in_one_line() -> None:
+def test_the_planner_plans_rwkv(capsys: pytest.CaptureFixture[str]) -> None:
     from megatron.planner.cli import plan_main
 
     repo = Path(__file__).resolve().parents[2]
     cfg = [str(repo / "configs" / "rwkv" / "170M.yml"), str(repo / "configs" / "local_setup.yml")]
-    with pytest.raises(ConfigError, match="not supported yet by the planner: attention_config rwkv"):
-        plan_main(["--gpus", "8", "--vocab-size", "50000", "train.py", *cfg])
+    assert plan_main(["--gpus", "8", "--vocab-size", "50000", "train.py", *cfg]) == 0
+    assert "GPT-NeoX's RWKV formula" in capsys.readouterr().out
 
 
 def test_rwkv_keys_without_rwkv_layers_are_warned_about(caplog) -> None:
