@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
 
-from tests.distributed.fns_curriculum import curriculum_runs
+from tests.distributed.fns_curriculum import curriculum_run, curriculum_runs
 from tests.distributed.fns_train import make_tiny_data, tensorboard_scalars, tiny_config
 from tests.harness import run_distributed
 
@@ -102,3 +102,19 @@ def vocab_rows(data: dict[str, str]) -> int:
     from megatron.tokenizer import padded_vocab_size
 
     return padded_vocab_size(Tokenizer.from_file(data["vocab_file"]).get_vocab_size(), 64, 1)
+
+
+def test_pipeline_stages_follow_the_schedule(data: dict[str, str]) -> None:
+    """Two pipeline stages: the first stage's batches are cut each step, DeepSpeed's activation buffers are sized
+    again when the length changes (the stages exchange activations of the new length), and the losses equal the
+    sequential engine's on the same steps."""
+    base = {"eval_interval": 2, "eval_iters": 1, "log_interval": 1, "curriculum_learning": DISCRETE, "train_iters": 5}
+    pipe = tiny_config(data, world=2, pipe_parallel_size=2, **base)
+    per_rank = run_distributed(curriculum_run, 2, pipe, timeout=600)
+    expected = deepspeed_schedule(DISCRETE, 5)
+    assert expected == [8, 8, 16, 16, 32]
+    assert seen_lengths(per_rank[0]) == expected  # stage 0 (evaluation in between runs at full length)
+    assert [s["reported"] for s in per_rank[1]["steps"]] == expected
+    assert per_rank[0]["losses"] == per_rank[1]["losses"]
+    sequential = run_distributed(curriculum_run, 1, tiny_config(data, **base), timeout=600)[0]
+    assert per_rank[0]["losses"] == pytest.approx(sequential["losses"], rel=1e-4)
