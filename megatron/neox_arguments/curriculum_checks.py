@@ -64,9 +64,24 @@ def _schedule_problems(kind: str, sched: Any, seq_length: int | None) -> list[st
     return out
 
 
-def curriculum_problems(block: Any, seq_length: int | None, train_impl: str = "normal") -> list[str]:
-    """Problems of a ``curriculum_learning`` block (none when unset or ``enabled`` is false); ``train_impl``: GPT-NeoX
-    cuts labels and loss mask to the curriculum length for language modelling (``normal``) only."""
+def curriculum_problems(values: dict[str, Any], origins: dict[str, str] | None = None) -> list[str]:
+    """Problems of the ``curriculum_learning`` block of resolved config ``values`` (none when unset or ``enabled``
+    is false). GPT-NeoX cuts labels and loss mask to the curriculum length for language modelling (``train_impl:
+    normal``) only. In ``deepspeed_extra_args`` the block would reach DeepSpeed's engine, which passes the model a
+    ``curriculum_seqlen`` argument GPT-NeoX's model takes and neox-forge's does not: refused there."""
+    origins = origins or {}
+    extra = values.get("deepspeed_extra_args") or {}
+    if isinstance(extra, dict) and "curriculum_learning" in extra:
+        where = origins.get("deepspeed_extra_args")
+        at = f" (set in {where})" if where else ""
+        return [f"deepspeed_extra_args.curriculum_learning{at}: set curriculum_learning at the top level instead"]
+    found = block_problems(values.get("curriculum_learning"), values.get("seq_length"), values.get("train_impl"))
+    where = origins.get("curriculum_learning")
+    return [f"{p} (set in {where})" for p in found] if where else found
+
+
+def block_problems(block: Any, seq_length: int | None, train_impl: str | None = "normal") -> list[str]:
+    """Problems of a ``curriculum_learning`` block (see :func:`curriculum_problems`)."""
     if block is None:
         return []
     if not isinstance(block, dict):
@@ -77,7 +92,7 @@ def curriculum_problems(block: Any, seq_length: int | None, train_impl: str = "n
     if not enabled:
         return []
     out = []
-    if train_impl != "normal":
+    if train_impl not in (None, "normal"):
         out.append(f"not supported yet: curriculum_learning with train_impl={train_impl!r} (only 'normal')")
     out += [
         f"curriculum_learning.{k} is not a setting (valid: {', '.join(BLOCK_KEYS)})"

@@ -304,10 +304,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
-    (
-        "curriculum learning",
-        lambda c: curriculum_problems(c.v["curriculum_learning"], c.v["seq_length"], c.v["train_impl"]),
-    ),
+    ("curriculum learning", lambda c: curriculum_problems(c.v, c.origins)),
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
     ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),
 ]

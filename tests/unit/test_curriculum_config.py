@@ -6,9 +6,11 @@ throughput of an interval whose steps had different lengths is their mean."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
 
 from megatron.logging.flops import FlopsConfig, flops_per_iteration, throughput_metrics
@@ -85,9 +87,28 @@ def test_mistakes_name_the_sub_key(block: Any, message: str) -> None:
     assert message in str(err.value)
 
 
+def test_the_message_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "curriculum.yml"
+    config.write_text(yaml.safe_dump({**TINY, "curriculum_learning": {**LINEAR, "schedule_type": "linear"}}))
+    with pytest.raises(ConfigError) as err:
+        NeoXArgs.from_ymls([str(config)])
+    assert "curriculum_learning.schedule_type='linear' must be one of fixed_linear, fixed_root, fixed_discrete" in str(
+        err.value
+    )
+    assert f"(set in {config.name})" in str(err.value) or f"(set in {config})" in str(err.value)
+
+
 def test_post_training_objectives_refuse_it() -> None:
     with pytest.raises(ConfigError, match=r"not supported yet: curriculum_learning with train_impl='dpo'"):
         NeoXArgs({**TINY, "curriculum_learning": LINEAR, "train_impl": "dpo", "pack_impl": "unpacked"}, env=CPU1)
+
+
+def test_deepspeed_extra_args_cannot_carry_it() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"deepspeed_extra_args.curriculum_learning: set curriculum_learning at the top level",
+    ):
+        NeoXArgs({**TINY, "deepspeed_extra_args": {"curriculum_learning": LINEAR}}, env=CPU1)
 
 
 def test_resume_continues_where_the_run_stopped() -> None:
