@@ -67,8 +67,8 @@ def _schedule_problems(kind: str, sched: Any, seq_length: int | None) -> list[st
 def curriculum_problems(values: dict[str, Any], origins: dict[str, str] | None = None) -> list[str]:
     """Problems of the ``curriculum_learning`` block of resolved config ``values`` (none when unset or ``enabled``
     is false). GPT-NeoX cuts labels and loss mask to the curriculum length for language modelling (``train_impl:
-    normal``) only. In ``deepspeed_extra_args`` the block would reach DeepSpeed's engine, which passes the model a
-    ``curriculum_seqlen`` argument GPT-NeoX's model takes and neox-forge's does not: refused there."""
+    normal``) only. In ``deepspeed_extra_args`` the block would reach DeepSpeed, which removed its legacy curriculum and
+    rejects the key: refused there with a pointer to the top-level key."""
     origins = origins or {}
     extra = values.get("deepspeed_extra_args") or {}
     if isinstance(extra, dict) and "curriculum_learning" in extra:

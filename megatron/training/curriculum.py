@@ -8,8 +8,8 @@ Evaluation batches keep the full ``seq_length``.
 
 The schedule is a function of the iteration, so a checkpoint needs no state of its own: on resume the scheduler is
 advanced to the loaded iteration (``update_difficulty(iteration)``, as GPT-NeoX does), and the next iteration asks
-for ``iteration + 1`` as the uninterrupted run did. The block stays out of the DeepSpeed config: DeepSpeed's engine
-would otherwise pass a ``curriculum_seqlen`` argument to the model's forward (GPT-NeoX's model takes it).
+for ``iteration + 1`` as the uninterrupted run did. The block stays out of the DeepSpeed config: DeepSpeed 0.19
+removed its legacy top-level ``curriculum_learning`` and rejects it (DeeperSpeed's engine drove the schedule).
 """
 
 from __future__ import annotations

@@ -16,15 +16,17 @@ def curriculum_run(config: dict[str, Any]) -> dict[str, Any]:
     from tests.distributed.fns_train import run_pretrain
 
     seen: list[tuple[int, ...]] = []
+    evaluated: list[tuple[int, ...]] = []  # evaluation forwards' input shapes
     per_step: list[dict[str, Any]] = []
 
     def model_input(module: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
         # the whole model (pp=0) or the pipeline's first stage: ((tokens, position ids, attention mask),); the
         # whole model passes its first layer no mask when it is the plain causal one of the tokens' length
-        if isinstance(module, GPTSequential | EmbeddingPipe) and module.training and isinstance(inputs[0], tuple):
+        if isinstance(module, GPTSequential | EmbeddingPipe) and isinstance(inputs[0], tuple):
             tokens, position_ids, mask = inputs[0]
             if mask is not None:
-                seen.append((int(tokens.size(1)), int(position_ids.size(1)), *map(int, mask.shape[-2:])))
+                shape = (int(tokens.size(1)), int(position_ids.size(1)), *map(int, mask.shape[-2:]))
+                (seen if module.training else evaluated).append(shape)
 
     def on_step(iteration: int, result: Any) -> None:
         per_step.append({"iteration": iteration, "reported": result.seq_length, "seen": sorted(set(seen))})
@@ -35,7 +37,8 @@ def curriculum_run(config: dict[str, Any]) -> dict[str, Any]:
         result = run_pretrain(config, on_step=on_step)
     finally:
         hook.remove()
-    return {"steps": per_step, "losses": result["train_losses"], "start": result["start_iteration"]}
+    steps, losses, start = per_step, result["train_losses"], result["start_iteration"]
+    return {"steps": steps, "losses": losses, "start": start, "evaluated": sorted(set(evaluated))}
 
 
 def curriculum_runs(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:

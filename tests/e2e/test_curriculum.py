@@ -113,8 +113,10 @@ def test_pipeline_stages_follow_the_schedule(data: dict[str, str]) -> None:
     per_rank = run_distributed(curriculum_run, 2, pipe, timeout=600)
     expected = deepspeed_schedule(DISCRETE, 5)
     assert expected == [8, 8, 16, 16, 32]
-    assert seen_lengths(per_rank[0]) == expected  # stage 0 (evaluation in between runs at full length)
+    assert seen_lengths(per_rank[0]) == expected  # stage 0
+    assert per_rank[0]["evaluated"] == [(32, 32, 32, 32)]  # evaluation in between and after: the full length
     assert [s["reported"] for s in per_rank[1]["steps"]] == expected
     assert per_rank[0]["losses"] == per_rank[1]["losses"]
     sequential = run_distributed(curriculum_run, 1, tiny_config(data, **base), timeout=600)[0]
     assert per_rank[0]["losses"] == pytest.approx(sequential["losses"], rel=1e-4)
+    assert sequential["evaluated"] == [(32, 32, 32, 32)]
