@@ -15,7 +15,7 @@ removed its legacy top-level ``curriculum_learning`` and rejects it (DeeperSpeed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from deepspeed.runtime.data_pipeline.curriculum_scheduler import CurriculumScheduler
@@ -24,8 +24,8 @@ from megatron.config_utils import NeoXValues, neox_values
 from megatron.neox_arguments.curriculum_checks import curriculum_enabled
 from megatron.neox_arguments.sections.deepspeed import CurriculumKeys
 
-if TYPE_CHECKING:
-    from megatron.training.step import Batch
+# step.Batch: ((tokens, position_ids, attention_mask), (labels, loss_mask))
+Batch = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
