@@ -102,4 +102,6 @@ class PipelineEngine(Engine, Protocol):
 
     def eval_batch(self, data_iter: Iterator[Any]) -> torch.Tensor: ...
 
+    def reset_activation_shape(self) -> None: ...  # the stages exchange activations of a new shape (curriculum)
+
     def is_last_stage(self) -> bool: ...

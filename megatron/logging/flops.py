@@ -17,7 +17,7 @@ HFU: ``B · s · (78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/a)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megatron.config_utils import NeoXValues, neox_values, require_keys
 from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
@@ -77,22 +77,32 @@ def flops_per_iteration(cfg: FlopsConfig, k: int = 3) -> float:
     return mamba * per_mamba + others * per_transformer + head
 
 
-def throughput_metrics(cfg: FlopsConfig, iteration_time: float, world_size: int) -> dict[str, float]:
-    """``runtime/*`` metrics for one iteration of ``iteration_time`` seconds on ``world_size`` devices."""
+def throughput_metrics(
+    cfg: FlopsConfig, iteration_time: float, world_size: int, seq_lengths: list[int] | None = None
+) -> dict[str, float]:
+    """``runtime/*`` metrics for one iteration of ``iteration_time`` seconds on ``world_size`` devices.
+
+    ``seq_lengths``: the sequence length of each iteration of the interval when curriculum learning cut the batches
+    (the FLOPs and tokens are their mean over these iterations); None: ``seq_length``."""
     t = max(iteration_time, 1e-12)
     samples_per_sec = cfg.train_batch_size / t
     actual_k = 4 if cfg.checkpoint_activations else 3
-    flops_per_sec_per_gpu = flops_per_iteration(cfg, actual_k) / (t * world_size)
+    shapes = [replace(cfg, seq_length=s) for s in seq_lengths] if seq_lengths else [cfg]
+
+    def mean_flops(k: int) -> float:
+        return sum(flops_per_iteration(c, k) for c in shapes) / len(shapes)
+
+    flops_per_sec_per_gpu = mean_flops(actual_k) / (t * world_size)
     out = {
         "runtime/iteration_time": iteration_time,
         "runtime/steps_per_sec": 1.0 / t,
         "runtime/samples_per_sec": samples_per_sec,
-        "runtime/tokens_per_sec": samples_per_sec * cfg.seq_length,
+        "runtime/tokens_per_sec": samples_per_sec * sum(c.seq_length for c in shapes) / len(shapes),
         "runtime/flops_per_sec_per_gpu": flops_per_sec_per_gpu,
     }
     if cfg.peak_theoretical_tflops:
         peak = float(cfg.peak_theoretical_tflops) * 1e12
-        model_flops = flops_per_iteration(cfg, 3) / (t * world_size)
+        model_flops = mean_flops(3) / (t * world_size)
         out["runtime/model_flops_utilization"] = 100.0 * model_flops / peak
         out["runtime/hardware_flops_utilization"] = 100.0 * flops_per_sec_per_gpu / peak
     return out

@@ -78,7 +78,8 @@ _SECTION_NAMES = [cls.__name__ for cls in SECTIONS.values()]
 # Objects attached while running; never serialised.
 RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "adlr_autoresume_object")
 # DeepSpeed-section keys that are NeoX bookkeeping, not DeepSpeed config.
-_NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_seqlen", "load_universal"}
+# curriculum_learning: the step drives DeepSpeed's CurriculumScheduler itself (training/curriculum.py)
+_NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_learning", "curriculum_seqlen", "load_universal"}
 _DEEPERSPEED_ONLY = {"fp16", "bf16", "type"}
 # Keys DeepSpeed 0.19 rejects outright; they are refused as unsupported when set, so only defaults get here.
 _REMOVED_FROM_DEEPSPEED = {"sparse_gradients", "amp", "compression_training", "elasticity", "sparse_attention"}

@@ -56,7 +56,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
-    "curriculum_learning": "curriculum learning",
     "load_universal": "loading DeepSpeed universal checkpoints",
     "autotuning": "DeepSpeed autotuning",
     "autotuning_run": "DeepSpeed autotuning",
@@ -90,8 +89,8 @@ IGNORED_KEYS: dict[str, str] = {
     "do_test": _RUNTIME,
     "scheduler": "the learning rate follows lr_decay_style, warmup and min_lr; GPT-NeoX passes this block to "
     "DeepSpeed with its own scheduler, which DeepSpeed prefers, so it is ignored there too",
-    "curriculum_seqlen": "GPT-NeoX's running sequence length of curriculum learning (curriculum_learning is not "
-    "supported)",
+    "curriculum_seqlen": "GPT-NeoX's running sequence length of curriculum learning, which curriculum_learning's "
+    "schedule sets each iteration",
 }
 
 # fp16's loss-scaling keys, which GPT-NeoX configs also write into the bf16 block (rwkv/170M.yml): bf16 training has

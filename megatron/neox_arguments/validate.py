@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from megatron.neox_arguments.compile_checks import torch_compile_problems
+from megatron.neox_arguments.curriculum_checks import curriculum_problems
 from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.ranges import range_problems
@@ -303,6 +304,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
+    ("curriculum learning", lambda c: curriculum_problems(c.v, c.origins)),
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
     ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),
 ]

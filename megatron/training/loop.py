@@ -187,6 +187,7 @@ class Trainer:
         cfg = self.loop_cfg
         interval_time = 0.0  # seconds spent in training steps since the last log line (not eval/saves)
         interval_iters = 0
+        interval_lengths: list[int] = []  # curriculum learning: each iteration's sequence length since the last log
         while state.iteration < cfg.iterations:
             self.profiler.before(state.iteration + 1)
             start = _now()
@@ -202,6 +203,9 @@ class Trainer:
             scalars = {"train/lm_loss": result.lm_loss, "train/learning_rate": self._lr()}
             scalars.update(result.extra)
             scalars.update(moe_metrics(self.engine.module))  # router statistics (empty for dense models)
+            if result.seq_length is not None:  # GPT-NeoX's curriculum_seqlen metric
+                scalars["train/curriculum_seqlen"] = float(result.seq_length)
+                interval_lengths.append(result.seq_length)
             scale = _loss_scale(self.engine)
             if scale is not None and getattr(self.engine, "fp16_enabled", lambda: False)():
                 scalars["train/loss_scale"] = scale
@@ -217,11 +221,12 @@ class Trainer:
             if len(state.history) == 1:  # once, after this run's first step (optimizer state exists by then)
                 scalars.update(log_param_optimizer_bytes(self.engine))
             if state.iteration % self.log_cfg.log_interval == 0:
-                scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world))
+                lengths = interval_lengths or None
+                scalars.update(throughput_metrics(self.flops_cfg, interval_time / interval_iters, self.world, lengths))
                 scalars.update(self.observer.interval(state.iteration, interval_time, interval_iters))  # ETA, memory
                 self.observer.observe(scalars)
                 self._console(state, scalars)
-                interval_time, interval_iters = 0.0, 0
+                interval_time, interval_iters, interval_lengths = 0.0, 0, []
             self.metrics.log(scalars, state.iteration)
             if cfg.eval_interval and cfg.eval_iters > 0 and state.iteration % cfg.eval_interval == 0 and valid_iter:
                 self.evaluate("validation", valid_iter, state.iteration)

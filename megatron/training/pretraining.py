@@ -48,6 +48,7 @@ from megatron.post_training.reward_head import with_reward_head
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 from megatron.training.coord_check import run_coord_check
 from megatron.training.cpu_precision import apply_cpu_precision
+from megatron.training.curriculum import CurriculumConfig, build_curriculum
 from megatron.training.deepspeed_adapter import share_fp32_zero3_partitions, skip_single_rank_allreduce
 from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
@@ -369,6 +370,8 @@ def pretrain(
             run_coord_check(setup.model, setup.mup, get_batch(next(train_iter), batch_cfg), rank, Path.cwd())
             return PretrainResult(iteration=iteration, start_iteration=iteration)
         step = build_step(plan, engine, lr_scheduler, timers, guard, batch_cfg, post_cfg)
+        if isinstance(step, SequentialStep | PipeStep):  # post-training objectives refuse it (config validation)
+            step.curriculum = build_curriculum(CurriculumConfig.from_neox_args(args), iteration)
         if args.torch_compile:
             time_compiled_steps(step, loop_cfg.iterations - iteration)
         result = PretrainResult(

@@ -29,6 +29,7 @@ from megatron.model import get_ltor_masks_and_position_ids
 from megatron.model.gpt2_model import cross_entropy
 from megatron.neox_arguments.sections.other import LossMaskKeys
 from megatron.neox_arguments.sections.training import BatchMaskKeys
+from megatron.training.curriculum import SeqlenCurriculum, truncate
 from megatron.training.deepspeed_adapter import (
     manual_loss_scale,
     pipeline_loss_sum,
@@ -105,6 +106,7 @@ class StepResult:
     skipped: bool
     extra: dict[str, float] = field(default_factory=dict)  # objective metrics (post-training), logged as given
     stop: float = 0.0  # preemption, reduced over ranks with the step (2 a signal, 1 out of time, 0 go on)
+    seq_length: int | None = None  # curriculum learning: the length this iteration's batches were cut to
 
 
 class OptimizerStep:
@@ -278,11 +280,26 @@ class SequentialStep(AccumulatingStep):
         super().__init__(engine, gas, timers, lr_scheduler, guard)
         self.loss_fn, self.batch_cfg = loss_fn, batch_cfg
         self.fused_loss = uses_fused_loss(engine, loss_fn)
+        self.curriculum: SeqlenCurriculum | None = None  # curriculum_learning (build_step sets it)
+        self._seqlen: int | None = None  # the training iteration's curriculum length (None: the batch's own)
+
+    def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
+        """One iteration; with ``curriculum_learning`` its batches are cut to the schedule's length."""
+        if self.curriculum is None:
+            return super().train(data_iter)
+        self._seqlen = self.curriculum.advance()
+        try:
+            result = super().train(data_iter)
+        finally:
+            self._seqlen = None
+        result.seq_length = self.curriculum.seqlen
+        return result
 
     def forward(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> torch.Tensor:
         """Forward one micro-batch; returns the loss."""
         self.timers("batch generator").start()
-        inputs, targets = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+        batch = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+        inputs, targets = truncate(batch, self._seqlen) if self._seqlen is not None else batch
         self.timers("batch generator").stop()
         if self.fused_loss:  # output layer + loss in one chunked pass (same loss, no [b, s, V] logits)
             return self.engine(inputs, loss_targets=targets)
@@ -310,20 +327,34 @@ class PipeStep:
         self.engine, self.batch_cfg, self.timers = engine, batch_cfg, timers
         self.optimizer_step = PipelineOptimizerStep(engine, guard, lr_scheduler)
         run_optimizer_step_through(engine, self.optimizer_step)  # its schedule calls OptimizerStep.__call__
+        self.curriculum: SeqlenCurriculum | None = None  # curriculum_learning (build_step sets it)
+        self._sent_len: int | None = None  # the length the stages' activation buffers hold (None: the full one)
 
-    def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> Iterator[Batch]:
+    def _batches(self, data_iter: Iterator[dict[str, torch.Tensor]] | None, seqlen: int | None) -> Iterator[Batch]:
+        """The micro-batches of one ``train_batch``/``eval_batch`` (cut to ``seqlen``); on every stage, before it
+        runs (only the first and last stages read batches), a new length resizes DeepSpeed's activation buffers."""
+        if self.curriculum is not None and seqlen != self._sent_len:
+            self.engine.reset_activation_shape()
+            self._sent_len = seqlen
+        return self._read(data_iter, seqlen)
+
+    def _read(self, data_iter: Iterator[dict[str, torch.Tensor]] | None, seqlen: int | None) -> Iterator[Batch]:
         while True:
-            yield get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+            batch = get_batch(next(data_iter) if data_iter is not None else None, self.batch_cfg)
+            yield truncate(batch, seqlen) if seqlen is not None else batch
 
     def train(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> StepResult:
-        """One iteration (``gas`` micro-batches, then the optimizer step, inside the engine)."""
+        """One iteration (``gas`` micro-batches, then the optimizer step, inside the engine); with
+        ``curriculum_learning`` its batches are cut to the schedule's length."""
+        seqlen = self.curriculum.advance() if self.curriculum is not None else None
         skipped_before = self.engine.skipped_steps
         self.optimizer_step.last = None
-        self.engine.train_batch(data_iter=self._batches(data_iter))  # its return value: the loss decided on already
+        batches = self._batches(data_iter, seqlen)
+        self.engine.train_batch(data_iter=batches)  # its return value: the loss decided on already
         verdict = self.optimizer_step.last
         assert verdict is not None and verdict.lm_loss is not None, "train_batch ran no optimizer step"
         skipped = not verdict.apply or self.engine.skipped_steps > skipped_before  # ours, or an fp16 overflow
-        return StepResult(verdict.lm_loss, skipped, stop=verdict.stop)
+        return StepResult(verdict.lm_loss, skipped, stop=verdict.stop, seq_length=seqlen)
 
     def global_grad_norm(self) -> float | None:
         """The last step's gradient norm before clipping (logging)."""
@@ -332,7 +363,7 @@ class PipeStep:
     @torch.no_grad()
     def evaluate(self, data_iter: Iterator[dict[str, torch.Tensor]] | None) -> float:
         """Mean loss of one ``eval_batch``."""
-        loss = self.engine.eval_batch(data_iter=self._batches(data_iter))
+        loss = self.engine.eval_batch(data_iter=self._batches(data_iter, None))
         return float(loss)
 
 

@@ -55,7 +55,7 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "exclude": ("worker-0@", "empty NODE"),
     "autotuning_run": ("fly", "not supported yet"),
     "distributed_backend": ("carrier-pigeon", "must be one of"),
-    "curriculum_learning": ({"enabled": True, "min_difficulty": 8}, "not supported yet"),
+    "curriculum_learning": ({"enabled": True, "min_difficulty": 8}, "curriculum_learning.max_difficulty=None must be"),
 }
 
 PATH = "a path or path prefix: whether it exists is checked where it is opened, with an error naming it"

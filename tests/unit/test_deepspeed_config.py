@@ -11,7 +11,7 @@ from megatron.neox_arguments import LaunchEnv, NeoXArgs
 from megatron.neox_arguments.sections.deepspeed import DeepspeedConfigArgs
 
 TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32, "max_position_embeddings": 32}
-NOT_DEEPSPEED = {"deepspeed", "deepspeed_extra_args", "curriculum_seqlen", "load_universal"}
+NOT_DEEPSPEED = {"deepspeed", "deepspeed_extra_args", "curriculum_learning", "curriculum_seqlen", "load_universal"}
 REMOVED_FROM_DEEPSPEED = {"sparse_gradients", "amp", "compression_training", "elasticity", "sparse_attention"}
 DEEPERSPEED_ONLY = {"fp16", "type"}
 

@@ -50,7 +50,19 @@ class ReportingKeys:
 
 
 @dataclass(kw_only=True)
-class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, ReportingKeys):
+class CurriculumKeys:
+    """Sequence-length curriculum learning."""
+
+    curriculum_learning: dict | None = arg(
+        None,
+        "Sequence-length curriculum (DeepSpeed's CurriculumScheduler): enabled, curriculum_type (seqlen), "
+        "min_difficulty, max_difficulty (<= seq_length), schedule_type (fixed_linear, fixed_root, fixed_discrete), "
+        "schedule_config (total_curriculum_step, difficulty_step, root_degree; or difficulty, max_step).",
+    )
+
+
+@dataclass(kw_only=True)
+class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, ReportingKeys, CurriculumKeys):
     """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
 
     deepspeed: bool = arg(True, "DeepSpeed is always used (must be true).")
@@ -62,7 +74,6 @@ class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, 
     zero_optimization: dict | None = arg(
         None, "ZeRO settings: stage (0-3), bucket sizes, overlap_comm, offload... Unset: stage 0.", derived=True
     )
-    curriculum_learning: dict | None = arg(None, "Sequence-length curriculum settings.")
     curriculum_seqlen: int = arg(0, "Current curriculum sequence length (set while running).")
     dump_state: bool = arg(False, "Print the DeepSpeed engine state after initialisation.")
     flops_profiler: dict | None = arg(None, _DS.format("flops_profiler"))
