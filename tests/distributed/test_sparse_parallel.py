@@ -20,6 +20,7 @@ SPARSE = (
         "zero": 1,
         "model": {
             "num_layers": 4,
+            "seq_length": 16,  # the layouts are made at seq_length, as GPT-NeoX makes them
             "attention_config": [[["sparse_fixed", "sparse_variable", "bigbird", "bslongformer"], 1]],
             "sparsity_config": {
                 "block": 2,  # 16 tokens: 8 blocks
