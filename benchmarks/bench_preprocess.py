@@ -43,7 +43,7 @@ _TOK = {}
 
 def _baseline_init(vocab_file: str) -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"
-    _TOK["tok"] = build_tokenizer(TokenizerConfig("HFTokenizer", vocab_file))
+    _TOK["tok"] = build_tokenizer(TokenizerConfig(tokenizer_type="HFTokenizer", vocab_file=vocab_file))
 
 
 def _baseline_encode(doc: dict) -> list[int]:
@@ -53,7 +53,7 @@ def _baseline_encode(doc: dict) -> list[int]:
 
 def run_baseline(inputs: list[str], vocab_file: str, prefix: str, workers: int) -> int:
     """GPT-NeoX's loop: per-document encode through Pool.imap (chunksize 25), one item per document."""
-    vocab_size = build_tokenizer(TokenizerConfig("HFTokenizer", vocab_file)).vocab_size
+    vocab_size = build_tokenizer(TokenizerConfig(tokenizer_type="HFTokenizer", vocab_file=vocab_file)).vocab_size
     builder = make_builder(prefix + ".bin", "mmap", vocab_size=vocab_size)
     tokens = 0
     with mp.get_context("fork").Pool(workers, initializer=_baseline_init, initargs=(vocab_file,)) as pool:

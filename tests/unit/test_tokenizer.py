@@ -222,7 +222,7 @@ _LOAD_BY_NAME = """
 import sys
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
 try:
-    tok = build_tokenizer(TokenizerConfig("HFGPT2Tokenizer", sys.argv[1] if len(sys.argv) > 1 else None))
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="HFGPT2Tokenizer", vocab_file=sys.argv[1] if len(sys.argv) > 1 else None))
 except ValueError as e:
     print("error:", e)
 else:
