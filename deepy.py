@@ -22,6 +22,7 @@ import megatron.setup_check  # noqa: F401  (first: a one-line hint when the envi
 from megatron.console import safe_console
 from megatron.errors import UserError
 from megatron.launcher.config import LauncherConfig
+from megatron.launcher.exit_reports import ExitReports
 from megatron.launcher.launch import (
     default_run_dir,
     launch,
@@ -99,7 +100,8 @@ def _launch(argv: list[str], signals: SignalQueue) -> int:
         return stopped_before_launch(signals.pending[0])
     write_run_dir(args, plan, command)
     print(f"run folder: {plan.run_dir}", flush=True)
-    return run_cluster(cluster, signals) if cluster else launch(plan, signals)
+    reports = ExitReports(plan.run_dir, args.global_num_gpus)  # the ranks' own exit statuses
+    return run_cluster(cluster, signals, reports) if cluster else launch(plan, signals, reports)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
 
             return run_script(startup)
         except StoppedBeforeTraining:  # before the process group formed: nothing to save, no peer waits for us
+            from megatron.launcher.exit_reports import report_exit
+
+            report_exit(STOPPED_EXIT_CODE)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(STOPPED_EXIT_CODE)  # no interpreter finalisation over a half-finished import

@@ -91,7 +91,11 @@ def run_script(startup: StartupSignals) -> int:
 
 def _end_rank(code: int) -> None:
     """``shutdown_and_exit`` once torch is loaded; a rank refused before that (its config or launch environment)
-    has no process group to close, and ends without importing torch just to exit."""
+    has no process group to close, and ends without importing torch just to exit. The status is reported into
+    deepy's run folder first (``megatron/launcher/exit_reports.py``)."""
+    from megatron.launcher.exit_reports import report_exit
+
+    report_exit(code)
     if "torch" in sys.modules:
         from megatron.distributed import shutdown_and_exit
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from megatron.cluster.env_values import master_addr as env_master_addr
 from megatron.launcher.config import LauncherConfig
+from megatron.launcher.exit_reports import ExitReports
 from megatron.launcher.multinode import RELAY_SIGNAL, ClusterCommand
 from megatron.launcher.secrets import redact, write_env_file
 from megatron.launcher.supervise import SignalQueue, Supervisor, local_ranks
@@ -132,7 +133,8 @@ def launch_wandb_group(use_wandb: bool | None, wandb_group: str | None) -> str |
 
 def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) -> None:
     """Write the resolved config, the DeepSpeed config, the raw config files and the launch command (``command``,
-    default the DeepSpeed runner's)."""
+    default the DeepSpeed runner's); a previous launch's exit reports (a reused ``--run_dir``) are removed."""
+    ExitReports(plan.run_dir, 0).clear()
     os.makedirs(os.path.join(plan.run_dir, "configs"), exist_ok=True)
     args.save_config(plan.config_path)
     with open(os.path.join(plan.run_dir, "ds_config.json"), "w", encoding="utf-8") as f:
@@ -144,17 +146,18 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) 
         f.write(redact(command or plan.command_line()) + "\n")
 
 
-def launch(plan: LaunchPlan, signals: SignalQueue | None = None) -> int:
+def launch(plan: LaunchPlan, signals: SignalQueue | None = None, reports: ExitReports | None = None) -> int:
     """Run DeepSpeed's runner (``plan.command_line()``) under deepy's supervision; returns the ranks' exit status.
 
     Signals to deepy reach every rank and deepy waits for them (``megatron.launcher.supervise``): 42 after a
-    preemption save. ``signals``: deepy's signal queue, installed before the configs were read.
+    preemption save. ``signals``: deepy's signal queue, installed before the configs were read; ``reports``: the
+    ranks' own exit statuses (see ``Supervisor``).
     """
     check_master_port(plan)
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_runner.py")
     env = {**os.environ, **plan.env}
     argv = [sys.executable, "-u", runner, *plan.runner_argv]
-    return Supervisor(argv, env, ranks=local_ranks, signals=signals).run()
+    return Supervisor(argv, env, ranks=local_ranks, signals=signals, reports=reports).run()
 
 
 def check_master_port(plan: LaunchPlan) -> None:
@@ -174,7 +177,7 @@ def check_master_port(plan: LaunchPlan) -> None:
             ) from None
 
 
-def run_cluster(cmd: ClusterCommand, signals: SignalQueue | None = None) -> int:
+def run_cluster(cmd: ClusterCommand, signals: SignalQueue | None = None, reports: ExitReports | None = None) -> int:
     """Start a multi-node launch (srun/mpirun/pdsh) and wait; signals are relayed as ``Supervisor`` describes
     (srun and Open MPI's mpirun get the stop signal they forward, pdsh launches are signalled through ``cmd.relay``).
 
@@ -188,7 +191,10 @@ def run_cluster(cmd: ClusterCommand, signals: SignalQueue | None = None) -> int:
         write_env_file(cmd.env_file, cmd.forwarded_env())
     try:
         relay = (lambda sig: _run_relay(cmd, sig)) if cmd.relay else None
-        return Supervisor(cmd.argv, cmd.env, signals=signals, relay=relay, signal_map=cmd.signal_map).run()
+        supervisor = Supervisor(
+            cmd.argv, cmd.env, signals=signals, relay=relay, signal_map=cmd.signal_map, reports=reports
+        )
+        return supervisor.run()
     except FileNotFoundError:
         raise ConfigError(f"launcher {cmd.backend}: {cmd.argv[0]} is not installed (not on PATH)") from None
     finally:

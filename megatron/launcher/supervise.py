@@ -35,6 +35,7 @@ from typing import IO, TextIO
 
 import psutil
 
+from megatron.launcher.exit_reports import ExitReports
 from megatron.launcher.signal_ranks import send_when_ready
 from megatron.training.startup_signals import STOPPED_EXIT_CODE
 
@@ -127,7 +128,8 @@ class Supervisor:
     Where a stop signal goes: ``ranks`` (local launches) finds the rank processes, each signalled once it catches
     the signal; ``relay`` (pdsh) is called with the signal until it returns 0 (every rank reached); otherwise the
     launcher itself gets it, as ``signal_map`` translates it (srun and mpirun forward SIGUSR1, not SIGTERM).
-    ``signals``: deepy's queue, installed early (default: one installed for the run).
+    ``signals``: deepy's queue, installed early (default: one installed for the run). ``reports``: the ranks' own
+    exit statuses, which overrule a launcher's 0 after a stop signal (MPICH's hydra has returned 0 there).
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class Supervisor:
         signals: SignalQueue | None = None,
         relay: Callable[[signal.Signals], int] | None = None,
         signal_map: dict[str, str] | None = None,
+        reports: ExitReports | None = None,
     ) -> None:
         self.argv = list(argv)
         self.env = env
@@ -146,6 +149,7 @@ class Supervisor:
         self.relay = relay
         self.signal_map = signal_map or {}
         self.signals = signals
+        self.reports = reports
         self.stop: signal.Signals | None = None  # the stop signal the ranks are to get (None: no stop asked)
         self.delivered: set[int] = set()  # local ranks that got ``stop``
         self.last_interrupt = -1e9
@@ -181,6 +185,8 @@ class Supervisor:
             if self.killed:
                 return 128 + signal.SIGINT
             status = exit_status(code)
+            if self.stop is not None and status == 0 and self.reports is not None:
+                status = self._reported_status()
             if self.stop is not None and status in (128 + self.stop, 256 - self.stop, int(self.stop)):
                 # a rank ended by the stop signal itself (hit before its interpreter ran train.py's first line;
                 # 256 - N: DeepSpeed's per-node launcher's sys.exit(-N), N: MPICH hydra's report of a rank killed by
@@ -195,6 +201,17 @@ class Supervisor:
         finally:
             if self.signals is None:
                 queue.uninstall()
+
+    def _reported_status(self) -> int:
+        """The ranks' own account when the launcher returned 0 after a stop signal (0 if they agree)."""
+        assert self.reports is not None
+        status = self.reports.status()
+        if status != 0:
+            _say(
+                f"the launcher returned 0 after the {self.stop.name if self.stop else 'stop'} signal, but the ranks "
+                f"reported otherwise ({self.reports.summary()}): exit status {status}"
+            )
+        return status
 
     def _act(self, sig: signal.Signals) -> None:
         assert self.proc is not None

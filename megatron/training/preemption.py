@@ -24,11 +24,9 @@ from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.training import PreemptionKeys
 from megatron.neox_arguments.value_checks import check_preemption_keys
-from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals
+from megatron.training.startup_signals import REQUEUE_EXIT_CODE, STOPPED_EXIT_CODE, StartupSignals
 
 logger = logging.getLogger("megatron.train")
-
-REQUEUE_EXIT_CODE = 42
 
 
 @dataclass

@@ -19,6 +19,7 @@ import signal
 from types import FrameType
 from typing import Any
 
+REQUEUE_EXIT_CODE = 42  # saved at a step boundary after a preemption signal: requeue the job, it resumes there
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM: stopped by a signal before the first training step, nothing to save
 STARTUP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # preemption_signals' default, before the config is read
 
