@@ -39,7 +39,7 @@ from megatron.checkpoint.layout import (
 )
 from megatron.checkpoint.load import LoadResult, load_checkpoint
 from megatron.checkpoint.manifest import read_manifest, verify_checkpoint
-from megatron.checkpoint.optimizer_state import slice_param_names
+from megatron.checkpoint.optimizer_state import slice_param_names, stage_param_names
 from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
 from megatron.checkpoint.reshard import ReshardResult, reshard_checkpoint
 from megatron.checkpoint.rules import resize_vocab
@@ -78,6 +78,7 @@ __all__ = [
     "save_checkpoint",
     "slice_param_names",
     "stage_bounds",
+    "stage_param_names",
     "tokenizer_files",
     "tokenizer_identity",
     "tokenizer_yaml",
