@@ -40,19 +40,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     },
     **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
     **{
-        k: "REINFORCE (needs an online data server)"
-        for k in (
-            "fp32_reinforce",
-            "kl_impl",
-            "kl_div_beta",
-            "reinforce_leave_one_out",
-            "online_dataserver_ips",
-            "online_dataserver_ports",
-            "serve_model_weights",
-            "weight_server_port",
-        )
-    },
-    **{
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
@@ -103,8 +90,6 @@ RWKV_KEYS = ("dim_att", "head_size", "ffn_dim")  # warned about as ignored witho
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
     "attention_config": {},
-    "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
-    "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
 }
 
 
