@@ -12,6 +12,7 @@ started, why that cannot work here.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from typing import Any, Protocol
@@ -69,6 +70,13 @@ def check_comet(use_comet: bool | None) -> None:
             raise ConfigError(problem)
 
 
+class _NoLateImportAdvice(logging.Filter):
+    """Drops comet_ml's advice to import it before torch: that only matters for its automatic logging, which is off."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "import comet_ml before" not in str(record.msg)
+
+
 class CometSink:
     """Scalars into one Comet experiment (online or offline, as comet_ml is configured)."""
 
@@ -76,6 +84,9 @@ class CometSink:
         check_comet(True)
         import comet_ml
 
+        experiment_log = logging.getLogger("comet_ml.experiment")
+        if not any(isinstance(f, _NoLateImportAdvice) for f in experiment_log.filters):
+            experiment_log.addFilter(_NoLateImportAdvice())
         self.experiment = comet_ml.start(
             workspace=cfg.comet_workspace,
             project_name=cfg.comet_project,

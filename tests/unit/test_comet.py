@@ -36,7 +36,7 @@ def comet_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_sink_logs_every_scalar_at_its_step_with_name_tags_and_others(
-    comet_env: Path, monkeypatch: pytest.MonkeyPatch
+    comet_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("COMET_API_KEY", FAKE_KEY)  # set, yet offline: written nowhere
     cfg = LoggingConfig(
@@ -51,6 +51,9 @@ def test_sink_logs_every_scalar_at_its_step_with_name_tags_and_others(
     metrics.log({"train/lm_loss": 3.25, "train/learning_rate": 1e-4}, step=1)
     metrics.log({"train/lm_loss": 2.5, "validation/lm_loss": 2.75}, step=2)
     metrics.close()
+    said = capsys.readouterr().err  # comet_ml's own console handler
+    assert "OfflineExperiment Summary" in said  # its report stays
+    assert "import comet_ml before" not in said  # torch is imported first: advice for its automatic logging, off
     (archive,) = comet_env.glob("*.zip")
     comet = read_offline_archive(archive)
     assert comet["metrics"]["train/lm_loss"] == [(1, 3.25), (2, 2.5)]  # once each: no automatic second copy
