@@ -26,18 +26,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     "use_bnb_optimizer": "bitsandbytes",
-    **{
-        k: "Comet"
-        for k in (
-            "use_comet",
-            "comet_workspace",
-            "comet_project",
-            "comet_experiment_name",
-            "comet_tags",
-            "comet_others",
-            "comet_experiment",
-        )
-    },
     **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
     **{
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
@@ -76,6 +64,8 @@ IGNORED_KEYS: dict[str, str] = {
     "do_test": _RUNTIME,
     "scheduler": "the learning rate follows lr_decay_style, warmup and min_lr; GPT-NeoX passes this block to "
     "DeepSpeed with its own scheduler, which DeepSpeed prefers, so it is ignored there too",
+    "comet_experiment": "GPT-NeoX's handle of the Comet experiment it starts while running; neox-forge starts it "
+    "from use_comet and the other comet_* keys",
     "curriculum_seqlen": "GPT-NeoX's running sequence length of curriculum learning, which curriculum_learning's "
     "schedule sets each iteration",
 }

@@ -108,7 +108,6 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
     [
         ("s3_chunk_size", 5, "S3"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
-        ("comet_experiment", "run-1", "Comet"),
     ],
 )
 def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> None:

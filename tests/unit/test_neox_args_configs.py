@@ -53,7 +53,7 @@ EXPECTED: dict[str, tuple[list[str], str]] = {
 SETUP_FILES: dict[str, tuple[list[str], str]] = {
     SETUP: ([], "ok"),
     "local_setup_wandb.yml": ([], "ok"),
-    "local_setup_comet.yml": ([], "not supported yet: use_comet=True"),
+    "local_setup_comet.yml": ([], "ok"),
     "eleutherai_cluster.yml": ([], "ok"),
     "slurm_local.yml": ([], "ok"),
     "slurm_local.json": ([], "ok"),
