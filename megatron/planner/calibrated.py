@@ -37,6 +37,15 @@ BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of t
 ZERO3_OVERLAP = 0.80  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
 DEEPSPEED_ENGINE_EFFICIENCY = 0.88  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
 
+# --framework: the training framework whose engine the prediction models -> the engine its step runs on.
+FRAMEWORKS = {
+    "neox-forge": "deepspeed",  # the default: what a neox-forge run would get
+    "gpt-neox": "deepspeed",
+    "megatron-deepspeed": "deepspeed",
+    "megatron-lm": "megatron-lm",
+}
+DEFAULT_FRAMEWORK = "neox-forge"
+
 
 @dataclass(frozen=True)
 class Calibration:

@@ -19,6 +19,7 @@ from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
+from megatron.planner.partition import uneven_split_warning
 from megatron.planner.throughput import StepEstimate, estimate_step, flops_config
 
 BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
@@ -165,5 +166,6 @@ def build_plan(
     if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only
         notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters and activation memory counted for them; "
                  "FLOPs, KV cache and step time estimated as for attention layers"]  # fmt: skip
-    plan.warnings = list(notes or []) + _warnings(plan)
+    uneven = uneven_split_warning(inputs.model, setup.pp, inputs.pipe_partition_method)
+    plan.warnings = list(notes or []) + _warnings(plan) + ([uneven] if uneven else [])
     return plan
