@@ -13,7 +13,7 @@ from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import VocabPaddingKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys
-from megatron.planner.calibrated import Link, Prediction, Workload, predict
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload, predict
 from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements
@@ -42,6 +42,8 @@ class Plan:
     predicted: Prediction
     formulas: dict[str, str] = field(default_factory=dict)  # which activation and FLOPs formulas the plan used
     warnings: list[str] = field(default_factory=list)
+    framework: str = DEFAULT_FRAMEWORK  # whose engine ``predicted`` models (--framework)
+    neox_forge_predicted: Prediction | None = None  # neox-forge on the same layout, when framework is another
 
     @property
     def worst(self) -> RankMemory:
@@ -91,8 +93,11 @@ def _warnings(plan: Plan) -> list[str]:
     return out
 
 
-def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) -> Workload:
-    """What the calibrated step-time model reads from a training setup (neox-forge runs DeepSpeed's engine)."""
+def workload(
+    setup: TrainingSetup, params_per_rank: int, layers_per_stage: int, framework: str = DEFAULT_FRAMEWORK
+) -> Workload:
+    """What the calibrated step-time model reads from a training setup, run by ``framework``'s engine (a key of
+    :data:`~megatron.planner.calibrated.FRAMEWORKS`; neox-forge runs DeepSpeed's)."""
     return Workload.of(
         setup,
         pp=setup.stages,
@@ -102,6 +107,7 @@ def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) 
         flash_attention=setup.flash_attention,
         sequence_parallel=setup.sequence_parallel,
         flops_config=flops_config(setup),
+        engine=FRAMEWORKS[framework],
     )
 
 
@@ -134,9 +140,16 @@ class PlanInputs(LayerSplitKeys, VocabPaddingKeys):
 
 
 def build_plan(
-    inputs: PlanInputs, hw: Hardware, *, kv_batch: int = 1, kv_tokens: int | None = None, notes: list[str] | None = None
+    inputs: PlanInputs,
+    hw: Hardware,
+    *,
+    kv_batch: int = 1,
+    kv_tokens: int | None = None,
+    notes: list[str] | None = None,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> Plan:
-    """Plan a resolved config (``global_num_gpus == hw.gpus``) on ``hw``."""
+    """Plan a resolved config (``global_num_gpus == hw.gpus``) on ``hw``; the prediction applies ``framework``'s
+    engine (and then also gives neox-forge's own on the same layout)."""
     hw.check()
     setup = inputs.setup
     _check_world(setup.tp, setup.stages, hw)
@@ -146,7 +159,10 @@ def build_plan(
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
     step = estimate_step(setup, hw, placements, busiest.total, layers_per_stage)
-    predicted = predict(workload(setup, busiest.total, layers_per_stage), link(hw), placements)
+    predicted = predict(workload(setup, busiest.total, layers_per_stage, framework), link(hw), placements)
+    ours = None
+    if framework != DEFAULT_FRAMEWORK:
+        ours = predict(workload(setup, busiest.total, layers_per_stage), link(hw), placements)
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(
@@ -161,6 +177,8 @@ def build_plan(
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
         formulas=formulas(setup.layer_family, flops_formula(flops_config(setup))),
+        framework=framework,
+        neox_forge_predicted=ours,
     )
     gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
     if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only

@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any
 
 from megatron.neox_arguments.derive import padded_vocab_size
-from megatron.planner.calibrated import Prediction, predict
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, Prediction, predict
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import group_placements
 from megatron.planner.memory import rank_memory
@@ -180,6 +180,7 @@ def search_layouts(
     vocab_size: int,
     headroom: float = DEFAULT_HEADROOM,
     seconds: float = DEFAULT_SEARCH_SECONDS,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> SearchResult:
     """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding).
 
@@ -207,7 +208,7 @@ def search_layouts(
         if time.monotonic() > deadline:
             cut_short = True
             break
-        out.append(_evaluate(base, hw, counts, total, layout, reason, usable))
+        out.append(_evaluate(base, hw, counts, total, layout, reason, usable, framework))
     fits = sorted((c for c in out if c.reason is None), key=lambda c: -c.predicted.tokens_per_s if c.predicted else 0)
     rejected = [c for c in out if c.reason is not None]
     best_bound = fits[0].upper_bound_tokens_per_s if fits else 0.0
@@ -237,6 +238,7 @@ def _evaluate(
     layout: Layout,
     reason: Reason | None,
     usable: int,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> Candidate:
     tp, pp, dp, zero, micro, ckpt = layout
     stages = max(pp, 1)
@@ -256,5 +258,5 @@ def _evaluate(
     if worst > usable:
         why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
         return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory")
-    predicted = predict(workload(setup, busiest.total, layers), link(hw), placements)
+    predicted = predict(workload(setup, busiest.total, layers, framework), link(hw), placements)
     return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None)
