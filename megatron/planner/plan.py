@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -108,6 +108,8 @@ def workload(
         sequence_parallel=setup.sequence_parallel,
         flops_config=flops_config(setup),
         engine=FRAMEWORKS[framework],
+        kv_heads=setup.kv_heads,
+        mlp_widths=setup.mlp_widths,
     )
 
 
@@ -132,9 +134,10 @@ class PlanInputs(LayerSplitKeys, VocabPaddingKeys):
         arguments are not changed)."""
         every_key = args.to_dict() if isinstance(args, NeoXArgs) else vars(args)
         values = SimpleNamespace(**{**every_key, "padded_vocab_size": padded_vocab_size})
+        model = GPTModelConfig.from_neox_args(values)
         return cls(
-            setup=TrainingSetup.from_neox_args(values),
-            model=GPTModelConfig.from_neox_args(values),
+            setup=replace(TrainingSetup.from_neox_args(values), mlp_widths=model.mlp_sizes),
+            model=model,
             **neox_values(cls, args),
         )
 
