@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
+from functools import cache
 from itertools import pairwise
 
 from megatron.checkpoint import stage_bounds
@@ -77,6 +78,7 @@ def uneven_split_warning(cfg: GPTModelConfig, pp: int, method: str) -> str | Non
     )
 
 
+@cache
 def gpt_neox_layers_per_stage(num_layers: int, pp: int) -> int:
     """The busiest stage's layers under GPT-NeoX's default partition of a plain transformer (a published GPT-NeoX
     run): DeepSpeed's balanced partition of the spec weights ``[0, 1, 1 × num_layers, 1, 0, 0]``."""

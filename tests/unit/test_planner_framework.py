@@ -33,7 +33,7 @@ def test_default_is_neox_forge_and_other_engines_also_give_neox_forges_figure(
     pace = Calibration().deepspeed_engine_efficiency
     assert megatron["predicted"]["gemm_s"] == pytest.approx(ours["predicted"]["gemm_s"] * pace)
     assert megatron["predicted"]["pipe_comm_s"] == pytest.approx(ours["predicted"]["pipe_comm_s"] / 2)
-    assert megatron["predicted"]["tflops_per_gpu"] > 1.1 * ours["predicted"]["tflops_per_gpu"]
+    assert megatron["predicted"]["tflops_per_gpu"] > ours["predicted"]["tflops_per_gpu"]
     table = capsys_table(capsys, "--framework", "megatron-lm")
     assert "(calibrated, megatron-lm's engine)" in table and "neox-forge          " in table
 
