@@ -2,7 +2,8 @@
 
 One step of the busiest pipeline stage's rank takes
 
-* **GEMM time**: its hardware FLOPs (GPT-NeoX's formula, the layers of the busiest stage) at
+* **GEMM time**: its GEMM FLOPs (GPT-NeoX's formula with each layer's part scaled to the model's real MLP widths
+  and key/value heads, :meth:`Workload.gemm_flops`; the layers of the busiest stage) at
   ``peak · GEMM_PEAK_FRACTION · w / (w + GEMM_KNEE)``, ``w = hidden / tp`` being the width of the per-rank GEMMs:
   wide GEMMs approach a fixed fraction of the peak, narrow ones (large TP) fall off;
 * **memory-bound time**: layer norms, GeLU, softmax, dropout and residual adds move each activation byte
@@ -17,8 +18,10 @@ One step of the busiest pipeline stage's rank takes
   the gradients reduce-scattered after each micro-batch; DeepSpeed prefetches, so ``ZERO3_OVERLAP`` of the shorter
   of compute and this traffic hides behind the longer.
 
-The five constants are global (the same for every run), fitted once against the published runs in
-:mod:`~megatron.planner.published_runs` (docs/planner.md has the table, the errors and a leave-one-out check).
+The constants are global (the same for every run); four are fitted once against the published runs in
+:mod:`~megatron.planner.published_runs` by ``tools/fit_planner_calibration.py`` (docs/planner.md has the table, the
+errors and a leave-one-source-out check), ``GEMM_KNEE`` and ``BUS_EFFICIENCY`` are set. The engine factor applies to
+DeepSpeed's engine (:data:`FRAMEWORKS`: ``--framework``).
 """
 
 from __future__ import annotations
