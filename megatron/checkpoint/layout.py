@@ -23,6 +23,7 @@ from deepspeed.runtime import utils as ds_utils
 from megatron.checkpoint.tags import checkpoint_dirs, checkpoint_tag
 from megatron.errors import UserError
 from megatron.model.config import GPTModelConfig
+from megatron.model.pipe_partition import resolve_partition_method
 
 MP_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
@@ -229,8 +230,9 @@ def _spec_names(cfg: GPTModelConfig) -> list[tuple[str | None, Any]]:
 
 
 def stage_bounds(cfg: GPTModelConfig, pp: int, partition_method: str | None = None) -> list[int]:
-    """Spec-index boundaries ``parts`` (stage ``s`` owns specs ``parts[s]:parts[s+1]``), as DeepSpeed computes them."""
-    method = (partition_method or cfg.pipe_partition_method).lower()
+    """Spec-index boundaries ``parts`` (stage ``s`` owns specs ``parts[s]:parts[s+1]``), as DeepSpeed computes them
+    for the method the pipeline runs (:func:`resolve_partition_method`)."""
+    method = resolve_partition_method(cfg, pp, partition_method).lower()
     specs = _spec_names(cfg)
     if method == "uniform":
         return [int(x) for x in ds_utils.partition_uniform(num_items=len(specs), num_parts=pp)]

@@ -196,7 +196,7 @@ def mamba_problems(c: Ctx) -> list[str]:
         if not counted and all(t == "mamba" for t in v["attention_config"]):
             out.append(
                 f"{c.at('pipe_partition_method')} matches no layer of this all-Mamba model (its layers are "
-                "ParallelMambaResidualLayerPipe): use 'type:transformer|mlp|mamba', 'uniform' or 'parameters'"
+                "ParallelMambaResidualLayerPipe): use 'type:transformerlayer|mlp|mamba', 'uniform' or 'parameters'"
             )
     if v["precision"] in ("fp16", "bfloat16", "bf16") and v["mamba_selective_fp32_params"]:
         logger.warning(
