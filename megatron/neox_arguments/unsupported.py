@@ -38,7 +38,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "comet_experiment",
         )
     },
-    **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
     **{
         k: "REINFORCE (needs an online data server)"
         for k in (

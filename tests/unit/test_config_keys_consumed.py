@@ -107,7 +107,7 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
     ("key", "value", "feature"),
     [
         ("kl_impl", "abs", "REINFORCE"),
-        ("s3_chunk_size", 5, "S3"),
+        ("use_bnb_optimizer", True, "bitsandbytes"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
         ("comet_experiment", "run-1", "Comet"),
     ],

@@ -114,7 +114,10 @@ class LoadSaveKeys:
     load: str | None = arg(
         None,
         "Directory to load a checkpoint from (its `latest` tag, else the newest valid one). A missing directory is "
-        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume).",
+        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume). "
+        "neox-forge: an `s3://bucket/prefix` location (a folder `s3_path` uploads to, holding `latest`) is "
+        "downloaded into `s3_cache_dir` first: the checkpoint its `latest` names (or `iteration`'s), checked "
+        "against its manifest's sha256.",
     )
 
 
@@ -143,6 +146,43 @@ class CheckpointKeys:
         "neox-forge: load (resume or finetune from) a checkpoint saved with another tokenizer (another "
         "tokenizer_type, vocabulary size or id -> token table, compared by sha256) with a warning instead of an "
         "error; for changing the tokenizer on purpose (its token ids then mean other tokens).",
+    )
+
+
+@dataclass(kw_only=True)
+class S3Keys:
+    """Checkpoints uploaded to S3 and loaded from it (credentials only from the environment or the AWS config
+    files; see docs/reliability.md)."""
+
+    s3_path: str | None = arg(
+        None,
+        "S3 location `s3://bucket/prefix` every committed checkpoint of `save` is uploaded to, as "
+        "`<s3_path>/<basename of save>/global_step<N>/...` (GPT-NeoX's layout) plus a `latest` object written after "
+        "the checkpoint's files: by rank 0 in the background, each file verified (size and MD5 ETag), retried; a "
+        "failed upload is one log line and the local checkpoint is kept. The endpoint and credentials come from "
+        "the environment or the AWS config files (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, ...).",
+    )
+    s3_chunk_size: int = arg(
+        104857600,
+        "Bytes per part of the multipart upload of a checkpoint file larger than it (S3's part sizes: 5 MiB to "
+        "5 GiB); smaller files go up in one request.",
+    )
+    s3_upload_attempts: int = arg(
+        5,
+        "neox-forge: attempts of each S3 request (a part, a file's completion and verification, a download) before "
+        "the upload (or download) is given up; waits 0.5 s, 1 s, 2 s, ... (at most 30 s) between attempts.",
+    )
+    s3_timeout: float = arg(60.0, "neox-forge: seconds an S3 request may wait to connect, and for each read.")
+    s3_flush_timeout: float = arg(
+        300.0,
+        "neox-forge: seconds the end of training (and a GPT-NeoX API `save_checkpoint`) waits for pending checkpoint "
+        "uploads before it logs which are not uploaded and ends; shorter than `distributed_timeout_minutes`, since "
+        "the other ranks wait for rank 0 meanwhile.",
+    )
+    s3_cache_dir: str | None = arg(
+        None,
+        "neox-forge: folder a `load: s3://bucket/prefix` downloads the checkpoint into (under `<bucket>/<prefix>/`); "
+        "default `$XDG_CACHE_HOME/neox-forge/s3` (`~/.cache/neox-forge/s3`).",
     )
 
 
@@ -257,6 +297,7 @@ class TrainingArgs(
     PostTrainingKeys,
     LoadSaveKeys,
     CheckpointKeys,
+    S3Keys,
     IterationKeys,
     TokenizerFileKeys,
     DropoutKeys,
@@ -278,8 +319,6 @@ class TrainingArgs(
     online_dataserver_ports: int | list = arg(10000, "Port(s) of the online data servers.")
     serve_model_weights: bool = arg(False, "Serve current weights to online data servers.")
     weight_server_port: int | list = arg(6000, "Port(s) on which weights are served.")
-    s3_path: str | None = arg(None, "S3 location checkpoints are uploaded to.")
-    s3_chunk_size: int = arg(104857600, "Chunk size in bytes of S3 uploads.")
     checkpoint_validation_with_forward_pass: bool = arg(
         False, "Store one forward pass with each checkpoint and check it after loading."
     )
