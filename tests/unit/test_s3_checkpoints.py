@@ -160,7 +160,7 @@ def test_an_upload_that_keeps_failing_is_one_line_and_leaves_the_checkpoint(
     bucket: tuple[str, Any], endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
     name, client = bucket
-    directory = committed_checkpoint(tmp_path / "run", "global_step2", big=1000)
+    directory = committed_checkpoint(tmp_path / "run", "global_step2", big=6 * MIB)  # a multipart upload
     before = local_files(directory)
     with FaultProxy(endpoint) as proxy, caplog.at_level(logging.INFO):
         use_endpoint(monkeypatch, proxy.endpoint, tmp_path)
@@ -176,6 +176,7 @@ def test_an_upload_that_keeps_failing_is_one_line_and_leaves_the_checkpoint(
     assert "\n" not in line and "Traceback" not in caplog.text
     assert "r/run/latest" not in objects(client, name)  # a reader of latest never sees this checkpoint
     assert local_files(directory) == before and verify_checkpoint(directory, checksums=True) is None
+    assert client.list_multipart_uploads(Bucket=name).get("Uploads", []) == []  # the unfinished one was aborted
 
 
 def test_server_down_fails_within_the_retry_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
@@ -189,6 +190,18 @@ def test_server_down_fails_within_the_retry_bound(tmp_path: Path, monkeypatch: p
     [line] = errors(caplog)
     assert "Could not connect to the endpoint URL" in line and "(after 3 attempts)" in line and elapsed < 10
     assert local_files(directory) == before
+
+
+def test_an_error_no_retry_fixes_ends_the_upload_at_once(
+    endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_endpoint(monkeypatch, endpoint, tmp_path)
+    committed_checkpoint(tmp_path / "run", "global_step2", big=10)
+    slow_retries = RetryPolicy(attempts=5, timeout=5.0, backoff=10.0)
+    start = time.perf_counter()
+    [report] = upload(tmp_path / "run", "global_step2", "s3://no-such-bucket/r", slow_retries).reports
+    assert time.perf_counter() - start < 5 and not report.ok  # no 10 s wait before a second try
+    assert report.error.endswith("NoSuchBucket: The specified bucket does not exist")
 
 
 def test_slow_server_does_not_block_and_the_flush_wait_is_bounded(
@@ -285,3 +298,11 @@ def test_retention_keeps_a_checkpoint_until_its_upload_ends(tmp_path: Path) -> N
     deleted = delete_old_checkpoints(tmp_path, 1, keep=["global_step2"])
     assert [p.name for p in deleted] == ["global_step4"]
     assert delete_old_checkpoints(tmp_path, 1) == [tmp_path / "global_step2"]
+
+
+def test_generation_refuses_an_s3_load_in_one_line() -> None:
+    from megatron.generation.config import InferenceConfig
+
+    cfg = InferenceConfig.from_neox_args(NeoXArgs({**TINY, "load": "s3://bucket/runs/x"}, env=CPU1))
+    with pytest.raises(ConfigError, match=r"^load='s3://bucket/runs/x': generation and evaluation read a local"):
+        cfg.checkpoint_dir  # noqa: B018

@@ -169,8 +169,9 @@ class S3Keys:
     )
     s3_upload_attempts: int = arg(
         5,
-        "neox-forge: attempts of each S3 request (a part, a file's completion and verification, a download) before "
-        "the upload (or download) is given up; waits 0.5 s, 1 s, 2 s, ... (at most 30 s) between attempts.",
+        "neox-forge: tries of one file's upload or download, counting every failed request (a part, the "
+        "completion, `latest`) and every failed check (size, ETag, sha256); then the checkpoint's upload (or the "
+        "load) is given up. Waits 0.5 s, 1 s, 2 s, ... (at most 30 s) between tries.",
     )
     s3_timeout: float = arg(60.0, "neox-forge: seconds an S3 request may wait to connect, and for each read.")
     s3_flush_timeout: float = arg(
