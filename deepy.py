@@ -34,6 +34,7 @@ from megatron.launcher.launch import (
 from megatron.launcher.multinode import cluster_command, is_multinode
 from megatron.launcher.secrets import install_log_redaction, redact
 from megatron.launcher.supervise import SignalQueue, stopped_before_launch
+from megatron.logging.comet import check_comet
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.size_checks import check_fits_machine
@@ -76,6 +77,8 @@ def _launch(argv: list[str], signals: SignalQueue) -> int:
     launcher = LauncherConfig.from_neox_args(args)
     here = not (cli.dry_run or is_multinode(launcher) or args.deepspeed_slurm or args.launcher == "slurm")
     check_fits_machine(args, training=os.path.basename(cli.user_script) == "train.py", local=here)
+    if not cli.dry_run and os.path.basename(cli.user_script) in ("train.py", "eval.py"):
+        check_comet(args.use_comet)  # comet_ml and its API key, before any rank starts (the ranks check it again)
     group = launch_wandb_group(args.use_wandb, args.wandb_group)
     if group != args.wandb_group:  # fixed once per launch: resolved again, never changed after validation
         args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "wandb_group": group})

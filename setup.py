@@ -19,6 +19,7 @@ setup(
     install_requires=_requirements("requirements.txt"),
     extras_require={
         "eval": _requirements("requirements-eval.txt"),
+        "comet": _requirements("requirements-comet.txt"),
         "s3": _requirements("requirements-s3.txt"),
         "dev": _requirements("requirements-dev.txt"),
     },

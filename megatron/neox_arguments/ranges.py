@@ -74,6 +74,7 @@ RANGES: dict[str, Range] = {
     "rank": NON_NEGATIVE,
     "online_dataserver_ports": PORT,
     "weight_server_port": PORT,
+    "online_dataserver_timeout": POSITIVE,
     # model shape
     **dict.fromkeys(("num_layers", "hidden_size", "num_attention_heads", "seq_length"), AT_LEAST_ONE),
     **dict.fromkeys(("max_position_embeddings", "intermediate_size", "mlp_multiple_of", "num_kv_heads"), AT_LEAST_ONE),

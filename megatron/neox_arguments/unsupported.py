@@ -27,31 +27,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     },
     "use_bnb_optimizer": "bitsandbytes",
     **{
-        k: "Comet"
-        for k in (
-            "use_comet",
-            "comet_workspace",
-            "comet_project",
-            "comet_experiment_name",
-            "comet_tags",
-            "comet_others",
-            "comet_experiment",
-        )
-    },
-    **{
-        k: "REINFORCE (needs an online data server)"
-        for k in (
-            "fp32_reinforce",
-            "kl_impl",
-            "kl_div_beta",
-            "reinforce_leave_one_out",
-            "online_dataserver_ips",
-            "online_dataserver_ports",
-            "serve_model_weights",
-            "weight_server_port",
-        )
-    },
-    **{
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
@@ -88,6 +63,8 @@ IGNORED_KEYS: dict[str, str] = {
     "do_test": _RUNTIME,
     "scheduler": "the learning rate follows lr_decay_style, warmup and min_lr; GPT-NeoX passes this block to "
     "DeepSpeed with its own scheduler, which DeepSpeed prefers, so it is ignored there too",
+    "comet_experiment": "GPT-NeoX's handle of the Comet experiment it starts while running; neox-forge starts it "
+    "from use_comet and the other comet_* keys",
     "curriculum_seqlen": "GPT-NeoX's running sequence length of curriculum learning, which curriculum_learning's "
     "schedule sets each iteration",
 }
@@ -102,8 +79,6 @@ RWKV_KEYS = ("dim_att", "head_size", "ffn_dim")  # warned about as ignored witho
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
     "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
     "attention_config": {},
-    "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
-    "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
 }
 
 

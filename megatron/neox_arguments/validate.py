@@ -226,7 +226,7 @@ def _gmlp(c: Ctx) -> list[str]:
 def _post_training(c: Ctx) -> list[str]:
     v, out = c.v, []
     impl = v["train_impl"]
-    if impl in ("dpo", "rm", "kto") and v["pipe_parallel_size"] >= 1:
+    if impl in ("dpo", "rm", "kto", "reinforce") and v["pipe_parallel_size"] >= 1:
         out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
     soft = v["soft_prompt_tuning"]
     if isinstance(soft, dict) and soft.get("enabled") is True and v["pipe_parallel_size"] >= 1:

@@ -32,7 +32,7 @@ EXPECTED: dict[str, tuple[list[str], str]] = {
     "mistral/7B.yml": ([LLAMA_TRAIN, SETUP], "ok"),
     "finetuning_configs/6-9B.yml": ([], "ok"),
     **{f"post-training/llama3-8b-{m}.yml": ([], "ok") for m in ("sft", "dpo", "kto", "rm")},
-    "post-training/llama3-8b-reinforce.yml": ([], "not supported yet: kl_impl='abs', reinforce_leave_one_out=True"),
+    "post-training/llama3-8b-reinforce.yml": ([], "ok"),
     "post-training/benchmarking/llama-13b-dpo.yml": ([], "ok"),
     "post-training/benchmarking/mistral-dpo.yml": ([], "ok"),
     "1-3B-transformer-engine.yml": ([SETUP], "not supported yet: te_layernorm_mlp=True, te_mha=True"),
@@ -53,7 +53,7 @@ EXPECTED: dict[str, tuple[list[str], str]] = {
 SETUP_FILES: dict[str, tuple[list[str], str]] = {
     SETUP: ([], "ok"),
     "local_setup_wandb.yml": ([], "ok"),
-    "local_setup_comet.yml": ([], "not supported yet: use_comet=True"),
+    "local_setup_comet.yml": ([], "ok"),
     "eleutherai_cluster.yml": ([], "ok"),
     "slurm_local.yml": ([], "ok"),
     "slurm_local.json": ([], "ok"),

@@ -107,6 +107,43 @@ class PostTrainingKeys:
 
 
 @dataclass(kw_only=True)
+class ReinforceKeys:
+    """Online REINFORCE (``train_impl: reinforce``, ``dataset_impl: online``): rollout servers and the loss."""
+
+    fp32_reinforce: bool = arg(True, "Cast the logits to fp32 before the REINFORCE log-probs (and the full KL).")
+    kl_impl: Literal["abs", "mse", "kl", "full"] = arg(
+        "mse",
+        "KL estimator against the frozen reference (used when kl_div_beta > 0): abs |d|, mse d^2/2 or kl d with "
+        "d = log p(token) - log p_ref(token), or full: KL(p || p_ref) over the whole vocabulary.",
+    )
+    kl_div_beta: float = arg(
+        0.1, "Weight of the KL penalty in the REINFORCE loss; > 0 keeps a frozen copy of the loaded weights."
+    )
+    reinforce_leave_one_out: bool = arg(
+        False,
+        "Baseline of each completion's reward: the mean reward of the other completions of its prompt (RLOO); "
+        "false: a moving average of the last 100 prompts' mean rewards.",
+    )
+    online_dataserver_ips: str | list = arg(
+        "localhost", "Host of the online data (rollout) server; a list gives one per data-parallel rank."
+    )
+    online_dataserver_ports: int | list = arg(
+        10000, "Port of the online data server; a list gives one per data-parallel rank."
+    )
+    serve_model_weights: bool = arg(
+        False, "Serve the policy's current weights to rollout servers (each rank on weight_server_port + its rank)."
+    )
+    weight_server_port: int | list = arg(
+        6000, "Base port of the weight server (rank r listens on port + r); a list gives one port per rank."
+    )
+    online_dataserver_timeout: float = arg(
+        600.0,
+        "neox-forge: seconds to wait for the online data server, both to connect (it may still be starting) and "
+        "for each answer; then the run stops with one line naming host and port.",
+    )
+
+
+@dataclass(kw_only=True)
 class LoadSaveKeys:
     """The checkpoint directories."""
 
@@ -296,6 +333,7 @@ class TrainingArgs(
     DataKeys,
     TrainImplKeys,
     PostTrainingKeys,
+    ReinforceKeys,
     LoadSaveKeys,
     CheckpointKeys,
     S3Keys,
@@ -312,14 +350,6 @@ class TrainingArgs(
 ):
     """Everything about the training run except model shape and optimizer."""
 
-    fp32_reinforce: bool = arg(True, "Compute the REINFORCE loss in fp32.")
-    kl_impl: Literal["abs", "mse", "kl", "full"] = arg("mse", "KL estimator of REINFORCE.")
-    kl_div_beta: float = arg(0.1, "REINFORCE KL penalty coefficient.")
-    reinforce_leave_one_out: bool = arg(False, "REINFORCE leave-one-out baseline.")
-    online_dataserver_ips: str | list = arg("localhost", "Host(s) serving online data (dataset_impl: online).")
-    online_dataserver_ports: int | list = arg(10000, "Port(s) of the online data servers.")
-    serve_model_weights: bool = arg(False, "Serve current weights to online data servers.")
-    weight_server_port: int | list = arg(6000, "Port(s) on which weights are served.")
     checkpoint_validation_with_forward_pass: bool = arg(
         False, "Store one forward pass with each checkpoint and check it after loading."
     )
