@@ -20,6 +20,7 @@ setup(
     extras_require={
         "eval": _requirements("requirements-eval.txt"),
         "comet": _requirements("requirements-comet.txt"),
+        "s3": _requirements("requirements-s3.txt"),
         "dev": _requirements("requirements-dev.txt"),
     },
 )

@@ -26,7 +26,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         )
     },
     "use_bnb_optimizer": "bitsandbytes",
-    **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
     **{
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")

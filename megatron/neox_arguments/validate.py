@@ -17,6 +17,7 @@ from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.ranges import range_problems
 from megatron.neox_arguments.rwkv_checks import rwkv_problems
+from megatron.neox_arguments.s3_checks import s3_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
 from megatron.neox_arguments.sparsity_checks import sparsity_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
@@ -304,6 +305,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
+    ("s3", lambda c: s3_problems(c.v, c.at)),
     ("curriculum learning", lambda c: curriculum_problems(c.v, c.origins)),
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
     ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),

@@ -347,8 +347,10 @@ def pretrain(
     # one run per save folder (refused before anything is written there); its run id names the temporary folders
     save_lock = acquire_on_rank0(save_cfg.save) if save_cfg.save else SaveLock(None, "")
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install(startup)
+    uploads: ckpt.S3Uploader | None = None
     online: OnlineSetup | None = None
     try:
+        uploads = ckpt.start_uploads(save_cfg)  # rank 0's background S3 uploads (s3_path), else None
         setup = ModelSetup.from_neox_args(args)
         if setup.mup.use_mup and setup.mup.save_base_shapes:  # GPT-NeoX: write the base shapes and stop
             save_base_shapes(setup.mup, setup.model, lambda cfg: build_model(cfg, plan), rank, not plan.pipeline)
@@ -407,6 +409,7 @@ def pretrain(
                 resolved_config=resolved,
                 extra_state=extra,
                 run_id=save_lock.run_id,
+                uploads=uploads,
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
@@ -459,5 +462,7 @@ def pretrain(
         if online is not None:
             online.close()
         preemption.uninstall()
+        if uploads is not None:  # bounded by s3_flush_timeout, while the save folder is still this run's
+            uploads.close()
         metrics.close()
         save_lock.release()

@@ -106,7 +106,7 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
 @pytest.mark.parametrize(
     ("key", "value", "feature"),
     [
-        ("s3_chunk_size", 5, "S3"),
+        ("use_bnb_optimizer", True, "bitsandbytes"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
     ],
 )

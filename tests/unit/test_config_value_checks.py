@@ -55,6 +55,7 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "exclude": ("worker-0@", "empty NODE"),
     "autotuning_run": ("fly", "not supported yet"),
     "distributed_backend": ("carrier-pigeon", "must be one of"),
+    "s3_path": ("gs://bucket/runs", "is not an S3 location: it does not start with s3://"),
     "curriculum_learning": ({"enabled": True, "min_difficulty": 8}, "curriculum_learning.max_difficulty=None must be"),
 }
 
@@ -66,7 +67,7 @@ NO_BAD_VALUE: dict[str, str] = {
     **dict.fromkeys(("data_path", "save", "load", "vocab_file", "merge_file", "base_shapes_file", "log_dir"), PATH),
     **dict.fromkeys(("tensorboard_dir", "memory_profiling_path", "sample_input_file", "sample_output_file"), PATH),
     **dict.fromkeys(("hostfile", "fused_kernels_build_path", "deepscale_config", "user_script"), PATH),
-    "s3_path": PATH,
+    "s3_cache_dir": PATH,
     **dict.fromkeys(("wandb_group", "wandb_run_name", "wandb_team", "wandb_project", "comet_workspace"), FREE),
     **dict.fromkeys(("comet_project", "comet_experiment_name", "precompute_model_name"), FREE),
     "comet_experiment": FREE,

@@ -151,7 +151,10 @@ class LoadSaveKeys:
     load: str | None = arg(
         None,
         "Directory to load a checkpoint from (its `latest` tag, else the newest valid one). A missing directory is "
-        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume).",
+        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume). "
+        "neox-forge: an `s3://bucket/prefix` location (a folder `s3_path` uploads to, holding `latest`) is "
+        "downloaded into `s3_cache_dir` first: the checkpoint its `latest` names (or `iteration`'s), checked "
+        "against its manifest's sha256.",
     )
 
 
@@ -180,6 +183,44 @@ class CheckpointKeys:
         "neox-forge: load (resume or finetune from) a checkpoint saved with another tokenizer (another "
         "tokenizer_type, vocabulary size or id -> token table, compared by sha256) with a warning instead of an "
         "error; for changing the tokenizer on purpose (its token ids then mean other tokens).",
+    )
+
+
+@dataclass(kw_only=True)
+class S3Keys:
+    """Checkpoints uploaded to S3 and loaded from it (credentials only from the environment or the AWS config
+    files; see docs/reliability.md)."""
+
+    s3_path: str | None = arg(
+        None,
+        "S3 location `s3://bucket/prefix` every committed checkpoint of `save` is uploaded to, as "
+        "`<s3_path>/<basename of save>/global_step<N>/...` (GPT-NeoX's layout) plus a `latest` object written after "
+        "the checkpoint's files: by rank 0 in the background, each file verified (size and MD5 ETag), retried; a "
+        "failed upload is one log line and the local checkpoint is kept. The endpoint and credentials come from "
+        "the environment or the AWS config files (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, ...).",
+    )
+    s3_chunk_size: int = arg(
+        104857600,
+        "Bytes per part of the multipart upload of a checkpoint file larger than it (S3's part sizes: 5 MiB to "
+        "5 GiB); smaller files go up in one request.",
+    )
+    s3_upload_attempts: int = arg(
+        5,
+        "neox-forge: tries of one file's upload or download, counting every failed request (a part, the "
+        "completion, `latest`) and every failed check (size, ETag, sha256); then the checkpoint's upload (or the "
+        "load) is given up. Waits 0.5 s, 1 s, 2 s, ... (at most 30 s) between tries.",
+    )
+    s3_timeout: float = arg(60.0, "neox-forge: seconds an S3 request may wait to connect, and for each read.")
+    s3_flush_timeout: float = arg(
+        300.0,
+        "neox-forge: seconds the end of training (and a GPT-NeoX API `save_checkpoint`) waits for pending checkpoint "
+        "uploads before it logs which are not uploaded and ends; shorter than `distributed_timeout_minutes`, since "
+        "the other ranks wait for rank 0 meanwhile.",
+    )
+    s3_cache_dir: str | None = arg(
+        None,
+        "neox-forge: folder a `load: s3://bucket/prefix` downloads the checkpoint into (under `<bucket>/<prefix>/`); "
+        "default `$XDG_CACHE_HOME/neox-forge/s3` (`~/.cache/neox-forge/s3`).",
     )
 
 
@@ -295,6 +336,7 @@ class TrainingArgs(
     ReinforceKeys,
     LoadSaveKeys,
     CheckpointKeys,
+    S3Keys,
     IterationKeys,
     TokenizerFileKeys,
     DropoutKeys,
@@ -308,8 +350,6 @@ class TrainingArgs(
 ):
     """Everything about the training run except model shape and optimizer."""
 
-    s3_path: str | None = arg(None, "S3 location checkpoints are uploaded to.")
-    s3_chunk_size: int = arg(104857600, "Chunk size in bytes of S3 uploads.")
     checkpoint_validation_with_forward_pass: bool = arg(
         False, "Store one forward pass with each checkpoint and check it after loading."
     )
