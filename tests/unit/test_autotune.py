@@ -1,12 +1,20 @@
-"""``deepy.py --autotune``'s pieces without launches: the trial configs load, the step log parses, bad flags."""
+"""``deepy.py --autotune``'s pieces without launches (trial configs, step log, bad flags) and DeepSpeed's autotuner's
+wiring: the ``autotuning`` block, the runner's arguments, an experiment's DeepSpeed config on the ranks."""
 
 from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
 
 import pytest
 
 from megatron.launcher.autotune import Trial, autotune_main, format_table, layout_values, step_times, trial_values
+from megatron.launcher.config import LauncherConfig
+from megatron.launcher.launch import plan_launch, write_run_dir
 from megatron.logging.metrics import format_console_line
 from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.autotuning import autotuning_overrides, with_experiment
 from megatron.planner.search import Candidate
 
 BASE = {
@@ -57,3 +65,48 @@ def test_table_shows_measured_over_predicted_and_failures() -> None:
 def test_bad_autotune_flags_are_one_error_naming_the_flag(flag: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"{flag} '{value}': must be"):
         autotune_main(["--autotune", flag, value, "train.py", "x.yml"])
+
+
+AUTOTUNING = {"enabled": True, "fast": True, "arg_mappings": {"train_micro_batch_size_per_gpu": "--mbs"}}
+
+
+def test_autotuning_block_reaches_deepspeed_only_under_the_autotuner(caplog: pytest.LogCaptureFixture) -> None:
+    plain = NeoXArgs.from_dict({**BASE, "autotuning": AUTOTUNING})
+    assert "autotuning" not in plain.deepspeed_config  # DeepSpeed's engine would end a normal run after 5 steps
+    assert "autotuning is ignored: DeepSpeed's autotuner reads it under deepy.py --autotuning" in caplog.text
+    tuned = NeoXArgs.from_dict({**BASE, "autotuning": AUTOTUNING, "autotuning_run": "tune"})
+    assert tuned.deepspeed_config["autotuning"] == AUTOTUNING
+    search = {**BASE, "autotuning": AUTOTUNING, "zero_optimization": {"stage": [0, 1, 2, 3]}}
+    with pytest.raises(ConfigError, match=r"stage=\[0, 1, 2, 3\]: expected 0, 1, 2 or 3 \(a list or 'all' is"):
+        NeoXArgs.from_dict(search)
+    assert NeoXArgs.from_dict({**search, "autotuning_run": "tune"}).zero_optimization["stage"] == [0, 1, 2, 3]
+
+
+def test_autotuning_launch_gives_the_runner_the_mode_and_the_ranks_the_deepspeed_config(tmp_path: Path) -> None:
+    args = NeoXArgs.from_dict({**BASE, "autotuning": AUTOTUNING, "autotuning_run": "run", "user_script": "train.py"})
+    plan = plan_launch(LauncherConfig.from_neox_args(args), str(tmp_path), on_cpu=True)
+    argv = plan.runner_argv
+    assert argv[argv.index("--autotuning") + 1] == "run" and argv.index("--autotuning") < argv.index("train.py")
+    assert argv[argv.index("--deepspeed_config") + 1] == str(tmp_path.resolve() / "ds_config.json")
+    assert plan.env["LOCAL_SIZE"] == "2"  # DeepSpeed's CPU accelerator: one device per rank, not per NUMA node
+    write_run_dir(args, plan)
+    ds = json.loads((tmp_path / "ds_config.json").read_text())
+    assert "train_batch_size" not in ds and "gradient_accumulation_steps" not in ds and ds["autotuning"] == AUTOTUNING
+    plain = plan_launch(LauncherConfig.from_neox_args(NeoXArgs.from_dict({**BASE, "user_script": "train.py"})), "x")
+    assert "--autotuning" not in plain.runner_argv and "--deepspeed_config" not in plain.runner_argv
+
+
+def test_an_experiments_deepspeed_config_sets_the_tuned_keys(tmp_path: Path) -> None:
+    resolved = NeoXArgs.from_dict(BASE).to_dict()  # what deepy writes as --neox_config
+    experiment = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "train_batch_size": 4,
+                  "zero_optimization": {"stage": 1}, "autotuning": AUTOTUNING, "optimizer": {"type": "ignored"}}  # fmt: skip
+    encoded = base64.urlsafe_b64encode(json.dumps(experiment).encode()).decode()
+    (tmp_path / "ds.json").write_text(json.dumps(experiment))
+    for given in (encoded, str(tmp_path / "ds.json")):  # as DeepSpeed's autotuner passes it, or a file
+        tuned = autotuning_overrides(given)
+        assert set(tuned) == {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                              "zero_optimization", "autotuning"}  # fmt: skip
+        args = NeoXArgs.from_dict(with_experiment(resolved, tuned))
+        assert (args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps, args.zero_stage) == (1, 2, 1)
+    with pytest.raises(ConfigError, match="--deepspeed_config not-base64!: neither a JSON file nor base64"):
+        autotuning_overrides("not-base64!")
