@@ -30,6 +30,7 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
+from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.ranges import Range
 from megatron.planner.flags import Flag, add_flags, check_flags
 from megatron.planner.gpus import gpu_type
@@ -138,7 +139,7 @@ def machine_hardware(ns: argparse.Namespace, ranks: int, precision: str) -> tupl
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+            dtype = dtype_of_precision(precision)
             peak = ns.peak_tflops or calibrate_gemm_tflops(dtype)
         finally:
             torch.set_num_threads(before)
