@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """GPT-NeoX's launcher: ``python deepy.py train.py [-d DIR] a.yml [b.yml ...] [--key value ...] [--dry-run]``.
 
-``python deepy.py --plan train.py a.yml [--gpus N ...] [--json]`` prints a memory and throughput plan instead.
+``python deepy.py --plan train.py a.yml [--gpus N ...] [--json]`` prints a memory and throughput plan instead;
+``python deepy.py --autotune train.py a.yml [--candidates N]`` measures the plan's best layouts (docs/planner.md).
 
 Merges and validates the configs, writes the resolved config to a run folder and starts the script on every
 rank through DeepSpeed's runner. Config errors are printed without a traceback and exit with status 2. SIGTERM,
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
                 from megatron.planner.cli import plan_main
 
                 return plan_main(argv, out)
+        if "--autotune" in argv:  # the planner's best layouts, each trained a few steps (docs/planner.md#autotune)
+            from megatron.launcher.autotune import autotune_main
+
+            return autotune_main(argv)
         signals = SignalQueue().install()  # a stop signal from here on is acted on, never a traceback or lost
         try:
             return _launch(argv, signals)

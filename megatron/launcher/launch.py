@@ -28,6 +28,7 @@ from megatron.neox_arguments.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "neox_config.json"
+DS_CONFIG_NAME = "ds_config.json"
 
 
 def free_port() -> int:
@@ -122,10 +123,19 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
     if args.user_script is None:
         raise ConfigError("user_script is not set: the script deepy.py launches on every rank (train.py, ...)")
+    if args.autotuning_run is not None:  # DeepSpeed's autotuner runs the experiments (neox_arguments/autotuning.py)
+        argv += ["--autotuning", args.autotuning_run]
+        # it starts each experiment with the `deepspeed` command: this environment's
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        if on_cpu:  # DeepSpeed's CPU accelerator counts NUMA nodes as devices unless LOCAL_SIZE says how many
+            env["LOCAL_SIZE"] = str(num_gpus or 1)
     script = [args.user_script, "--neox_config", config_path]
+    if args.autotuning_run is not None:  # the autotuner reads the DeepSpeed config from this file
+        script += ["--deepspeed_config", os.path.join(os.path.dirname(config_path), DS_CONFIG_NAME)]
     argv += script
     node_argv = None
-    if on_cpu and not hostfile and not args.include and not args.exclude and nodes == 1:
+    one_node = on_cpu and not hostfile and not args.include and not args.exclude and nodes == 1
+    if one_node and args.autotuning_run is None:  # the autotuner is the runner's: it keeps the runner
         assert num_gpus is not None  # set from the world size above
         node_argv = node_launch_argv(int(num_gpus), port, script)
     threads = ""
@@ -155,8 +165,11 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) 
     ExitReports(plan.run_dir, 0).clear()
     os.makedirs(os.path.join(plan.run_dir, "configs"), exist_ok=True)
     args.save_config(plan.config_path)
-    with open(os.path.join(plan.run_dir, "ds_config.json"), "w", encoding="utf-8") as f:
-        json.dump(args.deepspeed_config, f, indent=2, sort_keys=True)
+    ds_config = args.deepspeed_config
+    if args.autotuning_run is not None:  # the autotuner's base config: each experiment sets its own batch split
+        ds_config = {k: v for k, v in ds_config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
+    with open(os.path.join(plan.run_dir, DS_CONFIG_NAME), "w", encoding="utf-8") as f:
+        json.dump(ds_config, f, indent=2, sort_keys=True)
     for name, text in (args.config_files or {}).items():
         with open(os.path.join(plan.run_dir, "configs", name), "w", encoding="utf-8") as f:
             f.write(text)

@@ -21,6 +21,7 @@ from megatron.cluster.worker_env import (
     launched_rank,
     launched_world_size,
 )
+from megatron.neox_arguments.autotuning import autotuning_overrides, with_experiment
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
@@ -222,7 +223,9 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         resolved.update(updates)
         # A feature we do not implement is the root cause of anything else that looks wrong: report it alone.
         defaults = default_values()
-        problems = unsupported_problems(resolved, defaults, origins) or problems + validate(resolved, origins, defaults)
+        problems = unsupported_problems(resolved, defaults, origins, env.on_cpu) or problems + validate(
+            resolved, origins, defaults
+        )
         if problems:
             raise ConfigError(problems)
         if resolved["zero_stage"] != ((checked.get("zero_optimization") or {}).get("stage") or 0):
@@ -317,6 +320,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
             )
         if not isinstance(d, dict):
             raise ConfigError(f"the resolved config must be a mapping of keys to values, got {type(d).__name__}")
+        if known.deepspeed_config is not None:  # an experiment of DeepSpeed's autotuner: its batch and ZeRO settings
+            d = with_experiment(d, autotuning_overrides(known.deepspeed_config))
         if overwrite_values:
             d = {**d, **overwrite_values}
         # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them first, the world size resolves the config.
@@ -446,6 +451,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         ds: dict[str, Any] = {}
         for f in dataclasses.fields(DeepspeedConfigArgs):
             value = getattr(section, f.name)
+            if f.name == "autotuning" and self.autotuning_run is None:
+                continue  # DeepSpeed's autotuner's block: only under deepy.py --autotuning (else warned as ignored)
             if f.name not in _NOT_DS_CONFIG and f.name not in _REMOVED_FROM_DEEPSPEED and value is not None:
                 ds[f.name] = copy.deepcopy(value)
         for block in ("fp16", "bf16"):

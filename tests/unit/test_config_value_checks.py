@@ -53,7 +53,7 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "communication_data_type": ("fp8", "must be one of"),
     "include": ("worker-0:a", "bad slot list"),
     "exclude": ("worker-0@", "empty NODE"),
-    "autotuning_run": ("fly", "not supported yet"),
+    "autotuning_run": ("fly", "expected one of 'tune', 'run'"),
     "distributed_backend": ("carrier-pigeon", "must be one of"),
     "s3_path": ("gs://bucket/runs", "is not an S3 location: it does not start with s3://"),
     "curriculum_learning": ({"enabled": True, "min_difficulty": 8}, "curriculum_learning.max_difficulty=None must be"),
