@@ -106,7 +106,7 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
 @pytest.mark.parametrize(
     ("key", "value", "feature"),
     [
-        ("use_bnb_optimizer", True, "bitsandbytes"),
+        ("te_mha", True, "Transformer Engine"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
     ],
 )
