@@ -146,7 +146,7 @@ def test_bad_value_of_its_kind_names_the_key(key: str) -> None:
 
 
 def test_defaults_are_in_range_and_messages_are_readable() -> None:
-    from megatron.neox_arguments.neox_args import default_values
+    from megatron.neox_arguments.namespace import default_values
 
     defaults = default_values()
     for key, rng in RANGES.items():
