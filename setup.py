@@ -17,5 +17,10 @@ setup(
     packages=find_packages(include=["megatron", "megatron.*"]),
     python_requires=">=3.10",
     install_requires=_requirements("requirements.txt"),
-    extras_require={"eval": _requirements("requirements-eval.txt"), "dev": _requirements("requirements-dev.txt")},
+    extras_require={
+        "eval": _requirements("requirements-eval.txt"),
+        "comet": _requirements("requirements-comet.txt"),
+        "s3": _requirements("requirements-s3.txt"),
+        "dev": _requirements("requirements-dev.txt"),
+    },
 )

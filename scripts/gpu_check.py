@@ -8,11 +8,15 @@ Checks (CUDA half / CPU half when no GPU):
    tokens/s and MFU against the GPU's peak (``megatron.logging.peak_flops``); on CPU a tiny fp32 run of 2 steps
    through the same code (its loss must be finite and its MFU positive).
 4. generate: greedy tokens on CUDA equal those on CPU; on CPU, KV-cache decoding equals full recomputation.
+5. bnb: bitsandbytes' 8-bit Adam (``use_bnb_optimizer``) trains a small model on the device (CPU: its CPU backend).
+6. te: on CUDA with transformer_engine, ``te.Linear`` equals torch's linear in bf16; the ``te_*`` keys are refused
+   in one line naming what the machine lacks (on CPU only that line is checked).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -149,17 +153,71 @@ def check_generate() -> str:
     return "PASS greedy tokens identical on CUDA and CPU (2x16)"
 
 
+def check_bnb() -> str:
+    """use_bnb_optimizer's optimizer on the device: bitsandbytes' 8-bit Adam trains a small model (loss falls, both
+    moments uint8); on CPU through bitsandbytes' CPU backend."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as e:
+        return f"SKIP bitsandbytes not installed ({e}); pip install -r requirements/requirements-bnb.txt"
+    from megatron.training.bnb_optimizer import adam8bit
+
+    device = "cuda" if CUDA else "cpu"
+    model = small_model().train().to(device)
+    opt = adam8bit([{"params": list(model.parameters()), "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    tokens = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(3)).to(device)
+    losses = []
+    for _ in range(12):
+        logits = model(tokens[:, :-1]).float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    quantized = [st for st in opt.state.values() if "state1" in st and st["state1"].dtype == torch.uint8]
+    assert quantized and losses[-1] < losses[0] - 0.5, f"losses {losses[0]:.3f} -> {losses[-1]:.3f}"
+    where = "CUDA" if CUDA else "CPU backend"
+    return f"PASS ({where}) 8-bit Adam: loss {losses[0]:.2f} -> {losses[-1]:.2f} in 12 steps, {len(quantized)} uint8 states"
+
+
+def check_te() -> str:
+    """Transformer Engine: where CUDA and transformer_engine are present, te.Linear equals torch's linear in bf16;
+    the te_* keys are refused in one line naming what this machine lacks."""
+    from megatron.neox_arguments import ConfigError, NeoXArgs
+
+    try:
+        NeoXArgs.from_dict({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "te_mha": True})
+        raise AssertionError("te_mha was accepted")
+    except ConfigError as e:
+        line = str(e)
+    assert "\n" not in line and "Transformer Engine needs a CUDA GPU" in line, line
+    missing = line.split("here: ")[1].split(";")[0]
+    if not CUDA or importlib.util.find_spec("transformer_engine") is None:
+        return f"SKIP (te_* refused in one line; here: {missing})"
+    import transformer_engine.pytorch as te
+
+    torch.manual_seed(0)
+    layer = te.Linear(256, 256, bias=True, params_dtype=torch.bfloat16).cuda()
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    rel = ((layer(x).float() - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 2e-2, f"te.Linear differs from torch: {rel:.3e} relative"
+    return f"PASS te.Linear bf16 == torch ({rel:.1e} relative); te_* keys still refused ({missing})"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true", help="on CUDA too, train the tiny model instead of 1.3B")
-    p.add_argument("--only", default=None, help="comma-separated subset: logits,attention,train,generate")
+    p.add_argument("--only", default=None, help="comma-separated subset: logits,attention,train,generate,bnb,te")
     args = p.parse_args()
     checks: dict[str, Callable[[], str]] = {
         "logits": check_logits,
         "attention": check_attention,
         "train": lambda: check_train(args.steps, args.tiny),
         "generate": check_generate,
+        "bnb": check_bnb,
+        "te": check_te,
     }
     wanted = args.only.split(",") if args.only else list(checks)
     rows, failed = [], False

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command GPU check (docs/benchmarks.md): CUDA logits == CPU logits (fp32), SDPA/flash attention == the
 # reference path, a 1.3B-parameter bf16 training run of 30 steps (tokens/s, MFU against the GPU's peak), and a
-# greedy generation. Prints one summary table; exits non-zero on any failure. Without CUDA the CUDA-only parts are
+# greedy generation, bitsandbytes' 8-bit Adam on the device and Transformer Engine's te.Linear (where installed).
+# Prints one summary table; exits non-zero on any failure. Without CUDA the CUDA-only parts are
 # skipped and their CPU halves run on tiny shapes (so the script itself stays tested).
 #
 #   bash scripts/gpu_check.sh [--steps 30] [--tiny]

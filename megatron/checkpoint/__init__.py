@@ -7,6 +7,8 @@ submodule (``tests/unit/test_checkpoint_entry.py``; the listed exception is ``cl
 Training runs:
 
 * :class:`CheckpointConfig` (a run's checkpoint keys), :func:`is_save_iter` (the save schedule)
+* :func:`start_uploads` → :class:`S3Uploader` (``s3_path``: committed checkpoints uploaded in the background;
+  ``load: s3://...`` is downloaded by ``load_checkpoint``, ``s3_download``)
 * :func:`save_checkpoint` (crash-safe, ``commit``) and :func:`load_checkpoint` → :class:`LoadResult` (resume
   selection in ``resume``, resharding on load in ``autoreshard``, optimizer carry-over in ``optimizer_carry``)
 
@@ -40,10 +42,12 @@ from megatron.checkpoint.layout import (
 from megatron.checkpoint.load import LoadResult, load_checkpoint
 from megatron.checkpoint.manifest import read_manifest, verify_checkpoint
 from megatron.checkpoint.optimizer_state import slice_param_names, stage_param_names
+from megatron.checkpoint.partition import partition_balanced
 from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
 from megatron.checkpoint.reshard import ReshardResult, reshard_checkpoint
 from megatron.checkpoint.rules import resize_vocab
 from megatron.checkpoint.run_config import CHECKPOINT_ARG_KEYS, CheckpointConfig, is_save_iter
+from megatron.checkpoint.s3_upload import S3Uploader, start_uploads
 from megatron.checkpoint.save import save_checkpoint
 from megatron.checkpoint.tags import checkpoint_tag
 from megatron.checkpoint.tokenizer_identity import tokenizer_identity
@@ -57,6 +61,7 @@ __all__ = [
     "LoadResult",
     "NeoXCheckpoint",
     "ReshardResult",
+    "S3Uploader",
     "TargetLayout",
     "checkpoint_tag",
     "describe_checkpoint",
@@ -70,6 +75,7 @@ __all__ = [
     "load_checkpoint",
     "model_config",
     "neox_config_yaml",
+    "partition_balanced",
     "read_checkpoint",
     "read_manifest",
     "reshard_checkpoint",
@@ -79,6 +85,7 @@ __all__ = [
     "slice_param_names",
     "stage_bounds",
     "stage_param_names",
+    "start_uploads",
     "tokenizer_files",
     "tokenizer_identity",
     "tokenizer_yaml",

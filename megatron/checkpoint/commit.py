@@ -16,7 +16,7 @@ import contextlib
 import errno
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from megatron.checkpoint.layout import CheckpointError, read_latest
@@ -134,9 +134,11 @@ def select_checkpoint(root: str | Path, *, checksums: bool = False) -> str | Non
     return None
 
 
-def delete_old_checkpoints(save_dir: str | Path, keep_n: int, *, new: str | None = None) -> list[Path]:
-    """Keep the newest ``keep_n`` checkpoints by iteration, plus the newest valid one and ``latest``'s; returns the
-    deleted paths.
+def delete_old_checkpoints(
+    save_dir: str | Path, keep_n: int, *, new: str | None = None, keep: Collection[str] = ()
+) -> list[Path]:
+    """Keep the newest ``keep_n`` checkpoints by iteration, plus the newest valid one, ``latest``'s and the tags in
+    ``keep`` (those whose S3 upload has not ended); returns the deleted paths.
 
     ``new`` (the checkpoint just committed): before anything is deleted it must pass a resume's checks on its files
     (``megatron.checkpoint.loadable``); if it does not, nothing is deleted and a warning says why, so retention
@@ -155,7 +157,10 @@ def delete_old_checkpoints(save_dir: str | Path, keep_n: int, *, new: str | None
     newest_valid = next((p for p in checkpoints[::-1] if verify_checkpoint(p) is None), None)
     if newest_valid is not None:
         protected.add(newest_valid.name)
-    doomed = [p for p in checkpoints if p.name not in protected]
+    waiting = [p for p in checkpoints if p.name not in protected and p.name in keep]
+    if waiting:
+        logger.info("keep_last_n_checkpoints: keeping %s until its S3 upload ends", ", ".join(str(p) for p in waiting))
+    doomed = [p for p in checkpoints if p.name not in protected and p.name not in keep]
     if doomed and new is not None:
         problem = load_problem(Path(save_dir) / new)
         if problem is not None:

@@ -27,7 +27,7 @@ from megatron.config_utils import not_neox_keys
 from megatron.model.config import FUSION_KEYS, GPTModelConfig
 from megatron.model.hf_mapping import hf_config_to_neox, hf_to_neox_state_dict, neox_to_hf_config, neox_to_hf_state_dict
 from megatron.model.moe.hf_mixtral import mixtral_disk_names
-from megatron.neox_arguments.neox_args import default_values
+from megatron.neox_arguments.namespace import default_values
 from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.unsupported import UNSUPPORTED_KEYS
 from megatron.tokenizer import TokenizerConfig, build_tokenizer

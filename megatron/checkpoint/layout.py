@@ -24,6 +24,7 @@ from megatron.checkpoint.partition import partition_balanced
 from megatron.checkpoint.tags import checkpoint_dirs, checkpoint_tag
 from megatron.errors import UserError
 from megatron.model.config import GPTModelConfig
+from megatron.model.pipe_partition import resolve_partition_method
 
 MP_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
@@ -233,13 +234,14 @@ _BOUNDS: dict[tuple[str, int, str], list[int]] = {}  # by the config's repr, the
 
 
 def stage_bounds(cfg: GPTModelConfig, pp: int, partition_method: str | None = None) -> list[int]:
-    """Spec-index boundaries ``parts`` (stage ``s`` owns specs ``parts[s]:parts[s+1]``), as DeepSpeed computes them.
+    """Spec-index boundaries ``parts`` (stage ``s`` owns specs ``parts[s]:parts[s+1]``), as DeepSpeed computes them
+    for the method the pipeline runs (:func:`resolve_partition_method`).
 
     Memoised (the planner asks once per stage and per candidate layout; ``parameters`` builds every layer).
     """
     from megatron import mpu
 
-    method = (partition_method or cfg.pipe_partition_method).lower()
+    method = resolve_partition_method(cfg, pp, partition_method).lower()
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1  # "parameters" counts
     key = (f"{tp}:{cfg!r}", pp, method)
     if key not in _BOUNDS:

@@ -28,12 +28,14 @@ from megatron.checkpoint.reshard import gather_full_optimizer_state
 from megatron.checkpoint.resume import resolve_load_dir, resolve_tag, verify_manifest
 from megatron.checkpoint.rng import set_rng_state
 from megatron.checkpoint.run_config import CHECKPOINT_ARG_KEYS, CheckpointConfig
+from megatron.checkpoint.s3_download import download_for_load
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, unsafe_message
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
 from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 from megatron.model.layer_sharing import is_shared
 from megatron.model.soft_prompt import check_prompt_checkpoint, soft_prompt_tokens
+from megatron.neox_arguments.s3_checks import is_s3_url
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,8 @@ def load_checkpoint(
     """
     if not cfg.load:
         return LoadResult(0, None)
+    if is_s3_url(cfg.load):  # downloaded into s3_cache_dir first
+        cfg = download_for_load(cfg)
     cfg = resolve_load_dir(cfg)
     if cfg.load is None:
         return LoadResult(0, None)

@@ -10,7 +10,7 @@ from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.keys import CHECKPOINTED_KEYS
 from megatron.neox_arguments.sections.model import ResidualKeys
 from megatron.neox_arguments.sections.other import LoadIterationKeys
-from megatron.neox_arguments.sections.training import CheckpointKeys, LoadSaveKeys
+from megatron.neox_arguments.sections.training import CheckpointKeys, LoadSaveKeys, S3Keys
 
 # GPT-NeoX's model-shape args a checkpoint stores: marked next to each key in the schema (``checkpointed=True``)
 CHECKPOINT_ARG_KEYS = CHECKPOINTED_KEYS
@@ -18,7 +18,7 @@ AUTO = "auto"
 
 
 @dataclass
-class CheckpointConfig(LoadSaveKeys, CheckpointKeys, LoadIterationKeys, ResidualKeys):
+class CheckpointConfig(LoadSaveKeys, CheckpointKeys, S3Keys, LoadIterationKeys, ResidualKeys):
     """GPT-NeoX checkpoint keys (``gpt_j_residual`` decides how row-parallel biases are stored at TP > 1:
     ``checkpoint.bias_layout``)."""
 

@@ -34,6 +34,7 @@ from megatron.checkpoint.lr_state import LR_SCHEDULER_KEY, LRSchedule
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.rng import rng_state
 from megatron.checkpoint.run_config import CheckpointConfig
+from megatron.checkpoint.s3_upload import S3Uploader
 from megatron.checkpoint.safe_load import safe_torch_load
 from megatron.checkpoint.tags import checkpoint_tag
 from megatron.engine_protocol import Engine
@@ -79,12 +80,14 @@ def save_checkpoint(
     resolved_config: dict[str, Any] | None = None,
     extra_state: dict[str, Any] | None = None,
     run_id: str = "",
+    uploads: S3Uploader | None = None,
 ) -> Path:
     """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call), with the
     LR schedule's state in the model-states files' ``lr_scheduler`` entry, where DeepSpeed puts an engine's own.
 
     ``run_id`` (from the save folder's lock) names the temporary folder, and the cleanup before the save only
-    removes this run's; without it every leftover temporary folder is removed.
+    removes this run's; without it every leftover temporary folder is removed. ``uploads`` (rank 0's, with
+    ``s3_path``) is handed the checkpoint after its commit and uploads it in the background.
     """
     if not cfg.save:
         raise CheckpointError("save_checkpoint needs the 'save' directory")
@@ -126,8 +129,11 @@ def save_checkpoint(
             meta[ROW_BIAS_KEY] = bias_layout
             write_manifest(directory, **meta, config=resolved_config)
             directory = commit_lib.commit(cfg.save, tag, run_id)
+            if uploads is not None:
+                uploads.submit(tag)
             if cfg.keep_last_n_checkpoints is not None:
-                delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints, new=tag)
+                keep = uploads.pending() if uploads is not None else ()
+                delete_old_checkpoints(cfg.save, cfg.keep_last_n_checkpoints, new=tag, keep=keep)
     mpu.barrier()
     directory = Path(cfg.save) / tag
     if rank == 0:

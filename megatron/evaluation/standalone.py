@@ -22,6 +22,7 @@ from megatron.evaluation.tasks import resolve_tasks
 from megatron.generation.config import InferenceConfig
 from megatron.generation.parallel import StageForward, runs_model_parallel, setup_stage_for_inference
 from megatron.generation.text_generation import setup_for_inference
+from megatron.logging.comet import check_comet
 from megatron.logging.metrics import LoggingConfig, Metrics
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def evaluate(
     share. Rank 0 writes the results (with ``run_config``, the resolved keys) and the ``eval/<task>_<metric>``
     scalars.
     """
+    check_comet(log_cfg.use_comet)  # on every rank, before the checkpoint is read (only rank 0 logs the scalars)
     world = launched_world_size()
     if not cfg.eval_tasks:
         logger.info("eval_tasks unset: GPT-NeoX's default tasks %s", " ".join(GPT_NEOX_DEFAULT_TASKS))

@@ -21,6 +21,7 @@ from megatron.initialize import InitConfig
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.s3_checks import is_s3_url
 from megatron.neox_arguments.sections.deepspeed import BatchSizeKeys
 from megatron.neox_arguments.sections.model import SequenceKeys
 from megatron.neox_arguments.sections.other import LoadIterationKeys, ParallelSizeKeys, SeedKeys
@@ -104,6 +105,11 @@ class InferenceConfig(LoadSaveKeys, LoadIterationKeys, SeedKeys, ParallelSizeKey
         load = self.save if self.load == "auto" else self.load
         if not load:
             raise ConfigError("load: generation needs the checkpoint directory to load")
+        if is_s3_url(load):
+            raise ConfigError(
+                f"load={load!r}: generation and evaluation read a local checkpoint folder; an s3:// location is "
+                "downloaded by training runs only (into s3_cache_dir): load that folder, or download the checkpoint"
+            )
         return str(load)
 
     def output_path(self) -> str:

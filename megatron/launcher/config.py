@@ -31,3 +31,13 @@ class LauncherConfig(DeepspeedRunnerArgs, LaunchKeys, PreemptionKeys):
         """``hostfile`` (else ``$DLTS_HOSTFILE``) when that file exists."""
         path = self.hostfile or os.environ.get("DLTS_HOSTFILE")
         return path if path and os.path.isfile(path) else None
+
+
+def ranks_on_cpu() -> bool:
+    """True when the ranks will run on the CPU: ``DS_ACCELERATOR=cpu``, or no CUDA device (only then is torch
+    imported: deepy and the config layer do not load it otherwise)."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        return True
+    from megatron.distributed import on_cpu
+
+    return on_cpu()

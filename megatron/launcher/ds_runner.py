@@ -2,7 +2,9 @@
 
 Run by file path (``python .../ds_runner.py RUNNER_ARGS...``) so it needs nothing but DeepSpeed: the runner's own
 resource errors (a bad include/exclude, no devices) become ``deepy.py: error: launcher: ...`` and exit status 2
-instead of a traceback; everything else is the runner's behaviour, exit status included.
+instead of a traceback; everything else is the runner's behaviour, exit status included. With ``--node-launch`` first
+it runs DeepSpeed's per-node launcher (``deepspeed.launcher.launch``) instead: what the runner's local branch starts,
+for a one-node CPU launch whose arguments deepy computed (``megatron/launcher/launch.py``, ``node_launch_argv``).
 
 It leads the process group of the launch (deepy starts it with ``process_group=0``). If deepy itself is killed
 (SIGKILL cannot be relayed), Linux's parent-death signal wakes this process, which then kills the whole group: no
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import runpy
 import signal
 import sys
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+NODE_LAUNCH = "--node-launch"  # first argument: run DeepSpeed's per-node launcher instead of its runner
 
 
 def _kill_group(_signum: int = 0, _frame: object = None) -> None:
@@ -36,8 +40,16 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run DeepSpeed's runner on ``argv``; returns its exit status."""
+    """Run DeepSpeed's runner on ``argv`` (or, after :data:`NODE_LAUNCH`, its per-node launcher, as the runner's
+    local branch would); returns its exit status."""
     die_with_parent()
+    if argv[:1] == [NODE_LAUNCH]:
+        sys.argv = ["deepspeed.launcher.launch", *argv[1:]]
+        try:
+            runpy.run_module("deepspeed.launcher.launch", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else 1
+        return 0
     from deepspeed.launcher import runner
 
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -14,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from megatron.cluster.env_values import master_addr as env_master_addr
-from megatron.launcher.config import LauncherConfig
+from megatron.launcher.config import LauncherConfig, ranks_on_cpu
+from megatron.launcher.ds_runner import NODE_LAUNCH
 from megatron.launcher.exit_reports import ExitReports
 from megatron.launcher.multinode import RELAY_SIGNAL, ClusterCommand
 from megatron.launcher.secrets import redact, write_env_file
@@ -26,6 +28,7 @@ from megatron.neox_arguments.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "neox_config.json"
+DS_CONFIG_NAME = "ds_config.json"
 
 
 def free_port() -> int:
@@ -45,11 +48,18 @@ class LaunchPlan:
     config_path: str = ""
     notes: list[str] = field(default_factory=list)
     threads: str = ""  # CPU ranks: the threads per rank and why (printed by deepy.py)
+    node_argv: list[str] | None = None
+    """One node of CPU ranks with no host selection: the arguments of DeepSpeed's per-node launcher
+    (``deepspeed.launcher.launch``), started directly. For this case the runner only computes them (its local
+    branch), at the cost of a second DeepSpeed import (~3 s) before any rank starts."""
 
     def command_line(self) -> str:
         """The exact launch command, as a shell line (environment additions first)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        cmd = shlex.join([sys.executable, "-m", "deepspeed.launcher.runner", *self.runner_argv])
+        if self.node_argv is not None:
+            cmd = shlex.join([sys.executable, "-u", "-m", "deepspeed.launcher.launch", *self.node_argv])
+        else:
+            cmd = shlex.join([sys.executable, "-m", "deepspeed.launcher.runner", *self.runner_argv])
         return redact(f"{env} {cmd}".strip())
 
 
@@ -59,16 +69,21 @@ def default_run_dir(log_dir: str | None) -> str:
     return os.path.join(log_dir or "runs", f"deepy-{stamp}-{os.getpid()}")
 
 
-def _is_cpu() -> bool:
-    # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
-    from megatron.distributed import on_cpu
-
-    return on_cpu()
+def node_launch_argv(num_ranks: int, port: int, script_argv: list[str]) -> list[str]:
+    """DeepSpeed's per-node launcher arguments for ``num_ranks`` ranks on this host, as DeepSpeed's runner builds
+    them for a local launch (``world_info``: ``{"localhost": [0, ..., N-1]}``, base64 of its JSON)."""
+    world = json.dumps({"localhost": list(range(num_ranks))}).encode()
+    world_info = base64.urlsafe_b64encode(world).decode()
+    return [
+        f"--world_info={world_info}", "--master_addr=127.0.0.1", f"--master_port={port}",
+        "--enable_each_rank_log=None", "--log_level=info",
+        *script_argv,
+    ]  # fmt: skip
 
 
 def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = None) -> LaunchPlan:
     """Build the DeepSpeed runner argv for ``args`` (GPT-NeoX's launcher keys) without side effects."""
-    on_cpu = _is_cpu() if on_cpu is None else on_cpu
+    on_cpu = ranks_on_cpu() if on_cpu is None else on_cpu
     explicit = args.explicit_keys
     argv: list[str] = []
     notes: list[str] = []
@@ -84,9 +99,8 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
     if args.num_nodes is not None and args.num_nodes != -1:
         argv += ["--num_nodes", str(args.num_nodes)]
     num_gpus = args.num_gpus
-    if on_cpu and not has_hosts:
-        # One node of CPU ranks: as many as the resolved world size.
-        nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else 1
+    nodes = args.num_nodes if args.num_nodes and args.num_nodes > 0 else 1
+    if on_cpu and not has_hosts:  # one node of CPU ranks: as many as the resolved world size
         num_gpus = args.global_num_gpus // nodes
     if num_gpus is not None:
         if args.include or args.exclude:
@@ -109,7 +123,21 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
     config_path = os.path.abspath(os.path.join(run_dir, CONFIG_NAME))
     if args.user_script is None:
         raise ConfigError("user_script is not set: the script deepy.py launches on every rank (train.py, ...)")
-    argv += [args.user_script, "--neox_config", config_path]
+    if args.autotuning_run is not None:  # DeepSpeed's autotuner runs the experiments (neox_arguments/autotuning.py)
+        argv += ["--autotuning", args.autotuning_run]
+        # it starts each experiment with the `deepspeed` command: this environment's
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        if on_cpu:  # DeepSpeed's CPU accelerator counts NUMA nodes as devices unless LOCAL_SIZE says how many
+            env["LOCAL_SIZE"] = str(num_gpus or 1)
+    script = [args.user_script, "--neox_config", config_path]
+    if args.autotuning_run is not None:  # the autotuner reads the DeepSpeed config from this file
+        script += ["--deepspeed_config", os.path.join(os.path.dirname(config_path), DS_CONFIG_NAME)]
+    argv += script
+    node_argv = None
+    one_node = on_cpu and not hostfile and not args.include and not args.exclude and nodes == 1
+    if one_node and args.autotuning_run is None:  # the autotuner is the runner's: it keeps the runner
+        assert num_gpus is not None  # set from the world size above
+        node_argv = node_launch_argv(int(num_gpus), port, script)
     threads = ""
     if on_cpu:
         env["DS_ACCELERATOR"] = "cpu"
@@ -117,7 +145,7 @@ def plan_launch(args: LauncherConfig, run_dir: str, *, on_cpu: bool | None = Non
         count, why = threads_per_rank(int(num_gpus or 1), os.environ)
         env["OMP_NUM_THREADS"] = str(count)
         threads = f"CPU threads per rank: {count} ({why}; set OMP_NUM_THREADS to choose)"
-    return LaunchPlan(argv, env, run_dir, config_path, notes, threads)
+    return LaunchPlan(argv, env, run_dir, config_path, notes, threads, node_argv)
 
 
 def launch_wandb_group(use_wandb: bool | None, wandb_group: str | None) -> str | None:
@@ -137,8 +165,11 @@ def write_run_dir(args: NeoXArgs, plan: LaunchPlan, command: str | None = None) 
     ExitReports(plan.run_dir, 0).clear()
     os.makedirs(os.path.join(plan.run_dir, "configs"), exist_ok=True)
     args.save_config(plan.config_path)
-    with open(os.path.join(plan.run_dir, "ds_config.json"), "w", encoding="utf-8") as f:
-        json.dump(args.deepspeed_config, f, indent=2, sort_keys=True)
+    ds_config = args.deepspeed_config
+    if args.autotuning_run is not None:  # the autotuner's base config: each experiment sets its own batch split
+        ds_config = {k: v for k, v in ds_config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
+    with open(os.path.join(plan.run_dir, DS_CONFIG_NAME), "w", encoding="utf-8") as f:
+        json.dump(ds_config, f, indent=2, sort_keys=True)
     for name, text in (args.config_files or {}).items():
         with open(os.path.join(plan.run_dir, "configs", name), "w", encoding="utf-8") as f:
             f.write(text)
@@ -156,8 +187,11 @@ def launch(plan: LaunchPlan, signals: SignalQueue | None = None, reports: ExitRe
     check_master_port(plan)
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_runner.py")
     env = {**os.environ, **plan.env}
-    argv = [sys.executable, "-u", runner, *plan.runner_argv]
-    return Supervisor(argv, env, ranks=local_ranks, signals=signals, reports=reports).run()
+    if plan.node_argv is not None:  # the ranks are children of the per-node launcher deepy starts
+        argv = [sys.executable, "-u", runner, NODE_LAUNCH, *plan.node_argv]
+        return Supervisor(argv, env, ranks=lambda pid: local_ranks(pid, 1), signals=signals, reports=reports).run()
+    argv = [sys.executable, "-u", runner, *plan.runner_argv]  # runner -> per-node launcher -> ranks
+    return Supervisor(argv, env, ranks=lambda pid: local_ranks(pid, 2), signals=signals, reports=reports).run()
 
 
 def check_master_port(plan: LaunchPlan) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from megatron.cluster.env_values import master_addr
 from megatron.cluster.hostfile import active_resources, read_hostfile
-from megatron.launcher.config import LauncherConfig
+from megatron.launcher.config import LauncherConfig, ranks_on_cpu
 from megatron.neox_arguments.errors import ConfigError
 
 # Variables the ranks need from the launching shell (DeepSpeed's runner forwards a similar prefix list).
@@ -230,7 +230,7 @@ def cluster_command(
         raise ConfigError("not a multi-node launch: no hostfile with hosts, or one host and force_multi off")
     environ = dict(os.environ if base_env is None else base_env)
     env = dict(environ)
-    if _is_cpu() if on_cpu is None else on_cpu:
+    if ranks_on_cpu() if on_cpu is None else on_cpu:
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")
     cwd = os.getcwd()
@@ -244,10 +244,3 @@ def cluster_command(
         raise ConfigError("user_script is not set: the script deepy.py launches on every rank (train.py, ...)")
     script = [sys.executable, "-u", args.user_script, "--neox_config", config_path]
     return BACKENDS[args.launcher](_Launch(args, active, env, forwarded, script, run_dir, config_path))
-
-
-def _is_cpu() -> bool:
-    # imported here: megatron.distributed imports torch, which the launcher and the config layer do not load
-    from megatron.distributed import on_cpu
-
-    return on_cpu()

@@ -12,9 +12,9 @@ with one line, when the ranks stopped before their first step, or when the signa
 Whatever is still alive in the group after the launcher ended (a rank the launcher lost track of) is stopped, so no
 rank outlives deepy.
 
-How the signal reaches the ranks depends on the launcher: locally deepy signals the ranks themselves (the runner's
-grandchildren; DeepSpeed's per-node launcher would turn a signal into exit status 1 and a SIGKILL after 30 s), each
-only once it catches the signal (``signal_ranks.ready``: a rank still starting its interpreter would be killed);
+How the signal reaches the ranks depends on the launcher: locally deepy signals the ranks themselves (the children of
+DeepSpeed's per-node launcher, which would turn a signal into exit status 1 and a SIGKILL after 30 s), each only
+once it catches the signal (``signal_ranks.ready``: a rank still starting its interpreter would be killed);
 srun and Open MPI's mpirun end their tasks on SIGTERM without passing it on, so they get a signal they forward
 (``ClusterCommand.signal_map``, SIGUSR1); MPICH's hydra passes SIGTERM on; pdsh's ssh passes nothing on, so deepy
 runs ``signal_ranks.py`` on every host through pdsh (``relay``) until every rank there caught the signal.
@@ -50,11 +50,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def local_ranks(launcher_pid: int) -> list[psutil.Process]:
-    """The ranks of a local DeepSpeed launch: children of the per-node launcher(s) the runner started."""
+def local_ranks(launcher_pid: int, depth: int = 2) -> list[psutil.Process]:
+    """The ranks of a local DeepSpeed launch: the launcher's descendants ``depth`` levels down (2: DeepSpeed's
+    runner -> per-node launcher -> ranks; 1: the per-node launcher started directly -> ranks)."""
     try:
-        nodes = psutil.Process(launcher_pid).children()
-        return [rank for node in nodes for rank in node.children()]
+        level = [psutil.Process(launcher_pid)]
+        for _ in range(depth):
+            level = [child for proc in level for child in proc.children()]
+        return level
     except psutil.Error:
         return []
 

@@ -1,4 +1,4 @@
-"""One metrics API in front of the console, TensorBoard and Weights & Biases.
+"""One metrics API in front of the console, TensorBoard, Weights & Biases and Comet.
 
 ``Metrics.log(scalars, step)`` sends a dict of scalars (GPT-NeoX's keys: ``train/lm_loss``,
 ``train/learning_rate``, ``runtime/samples_per_sec``, ``validation/lm_loss_ppl`` …) to every enabled sink.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from megatron.config_utils import NeoXValues, neox_overrides
+from megatron.logging.comet import CometSink, check_comet
 from megatron.logging.run_observer import format_duration, memory_text
 from megatron.neox_arguments.sections.deepspeed import ReportingKeys
 from megatron.neox_arguments.sections.logging import LoggingArgs
@@ -105,12 +106,17 @@ class Metrics:
         run_config: dict[str, Any] | None = None,
         config_text: str | None = None,
     ) -> Metrics:
-        """Sinks for this rank: TensorBoard on rank 0, W&B on local rank 0 (or all ranks if asked)."""
+        """Sinks for this rank: TensorBoard and Comet on rank 0, W&B on rank 0 (or all ranks if asked).
+
+        Every rank checks that Comet can start (one ``UserError`` on all ranks, not rank 0 alone)."""
+        check_comet(cfg.use_comet)
         sinks: list[Sink] = []
         if rank == 0 and cfg.tensorboard_dir:
             sinks.append(TensorBoardSink(cfg.tensorboard_dir, config_text))
         if cfg.use_wandb and (rank == 0 or (cfg.wandb_init_all_ranks and local_rank >= 0)):
             sinks.append(WandbSink(cfg, run_config))
+        if cfg.use_comet and rank == 0:
+            sinks.append(CometSink(cfg, run_config))
         return cls(sinks)
 
     def log(self, scalars: dict[str, float], step: int) -> None:

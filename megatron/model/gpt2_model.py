@@ -30,6 +30,7 @@ from megatron.model.kv_cache import KVCache
 from megatron.model.layer_sharing import CacheAt, is_shared, transformer_layer_spec
 from megatron.model.mamba import ParallelMambaResidualLayerPipe
 from megatron.model.moe import with_aux_loss
+from megatron.model.pipe_partition import resolve_partition_method
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.rwkv import RWKVResidualLayerPipe
 from megatron.model.seeding import seeded
@@ -291,12 +292,13 @@ class GPT2ModelPipe(PipelineModule):
         ckpt = cfg.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
         every = cfg.checkpoint_num_layers if checkpoint_num_layers is None else checkpoint_num_layers
         topology = topology if topology is not None else mpu.get_topology()
+        stages = topology.get_dim("pipe") if topology is not None else (num_stages or 1)
         super().__init__(
             layers=build_layer_specs(cfg),
             num_stages=None if topology is not None else (num_stages or 1),
             topology=topology,
             loss_fn=loss_fn if loss_fn is not None else partial(cross_entropy, _fp16=cfg.fp16_lm_cross_entropy),
-            partition_method=partition_method or cfg.pipe_partition_method,
+            partition_method=resolve_partition_method(cfg, stages, partition_method),
             activation_checkpoint_interval=every if ckpt else 0,
             activation_checkpoint_func=non_reentrant_checkpoint,
             checkpointable_layers=CHECKPOINTABLE_LAYERS,

@@ -51,7 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_tasks", nargs="+", default=None, help="lm-eval tasks or local task directories")
     p.add_argument("--iteration", type=_iteration, default=None, help="checkpoint iteration to load")
     p.add_argument("--eval_results_prefix", default=None)
-    p.add_argument("--autotuning", choices=["tune", "run"], default=None, help="(not supported yet)")
+    p.add_argument(
+        "--autotuning",
+        choices=["tune", "run"],
+        default=None,
+        help="run DeepSpeed's autotuner (docs/planner.md)",
+    )
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="validate, print, don't launch")
     p.add_argument("--run_dir", default=None, help="folder for the resolved config (default under log_dir or runs/)")
     return p

@@ -257,8 +257,11 @@ def _zero(v: dict[str, Any], explicit: set[str], out: dict[str, Any], problems: 
     fix = f"zero_optimization: {{stage: {v['zero_stage']!r}}} and remove zero_stage"
     mirror = _mirror_problem("zero_stage", explicit, v["zero_stage"], "zero_optimization.stage", stage, fix)
     problems.extend([mirror] if mirror else [])
-    if v["autotuning"] is None and (not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
-        problems.append(f"zero_optimization.stage={stage!r}: expected 0, 1, 2 or 3")
+    if v["autotuning_run"] is None and (
+        not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3)
+    ):
+        search = " (a list or 'all' is DeepSpeed autotuning's search space: deepy.py --autotuning tune|run only)"
+        problems.append(f"zero_optimization.stage={stage!r}: expected 0, 1, 2 or 3{search if v['autotuning'] else ''}")
     if stage == 0 and out.get("precision") == "fp16" and v["pipe_parallel_size"] >= 1:
         stage = zero["stage"] = 1  # see PIPE_FP16_ZERO_NOTE
     out["zero_optimization"] = zero

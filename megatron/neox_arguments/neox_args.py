@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import sys
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from megatron.cluster.worker_env import (
@@ -21,6 +20,7 @@ from megatron.cluster.worker_env import (
     launched_rank,
     launched_world_size,
 )
+from megatron.neox_arguments.autotuning import autotuning_overrides, with_experiment
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.derive import ONEBITADAM_SCHEDULE_NOTE, PIPE_FP16_ZERO_NOTE, LaunchEnv, derive
 from megatron.neox_arguments.errors import ConfigError
@@ -47,6 +47,7 @@ from megatron.neox_arguments.loader import (
     parse_json_text,
     unknown_key_message,
 )
+from megatron.neox_arguments.namespace import RUNTIME_ATTRS, default_values
 from megatron.neox_arguments.number_checks import huge_int_problems, short_repr
 from megatron.neox_arguments.precision import dtype_of_precision
 from megatron.neox_arguments.sections import (
@@ -76,40 +77,12 @@ _SECTION_NAMES = [cls.__name__ for cls in SECTIONS.values()]
 
 
 # Objects attached while running; never serialised.
-RUNTIME_ATTRS = ("tokenizer", "tensorboard_writer", "adlr_autoresume_object")
 # DeepSpeed-section keys that are NeoX bookkeeping, not DeepSpeed config.
 # curriculum_learning: the step drives DeepSpeed's CurriculumScheduler itself (training/curriculum.py)
 _NOT_DS_CONFIG = {"deepspeed", "deepspeed_extra_args", "curriculum_learning", "curriculum_seqlen", "load_universal"}
 _DEEPERSPEED_ONLY = {"fp16", "bf16", "type"}
 # Keys DeepSpeed 0.19 rejects outright; they are refused as unsupported when set, so only defaults get here.
 _REMOVED_FROM_DEEPSPEED = {"sparse_gradients", "amp", "compression_training", "elasticity", "sparse_attention"}
-
-
-def default_values() -> dict[str, Any]:
-    """Every key with its GPT-NeoX default."""
-    out = {}
-    for cls in SECTIONS.values():
-        out.update(dataclasses.asdict(cls()))
-    return out
-
-
-def neox_namespace(values: dict[str, Any] | None = None, /, **more: Any) -> SimpleNamespace:
-    """Every key with its GPT-NeoX default, then ``values`` and ``more`` over it, then the derived keys
-    (``derive()``, as ``NeoXArgs`` computes them), as plain attributes.
-
-    Not validated, and not typed (unlike ``NeoXArgs``): for offline readers of a saved config (a checkpoint's
-    ``resolved_config.json`` from an older version may lack newer keys) and for module configs built from a few keys.
-    A derived key the given values cannot determine (no batch size given) keeps its default. A name that is not a
-    key raises ``ValueError`` naming the closest keys.
-    """
-    given = {**(values or {}), **more}
-    for key in given:
-        if key not in KNOWN_KEYS and key not in RUNTIME_ATTRS:
-            raise ValueError(unknown_key_message(key, "neox_namespace", KNOWN_KEYS))
-    resolved = {**default_values(), **given}
-    updates, _ = derive(resolved, set(given), LaunchEnv())  # problems are the validating NeoXArgs' business
-    resolved.update({k: v for k, v in updates.items() if k not in given or given[k] is None})
-    return SimpleNamespace(**resolved)
 
 
 def _unset(key: str, value: Any) -> bool:
@@ -222,7 +195,9 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         resolved.update(updates)
         # A feature we do not implement is the root cause of anything else that looks wrong: report it alone.
         defaults = default_values()
-        problems = unsupported_problems(resolved, defaults, origins) or problems + validate(resolved, origins, defaults)
+        problems = unsupported_problems(resolved, defaults, origins, env.on_cpu) or problems + validate(
+            resolved, origins, defaults
+        )
         if problems:
             raise ConfigError(problems)
         if resolved["zero_stage"] != ((checked.get("zero_optimization") or {}).get("stage") or 0):
@@ -317,6 +292,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
             )
         if not isinstance(d, dict):
             raise ConfigError(f"the resolved config must be a mapping of keys to values, got {type(d).__name__}")
+        if known.deepspeed_config is not None:  # an experiment of DeepSpeed's autotuner: its batch and ZeRO settings
+            d = with_experiment(d, autotuning_overrides(known.deepspeed_config))
         if overwrite_values:
             d = {**d, **overwrite_values}
         # srun/mpirun start the ranks without RANK/WORLD_SIZE: read them first, the world size resolves the config.
@@ -446,6 +423,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
         ds: dict[str, Any] = {}
         for f in dataclasses.fields(DeepspeedConfigArgs):
             value = getattr(section, f.name)
+            if f.name == "autotuning" and self.autotuning_run is None:
+                continue  # DeepSpeed's autotuner's block: only under deepy.py --autotuning (else warned as ignored)
             if f.name not in _NOT_DS_CONFIG and f.name not in _REMOVED_FROM_DEEPSPEED and value is not None:
                 ds[f.name] = copy.deepcopy(value)
         for block in ("fp16", "bf16"):

@@ -1,4 +1,4 @@
-"""Cross-key rules of post-training configs (``train_impl`` dpo/kto/rm, pairwise and reward data), run by
+"""Cross-key rules of post-training configs (``train_impl`` dpo/kto/rm/reinforce, pairwise, reward and online data), run by
 ``validate()`` with the other rules; the keys are read by ``megatron.post_training.config``."""
 
 from __future__ import annotations
@@ -42,6 +42,27 @@ def post_training_problems(v: dict[str, Any]) -> list[str]:
         )
     if impl != "kto" and any(v[f"{s}_reward_data_paths"] for s in SPLITS):
         out.append("*_reward_data_paths are read by train_impl: kto only")
+    out += _reinforce_problems(v)
     if impl == "rm" and v["sequence_parallel"]:
         out.append("train_impl: rm does not support sequence_parallel yet")
+    return out
+
+
+def _reinforce_problems(v: dict[str, Any]) -> list[str]:
+    """``train_impl: reinforce`` reads rollouts from online data servers (``dataset_impl: online``) and nothing else."""
+    out: list[str] = []
+    impl, online = v["train_impl"], v["dataset_impl"] == "online"
+    if impl == "reinforce" and not online:
+        out.append("train_impl: reinforce needs dataset_impl: online (rollouts from online_dataserver_ips/ports)")
+    if online and impl != "reinforce":
+        out.append(f"dataset_impl: online is read by train_impl: reinforce, not {impl!r}")
+    ips, ports = v["online_dataserver_ips"], v["online_dataserver_ports"]
+    if isinstance(ips, list) and isinstance(ports, list) and len(ips) != len(ports):
+        out.append(
+            f"online_dataserver_ips has {len(ips)} entries but online_dataserver_ports has {len(ports)}: give one "
+            "host and port per data-parallel rank (or a single value for all)"
+        )
+    for key in ("online_dataserver_ips", "online_dataserver_ports", "weight_server_port"):
+        if isinstance(v[key], list) and not v[key]:
+            out.append(f"{key} is an empty list: give one value, or one per rank")
     return out

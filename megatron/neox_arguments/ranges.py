@@ -74,6 +74,7 @@ RANGES: dict[str, Range] = {
     "rank": NON_NEGATIVE,
     "online_dataserver_ports": PORT,
     "weight_server_port": PORT,
+    "online_dataserver_timeout": POSITIVE,
     # model shape
     **dict.fromkeys(("num_layers", "hidden_size", "num_attention_heads", "seq_length"), AT_LEAST_ONE),
     **dict.fromkeys(("max_position_embeddings", "intermediate_size", "mlp_multiple_of", "num_kv_heads"), AT_LEAST_ONE),
@@ -125,7 +126,10 @@ RANGES: dict[str, Range] = {
     "eval_iters": NON_NEGATIVE,
     "iteration": NON_NEGATIVE,
     "checkpoint_factor": POSITIVE,
-    "s3_chunk_size": AT_LEAST_ONE,
+    "s3_chunk_size": Range(5 * 2**20, 5 * 2**30),  # S3's part sizes: 5 MiB to 5 GiB
+    "s3_upload_attempts": Range(1, 100),
+    "s3_timeout": POSITIVE,
+    "s3_flush_timeout": NON_NEGATIVE,
     "gradient_noise_scale_n_batches": AT_LEAST_ONE,
     **dict.fromkeys(("profile_step_start", "profile_step_stop"), NON_NEGATIVE),
     "peak_theoretical_tflops": POSITIVE,

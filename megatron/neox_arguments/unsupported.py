@@ -6,12 +6,14 @@ A key listed here may appear in a config with its default value; any other value
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
+TRANSFORMER_ENGINE = "Transformer Engine"
 # key -> feature. A non-default value of the key is refused.
 UNSUPPORTED_KEYS: dict[str, str] = {
     **{
-        k: "Transformer Engine"
+        k: TRANSFORMER_ENGINE
         for k in (
             "te_columnparallel",
             "te_rowparallel",
@@ -25,40 +27,11 @@ UNSUPPORTED_KEYS: dict[str, str] = {
             "te_fp8_mha",
         )
     },
-    "use_bnb_optimizer": "bitsandbytes",
-    **{
-        k: "Comet"
-        for k in (
-            "use_comet",
-            "comet_workspace",
-            "comet_project",
-            "comet_experiment_name",
-            "comet_tags",
-            "comet_others",
-            "comet_experiment",
-        )
-    },
-    **{k: "S3 checkpoint upload" for k in ("s3_path", "s3_chunk_size")},
-    **{
-        k: "REINFORCE (needs an online data server)"
-        for k in (
-            "fp32_reinforce",
-            "kl_impl",
-            "kl_div_beta",
-            "reinforce_leave_one_out",
-            "online_dataserver_ips",
-            "online_dataserver_ports",
-            "serve_model_weights",
-            "weight_server_port",
-        )
-    },
     **{
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
     "load_universal": "loading DeepSpeed universal checkpoints",
-    "autotuning": "DeepSpeed autotuning",
-    "autotuning_run": "DeepSpeed autotuning",
     # DeepSpeed 0.19 removed these features and rejects their config keys
     "sparse_gradients": "sparse embedding gradients (removed from DeepSpeed)",
     "amp": "Apex AMP (removed from DeepSpeed; use fp16 or bf16)",
@@ -89,6 +62,8 @@ IGNORED_KEYS: dict[str, str] = {
     "do_test": _RUNTIME,
     "scheduler": "the learning rate follows lr_decay_style, warmup and min_lr; GPT-NeoX passes this block to "
     "DeepSpeed with its own scheduler, which DeepSpeed prefers, so it is ignored there too",
+    "comet_experiment": "GPT-NeoX's handle of the Comet experiment it starts while running; neox-forge starts it "
+    "from use_comet and the other comet_* keys",
     "curriculum_seqlen": "GPT-NeoX's running sequence length of curriculum learning, which curriculum_learning's "
     "schedule sets each iteration",
 }
@@ -101,15 +76,25 @@ RWKV_KEYS = ("dim_att", "head_size", "ffn_dim")  # warned about as ignored witho
 
 # key -> {value: feature}: values of otherwise supported keys that are refused.
 UNSUPPORTED_VALUES: dict[str, dict[Any, str]] = {
-    "norm": {"te_rmsnorm": "Transformer Engine", "te_layernorm": "Transformer Engine"},
+    "norm": {"te_rmsnorm": TRANSFORMER_ENGINE, "te_layernorm": TRANSFORMER_ENGINE},
     "attention_config": {},
-    "train_impl": {"reinforce": "REINFORCE (needs an online data server)"},
-    "dataset_impl": {"online": "REINFORCE (needs an online data server)"},
 }
 
 
-def unsupported_problems(values: dict[str, Any], defaults: dict[str, Any], origins: dict[str, str]) -> list[str]:
-    """One 'not supported yet: <key>=<value>, ... (<feature>; set in <file>)' line per feature in use.
+def transformer_engine_missing(on_cpu: bool) -> str:
+    """What this machine lacks for Transformer Engine: a CUDA GPU, the ``transformer_engine`` package, and (where it
+    has both) neox-forge's Transformer Engine layers, which do not exist yet."""
+    missing = ["no CUDA GPU"] if on_cpu else []
+    if importlib.util.find_spec("transformer_engine") is None:  # found without importing it
+        missing.append("transformer_engine not installed")
+    return f"needs a CUDA GPU and the transformer_engine package; here: {', '.join(missing or ['neox-forge has no Transformer Engine layers yet'])}"
+
+
+def unsupported_problems(
+    values: dict[str, Any], defaults: dict[str, Any], origins: dict[str, str], on_cpu: bool = True
+) -> list[str]:
+    """One 'not supported yet: <key>=<value>, ... (<feature>; set in <file>)' line per feature in use; Transformer
+    Engine's line names what this machine lacks (``on_cpu``: no CUDA device).
 
     ``attention_config`` must already be expanded to one type per layer.
     """
@@ -125,8 +110,9 @@ def unsupported_problems(values: dict[str, Any], defaults: dict[str, Any], origi
         for hit in sorted({x for x in items if isinstance(x, str) and x in refused}):
             found.setdefault(refused[hit], []).append(f"{key}={hit}")
             files.setdefault(refused[hit], set()).add(origins.get(key, "the configuration"))
+    why = {TRANSFORMER_ENGINE: f"{TRANSFORMER_ENGINE} {transformer_engine_missing(on_cpu)}"}
     return [
-        f"not supported yet: {', '.join(items)} ({feature}; set in {', '.join(sorted(files[feature]))})"
+        f"not supported yet: {', '.join(items)} ({why.get(feature, feature)}; set in {', '.join(sorted(files[feature]))})"
         for feature, items in found.items()
     ]
 
@@ -149,6 +135,11 @@ def ignored_warnings(
             for key in RWKV_KEYS
             if values.get(key) is not None
         ]
+    if values.get("autotuning") is not None and values.get("autotuning_run") is None:
+        out.append(
+            "autotuning is ignored: DeepSpeed's autotuner reads it under deepy.py --autotuning tune|run; this launch "
+            f"trains without it (set in {origins.get('autotuning', 'the configuration')})"
+        )
     bf16 = values.get("bf16")
     scaling = [k for k in BF16_LOSS_SCALING if isinstance(bf16, dict) and k in bf16]
     if scaling:

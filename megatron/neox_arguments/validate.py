@@ -17,6 +17,7 @@ from megatron.neox_arguments.moe_checks import moe_layout_problems, moe_problems
 from megatron.neox_arguments.post_training_checks import SPLITS, post_training_problems
 from megatron.neox_arguments.ranges import range_problems
 from megatron.neox_arguments.rwkv_checks import rwkv_problems
+from megatron.neox_arguments.s3_checks import s3_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
 from megatron.neox_arguments.sparsity_checks import sparsity_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
@@ -196,7 +197,7 @@ def mamba_problems(c: Ctx) -> list[str]:
         if not counted and all(t == "mamba" for t in v["attention_config"]):
             out.append(
                 f"{c.at('pipe_partition_method')} matches no layer of this all-Mamba model (its layers are "
-                "ParallelMambaResidualLayerPipe): use 'type:transformer|mlp|mamba', 'uniform' or 'parameters'"
+                "ParallelMambaResidualLayerPipe): use 'type:transformerlayer|mlp|mamba', 'uniform' or 'parameters'"
             )
     if v["precision"] in ("fp16", "bfloat16", "bf16") and v["mamba_selective_fp32_params"]:
         logger.warning(
@@ -225,7 +226,7 @@ def _gmlp(c: Ctx) -> list[str]:
 def _post_training(c: Ctx) -> list[str]:
     v, out = c.v, []
     impl = v["train_impl"]
-    if impl in ("dpo", "rm", "kto") and v["pipe_parallel_size"] >= 1:
+    if impl in ("dpo", "rm", "kto", "reinforce") and v["pipe_parallel_size"] >= 1:
         out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
     soft = v["soft_prompt_tuning"]
     if isinstance(soft, dict) and soft.get("enabled") is True and v["pipe_parallel_size"] >= 1:
@@ -304,6 +305,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("ranges", _ranges),
     ("generation", _generation),
     ("reliability", _reliability),
+    ("s3", lambda c: s3_problems(c.v, c.at)),
     ("curriculum learning", lambda c: curriculum_problems(c.v, c.origins)),
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
     ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),

@@ -2,7 +2,8 @@
 
 One step of the busiest pipeline stage's rank takes
 
-* **GEMM time**: its hardware FLOPs (GPT-NeoX's formula, the layers of the busiest stage) at
+* **GEMM time**: its GEMM FLOPs (GPT-NeoX's formula with each layer's part scaled to the model's real MLP widths
+  and key/value heads, :meth:`Workload.gemm_flops`; the layers of the busiest stage) at
   ``peak · GEMM_PEAK_FRACTION · w / (w + GEMM_KNEE)``, ``w = hidden / tp`` being the width of the per-rank GEMMs:
   wide GEMMs approach a fixed fraction of the peak, narrow ones (large TP) fall off;
 * **memory-bound time**: layer norms, GeLU, softmax, dropout and residual adds move each activation byte
@@ -17,8 +18,10 @@ One step of the busiest pipeline stage's rank takes
   the gradients reduce-scattered after each micro-batch; DeepSpeed prefetches, so ``ZERO3_OVERLAP`` of the shorter
   of compute and this traffic hides behind the longer.
 
-The five constants are global (the same for every run), fitted once against the published runs in
-:mod:`~megatron.planner.published_runs` (docs/planner.md has the table, the errors and a leave-one-out check).
+The constants are global (the same for every run); four are fitted once against the published runs in
+:mod:`~megatron.planner.published_runs` by ``tools/fit_planner_calibration.py`` (docs/planner.md has the table, the
+errors and a leave-one-source-out check), ``GEMM_KNEE`` and ``BUS_EFFICIENCY`` are set. The engine factor applies to
+DeepSpeed's engine (:data:`FRAMEWORKS`: ``--framework``).
 """
 
 from __future__ import annotations
@@ -29,13 +32,24 @@ from typing import Any
 from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.planner.layout import GroupPlacement
 
-# Fitted against megatron/planner/published_runs.py (see docs/planner.md, "Calibration").
-GEMM_PEAK_FRACTION = 0.63  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
-GEMM_KNEE = 20.0  # per-rank GEMM width (hidden / tp) at which the GEMMs reach half that fraction
-ACTIVATION_TRAFFIC = 4.8  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
+# Fitted against megatron/planner/published_runs.py by tools/fit_planner_calibration.py (docs/planner.md, "Calibration").
+GEMM_PEAK_FRACTION = 0.578  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
+GEMM_KNEE = (
+    20.0  # set, not fitted (the runs do not constrain it): per-rank GEMM width (hidden / tp) at half that fraction
+)
+ACTIVATION_TRAFFIC = 2.53  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
 BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of the link bandwidth
-ZERO3_OVERLAP = 0.80  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
-DEEPSPEED_ENGINE_EFFICIENCY = 0.88  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
+ZERO3_OVERLAP = 0.851  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
+DEEPSPEED_ENGINE_EFFICIENCY = 0.948  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
+
+# --framework: the training framework whose engine the prediction models -> the engine its step runs on.
+FRAMEWORKS = {
+    "neox-forge": "deepspeed",  # the default: what a neox-forge run would get
+    "gpt-neox": "deepspeed",
+    "megatron-deepspeed": "deepspeed",
+    "megatron-lm": "megatron-lm",
+}
+DEFAULT_FRAMEWORK = "neox-forge"
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,8 @@ class Workload:
     sequence_parallel: bool = False
     engine: str = "deepspeed"  # "deepspeed" (GPT-NeoX, neox-forge, Megatron-DeepSpeed) or "megatron-lm"
     flops_config: FlopsConfig | None = None  # a planned config: its FLOPs by megatron.logging.flops (Mamba, RWKV)
+    kv_heads: int = 0  # key/value heads (GQA); 0: one per query head
+    mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:
@@ -100,6 +116,27 @@ class Workload:
     def train_batch(self) -> int:
         """Samples per step."""
         return self.micro_batch * self.gas * self.dp
+
+    def gemm_flops(self, k: int) -> float:
+        """The FLOPs the step's matrix multiplies do: :meth:`flops` with each transformer layer's part scaled by
+        :meth:`layer_flops_ratio` (GQA's narrower key/value projections, the MLP's real widths)."""
+        logged = self.flops(k)
+        ratio = self.layer_flops_ratio()
+        kinds = set(self.flops_config.attention_config or ()) if self.flops_config is not None else set()
+        if ratio == 1.0 or kinds & {"mamba", "rwkv", "gmlp", "amlp"}:
+            return logged  # Mamba/RWKV/gMLP layers: their own formulas
+        b, s, n, h = self.train_batch, self.seq_length, self.num_layers, self.hidden_size
+        layers = k * b * s * n * (24.0 * h * h + 4.0 * s * h)  # the layer part of GPT-NeoX's formula
+        return logged + layers * (ratio - 1.0)
+
+    def layer_flops_ratio(self) -> float:
+        """A transformer layer's forward FLOPs per token over the ``24·h² + 4·s·h`` GPT-NeoX's formula assumes
+        (query/key/value ``2h·(h + 2h·kv/a)``, output ``2h²``, MLP ``2h·w1 + 2·w2·h``, scores ``4·s·h``)."""
+        h, s = float(self.hidden_size), float(self.seq_length)
+        kv = (self.kv_heads or self.num_heads) / self.num_heads
+        w1, w2 = self.mlp_widths if self.mlp_widths[0] else (4 * h, 4 * h)
+        actual = 2 * h * (h + 2 * h * kv) + 2 * h * h + 2 * h * w1 + 2 * w2 * h + 4 * s * h
+        return actual / (24 * h * h + 4 * s * h)
 
     def flops(self, k: int) -> float:
         """GPT-NeoX's FLOPs per step (``k = 3`` model, ``4`` with the recomputed forward)."""
@@ -137,6 +174,7 @@ class Prediction:
     gpus: int
     peak_tflops: float
     tokens_per_step: int
+    gemm_flops: float = 0.0  # the matrix multiplies' FLOPs per step (the shape's real widths; see Workload.gemm_flops)
 
     @property
     def step_s(self) -> float:
@@ -188,13 +226,13 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
     cal = cal or Calibration()
     gpus = w.tp * w.pp * w.dp
     k = 4 if w.checkpoint_activations else 3
-    hardware, model = w.flops(k), w.flops(3)
+    hardware, model = w.flops(k), w.flops(3)  # what the run logs (GPT-NeoX's formula)
     # The busiest stage carries layers_per_stage of the layers (and its share of the logits).
     imbalance = w.layers_per_stage * w.pp / w.num_layers
     width = w.hidden_size / w.tp
     eff = cal.gemm_peak_fraction * width / (width + cal.gemm_knee)
     pace = cal.deepspeed_engine_efficiency if w.engine == "deepspeed" else 1.0
-    gemm = hardware / gpus * imbalance / (link.peak_tflops * 1e12 * eff * pace)
+    gemm = w.gemm_flops(k) / gpus * imbalance / (link.peak_tflops * 1e12 * eff * pace)
     passes = k / 3.0
     layer_mb = w.layers_per_stage * w.gas  # layer x micro-batch slots on the rank per step
     memory = cal.activation_traffic * passes * _activation_bytes(w) * layer_mb / (link.hbm_GBps * 1e9 * pace)
@@ -230,4 +268,5 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
         gpus=gpus,
         peak_tflops=link.peak_tflops,
         tokens_per_step=w.train_batch * w.seq_length,
+        gemm_flops=w.gemm_flops(k),
     )

@@ -10,6 +10,7 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
 from megatron.neox_arguments.loader import apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS
 from megatron.planner.flags import add_flags, check_flags, check_gpus
 from megatron.planner.gpus import GPU_TYPES, gpu_type
 from megatron.planner.inputs import Hardware, parse_bytes
@@ -48,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-type", default="A100-40GB", help=f"accelerator preset: {', '.join(GPU_NAMES)}")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 40GB, 80GiB (default: the preset's)")
     p.add_argument("--search", action="store_true", help="rank the layouts that fit (docs/planner.md#search)")
+    p.add_argument(
+        "--framework",
+        default=DEFAULT_FRAMEWORK,
+        choices=list(FRAMEWORKS),
+        help="whose engine the prediction applies (default: neox-forge's own; docs/planner.md#calibration)",
+    )
     defaults = {"--gpus-per-node": 8, "--top": 5, "--memory-headroom": DEFAULT_HEADROOM, "--kv-batch": 1}
     add_flags(p, {**defaults, "--search-seconds": DEFAULT_SEARCH_SECONDS}, FLAG_HELP)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -108,7 +115,7 @@ def resolve_vocab(tokenizer: TokenizerConfig, vocab_size: int | None = None) -> 
 def _search(inputs: PlanInputs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
     hw.check()
     try:
-        result = search_layouts(inputs, hw, vocab, ns.memory_headroom, ns.search_seconds)
+        result = search_layouts(inputs, hw, vocab, ns.memory_headroom, ns.search_seconds, framework=ns.framework)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
     print(strict_json(result.to_json(ns.top)) if ns.json else format_search(result, ns.top), file=out, flush=True)
@@ -133,7 +140,7 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
     if ns.search:
         return _search(inputs, hw, vocab, ns, out or sys.stdout)
     try:
-        plan = build_plan(inputs, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes)
+        plan = build_plan(inputs, hw, kv_batch=ns.kv_batch, kv_tokens=ns.kv_tokens, notes=notes, framework=ns.framework)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
     print(strict_json(plan_to_json(plan)) if ns.json else format_plan(plan), file=out or sys.stdout, flush=True)

@@ -96,6 +96,7 @@ class TrainingSetup(
     norm_type: str = "layernorm"  # norm: the model's norm (Mamba layers' activation count reads it)
     amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
     rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
+    mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -118,6 +119,7 @@ class TrainingSetup(
         "rwkv_ffn",
         "norm_type",
         "amlp_attn_dim",
+        "mlp_widths",
     )
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -13,12 +13,13 @@ from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import VocabPaddingKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys
-from megatron.planner.calibrated import Link, Prediction, Workload, predict
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload, predict
 from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
+from megatron.planner.partition import uneven_split_warning
 from megatron.planner.throughput import StepEstimate, estimate_step, flops_config
 
 BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
@@ -41,6 +42,8 @@ class Plan:
     predicted: Prediction
     formulas: dict[str, str] = field(default_factory=dict)  # which activation and FLOPs formulas the plan used
     warnings: list[str] = field(default_factory=list)
+    framework: str = DEFAULT_FRAMEWORK  # whose engine ``predicted`` models (--framework)
+    neox_forge_predicted: Prediction | None = None  # neox-forge on the same layout, when framework is another
 
     @property
     def worst(self) -> RankMemory:
@@ -90,8 +93,11 @@ def _warnings(plan: Plan) -> list[str]:
     return out
 
 
-def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) -> Workload:
-    """What the calibrated step-time model reads from a training setup (neox-forge runs DeepSpeed's engine)."""
+def workload(
+    setup: TrainingSetup, params_per_rank: int, layers_per_stage: int, framework: str = DEFAULT_FRAMEWORK
+) -> Workload:
+    """What the calibrated step-time model reads from a training setup, run by ``framework``'s engine (a key of
+    :data:`~megatron.planner.calibrated.FRAMEWORKS`; neox-forge runs DeepSpeed's)."""
     return Workload.of(
         setup,
         pp=setup.stages,
@@ -101,6 +107,9 @@ def workload(setup: TrainingSetup, params_per_rank: int, layers_per_stage: int) 
         flash_attention=setup.flash_attention,
         sequence_parallel=setup.sequence_parallel,
         flops_config=flops_config(setup),
+        engine=FRAMEWORKS[framework],
+        kv_heads=setup.kv_heads,
+        mlp_widths=setup.mlp_widths,
     )
 
 
@@ -125,17 +134,25 @@ class PlanInputs(LayerSplitKeys, VocabPaddingKeys):
         arguments are not changed)."""
         every_key = args.to_dict() if isinstance(args, NeoXArgs) else vars(args)
         values = SimpleNamespace(**{**every_key, "padded_vocab_size": padded_vocab_size})
+        model = GPTModelConfig.from_neox_args(values)
         return cls(
-            setup=TrainingSetup.from_neox_args(values),
-            model=GPTModelConfig.from_neox_args(values),
+            setup=replace(TrainingSetup.from_neox_args(values), mlp_widths=model.mlp_sizes),
+            model=model,
             **neox_values(cls, args),
         )
 
 
 def build_plan(
-    inputs: PlanInputs, hw: Hardware, *, kv_batch: int = 1, kv_tokens: int | None = None, notes: list[str] | None = None
+    inputs: PlanInputs,
+    hw: Hardware,
+    *,
+    kv_batch: int = 1,
+    kv_tokens: int | None = None,
+    notes: list[str] | None = None,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> Plan:
-    """Plan a resolved config (``global_num_gpus == hw.gpus``) on ``hw``."""
+    """Plan a resolved config (``global_num_gpus == hw.gpus``) on ``hw``; the prediction applies ``framework``'s
+    engine (and then also gives neox-forge's own on the same layout)."""
     hw.check()
     setup = inputs.setup
     _check_world(setup.tp, setup.stages, hw)
@@ -145,7 +162,10 @@ def build_plan(
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
     step = estimate_step(setup, hw, placements, busiest.total, layers_per_stage)
-    predicted = predict(workload(setup, busiest.total, layers_per_stage), link(hw), placements)
+    predicted = predict(workload(setup, busiest.total, layers_per_stage, framework), link(hw), placements)
+    ours = None
+    if framework != DEFAULT_FRAMEWORK:
+        ours = predict(workload(setup, busiest.total, layers_per_stage), link(hw), placements)
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(
@@ -160,10 +180,13 @@ def build_plan(
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
         formulas=formulas(setup.layer_family, flops_formula(flops_config(setup))),
+        framework=framework,
+        neox_forge_predicted=ours,
     )
     gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
     if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only
         notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters and activation memory counted for them; "
                  "FLOPs, KV cache and step time estimated as for attention layers"]  # fmt: skip
-    plan.warnings = list(notes or []) + _warnings(plan)
+    uneven = uneven_split_warning(inputs.model, setup.pp, inputs.pipe_partition_method)
+    plan.warnings = list(notes or []) + _warnings(plan) + ([uneven] if uneven else [])
     return plan

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron.planner.calibrated import Calibration, Link, Prediction, Workload, predict
+from megatron.planner.calibrated import FRAMEWORKS, Calibration, Link, Prediction, Workload, predict
 from megatron.planner.layout import group_placements
+from megatron.planner.partition import gpt_neox_layers_per_stage
 
 A100_40GB_HBM = 1555.0
 A100_80GB_HBM = 2039.0
@@ -49,7 +50,7 @@ class PublishedRun:
     published_tflops: float
     hbm_GBps: float
     inter_node_GBps: float
-    framework: str  # "deepspeed" (GPT-NeoX, Megatron-DeepSpeed) or "megatron-lm"
+    framework: str  # a key of calibrated.FRAMEWORKS: gpt-neox, megatron-deepspeed, megatron-lm
     seq_length: int = 2048
     checkpoint_activations: bool = True
     micro_batch_stated: bool = True  # False: the source leaves it open (it does not change a TP-only prediction)
@@ -67,10 +68,13 @@ class PublishedRun:
 
     def workload(self) -> Workload:
         """The run as the predictor reads it (parameters per rank from the shape: 12·h² per layer + embedding)."""
-        layers = math.ceil(self.num_layers / self.pp)
+        # GPT-NeoX's default partition can put a layer more on one stage; the others split layers evenly.
+        even = math.ceil(self.num_layers / self.pp)
+        layers = gpt_neox_layers_per_stage(self.num_layers, self.pp) if self.framework == "gpt-neox" else even
         h = self.hidden_size
         params = (12 * h * h * layers + self.padded_vocab_size * h) // self.tp
-        return Workload.of(self, pp=self.pp, params_per_rank=params, layers_per_stage=layers, engine=self.framework)
+        engine = FRAMEWORKS[self.framework]
+        return Workload.of(self, pp=self.pp, params_per_rank=params, layers_per_stage=layers, engine=engine)
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
         """The planner's prediction for this run."""
@@ -153,7 +157,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         117.0,
         A100_40GB_HBM,
         12.5,
-        "deepspeed",
+        "gpt-neox",
         note="12 nodes of 8 A100-SXM4-40GB, 4 ConnectX-6 HDR cards per node (12.5 GB/s per GPU); fp16",
     ),
     _megatron_t1("Megatron 1.7B", 2304, 24, 24, 1, 32, 512, 137.0),
@@ -188,7 +192,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         126.0,
         A100_80GB_HBM,
         SELENE_IB,
-        "deepspeed",
+        "megatron-deepspeed",
     ),
     PublishedRun(
         "MT-NLG 530B 2800",
@@ -206,7 +210,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         121.0,
         A100_80GB_HBM,
         SELENE_IB,
-        "deepspeed",
+        "megatron-deepspeed",
     ),
     PublishedRun(
         "MT-NLG 530B 3360",
@@ -224,7 +228,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         113.0,
         A100_80GB_HBM,
         SELENE_IB,
-        "deepspeed",
+        "megatron-deepspeed",
     ),
     PublishedRun(
         "BLOOM-176B",
@@ -242,7 +246,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         150.0,
         A100_80GB_HBM,
         6.25,
-        "deepspeed",
+        "megatron-deepspeed",
         note="Jean Zay: 4 x 100 Gb/s Omni-Path per node (6.25 GB/s per GPU); bf16 (DeepSpeed's BF16 optimizer = ZeRO-1)",
     ),
 )

@@ -70,7 +70,15 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "worst_stage": plan.worst.stage,
             "per_rank": [r.to_dict() for r in plan.ranks],
         },
-        "throughput": {**plan.step.to_dict(), "predicted": plan.predicted.to_dict()},
+        "throughput": {
+            **plan.step.to_dict(),
+            "predicted": {**plan.predicted.to_dict(), "framework": plan.framework},
+            **(
+                {"predicted_neox_forge": plan.neox_forge_predicted.to_dict()}
+                if plan.neox_forge_predicted is not None
+                else {}
+            ),
+        },
         "formulas": plan.formulas,
         "warnings": plan.warnings,
     }
@@ -131,6 +139,13 @@ def format_plan(plan: Plan) -> str:
         f"throughput          {step.tokens_per_s:,.0f} tokens/s, MFU {100 * step.mfu:.1f}% (upper bound)",
         *predicted_lines(plan.predicted),
     ]
+    if plan.neox_forge_predicted is not None:
+        ours = plan.neox_forge_predicted
+        lines[-2] = lines[-2].replace("(calibrated)", f"(calibrated, {plan.framework}'s engine)")
+        lines.append(
+            f"neox-forge          {ours.tflops_per_gpu:.1f} TFLOP/s per GPU, {ours.tokens_per_s:,.0f} tokens/s on "
+            f"this layout (its own engine, DeepSpeed's)"
+        )
     lines += [
         "",
         f"fits                {'yes' if plan.fits else 'NO'} ({_gb(worst.total)} of {_gb(hw.gpu_memory_bytes)})",

@@ -18,11 +18,12 @@ from functools import cache
 from typing import Any
 
 from megatron.neox_arguments.derive import padded_vocab_size
-from megatron.planner.calibrated import Prediction, predict
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, Prediction, predict
 from megatron.planner.inputs import Hardware, TrainingSetup
 from megatron.planner.layout import group_placements
 from megatron.planner.memory import rank_memory
 from megatron.planner.params import count_params
+from megatron.planner.partition import even_split_method
 from megatron.planner.plan import PlanInputs, link, workload
 from megatron.planner.throughput import estimate_step
 
@@ -97,6 +98,8 @@ class SearchResult:
     evaluated: int = 0  # candidate layouts evaluated
     cut_short: bool = False  # the time budget ran out before every candidate was evaluated
     budget_seconds: float = DEFAULT_SEARCH_SECONDS
+    partition_method: str = ""  # the pipe_partition_method the pipelines were planned with
+    partition_note: str | None = None  # why it is not the configured one
 
     def to_json(self, top: int) -> dict[str, Any]:
         """Plain data for ``--json``."""
@@ -116,6 +119,8 @@ class SearchResult:
             "rejected_above_best": [c.to_dict() for c in self.rejected_better_bound[:SHOWN_REJECTIONS]],
             "rejected_above_best_count": len(self.rejected_better_bound),
             "rejected_by_reason": self.rejected_counts,
+            "pipe_partition_method": self.partition_method,
+            "pipe_partition_note": self.partition_note,
         }
 
 
@@ -175,6 +180,7 @@ def search_layouts(
     vocab_size: int,
     headroom: float = DEFAULT_HEADROOM,
     seconds: float = DEFAULT_SEARCH_SECONDS,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> SearchResult:
     """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding).
 
@@ -187,7 +193,8 @@ def search_layouts(
     deadline = time.monotonic() + seconds
     usable = int(hw.gpu_memory_bytes * (1.0 - headroom))
     base, cfg = inputs.setup, inputs.model
-    method, divisible_by = inputs.pipe_partition_method, inputs.make_vocab_size_divisible_by
+    # Pipelines are planned with the even split when the configured method also weighs the parameter-free functions
+    method, divisible_by = even_split_method(cfg, inputs.pipe_partition_method), inputs.make_vocab_size_divisible_by
 
     @cache
     def counts(tp: int, pp: int) -> Any:
@@ -201,7 +208,7 @@ def search_layouts(
         if time.monotonic() > deadline:
             cut_short = True
             break
-        out.append(_evaluate(base, hw, counts, total, layout, reason, usable))
+        out.append(_evaluate(base, hw, counts, total, layout, reason, usable, framework))
     fits = sorted((c for c in out if c.reason is None), key=lambda c: -c.predicted.tokens_per_s if c.predicted else 0)
     rejected = [c for c in out if c.reason is not None]
     best_bound = fits[0].upper_bound_tokens_per_s if fits else 0.0
@@ -211,9 +218,16 @@ def search_layouts(
     configured = (base.tp, base.stages, base.zero_stage, base.micro_batch, base.checkpoint_activations)
     rank = next((i + 1 for i, c in enumerate(fits) if c.key == configured), None)
     reasons = Counter(c.reason_kind for c in rejected if c.reason_kind)
-    return SearchResult(
-        hw, usable, base.train_batch, fits, above, dict(reasons), configured, rank, len(out), cut_short, seconds
+    result = SearchResult(
+        hw, usable, base.train_batch, fits, above, dict(reasons), configured, rank, len(out), cut_short, seconds, method
     )
+    if method != inputs.pipe_partition_method:
+        result.partition_note = (
+            f"pipelines planned with pipe_partition_method {method!r} (even split); the configured "
+            f"{inputs.pipe_partition_method!r} also weighs the parameter-free functions around the layers and can "
+            "put a layer more on one stage"
+        )
+    return result
 
 
 def _evaluate(
@@ -224,6 +238,7 @@ def _evaluate(
     layout: Layout,
     reason: Reason | None,
     usable: int,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> Candidate:
     tp, pp, dp, zero, micro, ckpt = layout
     stages = max(pp, 1)
@@ -243,5 +258,5 @@ def _evaluate(
     if worst > usable:
         why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
         return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory")
-    predicted = predict(workload(setup, busiest.total, layers), link(hw), placements)
+    predicted = predict(workload(setup, busiest.total, layers, framework), link(hw), placements)
     return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None)

@@ -41,6 +41,8 @@ def format_search(result: SearchResult, top: int) -> str:
         lines.append(f"* the configured layout does not fit{evaluated} (see the rejections)")
     else:
         lines.append(f"* the configured layout (rank {result.configured_rank})")
+    if result.partition_note:
+        lines.append(result.partition_note)
     lines += ["", f"rejected although the upper bound ranks them above #1: {len(result.rejected_better_bound)}"]
     for c in result.rejected_better_bound[:SHOWN_IN_TABLE]:
         lines.append(f"  {_layout(c):<58} bound {c.upper_bound_tokens_per_s:>10,.0f} tokens/s: {c.reason}")

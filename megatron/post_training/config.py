@@ -1,4 +1,4 @@
-"""The post-training keys of a GPT-NeoX config, read once (``train_impl``, ``dpo_*``, ``kto_*``, ``z_loss``, data).
+"""The post-training keys of a GPT-NeoX config, read once (``train_impl``, ``dpo_*``, ``kto_*``, ``z_loss``, REINFORCE, data).
 
 Their cross-key rules live with the other config rules: ``megatron.neox_arguments.post_training_checks``.
 """
@@ -13,13 +13,17 @@ from megatron.neox_arguments.sections.textgen import PrecomputeKeys
 from megatron.neox_arguments.sections.training import (
     PairedDataPathKeys,
     PostTrainingKeys,
+    ReinforceKeys,
     TrainImplKeys,
 )
 
 
 @dataclass
-class PostTrainingConfig(PostTrainingKeys, TrainImplKeys, LossMaskKeys, PrecomputeKeys, PairedDataPathKeys):
-    """Objective and its coefficients; data stream prefixes per split for pairwise (DPO/RM) and KTO data."""
+class PostTrainingConfig(
+    PostTrainingKeys, TrainImplKeys, LossMaskKeys, PrecomputeKeys, PairedDataPathKeys, ReinforceKeys
+):
+    """Objective and its coefficients; data stream prefixes per split for pairwise (DPO/RM) and KTO data; the
+    online (REINFORCE) data servers."""
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> PostTrainingConfig:

@@ -229,8 +229,8 @@ def build_datasets(pt: PostTrainingConfig, data: DataConfig) -> tuple[Any, Any, 
 
 
 def builds_own_data(pt: PostTrainingConfig) -> bool:
-    """Whether this training reads pairwise or KTO data (built here), not language-model data."""
-    return bool(pt.pairwise) or pt.train_impl == "kto"
+    """Whether this training reads pairwise, KTO or online (REINFORCE) data, not language-model data."""
+    return bool(pt.pairwise) or pt.train_impl == "kto" or pt.dataset_impl == "online"
 
 
 def build_post_training_loaders(

@@ -55,9 +55,11 @@ def setup_model_and_optimizer(
 
 def save_checkpoint(neox_args: Any, iteration: int, model: Any, optimizer: Any, lr_scheduler: Any) -> None:
     """Save ``model`` (the DeepSpeed engine, which holds the optimizer) and ``lr_scheduler`` as ``global_step<iteration>``
-    under ``save``, with GPT-NeoX's files; every rank calls it."""
+    under ``save``, with GPT-NeoX's files; every rank calls it. With ``s3_path``, rank 0 uploads the checkpoint
+    before it returns (waiting at most ``s3_flush_timeout``)."""
     del optimizer  # saved through the engine
     cfg = ckpt.CheckpointConfig.from_neox_args(neox_args)
+    uploads = ckpt.start_uploads(cfg)  # s3_path: uploaded before returning, as GPT-NeoX does
     ckpt.save_checkpoint(
         model,
         lr_scheduler,
@@ -67,7 +69,11 @@ def save_checkpoint(neox_args: Any, iteration: int, model: Any, optimizer: Any, 
         consumed_train_samples=iteration * neox_args.train_batch_size,
         config_files=neox_args.config_files or {},
         resolved_config=neox_args.all_config,  # GPT-NeoX's name for every key with its value
+        uploads=uploads,
     )
+    if uploads is not None:
+        uploads.close()
+    mpu.barrier()
 
 
 def load_checkpoint(

@@ -25,6 +25,7 @@ import torch
 
 from megatron.neox_arguments.errors import ConfigError
 from megatron.registry import Registry
+from megatron.training.bnb_optimizer import adam8bit
 from megatron.training.optim_algorithms import MADGRAD, SM3, Lion
 from megatron.training.optimizer_config import OptimizerConfig
 
@@ -63,6 +64,8 @@ def _adam(groups: list[dict[str, Any]], lr: float, params: dict[str, Any], cfg: 
     fused = params.pop("torch_adam", True) is False or fused
     betas = tuple(params.pop("betas", (0.9, 0.999)))
     eps = float(params.pop("eps", 1e-8))
+    if cfg.use_bnb_optimizer:  # GPT-NeoX's use_bnb_optimizer: bitsandbytes' 8-bit Adam
+        return adam8bit(groups, lr=lr, betas=betas, eps=eps, **params)
     if fused:
         from deepspeed.ops.adam import FusedAdam
 

@@ -91,6 +91,8 @@ def deepspeed_config_for(ds_config: dict[str, Any], cfg: OptimizerConfig) -> dic
         out["optimizer"] = {"type": deepspeed_type, "params": cfg.params}
     else:
         out.pop("optimizer", None)
-    if cfg.zero_allow_untested_optimizer:
+    if cfg.zero_allow_untested_optimizer or cfg.use_bnb_optimizer:
+        # bitsandbytes' 8-bit Adam is not on DeepSpeed's list of ZeRO-tested optimizers; ZeRO steps it on the flat
+        # fp32 partitions like any other (configs/bnb_125M.yml, fp16 with a pipeline, runs ZeRO-1: PIPE_FP16_ZERO_NOTE)
         out["zero_allow_untested_optimizer"] = True
     return out

@@ -15,6 +15,7 @@ from megatron.engine_protocol import Engine
 from megatron.logging.timers import Timers
 from megatron.post_training.config import PostTrainingConfig
 from megatron.post_training.objectives import DPOObjective, KTOObjective, RewardModelObjective, frozen_copy
+from megatron.post_training.reinforce import ReinforceObjective
 from megatron.training.learning_rates import AnnealingLR
 from megatron.training.nonfinite import StepGuard
 from megatron.training.step import AccumulatingStep, StepResult
@@ -67,7 +68,8 @@ def build_post_training_step(
     lr_scheduler: AnnealingLR | None,
     guard: StepGuard,
 ) -> PostTrainStep:
-    """The step for ``train_impl`` dpo/kto/rm (``normal``, language modelling and SFT, uses ``SequentialStep``)."""
+    """The step for ``train_impl`` dpo/kto/rm/reinforce (``normal``, language modelling and SFT, uses
+    ``SequentialStep``)."""
     # no frozen copy (a second model in memory) when there is no reference or it was precomputed
     needs_copy = not (cfg.reads_precomputed_reference or (cfg.train_impl == "dpo" and cfg.dpo_reference_free))
     reference = frozen_copy(engine.module) if needs_copy and cfg.train_impl in ("dpo", "kto") else None
@@ -75,6 +77,9 @@ def build_post_training_step(
         return PostTrainStep(engine, DPOObjective(cfg, eod, reference), gas, timers, lr_scheduler, guard)
     if cfg.train_impl == "kto":
         return PostTrainStep(engine, KTOObjective(cfg, eod, reference), gas, timers, lr_scheduler, guard)
+    if cfg.train_impl == "reinforce":  # GPT-NeoX: a frozen reference only with a KL penalty
+        reference = frozen_copy(engine.module) if cfg.kl_div_beta > 0 else None
+        return PostTrainStep(engine, ReinforceObjective(cfg, eod, reference), gas, timers, lr_scheduler, guard)
     if cfg.train_impl == "rm":
         return PostTrainStep(engine, RewardModelObjective(cfg, eod), gas, timers, lr_scheduler, guard)
     raise ValueError(f"train_impl {cfg.train_impl!r} has no post-training step")

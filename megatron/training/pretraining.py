@@ -54,6 +54,7 @@ from megatron.training.learning_rates import AnnealingLR, LRScheduleConfig
 from megatron.training.loop import LoopConfig, LoopState, Trainer
 from megatron.training.mup_setup import prepare_mup, save_base_shapes
 from megatron.training.nonfinite import StepGuard, build_step_guard
+from megatron.training.online_setup import OnlineSetup, setup_online
 from megatron.training.optimizers import OptimizerConfig, build_optimizer, deepspeed_config_for
 from megatron.training.post_training_step import build_post_training_step
 from megatron.training.preemption import Preemption, PreemptionConfig
@@ -346,7 +347,10 @@ def pretrain(
     # one run per save folder (refused before anything is written there); its run id names the temporary folders
     save_lock = acquire_on_rank0(save_cfg.save) if save_cfg.save else SaveLock(None, "")
     preemption = Preemption(PreemptionConfig.from_neox_args(args)).install(startup)
+    uploads: ckpt.S3Uploader | None = None
+    online: OnlineSetup | None = None
     try:
+        uploads = ckpt.start_uploads(save_cfg)  # rank 0's background S3 uploads (s3_path), else None
         setup = ModelSetup.from_neox_args(args)
         if setup.mup.use_mup and setup.mup.save_base_shapes:  # GPT-NeoX: write the base shapes and stop
             save_base_shapes(setup.mup, setup.model, lambda cfg: build_model(cfg, plan), rank, not plan.pipeline)
@@ -354,9 +358,16 @@ def pretrain(
         engine, lr_scheduler, iteration, loaded = setup_model_and_optimizer(setup, plan, save_cfg)
         tbs = plan.train_batch_size
         consumed_valid = (loaded.consumed_valid_samples or 0) if loaded.path else 0
-        train_iter, valid_iter, test_iter = build_data_iterators(
-            DataConfig.from_neox_args(args), post_cfg, iteration * tbs, consumed_valid, opened
-        )
+        if post_cfg.dataset_impl == "online":  # REINFORCE: rollouts from the data servers (and our weight server)
+            online = setup_online(
+                post_cfg, engine, seq_length=plan.seq_length, micro_batch_size=plan.train_micro_batch_size_per_gpu,
+                vocab_size=vocab,
+            )  # fmt: skip
+            train_iter, valid_iter, test_iter = online.iterators
+        else:
+            train_iter, valid_iter, test_iter = build_data_iterators(
+                DataConfig.from_neox_args(args), post_cfg, iteration * tbs, consumed_valid, opened
+            )
         guard = build_step_guard(
             args.max_consecutive_nonfinite_steps,
             args.loss_spike_skip_window,
@@ -398,6 +409,7 @@ def pretrain(
                 resolved_config=resolved,
                 extra_state=extra,
                 run_id=save_lock.run_id,
+                uploads=uploads,
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set
@@ -447,6 +459,10 @@ def pretrain(
         _log_summary(rank, observer, state.iteration)
         return result
     finally:
+        if online is not None:
+            online.close()
         preemption.uninstall()
+        if uploads is not None:  # bounded by s3_flush_timeout, while the save folder is still this run's
+            uploads.close()
         metrics.close()
         save_lock.release()

@@ -24,9 +24,10 @@ def _deepy_main_args(config: dict[str, Any], config_file: Path, script: str) -> 
     return neox_args.get_deepspeed_main_args()
 
 
-def gpt_neox_flow(config: dict[str, Any], work: str) -> dict[str, Any]:
+def gpt_neox_flow(config: dict[str, Any], work: str, s3_path: str | None = None) -> dict[str, Any]:
     """Save a random model with ``train_iters: 0`` and ``extra_save_iters: [0]``, generate from it, finetune it,
-    load it through ``setup_model_and_optimizer``, and convert it to Hugging Face, all in this process."""
+    load it through ``setup_model_and_optimizer``, and convert it to Hugging Face, all in this process. With
+    ``s3_path``, the API's ``save_checkpoint`` also uploads (the S3 endpoint comes from the environment)."""
     sys.path.insert(0, str(REPO_ROOT))
     import generate
     import train
@@ -62,7 +63,13 @@ def gpt_neox_flow(config: dict[str, Any], work: str) -> dict[str, Any]:
 
     args = NeoXArgs.consume_neox_args(
         input_args=main_args,
-        overwrite_values={"load": model_dir, "save": model_dir, "checkpoint_factor": 5, "finetune": True},
+        overwrite_values={
+            "load": model_dir,
+            "save": model_dir,
+            "checkpoint_factor": 5,
+            "finetune": True,
+            **({"s3_path": s3_path} if s3_path else {}),
+        },
     )
     args.build_tokenizer()
     model, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args=args, use_cache=True)
@@ -73,6 +80,12 @@ def gpt_neox_flow(config: dict[str, Any], work: str) -> dict[str, Any]:
     out["api_generated"] = [r["text"] for r in records]
     save_checkpoint(neox_args=args, iteration=5, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler)
     out["latest_after_save"] = (Path(model_dir) / "latest").read_text().strip()
+    if s3_path:  # uploaded before save_checkpoint returned, as in GPT-NeoX
+        import boto3
+
+        bucket, _, prefix = s3_path.removeprefix("s3://").partition("/")
+        listed = boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix)
+        out["s3_after_save"] = sorted(item["Key"] for item in listed.get("Contents", []))
     out["load_iteration"] = load_checkpoint(
         neox_args=args, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, iteration=0
     )

@@ -21,9 +21,12 @@ def tensorboard_scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
 
 
-def deepy_train(cfg: dict[str, Any], config_file: Path, world: int, timeout: float = 600) -> str:
+def deepy_train(
+    cfg: dict[str, Any], config_file: Path, world: int, timeout: float = 600, env: dict[str, str] | None = None
+) -> str:
     """Write ``cfg`` (a ``tiny_config``) as ``config_file`` for ``world`` local CPU ranks and run
-    ``deepy.py train.py`` on it; returns its stdout (a failed run fails the test with every rank's output)."""
+    ``deepy.py train.py`` on it (``env``: variables added to the test's environment); returns its stdout (a failed
+    run fails the test with every rank's output)."""
     import yaml
 
     from tests.harness import PYTHON, run_command
@@ -31,7 +34,7 @@ def deepy_train(cfg: dict[str, Any], config_file: Path, world: int, timeout: flo
     cfg.pop("global_num_gpus", None)
     cfg["num_gpus"] = world
     config_file.write_text(yaml.safe_dump(cfg))
-    return run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=timeout).stdout
+    return run_command([PYTHON, "deepy.py", "train.py", str(config_file)], timeout=timeout, env=env).stdout
 
 
 # (max_docs, vocab_size) -> a folder holding the built corpus: built once per test process and copied to each test

@@ -25,7 +25,7 @@ TOL = 1e-5
 # bf16/fp16: one bf16 ulp at 1.0 is 7.8e-3 (fp16: 9.8e-4), and summation order differs between layouts.
 HALF_LOSS_TOL, HALF_WEIGHT_TOL = 1e-2, 2e-2
 LAYOUTS = [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 4, 1), (4, 1, 1)]
-PARTITION_METHODS = ["type:transformer|mlp", "uniform", "parameters"]
+PARTITION_METHODS = ["type:transformerlayer|mlp", "type:transformer|mlp", "uniform", "parameters"]
 
 
 def _variants(pp: int) -> list[str]:
@@ -121,6 +121,9 @@ def test_layout_matches_one_process(reference: dict, layout: tuple[int, int, int
         # Specs: 0 embed · 1 fn · 2..L+1 layers · L+2 fn · L+3 norm · L+4 head.
         # As in GPT-NeoX, the regex also matches the functions _pre/_post_transformer_block: weights [0,1,1,1,1,0,0].
         assert parts["type:transformer|mlp"] == [0, 2, 3, 4, n_specs]
+        # The default weighs the layers only; with fewer layers than stages it runs GPT-NeoX's split instead (a
+        # stage holding only the norm or the head would receive a tensor where DeepSpeed's engine expects a tuple).
+        assert parts["type:transformerlayer|mlp"] == parts["type:transformer|mlp"]
         assert parts["uniform"] == [0, 2, 4, 6, n_specs]
         # Parameter counts [4096, 0, 12704, 12704, 0, 64, 4096 (tied head)]: one transformer layer per middle stage.
         assert parts["parameters"] == [0, 2, 3, 5, n_specs]

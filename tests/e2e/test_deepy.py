@@ -57,7 +57,7 @@ def test_dry_run_prints_config_and_command_without_launching(tmp_path):
         timeout=120,
     )
     assert "hidden_size" in res.stdout and "train_batch_size" in res.stdout
-    assert "-m deepspeed.launcher.runner --num_gpus 2 --master_port" in res.stdout
+    assert "-u -m deepspeed.launcher.launch --world_info=" in res.stdout
     assert f"--neox_config {tmp_path / 'run' / 'neox_config.json'}" in res.stdout
     assert not (tmp_path / "run").exists()
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from megatron.neox_arguments import NeoXArgs
+from tests.comet_archive import read_offline_archive
 from tests.e2e.eval_fixture import REPO, TinyModel, build_tiny_model
 from tests.harness import free_port, run_command
 
@@ -31,9 +32,12 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TinyMo
     root = tmp_path_factory.mktemp("eval")
     saved = dict(os.environ)
     os.environ.update(OFFLINE, HF_HOME=str(root / "hf_home"))
+    # an offline Comet experiment too (eval.py logs its scalars to every sink)
+    os.environ.update(COMET_START_ONLINE="false", COMET_OFFLINE_DIRECTORY=str(root / "comet"))
     cwd = os.getcwd()
     try:
-        tiny = build_tiny_model(root, setup=f"tensorboard_dir: {root / 'tb'}\neval_results_prefix: tiny\n")
+        setup = f"tensorboard_dir: {root / 'tb'}\neval_results_prefix: tiny\nuse_comet: true\n"
+        tiny = build_tiny_model(root, setup=setup)
         os.chdir(root)
         args = NeoXArgs.from_ymls(tiny.configs, overwrite_values={"eval_tasks": [TASKS]})
         path, metrics = evaluate_checkpoint(args)
@@ -96,6 +100,12 @@ def test_eval_matches_lm_eval_hf_backend(evaluated, monkeypatch: pytest.MonkeyPa
     acc = EventAccumulator(str(root / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert acc.Scalars("eval/forge_mc_acc")[0].value == pytest.approx(metrics["forge_mc_acc"])
+    (archive,) = (root / "comet").glob("*.zip")
+    logged = read_offline_archive(archive)["metrics"]
+    step = acc.Scalars("eval/forge_mc_acc")[0].step
+    assert {k: v for k, v in logged.items() if k.startswith("eval/")} == {
+        f"eval/{k}": [(step, v)] for k, v in metrics.items()
+    }
 
 
 @pytest.mark.slow  # with the module fixture (one evaluation): about 12 s

@@ -6,16 +6,24 @@ is saved) → ``generate.main`` → finetune → ``setup_model_and_optimizer`` /
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from tests.distributed.fns_gpt_neox_api import gpt_neox_flow
 from tests.distributed.fns_train import make_tiny_data, tiny_config
 from tests.harness import load_tool, run_distributed
+from tests.s3_server import make_bucket, moto_s3, s3_env
 
 
-def test_gpt_neox_scripting_flow_on_one_rank(tmp_path: Path) -> None:
+def test_gpt_neox_scripting_flow_on_one_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tiny_config(make_tiny_data(tmp_path / "data"), world=1)
-    (out,) = run_distributed(gpt_neox_flow, 1, cfg, str(tmp_path), timeout=600)
+    with moto_s3() as endpoint:  # the API's save_checkpoint with s3_path uploads before it returns
+        make_bucket(endpoint, "neox-api")
+        for key, value in s3_env(endpoint, tmp_path).items():
+            monkeypatch.setenv(key, value)
+        (out,) = run_distributed(gpt_neox_flow, 1, cfg, str(tmp_path), "s3://neox-api/ckpts", timeout=600)
     assert out["main_args_tail"] == ["--deepspeed_config", "--megatron_config"]
     assert out["train_code"] == 0
     assert out["saved"] == ["global_step0", "latest"]  # train_iters 0: only the initial model
@@ -25,6 +33,9 @@ def test_gpt_neox_scripting_flow_on_one_rank(tmp_path: Path) -> None:
     assert out["loaded_iteration"] == 0 and out["is_mp_rank_0"] is True and out["engine_holds_the_lr_schedule"]
     assert len(out["api_generated"]) == 1
     assert out["latest_after_save"] == "global_step5" and out["load_iteration"] == 0
+    manifest = json.loads((tmp_path / "random" / "global_step5" / "manifest.json").read_text())
+    uploaded = {f"ckpts/random/global_step5/{name}" for name in [*manifest["files"], "manifest.json"]}
+    assert out["s3_after_save"] == sorted({*uploaded, "ckpts/random/latest"})
 
     convert = load_tool("tools/ckpts/convert_neox_to_hf.py")
     hf = tmp_path / "hf"

@@ -15,4 +15,6 @@ def test_gpu_check_runs_on_cpu():
     assert lines["attention"].split()[2] == "PASS" and "CPU fp32 SDPA == reference" in lines["attention"]
     assert lines["train"].split()[2] == "PASS" and "MFU" in lines["train"] and "GEMM calibration" in lines["train"]
     assert "KV cache == recomputation" in lines["generate"]
+    assert "PASS (CPU backend) 8-bit Adam" in lines["bnb"] and "uint8 states" in lines["bnb"]
+    assert "SKIP (te_* refused in one line; here: no CUDA GPU" in lines["te"]
     assert lines["RESULT:"].endswith("PASS")

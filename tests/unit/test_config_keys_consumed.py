@@ -106,10 +106,8 @@ def test_default_values_are_not_warned(caplog: pytest.LogCaptureFixture) -> None
 @pytest.mark.parametrize(
     ("key", "value", "feature"),
     [
-        ("kl_impl", "abs", "REINFORCE"),
-        ("s3_chunk_size", 5, "S3"),
+        ("te_mha", True, "Transformer Engine"),
         ("adlr_autoresume", True, "ADLR auto-resume"),
-        ("comet_experiment", "run-1", "Comet"),
     ],
 )
 def test_unbuilt_features_are_refused(key: str, value: object, feature: str) -> None:

@@ -53,8 +53,9 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "communication_data_type": ("fp8", "must be one of"),
     "include": ("worker-0:a", "bad slot list"),
     "exclude": ("worker-0@", "empty NODE"),
-    "autotuning_run": ("fly", "not supported yet"),
+    "autotuning_run": ("fly", "expected one of 'tune', 'run'"),
     "distributed_backend": ("carrier-pigeon", "must be one of"),
+    "s3_path": ("gs://bucket/runs", "is not an S3 location: it does not start with s3://"),
     "curriculum_learning": ({"enabled": True, "min_difficulty": 8}, "curriculum_learning.max_difficulty=None must be"),
 }
 
@@ -66,7 +67,7 @@ NO_BAD_VALUE: dict[str, str] = {
     **dict.fromkeys(("data_path", "save", "load", "vocab_file", "merge_file", "base_shapes_file", "log_dir"), PATH),
     **dict.fromkeys(("tensorboard_dir", "memory_profiling_path", "sample_input_file", "sample_output_file"), PATH),
     **dict.fromkeys(("hostfile", "fused_kernels_build_path", "deepscale_config", "user_script"), PATH),
-    "s3_path": PATH,
+    "s3_cache_dir": PATH,
     **dict.fromkeys(("wandb_group", "wandb_run_name", "wandb_team", "wandb_project", "comet_workspace"), FREE),
     **dict.fromkeys(("comet_project", "comet_experiment_name", "precompute_model_name"), FREE),
     "comet_experiment": FREE,
@@ -145,7 +146,7 @@ def test_bad_value_of_its_kind_names_the_key(key: str) -> None:
 
 
 def test_defaults_are_in_range_and_messages_are_readable() -> None:
-    from megatron.neox_arguments.neox_args import default_values
+    from megatron.neox_arguments.namespace import default_values
 
     defaults = default_values()
     for key, rng in RANGES.items():

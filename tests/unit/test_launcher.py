@@ -75,7 +75,14 @@ def test_plan_local_cpu(tmp_path):
     assert argv[-3:] == ["train.py", "--neox_config", str(tmp_path / CONFIG_NAME)]
     assert plan.env["DS_ACCELERATOR"] == "cpu" and plan.env["OMP_NUM_THREADS"]
     assert plan.command_line().startswith("DS_ACCELERATOR=cpu OMP_NUM_THREADS=")
-    assert f"{sys.executable} -m deepspeed.launcher.runner --num_gpus 2" in plan.command_line()
+    # one CPU node, no host selection: deepy starts DeepSpeed's per-node launcher itself (what the runner would run)
+    assert f"{sys.executable} -u -m deepspeed.launcher.launch --world_info=" in plan.command_line()
+    assert plan.node_argv is not None and plan.node_argv[-3:] == argv[-3:]
+    assert f"--master_port={port}" in plan.node_argv
+    selected = plan_launch(
+        LauncherConfig.from_neox_args(args_for(num_gpus=2, include="localhost:0,1")), str(tmp_path), on_cpu=True
+    )
+    assert selected.node_argv is None and "-m deepspeed.launcher.runner --include" in selected.command_line()
     fixed = plan_launch(
         LauncherConfig.from_neox_args(args_for(num_gpus=2, master_port=29611)), str(tmp_path), on_cpu=True
     ).runner_argv
@@ -115,3 +122,27 @@ def test_plan_gpu_keys(tmp_path):
     assert "--num_gpus" not in argv and plan.notes
     # across nodes deepy runs srun/mpirun/pdsh itself (tests/unit/test_cluster_commands.py): the runner stays local
     assert not {"--launcher", "--launcher_args", "--force_multi"} & set(argv)
+
+
+@pytest.mark.launches
+def test_the_per_node_launch_is_the_one_deepspeeds_runner_builds(tmp_path):
+    """DeepSpeed's runner, run for real on a one-node CPU launch, starts ``deepspeed.launcher.launch`` with exactly
+    the arguments deepy passes it directly (the runner logs its command before it starts it)."""
+    import os
+    import subprocess
+
+    script = tmp_path / "script.py"
+    script.write_text("pass\n")
+    plan = plan_launch(
+        LauncherConfig.from_neox_args(args_for(num_gpus=2, master_port=29613, user_script=str(script))),
+        str(tmp_path),
+        on_cpu=True,
+    )
+    env = {**os.environ, **plan.env}
+    run = subprocess.run(
+        [sys.executable, "-m", "deepspeed.launcher.runner", *plan.runner_argv],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    logged = next(ln for ln in (run.stdout + run.stderr).splitlines() if "cmd = " in ln).split("cmd = ", 1)[1]
+    assert logged.split() == [sys.executable, "-u", "-m", "deepspeed.launcher.launch", *plan.node_argv]

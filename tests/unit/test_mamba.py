@@ -260,5 +260,7 @@ def test_config_rules_for_mamba_layers() -> None:
     )
     pipe = problems(**mamba, pipe_parallel_size=2, global_num_gpus=2)
     assert any("matches no layer of this all-Mamba model" in p for p in pipe), pipe
-    ok = build(**mamba, pipe_parallel_size=2, global_num_gpus=2, pipe_partition_method="type:transformer|mlp|mamba")
+    ok = build(
+        **mamba, pipe_parallel_size=2, global_num_gpus=2, pipe_partition_method="type:transformerlayer|mlp|mamba"
+    )
     assert ok.pipe_parallel_size == 2

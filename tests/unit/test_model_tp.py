@@ -189,7 +189,7 @@ def pipe_rank_fn(pp: int, cfg_kwargs: dict) -> dict:
 
     mpu.initialize_model_parallel(1, pipe_parallel_size=pp)
     cfg = _cfg(**cfg_kwargs)
-    model = GPT2ModelPipe(cfg, mpu.get_topology())  # default partition method "type:transformer|mlp"
+    model = GPT2ModelPipe(cfg, mpu.get_topology())  # default partition method "type:transformerlayer|mlp"
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ds_config = {
         "train_batch_size": 4,

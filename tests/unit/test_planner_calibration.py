@@ -36,7 +36,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def test_20b_prediction_matches_the_paper(capsys: pytest.CaptureFixture[str]) -> None:
-    plan = json.loads(_run(capsys, "configs/20B.yml", "--gpus", "96", "--inter-node-GBps", "12.5", "--json"))
+    # The paper's run: GPT-NeoX's engine and its default partition (a 12-layer stage), 12.5 GB/s per GPU between nodes
+    neox = ["--framework", "gpt-neox", "--pipe_partition_method", "type:transformer|mlp"]
+    plan = json.loads(_run(capsys, "configs/20B.yml", "--gpus", "96", "--inter-node-GBps", "12.5", *neox, "--json"))
     predicted = plan["throughput"]["predicted"]
     assert predicted["tflops_per_gpu"] == pytest.approx(117.0, rel=TOLERANCE)  # Black et al. 2022
     assert predicted["mfu"] == pytest.approx(117.0 / 312 * 3 / 4, rel=TOLERANCE)
@@ -78,7 +80,10 @@ def test_search_20b_keeps_gpt_neox_layout_in_the_running(capsys: pytest.CaptureF
     rank = result["configured_rank"]
     assert rank is not None and rank <= 60  # docs/planner.md explains why the layouts above it rank higher
     ours = result["layouts"][rank - 1]
-    assert ours["tflops_per_gpu"] == pytest.approx(117.0, rel=TOLERANCE)
+    # The search plans the layout as --plan does (neox-forge splits the 44 layers 11/11/11/11, so it is predicted
+    # above the paper's 117 TFLOP/s, which GPT-NeoX reached with a 12-layer stage: test_20b_prediction_...)
+    plan = json.loads(_run(capsys, "configs/20B.yml", "--gpus", "96", "--json"))
+    assert ours["tflops_per_gpu"] == pytest.approx(plan["throughput"]["predicted"]["tflops_per_gpu"], rel=1e-9)
     # the same ordering of tokens/s stands after the configured layout
     assert result["layouts"][0]["tokens_per_s"] >= ours["tokens_per_s"]
     assert result["rejected_by_reason"]["layers"] > 0  # 44 layers: 3, 6, 8, 12 ... stages refused

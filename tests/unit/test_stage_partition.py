@@ -39,14 +39,14 @@ def test_random_weights_give_deepspeeds_boundaries() -> None:
 
 
 def test_1t_layer_specs_give_deepspeeds_boundaries() -> None:
-    """The 1T model (128 layers, 133 specs) in 64 stages by the default ``type:transformer|mlp``: the case that
-    took DeepSpeed's loop 0.5 s per call."""
+    """The 1T model (128 layers, 133 specs) in 64 stages, by GPT-NeoX's default ``type:transformer|mlp`` (uneven)
+    and neox-forge's ``type:transformerlayer|mlp``: the case that took DeepSpeed's loop 0.5 s per call."""
     cfg = _tiny(128)
-    regex = re.compile("transformer|mlp", re.IGNORECASE)  # stage_bounds' rule for type:<regex>
-    weights = [1 if name and regex.search(name) else 0 for name, _ in _spec_names(cfg)]
-    assert len(weights) == 133 and sum(weights) >= 128
-    assert partition_balanced(weights, 64) == _deepspeed(weights, 64)
-    assert stage_bounds(cfg, 64) == _deepspeed(weights, 64)
+    for method in ("type:transformer|mlp", "type:transformerlayer|mlp"):
+        regex = re.compile(method.split(":", 1)[1], re.IGNORECASE)  # stage_bounds' rule for type:<regex>
+        weights = [1 if name and regex.search(name) else 0 for name, _ in _spec_names(cfg)]
+        assert len(weights) == 133 and sum(weights) >= 128
+        assert partition_balanced(weights, 64) == _deepspeed(weights, 64) == stage_bounds(cfg, 64, method), method
 
 
 def _tiny(layers: int) -> GPTModelConfig:

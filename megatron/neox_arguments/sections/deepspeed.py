@@ -114,7 +114,10 @@ class DeepspeedRunnerArgs:
     )
     force_multi: bool = arg(False, "Use the multi-node backend even for one host.")
     detect_nvlink_pairs: bool = arg(False, "DeeperSpeed-only: remap devices by NVLink pairs (ignored).")
-    autotuning_run: str | None = arg(None, "DeepSpeed autotuning mode: `tune` or `run` (from --autotuning).")
+    autotuning_run: Literal["tune", "run"] | None = arg(
+        None,
+        "DeepSpeed's autotuner: `tune` (experiments, then the optimal config) or `run` (then train with it); from --autotuning.",
+    )
     no_ssh_check: bool = arg(
         False, "Skip the passwordless-ssh check. deepy never runs one: pdsh reports unreachable hosts itself."
     )

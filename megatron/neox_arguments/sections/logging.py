@@ -42,13 +42,17 @@ class LoggingArgs(ProfilingKeys, PeakFlopsKeys):
     git_hash: str | None = arg(None, "Git commit of the code, recorded by the loader when available.")
     log_dir: str | None = arg(None, "Directory for text logs.")
     tensorboard_dir: str | None = arg(None, "Directory for TensorBoard event files.")
-    use_comet: bool | None = arg(None, "Log to Comet.")
-    comet_workspace: str | None = arg(None, "Comet workspace.")
-    comet_project: str | None = arg(None, "Comet project.")
-    comet_experiment_name: str | None = arg(None, "Comet experiment name.")
-    comet_tags: list | None = arg(None, "Comet experiment tags.")
-    comet_others: dict | None = arg(None, "Extra Comet metadata.")
-    comet_experiment: str | None = arg(None, "The Comet experiment (GPT-NeoX keeps its Comet run object here).")
+    use_comet: bool | None = arg(
+        None,
+        "Log the metrics to a Comet experiment (rank 0, `comet_ml` package): on Comet's server with COMET_API_KEY, "
+        "or offline into an archive with COMET_START_ONLINE=false.",
+    )
+    comet_workspace: str | None = arg(None, "Comet workspace of the experiment (unset: comet_ml's configured default).")
+    comet_project: str | None = arg(None, "Comet project of the experiment (unset: comet_ml's configured default).")
+    comet_experiment_name: str | None = arg(None, "Name of the Comet experiment (unset: Comet names it).")
+    comet_tags: list | None = arg(None, "Tags attached to the Comet experiment.")
+    comet_others: dict | None = arg(None, "Metadata (name: value) logged as the Comet experiment's others.")
+    comet_experiment: str | None = arg(None, "GPT-NeoX keeps the Comet experiment object it starts here.")
     log_interval: int = arg(100, "Iterations between training log lines.")
     log_grad_pct_zeros: bool = arg(False, "Log the fraction of zero gradient entries per parameter.")
     log_param_norm: bool = arg(False, "Log parameter norms.")

@@ -33,9 +33,11 @@ class LayerSplitKeys:
         False, "Megatron sequence parallelism: norm/dropout regions sharded along the sequence (needs TP > 1)."
     )
     pipe_partition_method: str = arg(
-        "type:transformer|mlp",
+        "type:transformerlayer|mlp",
         "How layers are split over pipeline stages: `parameters`, `uniform` or `type:<regex>` (balance the "
-        "layers whose class name matches).",
+        "layers whose class or function name matches). The default weighs the transformer (and gMLP) layers only, "
+        "so layers that divide by the stages split evenly; GPT-NeoX's default `type:transformer|mlp` also weighs "
+        "the parameter-free functions around the layers and can put a layer more on one stage.",
     )
 
 

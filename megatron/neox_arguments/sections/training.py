@@ -107,6 +107,43 @@ class PostTrainingKeys:
 
 
 @dataclass(kw_only=True)
+class ReinforceKeys:
+    """Online REINFORCE (``train_impl: reinforce``, ``dataset_impl: online``): rollout servers and the loss."""
+
+    fp32_reinforce: bool = arg(True, "Cast the logits to fp32 before the REINFORCE log-probs (and the full KL).")
+    kl_impl: Literal["abs", "mse", "kl", "full"] = arg(
+        "mse",
+        "KL estimator against the frozen reference (used when kl_div_beta > 0): abs |d|, mse d^2/2 or kl d with "
+        "d = log p(token) - log p_ref(token), or full: KL(p || p_ref) over the whole vocabulary.",
+    )
+    kl_div_beta: float = arg(
+        0.1, "Weight of the KL penalty in the REINFORCE loss; > 0 keeps a frozen copy of the loaded weights."
+    )
+    reinforce_leave_one_out: bool = arg(
+        False,
+        "Baseline of each completion's reward: the mean reward of the other completions of its prompt (RLOO); "
+        "false: a moving average of the last 100 prompts' mean rewards.",
+    )
+    online_dataserver_ips: str | list = arg(
+        "localhost", "Host of the online data (rollout) server; a list gives one per data-parallel rank."
+    )
+    online_dataserver_ports: int | list = arg(
+        10000, "Port of the online data server; a list gives one per data-parallel rank."
+    )
+    serve_model_weights: bool = arg(
+        False, "Serve the policy's current weights to rollout servers (each rank on weight_server_port + its rank)."
+    )
+    weight_server_port: int | list = arg(
+        6000, "Base port of the weight server (rank r listens on port + r); a list gives one port per rank."
+    )
+    online_dataserver_timeout: float = arg(
+        600.0,
+        "neox-forge: seconds to wait for the online data server, both to connect (it may still be starting) and "
+        "for each answer; then the run stops with one line naming host and port.",
+    )
+
+
+@dataclass(kw_only=True)
 class LoadSaveKeys:
     """The checkpoint directories."""
 
@@ -114,7 +151,10 @@ class LoadSaveKeys:
     load: str | None = arg(
         None,
         "Directory to load a checkpoint from (its `latest` tag, else the newest valid one). A missing directory is "
-        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume).",
+        "an error unless it equals `save` or is `auto` (= `save`): then the run starts fresh (auto-resume). "
+        "neox-forge: an `s3://bucket/prefix` location (a folder `s3_path` uploads to, holding `latest`) is "
+        "downloaded into `s3_cache_dir` first: the checkpoint its `latest` names (or `iteration`'s), checked "
+        "against its manifest's sha256.",
     )
 
 
@@ -143,6 +183,44 @@ class CheckpointKeys:
         "neox-forge: load (resume or finetune from) a checkpoint saved with another tokenizer (another "
         "tokenizer_type, vocabulary size or id -> token table, compared by sha256) with a warning instead of an "
         "error; for changing the tokenizer on purpose (its token ids then mean other tokens).",
+    )
+
+
+@dataclass(kw_only=True)
+class S3Keys:
+    """Checkpoints uploaded to S3 and loaded from it (credentials only from the environment or the AWS config
+    files; see docs/reliability.md)."""
+
+    s3_path: str | None = arg(
+        None,
+        "S3 location `s3://bucket/prefix` every committed checkpoint of `save` is uploaded to, as "
+        "`<s3_path>/<basename of save>/global_step<N>/...` (GPT-NeoX's layout) plus a `latest` object written after "
+        "the checkpoint's files: by rank 0 in the background, each file verified (size and MD5 ETag), retried; a "
+        "failed upload is one log line and the local checkpoint is kept. The endpoint and credentials come from "
+        "the environment or the AWS config files (`AWS_ENDPOINT_URL`, `AWS_PROFILE`, ...).",
+    )
+    s3_chunk_size: int = arg(
+        104857600,
+        "Bytes per part of the multipart upload of a checkpoint file larger than it (S3's part sizes: 5 MiB to "
+        "5 GiB); smaller files go up in one request.",
+    )
+    s3_upload_attempts: int = arg(
+        5,
+        "neox-forge: tries of one file's upload or download, counting every failed request (a part, the "
+        "completion, `latest`) and every failed check (size, ETag, sha256); then the checkpoint's upload (or the "
+        "load) is given up. Waits 0.5 s, 1 s, 2 s, ... (at most 30 s) between tries.",
+    )
+    s3_timeout: float = arg(60.0, "neox-forge: seconds an S3 request may wait to connect, and for each read.")
+    s3_flush_timeout: float = arg(
+        300.0,
+        "neox-forge: seconds the end of training (and a GPT-NeoX API `save_checkpoint`) waits for pending checkpoint "
+        "uploads before it logs which are not uploaded and ends; shorter than `distributed_timeout_minutes`, since "
+        "the other ranks wait for rank 0 meanwhile.",
+    )
+    s3_cache_dir: str | None = arg(
+        None,
+        "neox-forge: folder a `load: s3://bucket/prefix` downloads the checkpoint into (under `<bucket>/<prefix>/`); "
+        "default `$XDG_CACHE_HOME/neox-forge/s3` (`~/.cache/neox-forge/s3`).",
     )
 
 
@@ -255,8 +333,10 @@ class TrainingArgs(
     DataKeys,
     TrainImplKeys,
     PostTrainingKeys,
+    ReinforceKeys,
     LoadSaveKeys,
     CheckpointKeys,
+    S3Keys,
     IterationKeys,
     TokenizerFileKeys,
     DropoutKeys,
@@ -270,16 +350,6 @@ class TrainingArgs(
 ):
     """Everything about the training run except model shape and optimizer."""
 
-    fp32_reinforce: bool = arg(True, "Compute the REINFORCE loss in fp32.")
-    kl_impl: Literal["abs", "mse", "kl", "full"] = arg("mse", "KL estimator of REINFORCE.")
-    kl_div_beta: float = arg(0.1, "REINFORCE KL penalty coefficient.")
-    reinforce_leave_one_out: bool = arg(False, "REINFORCE leave-one-out baseline.")
-    online_dataserver_ips: str | list = arg("localhost", "Host(s) serving online data (dataset_impl: online).")
-    online_dataserver_ports: int | list = arg(10000, "Port(s) of the online data servers.")
-    serve_model_weights: bool = arg(False, "Serve current weights to online data servers.")
-    weight_server_port: int | list = arg(6000, "Port(s) on which weights are served.")
-    s3_path: str | None = arg(None, "S3 location checkpoints are uploaded to.")
-    s3_chunk_size: int = arg(104857600, "Chunk size in bytes of S3 uploads.")
     checkpoint_validation_with_forward_pass: bool = arg(
         False, "Store one forward pass with each checkpoint and check it after loading."
     )

@@ -1,0 +1,42 @@
+"""tools/fit_planner_calibration.py reproduces the constants, and the leave-one-source-out check (issue 37)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from megatron.planner.calibrated import Calibration
+from megatron.planner.published_runs import PUBLISHED_RUNS
+from tests.harness import load_tool
+
+FIT = load_tool("tools/fit_planner_calibration.py")
+
+
+def test_the_fit_reproduces_the_constants() -> None:
+    """Refitting from the constants in calibrated.py lands on them again (within 2 %: the loss is flat there)."""
+    pytest.importorskip("scipy")
+    current = [getattr(Calibration(), name) for name in FIT.FITTED]
+    refit = FIT.fit(PUBLISHED_RUNS, current)
+    for name, now, again in zip(FIT.FITTED, current, refit, strict=True):
+        assert again == pytest.approx(now, rel=0.02), name
+    # The constants' own errors: every run within ±15 % (test_planner_calibration checks each run too).
+    assert max(abs(math.expm1(e)) for e in FIT._log_errors(current, PUBLISHED_RUNS)) < 0.15
+
+
+def test_leave_one_source_out() -> None:
+    """Fit on every source but one, predict that one's runs: the numbers docs/planner.md tabulates (18 of 21 within
+    ±15 %, 19 within ±25 %; the issue's target, 90 % and all, is not reached: the ZeRO-3 runs at 4 micro-batch
+    samples, +31 % and +36 %, when Table 2, the only ZeRO-3 source, is left out)."""
+    pytest.importorskip("scipy")
+    assert FIT.constrained([r for r in PUBLISHED_RUNS if r.zero_stage != 3]) == [
+        "gemm_peak_fraction",
+        "activation_traffic",
+        "deepspeed_engine_efficiency",
+    ]
+    errors = dict(zip((r.name for r in PUBLISHED_RUNS), FIT.leave_one_source_out(), strict=True))
+    assert len({r.source for r in PUBLISHED_RUNS}) == 5
+    assert sum(abs(e) <= 0.15 for e in errors.values()) == 18  # of 21
+    assert sum(abs(e) <= 0.25 for e in errors.values()) == 19
+    assert errors["ZeRO-3 175B 384"] == pytest.approx(0.31, abs=0.02)
+    assert errors["ZeRO-3 530B 640"] == pytest.approx(0.36, abs=0.02)
