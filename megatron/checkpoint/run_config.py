@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from megatron.checkpoint.layout import CheckpointError
 from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.keys import CHECKPOINTED_KEYS
+from megatron.neox_arguments.sections.deepspeed import UniversalCheckpointKeys
 from megatron.neox_arguments.sections.model import ResidualKeys
 from megatron.neox_arguments.sections.other import LoadIterationKeys
 from megatron.neox_arguments.sections.training import CheckpointKeys, LoadSaveKeys, S3Keys
@@ -18,9 +19,9 @@ AUTO = "auto"
 
 
 @dataclass
-class CheckpointConfig(LoadSaveKeys, CheckpointKeys, S3Keys, LoadIterationKeys, ResidualKeys):
+class CheckpointConfig(LoadSaveKeys, CheckpointKeys, S3Keys, LoadIterationKeys, ResidualKeys, UniversalCheckpointKeys):
     """GPT-NeoX checkpoint keys (``gpt_j_residual`` decides how row-parallel biases are stored at TP > 1:
-    ``checkpoint.bias_layout``)."""
+    ``checkpoint.bias_layout``; ``load_universal``: ``checkpoint.universal``)."""
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
