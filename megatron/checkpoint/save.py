@@ -114,7 +114,7 @@ def save_checkpoint(
     bias_layout = written_layout(cfg.gpt_j_residual, tp, zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
     if model is not None:
-        client_state[UNIVERSAL_INFO_KEY] = _universal_info(engine, model, tp)
+        client_state[UNIVERSAL_INFO_KEY] = _universal_info(engine, model)
     rank = mpu.world_rank()
     state_checks.check_state_before_save(engine, cfg.save, tag, optimizer=not cfg.no_save_optim or zero_stage >= 3)
     directory = Path(cfg.save) / commit_lib.partial_tag(tag, run_id)
@@ -149,13 +149,14 @@ def save_checkpoint(
     return directory
 
 
-def _universal_info(engine: Engine, model: GPTModelConfig, tp: int) -> dict[str, Any]:
+def _universal_info(engine: Engine, model: GPTModelConfig) -> dict[str, Any]:
     """``universal_checkpoint_info`` over every rank's parameters (a pipeline stage holds only its own; DeepSpeed's
     converter reads the info of the first model-states file)."""
     mine = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in engine.module.named_parameters() if p.requires_grad}
     shapes: dict[str, tuple[int, ...]] = {}
     for part in mpu.all_gather_objects(mine) if mpu.world_size() > 1 else [mine]:
         shapes.update(part)
+    tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
     return universal_info(shapes, model, tp)
 
 

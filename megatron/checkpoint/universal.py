@@ -124,10 +124,23 @@ def check_universal_load(
             "load_universal with no_load_optim or finetune is not supported: DeepSpeed's universal load restores "
             "the optimizer state with the weights; load the original checkpoint instead"
         )
-    if not engine.zero_optimization() and not engine.bfloat16_enabled():
+    if not engine.zero_optimization():
         raise CheckpointError(
-            "load_universal needs ZeRO stage 1, 2 or 3 (or bf16): DeepSpeed restores universal checkpoints through "
-            "its ZeRO or bf16 optimizer, and a ZeRO-0 fp32 run has neither; set zero_optimization.stage >= 1"
+            "load_universal needs zero_optimization.stage >= 1: DeepSpeed restores universal checkpoints through its "
+            "ZeRO optimizer (a ZeRO-0 run, fp32 or bf16, would keep its fresh weights)"
+        )
+    source_stage = int(safe_torch_load(directory / "zero" / "optimizer_state.pt").get("zero_stage", 0))
+    stage = int(engine.zero_optimization_stage())
+    if (source_stage >= 3) != (stage >= 3):
+        raise CheckpointError(
+            f"load_universal: {directory} was converted from a ZeRO-{source_stage} checkpoint and this run uses "
+            f"ZeRO-{stage}: DeepSpeed writes and reads ZeRO-3 universal checkpoints in their own format, so a "
+            "ZeRO-3 checkpoint loads only into ZeRO-3 and a ZeRO-1/2 one only into ZeRO-1/2"
+        )
+    if stage >= 3 and tp > 1:
+        raise CheckpointError(
+            "load_universal into ZeRO-3 needs model_parallel_size 1: DeepSpeed's ZeRO-3 universal load does not "
+            "split tensors across tensor-parallel ranks (use ZeRO-3 at TP 1, or ZeRO-1/2 from a ZeRO-1/2 checkpoint)"
         )
     zero = directory / "zero"
     names = [name for name, p in engine.module.named_parameters() if p.requires_grad]
@@ -143,14 +156,18 @@ def check_universal_load(
         return
     for name in names:
         if GMLP_TENSOR.search(name):
-            full = safe_torch_load(zero / name / "fp32.pt")["param"]
+            state = safe_torch_load(zero / name / "fp32.pt")
+            full = state["param"] if isinstance(state, dict) else state
             if full.numel() != engine.module.get_parameter(name).numel() * tp:  # merged from another TP size
                 raise CheckpointError(
                     f"load_universal: {name}: gmlp/amlp layers cannot change tensor parallel size; keep "
                     "model_parallel_size as the checkpoint has it"
                 )
         if name.endswith(VOCAB_ROWS):
-            rows = int(safe_torch_load(zero / name / "fp32.pt")["param"].shape[0])
+            state = safe_torch_load(zero / name / "fp32.pt")
+            if not isinstance(state, dict):  # a ZeRO-3 source at TP 1: flat tensors, checked by DeepSpeed
+                continue
+            rows = int(state["param"].shape[0])
             if rows > model.vocab_rows:
                 raise CheckpointError(
                     f"load_universal: {name} has {rows} vocabulary rows, more than this run's padded vocabulary "

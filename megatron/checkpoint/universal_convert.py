@@ -3,7 +3,8 @@
 The checks before it runs turn what the converter would fail on with an assertion or a traceback into one line:
 no complete checkpoint, no ``universal_checkpoint_info`` (written by saves since ``load_universal`` exists), no
 ZeRO / bf16 optimizer shards (a ZeRO-0 fp32 checkpoint keeps its optimizer state in a torch state dict the
-converter cannot read).
+converter cannot read). After it, every parameter folder is also linked under the name the other module structure
+gives it, so a pipeline run loads a sequential model's universal checkpoint and the reverse.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from megatron.checkpoint.layout import CheckpointError, resolve_checkpoint_dir
 from megatron.checkpoint.manifest import verify_checkpoint
 from megatron.checkpoint.safe_load import safe_loading, safe_torch_load
-from megatron.checkpoint.universal import LATEST_UNIVERSAL, UNIVERSAL_INFO_KEY
+from megatron.checkpoint.universal import LATEST_UNIVERSAL, TIED_PREFIX, UNIVERSAL_INFO_KEY
 
 UNIVERSAL_SUFFIX = "_universal"
+SEQUENTIAL = "sequential."  # the sequential model's parameter names (pipe_parallel_size 0)
 
 
 def _check_source(directory: Path) -> None:
@@ -43,6 +48,28 @@ def _check_source(directory: Path) -> None:
             "converter reads ZeRO-1/2/3 or bf16-optimizer checkpoints only; resume this one with "
             "zero_optimization.stage 1 (the optimizer state is carried over) and save once"
         )
+
+
+@contextlib.contextmanager
+def _without_layer_files(source: Path) -> Iterator[Path]:
+    """``source``, or for a pipeline checkpoint a scratch view of it without the ``layer_*`` files.
+
+    DeepSpeed's converter takes a folder with ``layer_*`` files for Megatron-DeepSpeed's pipeline layout and then
+    requires a ``layer_01*`` file, which GPT-NeoX's layout (embedding 0, transformer layers from 2) never has. It
+    reads no weights from those files (parameters come from the ZeRO shards, the topology from the model-states
+    files' ``checkpoint_parallel_dimensions``), so it converts the same checkpoint without them.
+    """
+    layer_files = [p for p in source.iterdir() if p.name.startswith("layer_")]
+    if not layer_files:
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="neox-universal-src-") as scratch:
+        view = Path(scratch) / source.name
+        view.mkdir()
+        for item in source.iterdir():
+            if not item.name.startswith("layer_"):
+                (view / item.name).symlink_to(item.resolve())
+        yield view
 
 
 def convert_to_universal(
@@ -82,11 +109,38 @@ def convert_to_universal(
     )
     log = io.StringIO()
     try:
-        with safe_loading(), contextlib.redirect_stdout(log):
+        with safe_loading(), contextlib.redirect_stdout(log), _without_layer_files(source) as folder:
+            args.input_folder = str(folder)
             ds_to_universal.main(args)
     except (AssertionError, KeyError, RuntimeError, FileNotFoundError) as e:
         shutil.rmtree(out, ignore_errors=True)
         raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {source}: {type(e).__name__}: {e}") from e
     if not (out / "zero").is_dir() or (out.parent / LATEST_UNIVERSAL).read_text().strip() != out.name:
         raise CheckpointError(f"DeepSpeed's ds_to_universal wrote no universal checkpoint at {out}")
+    _link_other_names(out / "zero")
     return out
+
+
+def _other_name(name: str, tied: bool) -> str | None:
+    """A parameter's name in the other module structure: the sequential model (``sequential.<idx>.…``) or DeepSpeed's
+    pipeline (``<idx>.…``; a tied embedding ``tied_modules.embed.…``)."""
+    if name.startswith(SEQUENTIAL):
+        rest = name[len(SEQUENTIAL) :]
+        return TIED_PREFIX + "embed." + rest[2:] if tied and rest.startswith("0.") else rest
+    if name.startswith(TIED_PREFIX + "embed."):
+        return SEQUENTIAL + "0." + name[len(TIED_PREFIX + "embed.") :]
+    if re.match(r"\d+\.", name):
+        return SEQUENTIAL + name
+    return None
+
+
+def _link_other_names(zero: Path) -> None:
+    """Name every parameter folder also as the other module structure names it (a relative symlink), so that a
+    pipeline run (``pipe_parallel_size`` >= 1) loads a sequential model's checkpoint and the reverse: DeepSpeed's
+    loader looks a parameter up by its name in the run's module."""
+    names = [p.name for p in zero.iterdir() if p.is_dir()]
+    tied = not any(".final_linear." in name for name in names)
+    for name in names:
+        other = _other_name(name, tied)
+        if other is not None and not (zero / other).exists():
+            (zero / other).symlink_to(name, target_is_directory=True)

@@ -1,5 +1,9 @@
 """DeepSpeed universal checkpoints on spawned ranks: save, convert with DeepSpeed's ``ds_to_universal``, and resume
-with ``load_universal`` in other layouts (tests/distributed/test_universal_checkpoint.py)."""
+with ``load_universal`` in other layouts (tests/distributed/test_universal_checkpoint.py).
+
+A layout is ``(tp, pp, zero)``: ``pp`` 0 is the sequential model, ``pp`` >= 1 DeepSpeed's pipeline engine with that
+many stages; the data-parallel size is what the world leaves.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from tests.distributed import fns_parallel as fp
 
 SAVE_AT, TOTAL = 2, 4
 UNIVERSAL_DS = {"checkpoint": {"load_universal": True}}
+Layout = tuple[int, int, int]
 # untied output layer, gated MLP ([up_r|gate_r] shards), GQA ([Q_r|K_r|V_r] shards): every TP category
 VARIANT: dict[str, Any] = {
     "tied": False,
@@ -23,56 +28,64 @@ def _args() -> dict[str, Any]:
     return {"num_layers": fp.LAYERS, "hidden_size": fp.HIDDEN, "padded_vocab_size": fp.VOCAB}
 
 
-def _engine(tp: int, zero: int, seed: int, universal: bool, variant: dict[str, Any]) -> tuple[Any, Any, int]:
+def _engine(layout: Layout, seed: int, universal: bool, variant: dict[str, Any]) -> tuple[Any, Any, int, bool]:
     from megatron.initialize import set_random_seed
 
+    tp, pp, zero = layout
     mpu.destroy_model_parallel()
-    mpu.initialize_model_parallel(tp, 1)
-    set_random_seed(seed, pipe_rank=0, pipe_size=1, model_parallel_size=tp)
+    mpu.initialize_model_parallel(tp, max(pp, 1))
+    set_random_seed(
+        seed,
+        pipe_rank=mpu.get_pipe_parallel_rank(),
+        pipe_size=mpu.get_pipe_parallel_world_size(),
+        model_parallel_size=tp,
+    )
     micro = fp.GLOBAL_BATCH // (fp.GAS * mpu.get_data_parallel_world_size())
     model = dict(variant, model={**variant.get("model", {}), "seed": seed})
-    engine, cfg = fp.build_engine(model, False, micro, zero, UNIVERSAL_DS if universal else None)
-    return engine, cfg, micro
+    engine, cfg = fp.build_engine(model, pp >= 1, micro, zero, UNIVERSAL_DS if universal else None)
+    return engine, cfg, micro, pp >= 1
 
 
-def _resume(directory: str, tp: int, zero: int, universal: bool, variant: dict[str, Any]) -> dict[str, Any]:
-    """A fresh engine (another seed) that loads ``directory`` and trains to TOTAL; its losses, or the load error."""
+def _resume(directory: str, layout: Layout, variant: dict[str, Any], **load: Any) -> dict[str, Any]:
+    """A fresh engine (another seed) that loads ``directory`` (``load``: CheckpointConfig fields) and trains to
+    TOTAL; its losses, or the load error."""
     from megatron import checkpoint as ckpt
 
-    engine, cfg, micro = _engine(tp, zero, fp.SEED + 17, universal, variant)
-    load_cfg = ckpt.CheckpointConfig(load=directory, load_universal=universal)
+    universal = bool(load.get("load_universal"))
+    engine, cfg, micro, pipe = _engine(layout, fp.SEED + 17, universal, variant)
+    load_cfg = ckpt.CheckpointConfig(load=directory, **load)
     try:
         loaded = ckpt.load_checkpoint(engine, None, load_cfg, checkpoint_args=_args(), model=cfg)
     except ckpt.CheckpointError as e:
         return {"error": str(e)}
-    losses = fp.train_steps(engine, False, micro, loaded.iteration, TOTAL - loaded.iteration)
+    losses = fp.train_steps(engine, pipe, micro, loaded.iteration, TOTAL - loaded.iteration)
     return {"iteration": loaded.iteration, "losses": losses, "zero": int(engine.zero_optimization_stage())}
 
 
 def save_convert_resume(
-    directory: str, source: tuple[int, int], targets: list[tuple[int, int]], variant: dict[str, Any] | None = None
+    directory: str, source: Layout, targets: list[Layout], variant: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Train ``source`` = (tp, zero) to TOTAL saving at SAVE_AT, convert that checkpoint with DeepSpeed's converter
-    (rank 0, ``convert_to_universal``), then resume it plainly at the source layout and with ``load_universal`` at
-    every ``(tp, zero)`` of ``targets``."""
+    """Train at ``source`` to TOTAL saving at SAVE_AT, convert that checkpoint with DeepSpeed's converter (rank 0,
+    ``convert_to_universal``), then resume it plainly at the source layout, with a fresh optimizer state
+    (``no_load_optim``), and with ``load_universal`` at every layout of ``targets``."""
     from megatron import checkpoint as ckpt
 
     variant = variant or VARIANT
-    tp, zero = source
-    engine, cfg, micro = _engine(tp, zero, fp.SEED, False, variant)
-    fp.train_steps(engine, False, micro, 0, SAVE_AT)
+    engine, cfg, micro, pipe = _engine(source, fp.SEED, False, variant)
+    fp.train_steps(engine, pipe, micro, 0, SAVE_AT)
     ckpt.save_checkpoint(
         engine, None, SAVE_AT, ckpt.CheckpointConfig(save=directory), checkpoint_args=_args(),
         consumed_train_samples=0, model=cfg,
     )  # fmt: skip
-    uninterrupted = fp.train_steps(engine, False, micro, SAVE_AT, TOTAL - SAVE_AT)
+    uninterrupted = fp.train_steps(engine, pipe, micro, SAVE_AT, TOTAL - SAVE_AT)
     universal = None
     if mpu.world_rank() == 0:
         universal = str(ckpt.convert_to_universal(Path(directory) / ckpt.checkpoint_tag(SAVE_AT)))
     mpu.barrier()
     out: dict[str, Any] = {"uninterrupted": uninterrupted, "universal": universal}
-    out["plain"] = _resume(directory, tp, zero, False, variant)
+    out["plain"] = _resume(directory, source, variant)
+    out["fresh_optimizer"] = _resume(directory, source, variant, no_load_optim=True)
     for target in targets:
-        out[target] = _resume(directory, *target, True, variant)
+        out[target] = _resume(directory, target, variant, load_universal=True)
     mpu.destroy_model_parallel()
     return out

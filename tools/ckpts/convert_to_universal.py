@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     out = convert_to_universal(
         args.input_dir, args.output_dir, iteration=args.iteration, workers=args.workers, overwrite=args.overwrite
     )
-    print(f"universal checkpoint {out} ({out.parent / 'latest_universal'} names it): load: {out.parent}, load_universal: true")
+    print(
+        f"universal checkpoint {out} ({out.parent / 'latest_universal'} names it): load: {out.parent}, load_universal: true"
+    )
     return 0
 
 
