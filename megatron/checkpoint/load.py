@@ -129,6 +129,11 @@ def _load_universal(
     for this run's layout (``megatron.checkpoint.universal``); the client state comes from the copied
     model-states files."""
     assert cfg.load is not None
+    if cfg.iteration is not None:
+        raise CheckpointError(
+            f"load_universal loads the universal checkpoint {cfg.load}/latest_universal names; iteration "
+            f"{cfg.iteration} cannot pick another (convert it with tools/ckpts/convert_to_universal.py --iteration N)"
+        )
     tag = read_latest_universal(cfg.load)
     directory = Path(cfg.load) / tag
     tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1

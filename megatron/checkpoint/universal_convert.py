@@ -112,9 +112,10 @@ def convert_to_universal(
         with safe_loading(), contextlib.redirect_stdout(log), _without_layer_files(source) as folder:
             args.input_folder = str(folder)
             ds_to_universal.main(args)
-    except (AssertionError, KeyError, RuntimeError, FileNotFoundError) as e:
+    except (AssertionError, KeyError, IndexError, TypeError, ValueError, RuntimeError, OSError, EOFError) as e:
         shutil.rmtree(out, ignore_errors=True)
-        raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {source}: {type(e).__name__}: {e}") from e
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {source}: {type(e).__name__}: {detail}") from e
     if not (out / "zero").is_dir() or (out.parent / LATEST_UNIVERSAL).read_text().strip() != out.name:
         raise CheckpointError(f"DeepSpeed's ds_to_universal wrote no universal checkpoint at {out}")
     _link_other_names(out / "zero")
