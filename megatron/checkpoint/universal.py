@@ -149,8 +149,9 @@ def check_universal_load(
         have = sorted(p.name for p in zero.iterdir())[:3]
         raise CheckpointError(
             f"load_universal: {directory} has no parameter {missing[0]!r} (and {len(missing) - 1} more); its names "
-            f"look like {have}: a universal checkpoint loads only into the same module structure (a pipeline "
-            "model, pipe_parallel_size >= 1, and a sequential one, pipe_parallel_size 0, name parameters differently)"
+            f"look like {have}: it holds another model's parameters (compare the model keys with the checkpoint's "
+            "configs), or was converted by DeepSpeed's ds_to_universal directly (convert with "
+            f"{UNIVERSAL_TOOL}, which also names every parameter as pipeline and sequential models do)"
         )
     if model is None:
         return
