@@ -34,6 +34,7 @@ from typing import Any
 from megatron.checkpoint.layout import CheckpointError
 from megatron.checkpoint.rules import VOCAB_ROWS
 from megatron.checkpoint.safe_load import safe_torch_load
+from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 from megatron.model.tp_sharding import GMLP_TENSOR, partition_spec
 
@@ -111,10 +112,10 @@ def read_latest_universal(root: str | Path) -> str:
 
 
 def check_universal_load(
-    engine: Any, directory: Path, model: GPTModelConfig | None, *, tp: int, weights_only: bool
+    engine: Engine, directory: Path, model: GPTModelConfig | None, *, tp: int, weights_only: bool
 ) -> None:
     """Refuse, with one line, what DeepSpeed's universal load cannot do for this engine."""
-    if not getattr(engine, "load_universal_checkpoint", lambda: False)():
+    if not engine.load_universal_checkpoint():
         raise CheckpointError(
             "load_universal: the DeepSpeed engine was built without checkpoint.load_universal (set load_universal: "
             "true in the config, not only in the load call)"

@@ -51,7 +51,7 @@ def _resume(directory: str, layout: Layout, variant: dict[str, Any], **load: Any
     TOTAL; its losses, or the load error."""
     from megatron import checkpoint as ckpt
 
-    universal = bool(load.get("load_universal"))
+    universal = bool(load.get("load_universal")) and not load.pop("unflagged", False)
     engine, cfg, micro, pipe = _engine(layout, fp.SEED + 17, universal, variant)
     load_cfg = ckpt.CheckpointConfig(load=directory, **load)
     try:
@@ -63,11 +63,16 @@ def _resume(directory: str, layout: Layout, variant: dict[str, Any], **load: Any
 
 
 def save_convert_resume(
-    directory: str, source: Layout, targets: list[Layout], variant: dict[str, Any] | None = None
+    directory: str,
+    source: Layout,
+    targets: list[Layout],
+    variant: dict[str, Any] | None = None,
+    unflagged: bool = False,
 ) -> dict[str, Any]:
     """Train at ``source`` to TOTAL saving at SAVE_AT, convert that checkpoint with DeepSpeed's converter (rank 0,
     ``convert_to_universal``), then resume it plainly at the source layout, with a fresh optimizer state
-    (``no_load_optim``), and with ``load_universal`` at every layout of ``targets``."""
+    (``no_load_optim``), and with ``load_universal`` at every layout of ``targets`` (``unflagged``: also at the
+    source layout by an engine built without DeepSpeed's ``checkpoint.load_universal``)."""
     from megatron import checkpoint as ckpt
 
     variant = variant or VARIANT
@@ -87,5 +92,7 @@ def save_convert_resume(
     out["fresh_optimizer"] = _resume(directory, source, variant, no_load_optim=True)
     for target in targets:
         out[target] = _resume(directory, target, variant, load_universal=True)
+    if unflagged:
+        out["unflagged"] = _resume(directory, source, variant, load_universal=True, unflagged=True)
     mpu.destroy_model_parallel()
     return out

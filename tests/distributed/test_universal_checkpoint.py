@@ -43,7 +43,8 @@ def _optimizer_state_matters(r: dict) -> None:
 
 def test_zero1_dp2_checkpoint_resumes_in_other_layouts(tmp_path) -> None:
     targets = [(1, 0, 1), (1, 0, 2), (2, 0, 1), (1, 1, 1), (1, 0, 0), (1, 0, 3)]
-    r = run_distributed(fu.save_convert_resume, 2, str(tmp_path / "ckpt"), (1, 0, 1), targets, timeout=300)[0]
+    directory = str(tmp_path / "ckpt")
+    r = run_distributed(fu.save_convert_resume, 2, directory, (1, 0, 1), targets, None, True, timeout=300)[0]
     _optimizer_state_matters(r)
     plain = r["plain"]["losses"]
     universal = r["universal"]
@@ -54,6 +55,7 @@ def test_zero1_dp2_checkpoint_resumes_in_other_layouts(tmp_path) -> None:
     _assert_like(r[(1, 1, 1)], plain, False, "sequential model -> pipeline engine")
     assert r[(1, 0, 0)]["error"].startswith("load_universal needs zero_optimization.stage >= 1")
     assert "a ZeRO-3 checkpoint loads only into ZeRO-3" in r[(1, 0, 3)]["error"]
+    assert "engine was built without checkpoint.load_universal" in r["unflagged"]["error"]
 
 
 def test_pipeline_checkpoint_resumes_in_other_layouts(tmp_path) -> None:
