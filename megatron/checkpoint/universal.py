@@ -160,7 +160,8 @@ def check_universal_load(
         if GMLP_TENSOR.search(name):
             state = safe_torch_load(zero / name / "fp32.pt")
             full = state["param"] if isinstance(state, dict) else state
-            if full.numel() != engine.module.get_parameter(name).numel() * tp:  # merged from another TP size
+            local = engine.module.get_parameter(name)
+            if full.numel() != getattr(local, "ds_numel", local.numel()) * tp:  # merged from another TP size
                 raise CheckpointError(
                     f"load_universal: {name}: gmlp/amlp layers cannot change tensor parallel size; keep "
                     "model_parallel_size as the checkpoint has it"
