@@ -69,7 +69,7 @@ class UniversalCheckpointKeys:
         False,
         "The checkpoint to load is a DeepSpeed universal checkpoint: `load` holds `latest_universal` naming a folder "
         "written by DeepSpeed's `ds_to_universal` (`tools/ckpts/convert_to_universal.py`). It loads into another "
-        "TP/PP/DP size or ZeRO stage with the optimizer state; needs ZeRO stage >= 1 or bf16 (docs/checkpoints.md).",
+        "TP/PP/DP size or ZeRO stage with the optimizer state; needs zero_optimization.stage >= 1 (docs/checkpoints.md).",
     )
 
 
