@@ -111,6 +111,15 @@ def read_latest_universal(root: str | Path) -> str:
     return tag
 
 
+def _source_tp(directory: Path) -> int | None:
+    """The tensor-parallel size the checkpoint was saved at (DeepSpeed's ``checkpoint_parallel_dimensions``)."""
+    for path in sorted(directory.glob("*model_states.pt")):
+        dims = safe_torch_load(path, mmap=True).get("checkpoint_parallel_dimensions")
+        if isinstance(dims, dict) and isinstance(dims.get("tp_degree"), int):
+            return int(dims["tp_degree"])
+    return None
+
+
 def check_universal_load(
     engine: Engine, directory: Path, model: GPTModelConfig | None, *, tp: int, weights_only: bool
 ) -> None:
@@ -156,16 +165,12 @@ def check_universal_load(
         )
     if model is None:
         return
+    if any(GMLP_TENSOR.search(name) for name in names) and _source_tp(directory) not in (None, tp):
+        raise CheckpointError(
+            f"load_universal: {directory} was saved at model_parallel_size {_source_tp(directory)}: gmlp/amlp layers "
+            "cannot change tensor parallel size; keep model_parallel_size as the checkpoint has it"
+        )
     for name in names:
-        if GMLP_TENSOR.search(name):
-            state = safe_torch_load(zero / name / "fp32.pt")
-            full = state["param"] if isinstance(state, dict) else state
-            local = engine.module.get_parameter(name)
-            if full.numel() != getattr(local, "ds_numel", local.numel()) * tp:  # merged from another TP size
-                raise CheckpointError(
-                    f"load_universal: {name}: gmlp/amlp layers cannot change tensor parallel size; keep "
-                    "model_parallel_size as the checkpoint has it"
-                )
         if name.endswith(VOCAB_ROWS):
             state = safe_torch_load(zero / name / "fp32.pt")
             if not isinstance(state, dict):  # a ZeRO-3 source at TP 1: flat tensors, checked by DeepSpeed

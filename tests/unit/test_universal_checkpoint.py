@@ -123,3 +123,15 @@ def test_converter_refuses_bad_inputs_with_one_line(tmp_path: Path, capsys: pyte
     out = tmp_path / "z0" / "u"
     err = _fail(["--input_dir", str(tmp_path / "z0"), "--output_dir", str(out)], capsys)
     assert "DeepSpeed's ds_to_universal failed on" in err and not out.exists()
+
+
+def test_load_refuses_before_touching_the_engine(tmp_path: Path) -> None:
+    """``load_checkpoint`` with ``load_universal``: ``iteration`` and a folder without ``latest_universal`` are
+    one-line errors raised before the engine is used (here: there is none)."""
+    from megatron.checkpoint import load_checkpoint
+
+    picked = CheckpointConfig(load=str(tmp_path), load_universal=True, iteration=2)
+    with pytest.raises(CheckpointError, match="iteration 2 cannot pick another"):
+        load_checkpoint(None, None, picked, checkpoint_args={})  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError, match="latest_universal does not exist"):
+        load_checkpoint(None, None, CheckpointConfig(load=str(tmp_path), load_universal=True), checkpoint_args={})  # type: ignore[arg-type]
