@@ -18,6 +18,7 @@ Any checkpoint, offline:
 * :func:`write_checkpoint` (full state dict → DeepSpeed layout for a :class:`TargetLayout`)
 * :func:`reshard_checkpoint` (any → any; ZeRO-0/1/2/3 and bf16-optimizer state come along in ZeRO-0 form)
 * :func:`export_hf` / :func:`import_hf` (Hugging Face folders)
+* :func:`convert_to_universal` (DeepSpeed's ``ds_to_universal``; ``load_universal`` loads the result: ``universal``)
 * :func:`detect_layout`, :func:`resolve_checkpoint_dir`, :class:`CheckpointError`
 """
 
@@ -51,6 +52,7 @@ from megatron.checkpoint.s3_upload import S3Uploader, start_uploads
 from megatron.checkpoint.save import save_checkpoint
 from megatron.checkpoint.tags import checkpoint_tag
 from megatron.checkpoint.tokenizer_identity import tokenizer_identity
+from megatron.checkpoint.universal_convert import convert_to_universal
 from megatron.checkpoint.writer import TargetLayout, write_checkpoint
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "S3Uploader",
     "TargetLayout",
     "checkpoint_tag",
+    "convert_to_universal",
     "describe_checkpoint",
     "detect_layout",
     "diff_checkpoints",

@@ -31,6 +31,7 @@ from megatron.checkpoint.run_config import CHECKPOINT_ARG_KEYS, CheckpointConfig
 from megatron.checkpoint.s3_download import download_for_load
 from megatron.checkpoint.safe_load import is_unsafe_error, safe_loading, unsafe_message
 from megatron.checkpoint.tokenizer_identity import check_tokenizer
+from megatron.checkpoint.universal import check_universal_load, read_latest_universal
 from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 from megatron.model.layer_sharing import is_shared
@@ -116,6 +117,48 @@ _SHARED_CARRY = (
 )
 
 
+def _load_universal(
+    engine: Engine,
+    lr_scheduler: LRSchedule | None,
+    cfg: CheckpointConfig,
+    checkpoint_args: dict[str, Any],
+    model: GPTModelConfig | None,
+    load_module_strict: bool,
+) -> LoadResult:
+    """``load_universal``: DeepSpeed restores weights and optimizer state from ``<load>/<latest_universal>/zero``
+    for this run's layout (``megatron.checkpoint.universal``); the client state comes from the copied
+    model-states files."""
+    assert cfg.load is not None
+    if cfg.iteration is not None:
+        raise CheckpointError(
+            f"load_universal loads the universal checkpoint {cfg.load}/latest_universal names; iteration "
+            f"{cfg.iteration} cannot pick another (convert it with tools/ckpts/convert_to_universal.py --iteration N)"
+        )
+    tag = read_latest_universal(cfg.load)
+    directory = Path(cfg.load) / tag
+    tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
+    check_universal_load(engine, directory, model, tp=tp, weights_only=cfg.no_load_optim or cfg.finetune)
+    try:
+        with safe_loading():
+            path, client = engine.load_checkpoint(
+                cfg.load,
+                tag=tag,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,  # the schedule is not the engine's: restored from the client state
+                load_module_strict=load_module_strict,
+            )
+    except Exception as e:
+        if is_unsafe_error(e):
+            raise CheckpointError(unsafe_message(directory, e)) from None
+        if not isinstance(e, (OSError, EOFError, RuntimeError, KeyError, AssertionError, pickle.UnpicklingError)):
+            raise
+        raise CheckpointError(f"universal checkpoint {directory} could not be loaded ({type(e).__name__}: {e})") from e
+    if path is None or client is None:
+        raise CheckpointError(f"DeepSpeed could not load universal checkpoint {directory}")
+    state_checks.check_loaded_state_finite(engine, cfg.load, tag, optimizer="carried")
+    return _restore_client_state(client, path, cfg, lr_scheduler, checkpoint_args, layout_changed=True)
+
+
 def load_checkpoint(
     engine: Engine,
     lr_scheduler: LRSchedule | None,
@@ -141,6 +184,8 @@ def load_checkpoint(
     cfg = resolve_load_dir(cfg)
     if cfg.load is None:
         return LoadResult(0, None)
+    if cfg.load_universal:
+        return _load_universal(engine, lr_scheduler, cfg, checkpoint_args, model, load_module_strict)
     if cfg.save and Path(cfg.load).resolve() == Path(cfg.save).resolve() and mpu.world_rank() == 0:
         commit_lib.clean_partials(cfg.load)
     tag = resolve_tag(cfg)
@@ -196,8 +241,22 @@ def load_checkpoint(
     state_checks.check_loaded_state_finite(
         engine, root, tag, optimizer="carried" if carry else "file" if load_optim else None
     )
+    return _restore_client_state(client, path, cfg, lr_scheduler, checkpoint_args, layout_changed=resharded)
+
+
+def _restore_client_state(
+    client: dict[str, Any],
+    path: str,
+    cfg: CheckpointConfig,
+    lr_scheduler: LRSchedule | None,
+    checkpoint_args: dict[str, Any],
+    *,
+    layout_changed: bool,
+) -> LoadResult:
+    """After the engine's load: the args and tokenizer checks, the iteration, the LR schedule and the RNG state."""
+    weights_only = cfg.no_load_optim or cfg.finetune
     saved_args = dict(client.get("args", {}))
-    if resharded:  # the layout (and with it the vocab padding) was converted on purpose
+    if layout_changed:  # the layout (and with it the vocab padding) was converted on purpose
         saved_args.pop("model_parallel_size", None)
         saved_args.pop("padded_vocab_size", None)
     check_tokenizer(saved_args, checkpoint_args, path, cfg.load_allow_tokenizer_change)

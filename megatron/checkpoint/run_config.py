@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from megatron.checkpoint.layout import CheckpointError
 from megatron.config_utils import NeoXValues, neox_overrides
 from megatron.neox_arguments.keys import CHECKPOINTED_KEYS
+from megatron.neox_arguments.sections.deepspeed import UniversalCheckpointKeys
 from megatron.neox_arguments.sections.model import ResidualKeys
 from megatron.neox_arguments.sections.other import LoadIterationKeys
 from megatron.neox_arguments.sections.training import CheckpointKeys, LoadSaveKeys, S3Keys
@@ -18,9 +19,9 @@ AUTO = "auto"
 
 
 @dataclass
-class CheckpointConfig(LoadSaveKeys, CheckpointKeys, S3Keys, LoadIterationKeys, ResidualKeys):
+class CheckpointConfig(LoadSaveKeys, CheckpointKeys, S3Keys, LoadIterationKeys, ResidualKeys, UniversalCheckpointKeys):
     """GPT-NeoX checkpoint keys (``gpt_j_residual`` decides how row-parallel biases are stored at TP > 1:
-    ``checkpoint.bias_layout``)."""
+    ``checkpoint.bias_layout``; ``load_universal``: ``checkpoint.universal``)."""
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues) -> CheckpointConfig:
@@ -46,6 +47,11 @@ class CheckpointConfig(LoadSaveKeys, CheckpointKeys, S3Keys, LoadIterationKeys, 
                 raise CheckpointError(f"checkpoint_factor must be > 1 with log scale, got {self.checkpoint_factor}")
         if self.save and self.checkpoint_factor is None and not self.extra_save_iters:
             raise CheckpointError("save is set but neither checkpoint_factor nor extra_save_iters says when to save")
+        if self.load_universal and not self.load:
+            raise CheckpointError(
+                "load_universal is set but load is not: set load to the folder holding latest_universal "
+                "(tools/ckpts/convert_to_universal.py writes it)"
+            )
         if self.keep_last_n_checkpoints is not None and self.keep_last_n_checkpoints < 1:
             raise CheckpointError(f"keep_last_n_checkpoints must be >= 1, got {self.keep_last_n_checkpoints}")
 

@@ -2,7 +2,7 @@
 
 Every ``torch.load`` of a checkpoint, ours or DeepSpeed's own, runs with ``weights_only=True`` and an allow-list of
 the few non-tensor types DeepSpeed and GPT-NeoX checkpoints hold (numpy RNG state, DeepSpeed's loss scaler, ZeRO
-stage enum and fragment addresses). DeepSpeed calls ``torch.load(..., weights_only=False)`` itself, so
+stage enum and fragment addresses, a universal checkpoint's sub-parameter shapes). DeepSpeed calls ``torch.load(..., weights_only=False)`` itself, so
 :func:`safe_loading` also sets ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` while it is active, which makes torch ignore that
 argument. A file that needs anything else is refused with a message naming the file and the type; a user who trusts
 the file can allow full unpickling with ``--trust-checkpoint`` on the tools or ``NEOX_FORGE_TRUST_CHECKPOINT=1``
@@ -34,6 +34,7 @@ class UnsafeCheckpointError(ValueError):
 def allowed_globals() -> list[Any]:
     """The non-tensor types of DeepSpeed / GPT-NeoX checkpoints that are safe to rebuild."""
     import numpy as np
+    from deepspeed.checkpoint.universal_checkpoint import SubparamShape  # a universal checkpoint's sub-param layout
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -41,7 +42,10 @@ def allowed_globals() -> list[Any]:
     # numpy >= 2 has _core, 1.x only core; the stubs of either version lack the other
     reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct  # type: ignore[attr-defined]
     dtypes = [type(np.dtype(name)) for name in ("uint32", "int64", "float32", "float64", "bool")]
-    return [reconstruct, np.ndarray, np.dtype, *dtypes, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+    return [
+        *(reconstruct, np.ndarray, np.dtype, *dtypes),
+        *(LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address, SubparamShape),
+    ]
 
 
 def trusted() -> bool:

@@ -37,7 +37,9 @@ from megatron.checkpoint.run_config import CheckpointConfig
 from megatron.checkpoint.s3_upload import S3Uploader
 from megatron.checkpoint.safe_load import safe_torch_load
 from megatron.checkpoint.tags import checkpoint_tag
+from megatron.checkpoint.universal import UNIVERSAL_INFO_KEY, universal_info
 from megatron.engine_protocol import Engine
+from megatron.model.config import GPTModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ def save_checkpoint(
     extra_state: dict[str, Any] | None = None,
     run_id: str = "",
     uploads: S3Uploader | None = None,
+    model: GPTModelConfig | None = None,
 ) -> Path:
     """Save through ``engine.save_checkpoint`` under tag ``global_step<iteration>`` (all ranks must call), with the
     LR schedule's state in the model-states files' ``lr_scheduler`` entry, where DeepSpeed puts an engine's own.
@@ -88,6 +91,9 @@ def save_checkpoint(
     ``run_id`` (from the save folder's lock) names the temporary folder, and the cleanup before the save only
     removes this run's; without it every leftover temporary folder is removed. ``uploads`` (rank 0's, with
     ``s3_path``) is handed the checkpoint after its commit and uploads it in the background.
+
+    With ``model`` (the run's model config) the model-states files also carry ``universal_checkpoint_info``, what
+    DeepSpeed's ``ds_to_universal`` needs to convert the checkpoint (``megatron.checkpoint.universal``).
     """
     if not cfg.save:
         raise CheckpointError("save_checkpoint needs the 'save' directory")
@@ -107,6 +113,8 @@ def save_checkpoint(
     zero_stage = _zero_stage(engine)  # what the engine writes (its config's zero_optimization.stage)
     bias_layout = written_layout(cfg.gpt_j_residual, tp, zero_stage)
     client_state[ROW_BIAS_KEY] = bias_layout
+    if model is not None:
+        client_state[UNIVERSAL_INFO_KEY] = _universal_info(engine, model)
     rank = mpu.world_rank()
     state_checks.check_state_before_save(engine, cfg.save, tag, optimizer=not cfg.no_save_optim or zero_stage >= 3)
     directory = Path(cfg.save) / commit_lib.partial_tag(tag, run_id)
@@ -139,6 +147,17 @@ def save_checkpoint(
     if rank == 0:
         logger.info("saved checkpoint %s at iteration %d", directory, iteration)
     return directory
+
+
+def _universal_info(engine: Engine, model: GPTModelConfig) -> dict[str, Any]:
+    """``universal_checkpoint_info`` over every rank's parameters (a pipeline stage holds only its own; DeepSpeed's
+    converter reads the info of the first model-states file)."""
+    mine = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in engine.module.named_parameters() if p.requires_grad}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for part in mpu.all_gather_objects(mine) if mpu.world_size() > 1 else [mine]:
+        shapes.update(part)
+    tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
+    return universal_info(shapes, model, tp)
 
 
 def _zero_stage(engine: Engine) -> int:

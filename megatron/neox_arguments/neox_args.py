@@ -432,6 +432,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
             if isinstance(ds.get(block), dict):
                 drop = _DEEPERSPEED_ONLY | (set(BF16_LOSS_SCALING) if block == "bf16" else set())
                 ds[block] = {k: v for k, v in ds[block].items() if k not in drop}
+        if section.load_universal:  # DeepSpeed's engine reads it from its config (checkpoint.load_universal)
+            ds["checkpoint"] = {**(ds.get("checkpoint") or {}), "load_universal": True}
         extra = self.deepspeed_extra_args or {}
         clash = sorted(k for k in extra if k in ds and k in self.explicit_keys)
         if clash:

@@ -31,7 +31,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
-    "load_universal": "loading DeepSpeed universal checkpoints",
     # DeepSpeed 0.19 removed these features and rejects their config keys
     "sparse_gradients": "sparse embedding gradients (removed from DeepSpeed)",
     "amp": "Apex AMP (removed from DeepSpeed; use fp16 or bf16)",

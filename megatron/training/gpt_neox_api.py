@@ -70,6 +70,7 @@ def save_checkpoint(neox_args: Any, iteration: int, model: Any, optimizer: Any, 
         config_files=neox_args.config_files or {},
         resolved_config=neox_args.all_config,  # GPT-NeoX's name for every key with its value
         uploads=uploads,
+        model=GPTModelConfig.from_neox_args(neox_args),
     )
     if uploads is not None:
         uploads.close()

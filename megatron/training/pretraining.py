@@ -410,6 +410,7 @@ def pretrain(
                 extra_state=extra,
                 run_id=save_lock.run_id,
                 uploads=uploads,
+                model=setup.model,
             )
             result.saved.append(it)
             assert save_cfg.save is not None  # save() is the loop's save_fn only when save is set

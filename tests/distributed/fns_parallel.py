@@ -166,8 +166,11 @@ def _to_numpy(state: dict[str, torch.Tensor] | None) -> dict[str, np.ndarray] | 
     return None if state is None else {k: v.numpy() for k, v in state.items()}
 
 
-def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: int) -> tuple[Any, Any]:
-    """Model + ``deepspeed.initialize`` for the current mpu layout; returns ``(engine, cfg)``."""
+def build_engine(
+    variant: dict[str, Any], pipe: bool, micro_batch: int, zero: int, ds_extra: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """Model + ``deepspeed.initialize`` for the current mpu layout (``ds_extra``: more DeepSpeed config keys);
+    returns ``(engine, cfg)``."""
     import deepspeed
 
     from megatron.model import build_pipeline_model, build_sequential_model
@@ -204,7 +207,9 @@ def build_engine(variant: dict[str, Any], pipe: bool, micro_batch: int, zero: in
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=layout.apply(ds_config(micro_batch, zero, bool(variant.get("bf16")), bool(variant.get("fp16")))),
+        config=layout.apply(
+            {**ds_config(micro_batch, zero, bool(variant.get("bf16")), bool(variant.get("fp16"))), **(ds_extra or {})}
+        ),
         mpu=None if pipe else mpu,
         dist_init_required=False,
     )

@@ -62,7 +62,21 @@ class CurriculumKeys:
 
 
 @dataclass(kw_only=True)
-class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, ReportingKeys, CurriculumKeys):
+class UniversalCheckpointKeys:
+    """Loading DeepSpeed universal checkpoints."""
+
+    load_universal: bool = arg(
+        False,
+        "The checkpoint to load is a DeepSpeed universal checkpoint: `load` holds `latest_universal` naming a folder "
+        "written by DeepSpeed's `ds_to_universal` (`tools/ckpts/convert_to_universal.py`). It loads into another "
+        "TP/PP/DP size or ZeRO stage with the optimizer state; needs zero_optimization.stage >= 1 (docs/checkpoints.md).",
+    )
+
+
+@dataclass(kw_only=True)
+class DeepspeedConfigArgs(
+    BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, ReportingKeys, CurriculumKeys, UniversalCheckpointKeys
+):
     """Keys that go into the DeepSpeed config (``args.deepspeed_config``) when they differ from their default."""
 
     deepspeed: bool = arg(True, "DeepSpeed is always used (must be true).")
@@ -93,7 +107,6 @@ class DeepspeedConfigArgs(BatchSizeKeys, OptimizerDictKeys, GradientReduceKeys, 
     deepspeed_extra_args: dict | None = arg(
         None, "Any further DeepSpeed config keys; a key also set at top level is an error."
     )
-    load_universal: bool = arg(False, "The checkpoint to load is a DeepSpeed universal checkpoint.")
 
 
 @dataclass(kw_only=True)
