@@ -38,6 +38,11 @@ KNOWN = {
         "dense SDPA masked with the same layout (no block-sparse kernel), fp32, forward + backward; ratio: the "
         "sparse.yml local layout (others in the details)",
     ),
+    "planner": (
+        "plan < 5 s, search < 60 s",
+        "`deepy.py --plan` on a 1T model / 3,072 GPUs (64 stages) with the planner's former paths: DeepSpeed's "
+        "`partition_balanced` on every call, per-stage name parsing; ratio in CPU seconds, plans identical",
+    ),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
         "HF generate, greedy, bf16 weights on both sides, token-identical; ratio = min of batch 1 / 8",
@@ -66,6 +71,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 5 | `python benchmarks/bench_decode.py [--bf16]` | greedy decode vs HF `generate`, batch 1 and 8 |
 | 6 | `python benchmarks/bench_zero_memory.py [--small] [--bf16]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
 | 7 | `python benchmarks/bench_sparse_attention.py [--seq 2048]` | block-sparse attention vs dense masked SDPA, per layout |
+| 8 | `python benchmarks/bench_planner.py [--baseline-search]` | `deepy.py --plan` / `--search`, 1T model on 3,072 GPUs, vs the planner's former paths |
 
 ## Measured
 """

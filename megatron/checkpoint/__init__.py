@@ -42,7 +42,8 @@ from megatron.checkpoint.layout import (
 )
 from megatron.checkpoint.load import LoadResult, load_checkpoint
 from megatron.checkpoint.manifest import read_manifest, verify_checkpoint
-from megatron.checkpoint.optimizer_state import slice_param_names
+from megatron.checkpoint.optimizer_state import slice_param_names, stage_param_names
+from megatron.checkpoint.partition import partition_balanced
 from megatron.checkpoint.reader import NeoXCheckpoint, read_checkpoint
 from megatron.checkpoint.reshard import ReshardResult, reshard_checkpoint
 from megatron.checkpoint.rules import resize_vocab
@@ -77,6 +78,7 @@ __all__ = [
     "load_checkpoint",
     "model_config",
     "neox_config_yaml",
+    "partition_balanced",
     "read_checkpoint",
     "read_manifest",
     "reshard_checkpoint",
@@ -85,6 +87,7 @@ __all__ = [
     "save_checkpoint",
     "slice_param_names",
     "stage_bounds",
+    "stage_param_names",
     "start_uploads",
     "tokenizer_files",
     "tokenizer_identity",

@@ -20,6 +20,7 @@ from typing import Any
 
 from deepspeed.runtime import utils as ds_utils
 
+from megatron.checkpoint.partition import partition_balanced
 from megatron.checkpoint.tags import checkpoint_dirs, checkpoint_tag
 from megatron.errors import UserError
 from megatron.model.config import GPTModelConfig
@@ -229,10 +230,28 @@ def _spec_names(cfg: GPTModelConfig) -> list[tuple[str | None, Any]]:
     return out
 
 
+_BOUNDS: dict[tuple[str, int, str], list[int]] = {}  # by the config's repr, the stages and the method
+
+
 def stage_bounds(cfg: GPTModelConfig, pp: int, partition_method: str | None = None) -> list[int]:
     """Spec-index boundaries ``parts`` (stage ``s`` owns specs ``parts[s]:parts[s+1]``), as DeepSpeed computes them
-    for the method the pipeline runs (:func:`resolve_partition_method`)."""
+    for the method the pipeline runs (:func:`resolve_partition_method`).
+
+    Memoised (the planner asks once per stage and per candidate layout; ``parameters`` builds every layer).
+    """
+    from megatron import mpu
+
     method = resolve_partition_method(cfg, pp, partition_method).lower()
+    tp = mpu.get_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1  # "parameters" counts
+    key = (f"{tp}:{cfg!r}", pp, method)
+    if key not in _BOUNDS:
+        if len(_BOUNDS) > 256:
+            _BOUNDS.clear()
+        _BOUNDS[key] = _stage_bounds(cfg, pp, method)
+    return list(_BOUNDS[key])
+
+
+def _stage_bounds(cfg: GPTModelConfig, pp: int, method: str) -> list[int]:
     specs = _spec_names(cfg)
     if method == "uniform":
         return [int(x) for x in ds_utils.partition_uniform(num_items=len(specs), num_parts=pp)]
@@ -241,12 +260,12 @@ def stage_bounds(cfg: GPTModelConfig, pp: int, partition_method: str | None = No
         weights = [1 if name and regex.search(name) else 0 for name, _ in specs]
         if not any(weights):
             raise CheckpointError(f"pipe_partition_method {method!r} matches no layer")
-        return [int(x) for x in ds_utils.partition_balanced(weights=weights, num_parts=pp)]
+        return partition_balanced(weights, pp)
     if method == "parameters":
         from deepspeed.pipe import LayerSpec
 
         counts = []
         for _, spec in specs:
             counts.append(sum(p.numel() for p in spec.build().parameters()) if isinstance(spec, LayerSpec) else 0)
-        return [int(x) for x in ds_utils.partition_balanced(weights=counts, num_parts=pp)]
+        return partition_balanced(counts, pp)
     raise CheckpointError(f"pipe_partition_method {method!r}: supported are uniform, parameters, type:<regex>")

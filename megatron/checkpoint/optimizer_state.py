@@ -42,14 +42,31 @@ def slice_param_names(cfg: GPTModelConfig, pp: int, stage: int, partition_method
     names = model_param_names(cfg)
     if pp == 0:
         return names
-    parts = stage_bounds(cfg, pp, partition_method)
+    return _stage_names(cfg, names, _spec_indices(names), stage_bounds(cfg, pp, partition_method), stage)
+
+
+def stage_param_names(cfg: GPTModelConfig, pp: int, partition_method: str | None = None) -> list[list[str]]:
+    """:func:`slice_param_names` of every stage (one stage for ``pp == 0``), the names parsed once."""
+    names = model_param_names(cfg)
+    if pp == 0:
+        return [names]
+    index, parts = _spec_indices(names), stage_bounds(cfg, pp, partition_method)
+    return [_stage_names(cfg, names, index, parts, stage) for stage in range(pp)]
+
+
+def _spec_indices(names: list[str]) -> list[int]:
+    """The spec index of each ``sequential.<index>.…`` name."""
+    return [int(n.split(".")[1]) for n in names]
+
+
+def _stage_names(cfg: GPTModelConfig, names: list[str], index: list[int], parts: list[int], stage: int) -> list[str]:
     lo, hi = parts[stage], parts[stage + 1]
     head = cfg.num_layers + 4
-    owned = [n for n in names if lo <= int(n.split(".")[1]) < hi]
+    owned = [n for n, i in zip(names, index, strict=True) if lo <= i < hi]
     if is_shared(cfg):  # a stage holds each shared layer it runs, named after the layer's first position
         run = {first_position(cfg, unique_layer(cfg, i)) + 2 for i in range(cfg.num_layers) if lo <= i + 2 < hi}
         layers = range(2, cfg.num_layers + 2)
-        owned = [n for n in names if int(n.split(".")[1]) in run] + [
+        owned = [n for n, i in zip(names, index, strict=True) if i in run] + [
             n for n in owned if int(n.split(".")[1]) not in layers
         ]
     if not cfg.tied_embeddings:

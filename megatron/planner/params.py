@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron.checkpoint import slice_param_names, stage_bounds
+from megatron.checkpoint import stage_bounds, stage_param_names
 from megatron.model.config import GPTModelConfig
 from megatron.model.meta import count_parameters, meta_param_shapes
 from megatron.model.tp_sharding import partition_spec
@@ -53,8 +53,7 @@ def count_params(cfg: GPTModelConfig, tp: int, pp: int, partition_method: str | 
     with torch.device("meta"):  # "parameters" partitioning builds each layer to weigh it
         bounds = stage_bounds(cfg, pp, partition_method) if pp >= 1 else [0, cfg.num_layers + 5]
         stages = []
-        for stage in range(max(pp, 1)):
-            names = slice_param_names(cfg, pp, stage, partition_method)
+        for stage, names in enumerate(stage_param_names(cfg, pp, partition_method)):
             layers = sum(1 for i in layer_specs if bounds[stage] <= i < bounds[stage + 1])
             stages.append(StageParams(tuple(per_rank[n] for n in names), layers))
     embedding = sum(math.prod(s) for n, s in shapes.items() if n.startswith("sequential.0.") and "word" in n)

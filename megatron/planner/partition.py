@@ -15,7 +15,7 @@ from dataclasses import fields
 from functools import cache
 from itertools import pairwise
 
-from megatron.checkpoint import stage_bounds
+from megatron.checkpoint import partition_balanced, stage_bounds
 from megatron.model.config import GPTModelConfig
 from megatron.neox_arguments.sections.other import LayerSplitKeys
 
@@ -82,9 +82,7 @@ def uneven_split_warning(cfg: GPTModelConfig, pp: int, method: str) -> str | Non
 def gpt_neox_layers_per_stage(num_layers: int, pp: int) -> int:
     """The busiest stage's layers under GPT-NeoX's default partition of a plain transformer (a published GPT-NeoX
     run): DeepSpeed's balanced partition of the spec weights ``[0, 1, 1 × num_layers, 1, 0, 0]``."""
-    from deepspeed.runtime.utils import partition_balanced
-
     weights = [0, 1] + [1] * num_layers + [1, 0, 0]
-    bounds = [int(b) for b in partition_balanced(weights=weights, num_parts=pp)]
+    bounds = partition_balanced(weights, pp)  # DeepSpeed's boundaries (megatron/checkpoint/partition.py)
     first, last = FIRST_LAYER_SPEC, FIRST_LAYER_SPEC + num_layers
     return max(max(0, min(hi, last) - max(lo, first)) for lo, hi in pairwise(bounds))

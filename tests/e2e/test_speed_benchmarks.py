@@ -58,3 +58,15 @@ def test_decode_benchmark_gate_and_json_fp32_and_bf16():
         assert result["batch8"]["tokens"] > result["batch1"]["tokens"] > 0
         assert len(result["batch1"]["per_round_ratios"]) == 1 and len(result["load_after"]) == 3
         assert ("batch1_vs_hf_fp32" in result) == bool(flags)
+
+
+def test_planner_benchmark_gate_and_json():
+    """bench_planner.py on GPT-NeoX-20B (96 GPUs, 4 stages): both sides print the same plan, the search completes."""
+    argv = ["--config", "configs/20B.yml", "--gpus", "96", "--gpu-type", "A100-40GB", "--vocab-size", "50277"]
+    out = run_command([PYTHON, str(REPO_ROOT / "benchmarks" / "bench_planner.py"), *argv, "--rounds", "1"], timeout=600)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "round 1:" in out.stdout and "plans identical" in out.stdout and f"ratio={result['ratio']}" in out.stdout
+    assert result["benchmark"] == "planner" and result["ratio"] > 0 and len(result["per_round_ratios"]) == 1
+    assert result["layout"] == "TP 2 x PP 4 x DP 12" and result["parameters"] == 20_554_567_680
+    assert not result["search_cut_short"] and result["search_candidates"] >= result["search_fit"] > 0
+    assert result["cli_plan_cpu_s"] > 0 and len(result["load_after"]) == 3

@@ -85,15 +85,15 @@ def test_non_finite_numbers_become_null() -> None:
 
 def test_search_stops_at_its_time_budget(capsys: pytest.CaptureFixture[str]) -> None:
     start = time.monotonic()
-    argv = ["configs/20B.yml", "--vocab-size", "50277", "--gpus", "720720", "--search", "--search-seconds", "1"]
+    argv = ["configs/20B.yml", "--vocab-size", "50277", "--gpus", "720720", "--search", "--search-seconds", "0.01"]
     argv += ["--top", "3"]
     assert deepy.main(["--plan", "train.py", *argv, "--json"]) == 0
     result = _strict_loads(capsys.readouterr().out)
-    assert time.monotonic() - start < 30  # the full search would take minutes (tens of thousands of layouts)
-    assert result["cut_short"] is True and result["search_seconds"] == 1.0
-    assert result["candidates_evaluated"] < 20000 and len(result["layouts"]) <= 3
+    assert time.monotonic() - start < 30  # the full search: ~5,000 layouts, ~1 s once the model's shapes are known
+    assert result["cut_short"] is True and result["search_seconds"] == 0.01
+    assert result["candidates_evaluated"] < 4000 and len(result["layouts"]) <= 3
     assert deepy.main(["--plan", "train.py", *argv]) == 0
-    assert "search cut short: the 1 s budget (--search-seconds) ran out after" in capsys.readouterr().out
+    assert "search cut short: the 0.01 s budget (--search-seconds) ran out after" in capsys.readouterr().out
 
 
 def test_search_on_a_million_gpus_finishes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,199 @@
+"""``deepy.py --plan`` and ``--search`` time on a 1T model / 3,072 GPUs (64 pipeline stages): ours vs the slow paths.
+
+    python benchmarks/bench_planner.py [--rounds 3] [--search-rounds 1] [--baseline-search] [--save]
+        [--config configs/1T.yml ...] [--gpus 3072] [--gpu-type A100-80GB] [--vocab-size 51200]
+
+Both sides run the planner's CLI entry (``megatron.planner.cli.plan_main``, ``--json``) in this process, interleaved
+(round i: ours, then the baseline), each from cold caches (the meta-device model and the stage split are rebuilt
+every run; torch's one-off imports are paid by a warm-up run first). The baseline is what the planner ran before
+its fast paths, switched back in place: DeepSpeed's own ``partition_balanced`` (a Python loop over
+``O(layers² · stages)`` numpy scalars) for the stage split, recomputed on every call (once per stage and per
+candidate layout: nothing memoised), and every stage's parameter names parsed separately. Gate: both sides print
+the identical plan (JSON text) before a time counts. The ratio is the median over the plan rounds of baseline /
+ours in CPU seconds of this process (``time.process_time``): on the shared 2-core box the wall times stretch with
+the load, the CPU seconds much less; both are reported.
+
+``--search`` over every candidate layout (the default budget of 60 s, which ours never reaches here) is timed for
+ours; the baseline's takes 15+ minutes on the 2-core box, so it runs only with ``--baseline-search`` (once, its
+output compared with ours). The command-line figure, ``python deepy.py --plan ...`` in a fresh interpreter with
+its imports, is measured too: the CPU seconds (user + system) of that child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, Report, median, median_ratio
+
+from megatron.checkpoint import layout as checkpoint_layout  # the baseline switches the split's internals
+from megatron.checkpoint import stage_bounds
+from megatron.model import meta
+from megatron.model.layer_sharing import first_position, is_shared, unique_layer
+from megatron.planner import params as planner_params
+from megatron.planner.cli import plan_main
+
+DEFAULT_CONFIG = ["configs/1T.yml"]  # Megatron-LM's 1T run: 128 layers, hidden 25600, TP 8 x PP 64 x DP 6
+
+
+class _NoMemo(dict):  # type: ignore[type-arg]
+    def __contains__(self, key: object) -> bool:
+        return False
+
+
+def _main_slice_param_names(cfg: Any, pp: int, stage: int, partition_method: str | None = None) -> list[str]:
+    """The per-stage ``slice_param_names`` the planner called before ``stage_param_names`` (names parsed per call)."""
+    names = list(meta.meta_param_shapes(cfg))  # optimizer_state.model_param_names
+    if pp == 0:
+        return names
+    parts = stage_bounds(cfg, pp, partition_method)
+    lo, hi = parts[stage], parts[stage + 1]
+    head = cfg.num_layers + 4
+    owned = [n for n in names if lo <= int(n.split(".")[1]) < hi]
+    if is_shared(cfg):
+        run = {first_position(cfg, unique_layer(cfg, i)) + 2 for i in range(cfg.num_layers) if lo <= i + 2 < hi}
+        layers = range(2, cfg.num_layers + 2)
+        owned = [n for n in names if int(n.split(".")[1]) in run] + [
+            n for n in owned if int(n.split(".")[1]) not in layers
+        ]
+    if not cfg.tied_embeddings:
+        return owned
+    embed = [n for n in names if n.startswith("sequential.0.")]
+    rest = [n for n in owned if not n.startswith("sequential.0.")]
+    return embed + rest if (lo <= 0 < hi or lo <= head < hi) else rest
+
+
+@contextlib.contextmanager
+def baseline() -> Iterator[None]:
+    """The slow paths in place of the fast ones, restored on exit."""
+    from deepspeed.runtime import utils as ds_utils
+
+    saved = (checkpoint_layout.partition_balanced, checkpoint_layout._BOUNDS, planner_params.stage_param_names)
+
+    def deepspeed_partition(weights: list[int], parts: int) -> list[int]:
+        return [int(x) for x in ds_utils.partition_balanced(weights=weights, num_parts=parts)]
+
+    def per_stage(cfg: Any, pp: int, method: str | None = None) -> list[list[str]]:
+        return [_main_slice_param_names(cfg, pp, s, method) for s in range(max(pp, 1))]
+
+    checkpoint_layout.partition_balanced = deepspeed_partition  # type: ignore[assignment]
+    checkpoint_layout._BOUNDS = _NoMemo()
+    planner_params.stage_param_names = per_stage  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        checkpoint_layout.partition_balanced, checkpoint_layout._BOUNDS, planner_params.stage_param_names = saved
+
+
+def _cold() -> None:
+    checkpoint_layout._BOUNDS.clear()
+    meta._CACHE.clear()
+
+
+def run_plan(argv: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, printed JSON) of one in-process plan from cold caches."""
+    _cold()
+    out = io.StringIO()
+    wall, cpu = time.perf_counter(), time.process_time()
+    assert plan_main(argv, out=out) == 0
+    return time.perf_counter() - wall, time.process_time() - cpu, out.getvalue()
+
+
+def cli_cpu_seconds(argv: list[str]) -> tuple[float, float]:
+    """(wall, user + system CPU seconds) of ``python deepy.py --plan ...`` in a fresh interpreter."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, os.path.join(REPO, "deepy.py"), *argv], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _timed_rounds(rounds: int, ours: Callable[[], Any], base: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
+    a, b = [], []
+    for i in range(rounds):
+        a.append(ours())
+        with baseline():
+            b.append(base())
+        if a[-1][2] != b[-1][2]:
+            raise SystemExit(f"gate failed in round {i + 1}: the baseline's plan differs from ours")
+        print(f"round {i + 1}: ours {a[-1][0]:.2f} s (CPU {a[-1][1]:.2f}), baseline {b[-1][0]:.2f} s "
+              f"(CPU {b[-1][1]:.2f}); plans identical", flush=True)  # fmt: skip
+    return a, b
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", nargs="+", default=DEFAULT_CONFIG, help="config files (repository-relative)")
+    p.add_argument("--gpus", type=int, default=3072)
+    p.add_argument("--gpu-type", default="A100-80GB")
+    p.add_argument("--vocab-size", type=int, default=51200)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved plan rounds (the baseline's take ~40 s each)")
+    p.add_argument("--search-rounds", type=int, default=1)
+    p.add_argument("--baseline-search", action="store_true", help="also time the baseline's search once (slow)")
+    p.add_argument("--save", action="store_true", help="write benchmarks/results/planner.json (for docs/benchmarks.md)")
+    args = p.parse_args()
+    os.chdir(REPO)
+    plan_argv = ["--plan", "train.py", *args.config, "--gpus", str(args.gpus), "--gpu-type", args.gpu_type,
+                 "--vocab-size", str(args.vocab_size), "--json"]  # fmt: skip
+    search_argv = [*plan_argv, "--search", "--top", "1000000", "--search-seconds", "86400"]  # never cut short
+    command = "python benchmarks/bench_planner.py" + (" --baseline-search" if args.baseline_search else "")
+    report = Report("planner", command, rounds=args.rounds, config=args.config, gpus=args.gpus,
+                    gpu_type=args.gpu_type, vocab_size=args.vocab_size)  # fmt: skip
+    run_plan(plan_argv)  # warm-up: torch's lazy imports (the meta kernels import torch._dynamo once)
+    ours, base = _timed_rounds(args.rounds, lambda: run_plan(plan_argv), lambda: run_plan(plan_argv))
+    plan = json.loads(ours[0][2])
+    layout = plan["layout"]
+    searches = [run_plan(search_argv) for _ in range(args.search_rounds)]
+    found = json.loads(searches[-1][2])
+    print(f"search: ours {median([s[0] for s in searches]):.2f} s (CPU {median([s[1] for s in searches]):.2f}), "
+          f"{found['candidates_evaluated']} candidate layouts, {found['layouts_that_fit']} fit, "
+          f"cut short: {found['cut_short']}", flush=True)  # fmt: skip
+    results: dict[str, Any] = {}
+    if args.baseline_search:
+        with baseline():
+            slow = run_plan(search_argv)
+        if slow[2] != searches[-1][2]:
+            raise SystemExit("gate failed: the baseline's search differs from ours")
+        results["search_baseline_s"] = round(slow[0], 2)
+        results["search_baseline_cpu_s"] = round(slow[1], 2)
+        print(f"search: baseline {slow[0]:.2f} s (CPU {slow[1]:.2f}); identical", flush=True)
+    cli_wall, cli_cpu = cli_cpu_seconds(plan_argv)
+    print(f"python deepy.py --plan (fresh interpreter, imports included): {cli_wall:.2f} s, CPU {cli_cpu:.2f} s")
+    report.finish(
+        median_ratio([b[1] for b in base], [a[1] for a in ours]),
+        "baseline / ours, CPU seconds of the in-process plan (slow stage split and per-stage names vs ours); plans "
+        "identical",
+        save=args.save,
+        plan_ours_s=round(median([a[0] for a in ours]), 3),
+        plan_ours_cpu_s=round(median([a[1] for a in ours]), 3),
+        plan_baseline_s=round(median([b[0] for b in base]), 2),
+        plan_baseline_cpu_s=round(median([b[1] for b in base]), 2),
+        per_round_ratios=[round(b[1] / a[1], 2) for a, b in zip(ours, base, strict=True)],
+        cli_plan_s=round(cli_wall, 2),
+        cli_plan_cpu_s=round(cli_cpu, 2),
+        search_ours_s=round(median([s[0] for s in searches]), 2),
+        search_ours_cpu_s=round(median([s[1] for s in searches]), 2),
+        search_candidates=found["candidates_evaluated"],
+        search_fit=found["layouts_that_fit"],
+        search_cut_short=found["cut_short"],
+        layout=f"TP {layout['tensor_parallel']} x PP {layout['pipeline_stages']} x DP {layout['data_parallel']}",
+        parameters=plan["parameters"]["total"],
+        **results,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
