@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
-from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals, StoppedBeforeTraining
+from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals, StoppedBeforeTraining, stop_in_chain
 
 
 def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] | None = None) -> int:
@@ -24,7 +24,9 @@ def main(input_args: list[str] | None = None, overwrite_values: dict[str, Any] |
             from megatron.train_entry import run_script
 
             return run_script(startup)
-        except StoppedBeforeTraining:  # before the process group formed: nothing to save, no peer waits for us
+        except (StoppedBeforeTraining, RuntimeError) as e:  # before the process group formed: nothing to save
+            if stop_in_chain(e) is None:  # RuntimeError: only the stop wrapped by a class creation during an import
+                raise
             from megatron.launcher.exit_reports import report_exit
 
             report_exit(STOPPED_EXIT_CODE)

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals, StoppedBeforeTraining
+from megatron.training.startup_signals import STOPPED_EXIT_CODE, StartupSignals, StoppedBeforeTraining, stop_in_chain
 
 
 def train(
@@ -80,11 +80,13 @@ def run_script(startup: StartupSignals) -> int:
         code = 1
     except Exception as e:
         lost = lost_peer_message(e)
-        if lost:  # a node died or became unreachable, or another rank stopped first: one line naming it
+        code = 1
+        if stop_in_chain(e) is not None:  # the start-up stop, wrapped by Python on its way (a class being created)
+            code = STOPPED_EXIT_CODE
+        elif lost:  # a node died or became unreachable, or another rank stopped first: one line naming it
             print(f"error: {lost}", file=sys.stderr, flush=True)
         else:  # a bug: keep the traceback
             logging.getLogger("megatron.train").exception("training failed")
-        code = 1
     _end_rank(code)
     return code
 

@@ -66,3 +66,17 @@ class StartupSignals:
         if self.raising:
             self.raising = False  # once: a second signal while the rank unwinds is only recorded
             raise StoppedBeforeTraining(self.received)
+
+
+def stop_in_chain(error: BaseException) -> StoppedBeforeTraining | None:
+    """The :class:`StoppedBeforeTraining` behind ``error``, if any: Python wraps an exception raised while it creates a
+    class (a dataclass field's ``__set_name__`` during an import, on Python 3.11) in a ``RuntimeError``, so the stop
+    reaches the rank's handler as that error's ``__cause__``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, StoppedBeforeTraining):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

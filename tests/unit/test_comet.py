@@ -47,11 +47,21 @@ def test_sink_logs_every_scalar_at_its_step_with_name_tags_and_others(
         comet_tags=["a", "b"],
         comet_others={"purpose": "test", "empty": None},
     )
-    metrics = Metrics.create(cfg, rank=0, run_config={"hidden_size": 64, "optimizer": {"type": "Adam"}})
-    metrics.log({"train/lm_loss": 3.25, "train/learning_rate": 1e-4}, step=1)
-    metrics.log({"train/lm_loss": 2.5, "validation/lm_loss": 2.75}, step=2)
-    metrics.close()
-    said = capsys.readouterr().err  # comet_ml's own console handler
+    import comet_ml  # noqa: F401  (sets up its "comet_ml" logger, which does not propagate to the root)
+
+    records: list[logging.LogRecord] = []
+    collect = logging.Handler(logging.DEBUG)
+    collect.emit = records.append  # type: ignore[method-assign]
+    # comet_ml's console handler holds the stderr of whichever test imported comet_ml first: read its logger instead
+    logging.getLogger("comet_ml").addHandler(collect)
+    try:
+        metrics = Metrics.create(cfg, rank=0, run_config={"hidden_size": 64, "optimizer": {"type": "Adam"}})
+        metrics.log({"train/lm_loss": 3.25, "train/learning_rate": 1e-4}, step=1)
+        metrics.log({"train/lm_loss": 2.5, "validation/lm_loss": 2.75}, step=2)
+        metrics.close()
+    finally:
+        logging.getLogger("comet_ml").removeHandler(collect)
+    said = "\n".join(r.getMessage() for r in records)
     assert "OfflineExperiment Summary" in said  # its report stays
     assert "import comet_ml before" not in said  # torch is imported first: advice for its automatic logging, off
     (archive,) = comet_env.glob("*.zip")

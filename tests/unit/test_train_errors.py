@@ -24,7 +24,7 @@ def _run_train(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> int:
     def fake_pretrain(args: Any, startup: Any = None) -> Any:
         if isinstance(outcome, Exception):
             raise outcome
-        return outcome
+        return outcome() if callable(outcome) else outcome
 
     monkeypatch.setattr(
         NeoXArgs,
@@ -64,3 +64,32 @@ def test_preempted_run_exits_with_the_requeue_code(monkeypatch: pytest.MonkeyPat
 def test_a_run_stopped_before_its_first_step_exits_143(monkeypatch: pytest.MonkeyPatch) -> None:
     result = SimpleNamespace(preempted=False, iteration=0, stopped_before_training=True)
     assert _run_train(monkeypatch, result) == STOPPED_EXIT_CODE == 143
+
+
+def test_a_stop_signal_during_a_class_creation_exits_143(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start-up stop raised while Python creates a class (a dataclass field's ``__set_name__`` during an import,
+    seen under srun): Python 3.11 wraps it in a RuntimeError; the rank still ends with 143 and no traceback."""
+    import signal
+
+    from megatron.training.startup_signals import StartupSignals, stop_in_chain
+
+    class Field:
+        def __set_name__(self, owner: type, name: str) -> None:
+            signal.raise_signal(signal.SIGUSR1)  # the handler raises StoppedBeforeTraining here
+
+    def import_under_a_stop() -> None:
+        startup = StartupSignals().install()
+        try:
+            try:
+                type("ShapeKeys", (), {"num_layers": Field()})
+            except BaseException as e:
+                assert stop_in_chain(e) is not None  # wrapped (3.11) or not (3.12+): found either way
+                raise
+        finally:
+            startup.uninstall()
+
+    assert _run_train(monkeypatch, import_under_a_stop) == STOPPED_EXIT_CODE
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err + caplog.text and "training failed" not in caplog.text
