@@ -104,18 +104,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_own_flags(ns: argparse.Namespace) -> None:
-    problems = []
-    for flag in AUTOTUNE_FLAGS:
-        value = flag.parse(str(getattr(ns, flag.dest)))
-        if isinstance(value, str):
-            problems.append(value)
-        else:
-            setattr(ns, flag.dest, value)
-    if problems:
-        raise ConfigError(problems)
-
-
 def machine_hardware(ns: argparse.Namespace, ranks: int, precision: str) -> tuple[Hardware, str]:
     """The hardware the prediction assumes: this machine's GPUs (a preset) or its CPU ranks (RAM per rank, a GEMM
     calibration on each rank's threads, nominal links); returns it and a line saying where the figures came from."""
@@ -245,7 +233,7 @@ def autotune_main(argv: list[str], out: TextIO | None = None) -> int:
     out = out or sys.stdout
     ns, rest = _parser().parse_known_args(argv)
     check_flags(ns)
-    _check_own_flags(ns)
+    check_flags(ns, AUTOTUNE_FLAGS)
     cli = parse_deepy_args(rest)
     merged = merge_config_files(cli.config_files, KNOWN_KEYS)
     apply_overrides(merged, cli.overrides, KNOWN_KEYS, "the command line")

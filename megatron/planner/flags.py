@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron.neox_arguments.errors import ConfigError
@@ -75,10 +76,10 @@ def add_flags(parser: argparse.ArgumentParser, defaults: dict[str, float | None]
         parser.add_argument(flag.name, default=None if default is None else str(default), help=helps[flag.name])
 
 
-def check_flags(ns: argparse.Namespace) -> None:
+def check_flags(ns: argparse.Namespace, flags: Sequence[Flag] = FLAGS) -> None:
     """Replace each given flag's text by its number in ``ns``; one ConfigError with every flag out of range."""
     problems = []
-    for flag in FLAGS:
+    for flag in flags:
         text = getattr(ns, flag.dest)
         if text is None:
             continue
