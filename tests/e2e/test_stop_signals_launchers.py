@@ -281,6 +281,8 @@ def test_sigterm_mid_training_across_two_nodes(name: str, data: dict[str, str], 
     assert code == REQUEUE_EXIT_CODE, f"{name}: exit {code}\n{out[-6000:]}"
     _saved_at_one_step(ck, out)
     assert "Traceback" not in out and not left, (left, out[-6000:])
+    # node2's rank reported into the run folder too (the folder the ranks read their config from)
+    assert ExitReports(str(run.run_dir), 2).codes() == {"rank-0": 42, "rank-1": 42}, out[-6000:]
 
 
 def test_sigterm_after_the_group_formed_before_the_first_step(data: dict[str, str], tmp_path: Path):
