@@ -30,6 +30,7 @@ from megatron.neox_arguments.value_checks import SYNTAX
 from megatron.planner.calibrated import Calibration, Link, Prediction, Workload, predict
 from megatron.planner.inputs import TrainingSetup
 from megatron.planner.layout import GroupPlacement, group_placements, widest_group
+from megatron.planner.throughput import StepEstimate
 
 # The keys only the planner reads, with their defaults (a launch refuses any other value).
 PLAN_ONLY_KEYS: dict[str, Any] = {
@@ -63,6 +64,20 @@ def read_plan_only_keys(values: dict[str, Any], origins: dict[str, str]) -> dict
 def plan_only_in_use(setup: TrainingSetup) -> list[str]:
     """The plan-only keys ``setup`` sets to something other than their defaults (what neox-forge cannot run)."""
     return [key for key, default in PLAN_ONLY_KEYS.items() if getattr(setup, key) != default]
+
+
+def knob_formulas(setup: TrainingSetup, found: dict[str, str]) -> dict[str, str]:
+    """``found`` (the plan's formulas) with what the knobs change: the activations' scores term and ``1/c``, the
+    recomputed attention core in the hardware FLOPs."""
+    out = dict(found)
+    if setup.layer_family != "transformer":
+        return out
+    if setup.recompute_granularity == "selective":
+        out["activations_per_layer"] = "s·b·h·(10 + 24/t) (Korthikanti et al., selective recomputation)"
+        out["flops"] += "; hardware FLOPs + 4·B·s²·h·l (the recomputed attention core)"
+    if setup.context_parallel_size > 1:
+        out["activations_per_layer"] += f", / {setup.context_parallel_size} (context parallelism)"
+    return out
 
 
 def virtual_stages(setup: TrainingSetup, layers: int) -> int:
@@ -206,4 +221,37 @@ def predict_knobs(
     )
     return KnobPrediction(
         **fields, selective_recompute_s=selective, context_comm_s=context, virtual_stages=v, context_parallel_size=cp
+    )
+
+
+def upper_bound_with_knobs(step: StepEstimate, setup: TrainingSetup, layers_per_stage: int, params_per_rank: int,
+                           gpus_per_node: int, hw_link: Link) -> StepEstimate:  # fmt: skip
+    """The peak-FLOPs upper bound (:func:`~megatron.planner.throughput.estimate_step`) with the knobs: the
+    recomputed attention core in the hardware FLOPs, the bubble ``/ v``, the tensor and pipeline traffic of ``1/c``
+    of the tokens (pipeline sends ``× v``), the gradients over ``dp·c`` ranks; ring attention's traffic is left out
+    (a bound). Without knobs ``step`` itself."""
+    cp, v = setup.context_parallel_size, virtual_stages(setup, layers_per_stage)
+    selective = setup.recompute_granularity == "selective"
+    if cp == 1 and v == 1 and not selective:
+        return step
+    s, h = setup.seq_length, setup.hidden_size
+    hardware = step.hardware_flops + (4.0 * s * s * h * setup.num_layers * setup.train_batch if selective else 0.0)
+    compute = hardware / step.peak_flops_total
+    data = step.data_comm_s
+    if cp > 1:
+        grads = next(
+            p for p in predict_placements(setup.tp, setup.stages, setup.dp, cp, gpus_per_node) if p.axis == "data"
+        )
+        gbps = hw_link.intra_node_GBps if grads.inside_node else hw_link.inter_node_GBps
+        n = grads.size
+        data = 2.0 * (n - 1) / n * params_per_rank * setup.param_bytes / (gbps * 1e9)
+        data *= 1.5 if setup.zero_stage == 3 else 1.0
+    return replace(
+        step,
+        hardware_flops=hardware,
+        compute_s=compute,
+        bubble_s=compute * (setup.stages - 1) / setup.gas / v,
+        tensor_comm_s=step.tensor_comm_s / cp,
+        pipe_comm_s=step.pipe_comm_s * v / cp,
+        data_comm_s=data,
     )

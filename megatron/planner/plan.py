@@ -16,7 +16,14 @@ from megatron.neox_arguments.sections.other import LayerSplitKeys
 from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload
 from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
-from megatron.planner.knobs import check_knobs, placements, plan_only_in_use, predict_knobs
+from megatron.planner.knobs import (
+    check_knobs,
+    knob_formulas,
+    placements,
+    plan_only_in_use,
+    predict_knobs,
+    upper_bound_with_knobs,
+)
 from megatron.planner.layout import GroupPlacement
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
@@ -173,8 +180,9 @@ def build_plan(
     groups = placements(setup.tp, setup.stages, setup.dp, cp, hw.gpus_per_node)
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
-    step = estimate_step(setup, hw, groups, busiest.total, layers_per_stage)
     per_node = hw.gpus_per_node
+    step = estimate_step(setup, hw, groups, busiest.total, layers_per_stage)
+    step = upper_bound_with_knobs(step, setup, layers_per_stage, busiest.total, per_node, link(hw))
     predicted = predict_knobs(workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node)
     ours = None
     if framework != DEFAULT_FRAMEWORK:
@@ -192,7 +200,7 @@ def build_plan(
         weights_16bit_bytes=2 * params.total,
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
-        formulas=formulas(setup.layer_family, flops_formula(flops_config(setup))),
+        formulas=knob_formulas(setup, formulas(setup.layer_family, flops_formula(flops_config(setup)))),
         framework=framework,
         neox_forge_predicted=ours,
     )

@@ -157,7 +157,8 @@ def format_plan(plan: Plan) -> str:
     worst = plan.worst
     per_mb = worst.activations_per_micro_batch
     lines += [
-        f"activations / micro-batch (stage {worst.stage}, {worst.micro_batches_in_flight} in flight): "
+        f"activations / micro-batch (stage {worst.stage}, {worst.micro_batches_in_flight} "
+        f"{f'chunks of 1/{worst.virtual_stages} micro-batch ' if worst.virtual_stages > 1 else ''}in flight): "
         f"no checkpointing {_gb(per_mb['no_checkpointing'])}, checkpointing {_gb(per_mb['checkpointing'])}, "
         f"checkpointing + partitioned {_gb(per_mb['checkpointing_partitioned'])}",
         "",

@@ -95,6 +95,10 @@ def test_selective_recomputation_memory_and_time(capsys: pytest.CaptureFixture[s
     assert p1["selective_recompute_s"] == pytest.approx(gemm + memory, rel=1e-12)
     assert p1["hardware_flops"] == pytest.approx(p0["hardware_flops"] + core, rel=1e-12)
     assert p1["model_flops"] == p0["model_flops"]
+    up0, up1 = full["throughput"], sel["throughput"]  # the upper bound counts the same FLOPs at the peak
+    assert up1["hardware_flops"] == pytest.approx(up0["hardware_flops"] + core, rel=1e-12)
+    assert up1["compute_s"] == pytest.approx(up1["hardware_flops"] / (96 * 312e12), rel=1e-12)
+    assert "4·B·s²·h·l" in sel["formulas"]["flops"] and "selective" in sel["formulas"]["activations_per_layer"]
     for part in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s", "data_comm_s"):
         assert p1[part] == p0[part]
     # the bubble: 3 of 32 micro-batch slots of everything the stage does, the recomputation included
@@ -124,6 +128,8 @@ def test_interleaved_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     assert r0["activations"] == pytest.approx(b0["activations"] * (1 + 3 / 8), rel=1e-9)
     p0, p1 = _predicted(base), _predicted(inter)
     assert p1["pipe_comm_s"] == pytest.approx(2 * p0["pipe_comm_s"], rel=1e-12)
+    u0, u1 = base["throughput"], inter["throughput"]
+    assert u1["bubble_s"] == pytest.approx(u0["bubble_s"] / 2, rel=1e-12)
     per_mb = sum(p1[k] for k in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s")) / 32
     assert p1["bubble_s"] == pytest.approx(3 * per_mb / 2, rel=1e-12)
     assert any("planned only" in w for w in inter["warnings"])
@@ -144,6 +150,9 @@ def test_context_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
     for part in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s"):
         assert p2[part] == pytest.approx(p1[part] / 2, rel=1e-12)
     assert p2["model_flops"] == p1["model_flops"] and p2["tokens_per_s"] > p1["tokens_per_s"]
+    u1, u2 = one["throughput"], two["throughput"]
+    assert u2["compute_s"] == pytest.approx(u1["compute_s"] / 2, rel=1e-12)
+    assert u2["tensor_comm_s"] == pytest.approx(u1["tensor_comm_s"] / 2, rel=1e-12)
     # ring attention: each rank's K and V chunk (2·b·(s/c)·h/t elements, 16-bit) passes c − 1 times forward,
     # K/V and their gradients c − 1 times each backward, for 12 layers x 32 micro-batches, inside a node
     chunk = 2 * B * (S / 2) * H / T * 2
