@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import ClassVar
@@ -144,7 +145,7 @@ class PlanInputs(LayerSplitKeys, VocabPaddingKeys):
 
     @classmethod
     def from_neox_args(
-        cls, args: NeoXValues, padded_vocab_size: int, plan_only: dict[str, object] | None = None
+        cls, args: NeoXValues, padded_vocab_size: int, plan_only: Mapping[str, object] | None = None
     ) -> PlanInputs:
         """Read a resolved NeoXArgs (``global_num_gpus`` = the planned GPUs over ``context_parallel_size``) with the
         given padded vocabulary and the plan-only keys (``megatron/planner/knobs.py``, not in ``args``: a launch
