@@ -45,6 +45,9 @@ def test_launch_refuses_plan_only_keys_and_the_plan_names_them(
 ) -> None:
     with pytest.raises(ConfigError, match=f"not supported yet: {key}={value!r}"):
         NeoXArgs.from_ymls(["configs/cpu/tiny.yml"], {key: value})
+    assert deepy.main(["train.py", "configs/cpu/tiny.yml", f"--{key}", str(value)]) == 2  # a launch: one line
+    out, err = capsys.readouterr()
+    assert err.startswith(f"deepy.py: error: not supported yet: {key}=") and err.count("\n") == 1 and out == ""
     argv = [*TINY, "--num_gpus", "4", "--pipe_parallel_size", "2", f"--{key}", str(value)]
     plan = _plan(capsys, *argv)
     assert plan["knobs"]["not_runnable_by_neox_forge"] == [key]
