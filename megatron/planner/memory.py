@@ -16,7 +16,8 @@ Activations per micro-batch and transformer layer on one TP rank (Korthikanti et
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
 attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
 ``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
-``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Mamba, RWKV and gMLP layers
+``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Selective
+recomputation, the interleaved schedule and context parallelism change these as :mod:`megatron.planner.knobs` says. Mamba, RWKV and gMLP layers
 keep what :mod:`megatron.planner.families` counts instead (a mixed model: the average over its layers).
 """
 
