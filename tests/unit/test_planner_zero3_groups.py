@@ -23,6 +23,14 @@ def _plan(capsys: pytest.CaptureFixture[str], zero: str) -> dict[str, object]:
     return out
 
 
+def _run_framework(capsys: pytest.CaptureFixture[str], framework: str) -> str:
+    assert (
+        deepy.main(["--plan", "train.py", *ZERO3_20B, "--zero_optimization", '{"stage": 3}', "--framework", framework])
+        == 0
+    )
+    return capsys.readouterr().out
+
+
 def test_hpz_keeps_the_backward_gathers_inside_the_node(capsys: pytest.CaptureFixture[str]) -> None:
     plain = _plan(capsys, '{"stage": 3}')["throughput"]["predicted"]  # type: ignore[index]
     hpz = _plan(capsys, '{"stage": 3, "zero_hpz_partition_size": 8}')
@@ -41,6 +49,8 @@ def test_mics_shard_size_is_planned_as_plain_zero3_with_a_warning(capsys: pytest
     plain = _plan(capsys, '{"stage": 3}')
     mics = _plan(capsys, '{"stage": 3, "mics_shard_size": 8}')
     assert mics["throughput"] == plain["throughput"]
+    titan = json.loads(_run_framework(capsys, "torchtitan"))["throughput"]
+    assert titan["predicted"]["step_s"] < titan["predicted_neox_forge"]["step_s"]  # engine factor 1 vs DeepSpeed's
     assert (
         "zero_optimization mics_shard_size 8: neox-forge cannot run that layout yet (DeepSpeed 0.19 removed MiCS "
         "and refuses the key at start-up); planned as ZeRO-3 over all 64 data-parallel ranks"
