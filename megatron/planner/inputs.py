@@ -97,6 +97,8 @@ class TrainingSetup(
     amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
     rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
+    zero_hpz_partition_size: int = 1  # zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ group)
+    mics_shard_size: str = ""  # zero_optimization.mics_shard_size as set (MiCS: removed from DeepSpeed 0.19)
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -120,6 +122,8 @@ class TrainingSetup(
         "norm_type",
         "amlp_attn_dim",
         "mlp_widths",
+        "zero_hpz_partition_size",
+        "mics_shard_size",
     )
 
     def __post_init__(self) -> None:
@@ -198,6 +202,8 @@ class TrainingSetup(
             param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
             prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
             offload=tuple(k for k in ("offload_optimizer", "offload_param") if zero.get(k)),
+            zero_hpz_partition_size=int(zero.get("zero_hpz_partition_size", 1)),
+            mics_shard_size="" if zero.get("mics_shard_size") is None else str(zero["mics_shard_size"]),
             attention_config=attention or None,
             intermediate_size=args.intermediate_size,
             expansion_factor=args.expansion_factor,

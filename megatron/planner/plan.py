@@ -16,7 +16,7 @@ from megatron.neox_arguments.sections.other import LayerSplitKeys
 from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload, predict
 from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
-from megatron.planner.layout import GroupPlacement, group_placements
+from megatron.planner.layout import GroupPlacement, group_placements, widest_group
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
 from megatron.planner.partition import uneven_split_warning
@@ -84,6 +84,12 @@ def _warnings(plan: Plan) -> list[str]:
         out.append(
             f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
         )
+    if setup.mics_shard_size:
+        out.append(
+            f"zero_optimization mics_shard_size {setup.mics_shard_size}: neox-forge cannot run that layout yet "
+            "(DeepSpeed 0.19 removed MiCS and refuses the key at start-up); planned as ZeRO-3 over all "
+            f"{setup.dp} data-parallel ranks (zero_hpz_partition_size: ZeRO++'s hpZ, which it runs)"
+        )
     bubble = (setup.stages - 1) / setup.gas
     if bubble > BUBBLE_WARNING:
         out.append(
@@ -110,7 +116,17 @@ def workload(
         engine=FRAMEWORKS[framework],
         kv_heads=setup.kv_heads,
         mlp_widths=setup.mlp_widths,
+        zero_hpz_partition_size=setup.zero_hpz_partition_size,
     )
+
+
+def hpz_placement(setup: TrainingSetup, gpus_per_node: int) -> list[GroupPlacement]:
+    """Where ZeRO++'s hpZ groups land (consecutive data-parallel ranks), when ``zero_hpz_partition_size`` > 1."""
+    size = min(setup.zero_hpz_partition_size, setup.dp)
+    if setup.zero_stage != 3 or size <= 1:
+        return []
+    world = setup.tp * setup.stages * setup.dp
+    return [GroupPlacement("zero_hpz", size, setup.tp, widest_group(size, setup.tp, world, gpus_per_node))]
 
 
 def link(hw: Hardware) -> Link:
@@ -162,10 +178,11 @@ def build_plan(
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
     step = estimate_step(setup, hw, placements, busiest.total, layers_per_stage)
-    predicted = predict(workload(setup, busiest.total, layers_per_stage, framework), link(hw), placements)
+    groups = [*placements, *hpz_placement(setup, hw.gpus_per_node)]
+    predicted = predict(workload(setup, busiest.total, layers_per_stage, framework), link(hw), groups)
     ours = None
     if framework != DEFAULT_FRAMEWORK:
-        ours = predict(workload(setup, busiest.total, layers_per_stage), link(hw), placements)
+        ours = predict(workload(setup, busiest.total, layers_per_stage), link(hw), groups)
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(
