@@ -105,6 +105,9 @@ class Workload:
     flops_config: FlopsConfig | None = None  # a planned config: its FLOPs by megatron.logging.flops (Mamba, RWKV)
     kv_heads: int = 0  # key/value heads (GQA); 0: one per query head
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
+    layer_flops_delta: float = (
+        0.0  # forward FLOPs per sample of gMLP/sparse layers beyond the formula's (layer_flops.py)
+    )
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:
@@ -120,7 +123,7 @@ class Workload:
     def gemm_flops(self, k: int) -> float:
         """The FLOPs the step's matrix multiplies do: :meth:`flops` with each transformer layer's part scaled by
         :meth:`layer_flops_ratio` (GQA's narrower key/value projections, the MLP's real widths)."""
-        logged = self.flops(k)
+        logged = self.flops(k) + k * self.train_batch * self.layer_flops_delta  # gMLP/aMLP, sparse: real FLOPs
         ratio = self.layer_flops_ratio()
         kinds = set(self.flops_config.attention_config or ()) if self.flops_config is not None else set()
         if ratio == 1.0 or kinds & {"mamba", "rwkv", "gmlp", "amlp"}:

@@ -16,6 +16,7 @@ from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKe
 from megatron.neox_arguments.sections.other import LayerSplitKeys, VocabKeys
 from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
 from megatron.parallel_config import ParallelConfig
+from megatron.planner.layer_flops import sparse_kept_fractions
 from megatron.training.optimizer_registry import OPTIMIZERS
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
@@ -97,6 +98,7 @@ class TrainingSetup(
     amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
     rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
+    sparse_kept: tuple[float, ...] = ()  # each layer's kept block fraction (layer_flops.py); () without sparse layers
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -120,6 +122,7 @@ class TrainingSetup(
         "norm_type",
         "amlp_attn_dim",
         "mlp_widths",
+        "sparse_kept",
     )
 
     def __post_init__(self) -> None:
@@ -204,4 +207,5 @@ class TrainingSetup(
             norm_type=args.norm,
             amlp_attn_dim=args.gmlp_attn_dim if "amlp" in attention else 0,
             rwkv_ffn=rwkv_sizes(args).ffn_dim if "rwkv" in attention else 0,
+            sparse_kept=sparse_kept_fractions(attention, args.sparsity_config, heads, args.seq_length, args.seed),
         )
