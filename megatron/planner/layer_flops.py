@@ -22,7 +22,8 @@ activations, softmax and other element-wise work are not counted, as in GPT-NeoX
 Backward is twice the forward (every multiply computes both operands' gradients), so a step is ``K = 3`` (4 with
 the recomputed forward) times the batch times these, as in the logged formula. ``tests/unit/test_layer_flops.py``
 checks the gMLP/aMLP counts against ``torch.utils.flop_counter.FlopCounterMode`` on a real block, forward and
-backward, and the sparse count against the layout of the model's own ``SparseAttention``.
+backward (at TP 2: ``tests/distributed/test_gmlp_tp.py``), and the sparse count against the layout of the model's
+own ``SparseAttention``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def layout_kept_fraction(layout: Sequence[Sequence[Sequence[int]]]) -> float:
     seen: dict[int, int] = {}
     for grid in layout:
         if id(grid) not in seen:  # heads sharing one grid object (one layout for every head) count once
-            seen[id(grid)] = sum(sum(1 for c in range(r + 1) if row[c]) for r, row in enumerate(grid))
+            seen[id(grid)] = sum(sum(row[: r + 1]) for r, row in enumerate(grid))  # entries are 0/1
         kept += seen[id(grid)]
     return kept / (len(layout) * n * n)
 
