@@ -105,9 +105,7 @@ class Workload:
     flops_config: FlopsConfig | None = None  # a planned config: its FLOPs by megatron.logging.flops (Mamba, RWKV)
     kv_heads: int = 0  # key/value heads (GQA); 0: one per query head
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
-    layer_flops_delta: float = (
-        0.0  # forward FLOPs per sample of gMLP/sparse layers beyond the formula's (layer_flops.py)
-    )
+    layer_flops_delta: float = 0.0  # gMLP/sparse layers' real forward FLOPs per sample less the formula's
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:

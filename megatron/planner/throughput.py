@@ -2,9 +2,10 @@
 
 The estimate adds, without overlap: the compute at the given peak (hardware FLOPs: with activation checkpointing
 the forward runs twice; gMLP/aMLP blocks and sparse attention layers at their real FLOPs,
-:mod:`megatron.planner.layer_flops`, where the logged model and hardware FLOPs keep GPT-NeoX's formula), the pipeline bubble ``(stages - 1) / micro-batches`` of it, the tensor-parallel
-all-reduces (2 per layer in the forward, 2 in the backward, 2 more for the recomputed forward; ring all-reduce
-moves ``2·(n-1)/n`` of the buffer), the pipeline sends (one activation per micro-batch each way), and the
+:mod:`megatron.planner.layer_flops`, while the logged model and hardware FLOPs keep GPT-NeoX's formula), the
+pipeline bubble ``(stages - 1) / micro-batches`` of it, the tensor-parallel all-reduces (2 per layer in the
+forward, 2 in the backward, 2 more for the recomputed forward; ring all-reduce moves ``2·(n-1)/n`` of the buffer),
+the pipeline sends (one activation per micro-batch each way), and the
 data-parallel gradient exchange (all-reduce, or reduce-scatter + all-gather under ZeRO; ZeRO-3 gathers the
 weights for the forward and the backward too). Each collective runs at the intra-node bandwidth when its group
 stays inside a node, else at the inter-node one. Real runs reach a fraction of the peak, so read the step time as
@@ -27,7 +28,7 @@ class StepEstimate:
 
     model_flops: float  # per step, whole batch (forward + backward)
     hardware_flops: float  # with the recomputed forward
-    compute_flops: float  # hardware FLOPs with gMLP/aMLP and sparse layers at their real count: the compute time's
+    compute_flops: float  # what compute_s runs: hardware FLOPs, gMLP/aMLP and sparse layers at their real count
     compute_s: float
     bubble_s: float
     tensor_comm_s: float
@@ -43,7 +44,7 @@ class StepEstimate:
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs utilisation (fraction of the peak)."""
+        """Model FLOPs utilisation (fraction of the peak) as the run logs it: GPT-NeoX's formula's model FLOPs."""
         return self.model_flops / (self.step_s * self.peak_flops_total)
 
     @property

@@ -127,6 +127,8 @@ def test_plan_of_a_sparse_model_removes_the_masked_blocks_share(
     assert throughput["predicted"]["gemm_flops"] == pytest.approx(throughput["compute_flops"], rel=1e-12)
     assert throughput["predicted"]["model_flops"] == _logged(["bigbird"] * 2)
     assert "kept blocks" in plan["formulas"]["compute_flops"]
+    # the MFU is the logged one: GPT-NeoX's model FLOPs over the (shorter) step time
+    assert throughput["mfu"] == pytest.approx(_logged(["bigbird"] * 2) / (throughput["step_s"] * 312e12), rel=1e-12)
 
 
 def test_plan_of_an_amlp_model_counts_its_blocks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
