@@ -37,6 +37,7 @@ from megatron.neox_arguments.sparse_layouts import SPARSE_TYPES, gpt_neox_layout
 
 GMLP_FF_MULT = 4  # megatron/model/gmlp.py FF_MULT
 GMLP_TYPES = ("gmlp", "amlp")
+_COUNTED = frozenset(GMLP_TYPES + SPARSE_TYPES)
 LAYER_FLOPS_FORMULA = (
     "step time: gMLP 24·s·h² + 8·h·s², aMLP + 14·s·4h·A + 4·tp·s²·A, sparse layers' 4·s²·h × kept blocks "
     "(megatron/planner/layer_flops.py)"
@@ -114,8 +115,9 @@ def forward_flops_delta(
     """Forward FLOPs per sample by which the model's gMLP/aMLP and sparse layers differ from GPT-NeoX's formula
     (summed over the layers; 0 for a model without them, and for RWKV models, which the logged formula counts
     as a whole)."""
-    kinds = list(attention_config or ())
-    if "rwkv" in kinds:
+    kinds = attention_config or ()
+    present = set(kinds)
+    if "rwkv" in present or not present & _COUNTED:  # the search calls this per candidate: the common case is quick
         return 0.0
     s, h = seq_length, hidden_size
     dense = transformer_layer_forward(s, h)
