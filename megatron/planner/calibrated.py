@@ -109,6 +109,7 @@ class Workload:
     kv_heads: int = 0  # key/value heads (GQA); 0: one per query head
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
     zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: backward weight all-gathers within groups of this many DP ranks
+    layer_flops_delta: float = 0.0  # gMLP/sparse layers' real forward FLOPs per sample less the formula's
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:
@@ -124,7 +125,7 @@ class Workload:
     def gemm_flops(self, k: int) -> float:
         """The FLOPs the step's matrix multiplies do: :meth:`flops` with each transformer layer's part scaled by
         :meth:`layer_flops_ratio` (GQA's narrower key/value projections, the MLP's real widths)."""
-        logged = self.flops(k)
+        logged = self.flops(k) + k * self.train_batch * self.layer_flops_delta  # gMLP/aMLP, sparse: real FLOPs
         ratio = self.layer_flops_ratio()
         kinds = set(self.flops_config.attention_config or ()) if self.flops_config is not None else set()
         if ratio == 1.0 or kinds & {"mamba", "rwkv", "gmlp", "amlp"}:

@@ -16,6 +16,7 @@ from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKe
 from megatron.neox_arguments.sections.other import LayerSplitKeys, VocabKeys
 from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
 from megatron.parallel_config import ParallelConfig
+from megatron.planner.layer_flops import sparse_kept_fractions
 from megatron.training.optimizer_registry import OPTIMIZERS
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
@@ -99,6 +100,7 @@ class TrainingSetup(
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
     zero_hpz_partition_size: int = 1  # zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ group)
     mics_shard_size: str = ""  # zero_optimization.mics_shard_size as set (MiCS: removed from DeepSpeed 0.19)
+    sparse_kept: tuple[float, ...] = ()  # each layer's kept block fraction (layer_flops.py); () without sparse layers
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -124,6 +126,7 @@ class TrainingSetup(
         "mlp_widths",
         "zero_hpz_partition_size",
         "mics_shard_size",
+        "sparse_kept",
     )
 
     def __post_init__(self) -> None:
@@ -210,4 +213,5 @@ class TrainingSetup(
             norm_type=args.norm,
             amlp_attn_dim=args.gmlp_attn_dim if "amlp" in attention else 0,
             rwkv_ffn=rwkv_sizes(args).ffn_dim if "rwkv" in attention else 0,
+            sparse_kept=sparse_kept_fractions(attention, args.sparsity_config, heads, args.seq_length, args.seed),
         )

@@ -16,11 +16,12 @@ from megatron.neox_arguments.sections.other import LayerSplitKeys
 from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload, predict
 from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
+from megatron.planner.layer_flops import LAYER_FLOPS_FORMULA
 from megatron.planner.layout import GroupPlacement, group_placements, widest_group
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
 from megatron.planner.partition import uneven_split_warning
-from megatron.planner.throughput import StepEstimate, estimate_step, flops_config
+from megatron.planner.throughput import StepEstimate, estimate_step, flops_config, layer_flops_delta
 
 BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
 GB = 1e9
@@ -117,6 +118,7 @@ def workload(
         kv_heads=setup.kv_heads,
         mlp_widths=setup.mlp_widths,
         zero_hpz_partition_size=setup.zero_hpz_partition_size,
+        layer_flops_delta=layer_flops_delta(setup),
     )
 
 
@@ -196,14 +198,19 @@ def build_plan(
         weights_16bit_bytes=2 * params.total,
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
-        formulas=formulas(setup.layer_family, flops_formula(flops_config(setup))),
+        formulas=formulas(
+            setup.layer_family,
+            flops_formula(flops_config(setup)),
+            LAYER_FLOPS_FORMULA if step.compute_flops != step.hardware_flops else "",
+        ),
         framework=framework,
         neox_forge_predicted=ours,
     )
     gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
-    if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only
-        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters and activation memory counted for them; "
-                 "FLOPs, KV cache and step time estimated as for attention layers"]  # fmt: skip
+    if gmlp:  # the logged FLOPs (GPT-NeoX's formula) and the KV cache know attention layers only
+        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters, activation memory and the step time's FLOPs "
+                 "counted for them; the logged FLOPs/MFU use GPT-NeoX's transformer formula (as GPT-NeoX logs them), "
+                 "the KV cache is estimated as for attention layers"]  # fmt: skip
     uneven = uneven_split_warning(inputs.model, setup.pp, inputs.pipe_partition_method)
     plan.warnings = list(notes or []) + _warnings(plan) + ([uneven] if uneven else [])
     return plan
