@@ -22,7 +22,6 @@ its imports, is measured too: the CPU seconds (user + system) of that child proc
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
@@ -30,69 +29,18 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, Report, median, median_ratio
+from planner_reference import reference_paths
 
-from megatron.checkpoint import layout as checkpoint_layout  # the baseline switches the split's internals
-from megatron.checkpoint import stage_bounds
+from megatron.checkpoint import layout as checkpoint_layout
 from megatron.model import meta
-from megatron.model.layer_sharing import first_position, is_shared, unique_layer
-from megatron.planner import params as planner_params
 from megatron.planner.cli import plan_main
 
 DEFAULT_CONFIG = ["configs/1T.yml"]  # Megatron-LM's 1T run: 128 layers, hidden 25600, TP 8 x PP 64 x DP 6
-
-
-class _NoMemo(dict):  # type: ignore[type-arg]
-    def __contains__(self, key: object) -> bool:
-        return False
-
-
-def _main_slice_param_names(cfg: Any, pp: int, stage: int, partition_method: str | None = None) -> list[str]:
-    """The per-stage ``slice_param_names`` the planner called before ``stage_param_names`` (names parsed per call)."""
-    names = list(meta.meta_param_shapes(cfg))  # optimizer_state.model_param_names
-    if pp == 0:
-        return names
-    parts = stage_bounds(cfg, pp, partition_method)
-    lo, hi = parts[stage], parts[stage + 1]
-    head = cfg.num_layers + 4
-    owned = [n for n in names if lo <= int(n.split(".")[1]) < hi]
-    if is_shared(cfg):
-        run = {first_position(cfg, unique_layer(cfg, i)) + 2 for i in range(cfg.num_layers) if lo <= i + 2 < hi}
-        layers = range(2, cfg.num_layers + 2)
-        owned = [n for n in names if int(n.split(".")[1]) in run] + [
-            n for n in owned if int(n.split(".")[1]) not in layers
-        ]
-    if not cfg.tied_embeddings:
-        return owned
-    embed = [n for n in names if n.startswith("sequential.0.")]
-    rest = [n for n in owned if not n.startswith("sequential.0.")]
-    return embed + rest if (lo <= 0 < hi or lo <= head < hi) else rest
-
-
-@contextlib.contextmanager
-def baseline() -> Iterator[None]:
-    """The slow paths in place of the fast ones, restored on exit."""
-    from deepspeed.runtime import utils as ds_utils
-
-    saved = (checkpoint_layout.partition_balanced, checkpoint_layout._BOUNDS, planner_params.stage_param_names)
-
-    def deepspeed_partition(weights: list[int], parts: int) -> list[int]:
-        return [int(x) for x in ds_utils.partition_balanced(weights=weights, num_parts=parts)]
-
-    def per_stage(cfg: Any, pp: int, method: str | None = None) -> list[list[str]]:
-        return [_main_slice_param_names(cfg, pp, s, method) for s in range(max(pp, 1))]
-
-    checkpoint_layout.partition_balanced = deepspeed_partition  # type: ignore[assignment]
-    checkpoint_layout._BOUNDS = _NoMemo()
-    planner_params.stage_param_names = per_stage  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        checkpoint_layout.partition_balanced, checkpoint_layout._BOUNDS, planner_params.stage_param_names = saved
 
 
 def _cold() -> None:
@@ -124,7 +72,7 @@ def _timed_rounds(rounds: int, ours: Callable[[], Any], base: Callable[[], Any])
     a, b = [], []
     for i in range(rounds):
         a.append(ours())
-        with baseline():
+        with reference_paths():
             b.append(base())
         if a[-1][2] != b[-1][2]:
             raise SystemExit(f"gate failed in round {i + 1}: the baseline's plan differs from ours")
@@ -162,7 +110,7 @@ def main() -> int:
           f"cut short: {found['cut_short']}", flush=True)  # fmt: skip
     results: dict[str, Any] = {}
     if args.baseline_search:
-        with baseline():
+        with reference_paths():
             slow = run_plan(search_argv)
         if slow[2] != searches[-1][2]:
             raise SystemExit("gate failed: the baseline's search differs from ours")

@@ -4,7 +4,7 @@
 
 Minimises the mean squared log error plus 0.3 x the squared largest one over the four fitted constants of
 ``megatron/planner/calibrated.py`` (``BUS_EFFICIENCY`` and ``GEMM_KNEE`` are set, not fitted), starting from the current values; prints the
-fitted constants and every run's error, with ``--loo`` each run's error when the constants are refitted without
+fitted constants and every run's error (and the error of each run in ``VALIDATION_RUNS``, not fitted), with ``--loo`` each run's error when the constants are refitted without
 it, and with ``--loso`` (leave one source out) each run's error when the constants are refitted without every run
 of its source (paper or table), with the share of runs within ±15 % and ±25 %. Needs SciPy (installed with the dev requirements' dependencies; not needed by the planner itself).
 """
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.abspath(os.path.dirname(os.path.dirname(__file__))))
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.planner.calibrated import Calibration
-from megatron.planner.published_runs import PUBLISHED_RUNS, PublishedRun
+from megatron.planner.published_runs import PUBLISHED_RUNS, VALIDATION_RUNS, PublishedRun
 
 FITTED = ("gemm_peak_fraction", "activation_traffic", "zero3_overlap", "deepspeed_engine_efficiency")
 BOUNDS = ((0.3, 1.0), (0.0, 40.0), (0.0, 1.0), (0.3, 1.0))
@@ -101,6 +101,8 @@ def main() -> int:
     print("fitted: " + ", ".join(f"{n}={v:.4g}" for n, v in zip(FITTED, x, strict=True)))
     for run, e in zip(PUBLISHED_RUNS, _log_errors(x, PUBLISHED_RUNS), strict=True):
         print(f"  {run.name:<28} {100 * math.expm1(e):+6.1f}%")
+    for run, e in zip(VALIDATION_RUNS, _log_errors(x, VALIDATION_RUNS), strict=True):
+        print(f"  not fitted: {run.name:<32} {100 * math.expm1(e):+6.1f}%")
     if ns.loso:
         errors = leave_one_source_out()
         for run, e in zip(PUBLISHED_RUNS, errors, strict=True):

@@ -12,6 +12,10 @@ output-layer term ``6·B·s·h·V``; in a mixed model the other layers keep the 
 
 With ``rwkv`` layers GPT-NeoX uses its RWKV formula for the whole model (``a`` attention heads), the same for MFU and
 HFU: ``B · s · (78·l·h² + 84·l·h + 16·h + 12·h·V + 18·l·h²/a)``.
+
+gMLP/aMLP layers and block-sparse attention layers count as transformer layers (dense scores), as GPT-NeoX counts
+them: the logged figures compare with a GPT-NeoX run's. The planner's step time uses their real FLOPs
+(:mod:`megatron.planner.layer_flops`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ One step of the busiest pipeline stage's rank takes
 * **the pipeline bubble**: ``(stages - 1)`` micro-batch slots of the stage's per-micro-batch time;
 * **ZeRO-3**: the weights are all-gathered for every micro-batch's forward, backward and recomputed forward and
   the gradients reduce-scattered after each micro-batch; DeepSpeed prefetches, so ``ZERO3_OVERLAP`` of the shorter
-  of compute and this traffic hides behind the longer.
+  of compute and this traffic hides behind the longer. With ZeRO++'s hpZ (``zero_hpz_partition_size`` > 1) the
+  backward's (and recomputed forward's) all-gathers run within the hpZ group (placement ``zero_hpz``, else the data
+  group's links), the forward's and the reduce-scatter over all DP ranks.
 
 The constants are global (the same for every run); four are fitted once against the published runs in
 :mod:`~megatron.planner.published_runs` by ``tools/fit_planner_calibration.py`` (docs/planner.md has the table, the
@@ -48,6 +50,7 @@ FRAMEWORKS = {
     "gpt-neox": "deepspeed",
     "megatron-deepspeed": "deepspeed",
     "megatron-lm": "megatron-lm",
+    "torchtitan": "pytorch",  # PyTorch's own loop (FSDP2): the engine pace of Megatron-LM's (1)
 }
 DEFAULT_FRAMEWORK = "neox-forge"
 
@@ -105,6 +108,8 @@ class Workload:
     flops_config: FlopsConfig | None = None  # a planned config: its FLOPs by megatron.logging.flops (Mamba, RWKV)
     kv_heads: int = 0  # key/value heads (GQA); 0: one per query head
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
+    zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: backward weight all-gathers within groups of this many DP ranks
+    layer_flops_delta: float = 0.0  # gMLP/sparse layers' real forward FLOPs per sample less the formula's
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:
@@ -120,7 +125,7 @@ class Workload:
     def gemm_flops(self, k: int) -> float:
         """The FLOPs the step's matrix multiplies do: :meth:`flops` with each transformer layer's part scaled by
         :meth:`layer_flops_ratio` (GQA's narrower key/value projections, the MLP's real widths)."""
-        logged = self.flops(k)
+        logged = self.flops(k) + k * self.train_batch * self.layer_flops_delta  # gMLP/aMLP, sparse: real FLOPs
         ratio = self.layer_flops_ratio()
         kinds = set(self.flops_config.attention_config or ()) if self.flops_config is not None else set()
         if ratio == 1.0 or kinds & {"mamba", "rwkv", "gmlp", "amlp"}:
@@ -249,7 +254,12 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
     if w.zero_stage == 3 and w.dp > 1:
         gathers = 3 if w.checkpoint_activations else 2  # forward, backward (+ recomputed forward) ...
         # ... each an all-gather, plus one reduce-scatter per micro-batch: (n-1)/n of the bytes each.
-        zero3 = w.gas * (gathers + 1) * _ring(grads, w.dp, bw["data"]) / 2
+        full = _ring(grads, w.dp, bw["data"]) / 2
+        hpz = min(w.zero_hpz_partition_size, w.dp)
+        if hpz > 1:  # hpZ: the forward gathers and the reduce-scatter span DP, the later gathers the hpZ group
+            zero3 = w.gas * (2 * full + (gathers - 1) * _ring(grads, hpz, bw.get("zero_hpz", bw["data"])) / 2)
+        else:
+            zero3 = w.gas * (gathers + 1) * full
         hidden = cal.zero3_overlap * min(zero3, gemm + memory)
     else:
         data = _ring(grads, w.dp, bw["data"])

@@ -81,12 +81,16 @@ def gmlp_layer_bytes(b: int, s: int, h: int, tp: int = 1, norm: str = "rmsnorm",
 TRANSFORMER_MEMORY_FORMULA = "s·b·h·(10 + 24/t + 5·a·s/(h·t)) (Korthikanti et al.)"
 
 
-def formulas(family: str, flops_formula: str) -> dict[str, str]:
-    """Which activation-memory and FLOPs formulas a plan of ``family``'s layers uses (printed with the plan)."""
+def formulas(family: str, flops_formula: str, compute_flops: str = "") -> dict[str, str]:
+    """Which activation-memory and FLOPs formulas a plan of ``family``'s layers uses (printed with the plan);
+    ``compute_flops``: the step time's own FLOPs count where it differs from the logged formula."""
     by_family = {"mamba": MAMBA_MEMORY_FORMULA, "rwkv": RWKV_MEMORY_FORMULA, "gmlp": GMLP_MEMORY_FORMULA}
     memory = by_family.get(family, TRANSFORMER_MEMORY_FORMULA)
     if family == "mixed":
         memory = "per layer: Mamba/RWKV counts (megatron/planner/families.py), transformer layers Korthikanti et al."
     if family in ("mamba", "mixed") and "RWKV" not in flops_formula:
         flops_formula = "GPT-NeoX's Mamba formula per Mamba layer (megatron/logging/flops.py), transformer terms else"
-    return {"activations_per_layer": memory, "flops": flops_formula}
+    out = {"activations_per_layer": memory, "flops": flops_formula}
+    if compute_flops:  # gMLP/aMLP or sparse layers: the step time counts their real FLOPs
+        out["compute_flops"] = compute_flops
+    return out

@@ -16,6 +16,7 @@ from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKe
 from megatron.neox_arguments.sections.other import LayerSplitKeys, PlanOnlyKeys, VocabKeys
 from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
 from megatron.parallel_config import ParallelConfig
+from megatron.planner.layer_flops import sparse_kept_fractions
 from megatron.training.optimizer_registry import OPTIMIZERS
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
@@ -98,6 +99,9 @@ class TrainingSetup(
     amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
     rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
+    zero_hpz_partition_size: int = 1  # zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ group)
+    mics_shard_size: str = ""  # zero_optimization.mics_shard_size as set (MiCS: removed from DeepSpeed 0.19)
+    sparse_kept: tuple[float, ...] = ()  # each layer's kept block fraction (layer_flops.py); () without sparse layers
 
     # not config keys: the layout, batch and attention values the planner derives (its search varies them)
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
@@ -121,6 +125,9 @@ class TrainingSetup(
         "norm_type",
         "amlp_attn_dim",
         "mlp_widths",
+        "zero_hpz_partition_size",
+        "mics_shard_size",
+        "sparse_kept",
     )
 
     def __post_init__(self) -> None:
@@ -199,6 +206,8 @@ class TrainingSetup(
             param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
             prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
             offload=tuple(k for k in ("offload_optimizer", "offload_param") if zero.get(k)),
+            zero_hpz_partition_size=int(zero.get("zero_hpz_partition_size", 1)),
+            mics_shard_size="" if zero.get("mics_shard_size") is None else str(zero["mics_shard_size"]),
             attention_config=attention or None,
             intermediate_size=args.intermediate_size,
             expansion_factor=args.expansion_factor,
@@ -208,4 +217,5 @@ class TrainingSetup(
             recompute_granularity=args.recompute_granularity,
             num_layers_per_virtual_pipeline_stage=args.num_layers_per_virtual_pipeline_stage,
             context_parallel_size=args.context_parallel_size,
+            sparse_kept=sparse_kept_fractions(attention, args.sparsity_config, heads, args.seq_length, args.seed),
         )

@@ -176,12 +176,14 @@ def predict_knobs(
     setup: TrainingSetup,
     gpus_per_node: int,
     cal: Calibration | None = None,
+    extra: list[GroupPlacement] | None = None,
 ) -> KnobPrediction:
     """The calibrated prediction of ``w`` (:func:`~megatron.planner.calibrated.predict`) with ``setup``'s knobs on
-    nodes of ``gpus_per_node``; without knobs the same numbers as ``predict``."""
+    nodes of ``gpus_per_node`` (``extra``: further groups ``predict`` reads, e.g. ZeRO++'s hpZ); without knobs the
+    same numbers as ``predict``."""
     cal = cal or Calibration()
     cp, v = setup.context_parallel_size, virtual_stages(setup, w.layers_per_stage)
-    found = predict_placements(w.tp, w.pp, w.dp, cp, gpus_per_node)
+    found = [*predict_placements(w.tp, w.pp, w.dp, cp, gpus_per_node), *(extra or [])]
     base = predict(w, link, found, cal)  # every rank's share of the work: 1/c of it with context parallelism
     grads = predict(replace(w, dp=w.dp * cp), link, found, cal) if cp > 1 else base  # over DP x CP ranks
     bw = {p.axis: (link.intra_node_GBps if p.inside_node else link.inter_node_GBps) * cal.bus_efficiency for p in found}
@@ -235,8 +237,9 @@ def upper_bound_with_knobs(step: StepEstimate, setup: TrainingSetup, layers_per_
     if cp == 1 and v == 1 and not selective:
         return step
     s, h = setup.seq_length, setup.hidden_size
-    hardware = step.hardware_flops + (4.0 * s * s * h * setup.num_layers * setup.train_batch if selective else 0.0)
-    compute = hardware / step.peak_flops_total
+    core = 4.0 * s * s * h * setup.num_layers * setup.train_batch if selective else 0.0
+    hardware, real = step.hardware_flops + core, step.compute_flops + core
+    compute = real / step.peak_flops_total
     data = step.data_comm_s
     if cp > 1:
         grads = next(
@@ -249,6 +252,7 @@ def upper_bound_with_knobs(step: StepEstimate, setup: TrainingSetup, layers_per_
     return replace(
         step,
         hardware_flops=hardware,
+        compute_flops=real,
         compute_s=compute,
         bubble_s=compute * (setup.stages - 1) / setup.gas / v,
         tensor_comm_s=step.tensor_comm_s / cp,

@@ -25,11 +25,12 @@ from megatron.planner.knobs import (
     predict_knobs,
     upper_bound_with_knobs,
 )
-from megatron.planner.layout import GroupPlacement
+from megatron.planner.layer_flops import LAYER_FLOPS_FORMULA
+from megatron.planner.layout import GroupPlacement, widest_group
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
 from megatron.planner.partition import uneven_split_warning
-from megatron.planner.throughput import StepEstimate, estimate_step, flops_config
+from megatron.planner.throughput import StepEstimate, estimate_step, flops_config, layer_flops_delta
 
 BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
 GB = 1e9
@@ -99,6 +100,12 @@ def _warnings(plan: Plan) -> list[str]:
         out.append(
             f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
         )
+    if setup.mics_shard_size:
+        out.append(
+            f"zero_optimization mics_shard_size {setup.mics_shard_size}: neox-forge cannot run that layout yet "
+            "(DeepSpeed 0.19 removed MiCS and refuses the key at start-up); planned as ZeRO-3 over all "
+            f"{setup.dp} data-parallel ranks (zero_hpz_partition_size: ZeRO++'s hpZ, which it runs)"
+        )
     bubble = (setup.stages - 1) / setup.gas / plan.ranks[0].virtual_stages
     if bubble > BUBBLE_WARNING:
         out.append(
@@ -125,7 +132,18 @@ def workload(
         engine=FRAMEWORKS[framework],
         kv_heads=setup.kv_heads,
         mlp_widths=setup.mlp_widths,
+        zero_hpz_partition_size=setup.zero_hpz_partition_size,
+        layer_flops_delta=layer_flops_delta(setup),
     )
+
+
+def hpz_placement(setup: TrainingSetup, gpus_per_node: int) -> list[GroupPlacement]:
+    """Where ZeRO++'s hpZ groups land (consecutive data-parallel ranks), when ``zero_hpz_partition_size`` > 1."""
+    size = min(setup.zero_hpz_partition_size, setup.dp)
+    if setup.zero_stage != 3 or size <= 1:
+        return []
+    world = setup.tp * setup.stages * setup.dp
+    return [GroupPlacement("zero_hpz", size, setup.tp, widest_group(size, setup.tp, world, gpus_per_node))]
 
 
 def link(hw: Hardware) -> Link:
@@ -184,10 +202,13 @@ def build_plan(
     per_node = hw.gpus_per_node
     step = estimate_step(setup, hw, groups, busiest.total, layers_per_stage)
     step = upper_bound_with_knobs(step, setup, layers_per_stage, busiest.total, per_node, link(hw))
-    predicted = predict_knobs(workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node)
+    hpz = hpz_placement(setup, per_node)
+    predicted = predict_knobs(
+        workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node, extra=hpz
+    )
     ours = None
     if framework != DEFAULT_FRAMEWORK:
-        ours = predict_knobs(workload(setup, busiest.total, layers_per_stage), link(hw), setup, per_node)
+        ours = predict_knobs(workload(setup, busiest.total, layers_per_stage), link(hw), setup, per_node, extra=hpz)
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(
@@ -201,14 +222,22 @@ def build_plan(
         weights_16bit_bytes=2 * params.total,
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
-        formulas=knob_formulas(setup, formulas(setup.layer_family, flops_formula(flops_config(setup)))),
+        formulas=knob_formulas(
+            setup,
+            formulas(
+                setup.layer_family,
+                flops_formula(flops_config(setup)),
+                LAYER_FLOPS_FORMULA if step.compute_flops != step.hardware_flops else "",
+            ),
+        ),
         framework=framework,
         neox_forge_predicted=ours,
     )
     gmlp = sum(kind in ("gmlp", "amlp") for kind in inputs.model.layer_types)
-    if gmlp:  # parameters and activations are counted per layer; FLOPs and step time know attention layers only
-        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters and activation memory counted for them; "
-                 "FLOPs, KV cache and step time estimated as for attention layers"]  # fmt: skip
+    if gmlp:  # the logged FLOPs (GPT-NeoX's formula) and the KV cache know attention layers only
+        notes = [*(notes or []), f"{gmlp} gmlp/amlp layers: parameters, activation memory and the step time's FLOPs "
+                 "counted for them; the logged FLOPs/MFU use GPT-NeoX's transformer formula (as GPT-NeoX logs them), "
+                 "the KV cache is estimated as for attention layers"]  # fmt: skip
     uneven = uneven_split_warning(inputs.model, setup.pp, inputs.pipe_partition_method)
     plan.warnings = list(notes or []) + _warnings(plan) + ([uneven] if uneven else [])
     return plan

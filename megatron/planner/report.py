@@ -156,6 +156,9 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  {'of GPU memory':<24}" + "".join(f"{r.total / hw.gpu_memory_bytes:>14.0%}" for r in plan.ranks))
     worst = plan.worst
     per_mb = worst.activations_per_micro_batch
+    compute = []  # the step time's own FLOPs count, where it differs from the logged one
+    if "compute_flops" in plan.formulas:
+        compute = [f"  compute FLOPs     {step.compute_flops:.3e}, {plan.formulas['compute_flops']}"]
     lines += [
         f"activations / micro-batch (stage {worst.stage}, {worst.micro_batches_in_flight} "
         f"{f'chunks of 1/{worst.virtual_stages} micro-batch ' if worst.virtual_stages > 1 else ''}in flight): "
@@ -164,6 +167,7 @@ def format_plan(plan: Plan) -> str:
         "",
         f"FLOPs per step      {step.model_flops:.3e} model, {step.hardware_flops:.3e} hardware",
         f"  FLOPs formula     {plan.formulas['flops']}",
+        *compute,
         f"  activations/layer {plan.formulas['activations_per_layer']}",
         f"step time           {step.step_s:.2f} s = compute {step.compute_s:.2f} + bubble {step.bubble_s:.2f} + TP "
         f"{step.tensor_comm_s:.2f} + PP {step.pipe_comm_s:.2f} + DP {step.data_comm_s:.2f} "

@@ -1,9 +1,11 @@
 """FLOPs per step (GPT-NeoX's formulas, :mod:`megatron.logging.flops`: transformer, Mamba or RWKV) and a step-time estimate.
 
 The estimate adds, without overlap: the compute at the given peak (hardware FLOPs: with activation checkpointing
-the forward runs twice), the pipeline bubble ``(stages - 1) / micro-batches`` of it, the tensor-parallel
-all-reduces (2 per layer in the forward, 2 in the backward, 2 more for the recomputed forward; ring all-reduce
-moves ``2·(n-1)/n`` of the buffer), the pipeline sends (one activation per micro-batch each way), and the
+the forward runs twice; gMLP/aMLP blocks and sparse attention layers at their real FLOPs,
+:mod:`megatron.planner.layer_flops`, while the logged model and hardware FLOPs keep GPT-NeoX's formula), the
+pipeline bubble ``(stages - 1) / micro-batches`` of it, the tensor-parallel all-reduces (2 per layer in the
+forward, 2 in the backward, 2 more for the recomputed forward; ring all-reduce moves ``2·(n-1)/n`` of the buffer),
+the pipeline sends (one activation per micro-batch each way), and the
 data-parallel gradient exchange (all-reduce, or reduce-scatter + all-gather under ZeRO; ZeRO-3 gathers the
 weights for the forward and the backward too). Each collective runs at the intra-node bandwidth when its group
 stays inside a node, else at the inter-node one. Real runs reach a fraction of the peak, so read the step time as
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.planner.inputs import Hardware, TrainingSetup
+from megatron.planner.layer_flops import forward_flops_delta
 from megatron.planner.layout import GroupPlacement
 
 
@@ -25,6 +28,7 @@ class StepEstimate:
 
     model_flops: float  # per step, whole batch (forward + backward)
     hardware_flops: float  # with the recomputed forward
+    compute_flops: float  # what compute_s runs: hardware FLOPs, gMLP/aMLP and sparse layers at their real count
     compute_s: float
     bubble_s: float
     tensor_comm_s: float
@@ -40,7 +44,7 @@ class StepEstimate:
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs utilisation (fraction of the peak)."""
+        """Model FLOPs utilisation (fraction of the peak) as the run logs it: GPT-NeoX's formula's model FLOPs."""
         return self.model_flops / (self.step_s * self.peak_flops_total)
 
     @property
@@ -74,6 +78,19 @@ def flops_config(setup: TrainingSetup) -> FlopsConfig:
     )
 
 
+def layer_flops_delta(setup: TrainingSetup) -> float:
+    """Forward FLOPs per sample by which the setup's gMLP/aMLP and sparse layers differ from GPT-NeoX's formula."""
+    return forward_flops_delta(
+        setup.attention_config, setup.seq_length, setup.hidden_size, setup.tp, setup.amlp_attn_dim, setup.sparse_kept
+    )
+
+
+def compute_flops(setup: TrainingSetup, k: int) -> float:
+    """FLOPs of one step with gMLP/aMLP and sparse attention layers at their real count (``k = 3`` forward +
+    backward, 4 with the recomputed forward); equal to the logged formula for every other model."""
+    return flops_per_iteration(flops_config(setup), k) + k * setup.train_batch * layer_flops_delta(setup)
+
+
 def estimate_step(
     setup: TrainingSetup, hw: Hardware, placements: list[GroupPlacement], params_per_rank: int, layers_per_stage: int
 ) -> StepEstimate:
@@ -81,8 +98,9 @@ def estimate_step(
     flops_cfg = flops_config(setup)
     model = flops_per_iteration(flops_cfg, 3)
     hardware = flops_per_iteration(flops_cfg, 4 if setup.checkpoint_activations else 3)
+    real = compute_flops(setup, 4 if setup.checkpoint_activations else 3)
     peak_total = hw.peak_tflops * 1e12 * hw.gpus
-    compute = hardware / peak_total
+    compute = real / peak_total
     bubble = compute * (setup.stages - 1) / setup.gas
     bw = {p.axis: hw.intra_node_GBps if p.inside_node else hw.inter_node_GBps for p in placements}
     act = setup.micro_batch * setup.seq_length * setup.hidden_size * setup.param_bytes
@@ -95,6 +113,7 @@ def estimate_step(
     return StepEstimate(
         model_flops=model,
         hardware_flops=hardware,
+        compute_flops=real,
         compute_s=compute,
         bubble_s=bubble,
         tensor_comm_s=tensor,

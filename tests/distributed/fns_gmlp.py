@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from megatron import mpu
 from megatron.model.gmlp import GMLPBlock
@@ -24,8 +25,12 @@ def run_tp2_cases() -> dict[str, dict[str, Any]]:
             block = GMLPBlock(config(case), 0, 2)
             load(block, case["rank_weights"][rank])
             x = torch.tensor(case["x"], requires_grad=True)
-            y = block((x, None, torch.tensor(case["attention_mask"])))[0]
-            (y * torch.tensor(case["output_grad"])).sum().backward()
+            with FlopCounterMode(
+                display=False
+            ) as forward:  # this rank's matrix multiplies (tests/unit/test_layer_flops)
+                y = block((x, None, torch.tensor(case["attention_mask"])))[0]
+            with FlopCounterMode(display=False) as backward:
+                (y * torch.tensor(case["output_grad"])).sum().backward()
             assert x.grad is not None
             squares = {n: float(p.grad.pow(2).sum()) for n, p in block.named_parameters() if p.grad is not None}
             norm = clip_grad_norm(list(block.parameters()), 1e9, mpu.get_model_parallel_group())
@@ -35,6 +40,7 @@ def run_tp2_cases() -> dict[str, dict[str, Any]]:
                 "grad_norm": float(norm),
                 "squares": squares,
                 "unused": sorted(n for n, p in block.named_parameters() if p.grad is None),
+                "flops": (forward.get_total_flops(), backward.get_total_flops()),
             }
         return out
     finally:

@@ -67,6 +67,20 @@ def test_gradient_norm_counts_each_ranks_gating_unit(case: dict, ranks: list[dic
     assert not np.isclose(r0["squares"]["sgu.proj.weight"], r1["squares"]["sgu.proj.weight"])
 
 
+@pytest.mark.parametrize("case", TP2, ids=lambda c: c["name"])
+def test_both_ranks_flops_are_the_planners_tp2_count(case: dict, ranks: list[dict]) -> None:
+    """The two ranks' measured matrix-multiply FLOPs (FlopCounterMode) sum to the planner's count of a TP-2 block
+    (``megatron/planner/layer_flops.py``: aMLP's tiny attention is one per rank), backward twice the forward."""
+    from megatron.planner.layer_flops import gmlp_layer_forward
+
+    s, b, h = len(case["x"]), len(case["x"][0]), case["hidden_size"]
+    attn = case["gmlp_attn_dim"] if case["layer_type"] == "amlp" else 0
+    forward = sum(r[case["name"]]["flops"][0] for r in ranks)
+    backward = sum(r[case["name"]]["flops"][1] for r in ranks)
+    assert forward == b * gmlp_layer_forward(s, h, tp=2, attn_dim=attn)
+    assert backward == 2 * forward
+
+
 def test_tp2_and_pp2_training_saves_and_resumes(run) -> None:
     """Both layouts train; the TP-2 run resumes from its own checkpoint, whose per-rank gMLP tensors are GPT-NeoX's
     (``ff/tp`` = 128 features per rank, each rank its own gating unit)."""

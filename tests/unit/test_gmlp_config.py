@@ -136,8 +136,9 @@ def test_gmlp_small_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         rc = deepy.main([str(REPO / "train.py"), str(config), str(REF / "local_setup.yml"), "--plan"])
     assert rc == 0, err.getvalue()
     text = err.getvalue() + out.getvalue()
-    assert "warning: 12 gmlp/amlp layers: parameters and activation memory counted for them; FLOPs" in text
+    assert "warning: 12 gmlp/amlp layers: parameters, activation memory and the step time's FLOPs counted" in text
     assert "activations/layer 4·(b·s·(p·h + p·f + 6·f)" in text
+    assert "compute FLOPs " in text and "gMLP 24·s·h² + 8·h·s²" in text  # the step time's real count
     # 12 gMLP layers (h 768, ff 3072, sgu.proj 2048 x 2048), untied embedding and head (50304 rows), final norm
     h, ff, s, v = 768, 3072, 2048, 50304
     layer = 2 * h + (2 * ff * h + 2 * ff) + 2 * ff + (s * s + s) + (h * ff + h)

@@ -3,8 +3,9 @@
 The fast paths: the balanced stage partition computed row by row (``megatron/checkpoint/partition.py``) and memoised
 (``stage_bounds``), and every stage's parameter names from one pass (``stage_param_names``). The reference runs
 the same planner with DeepSpeed's own ``partition_balanced``, no memo, and main's per-stage ``slice_param_names``
-(copied below): plans and searches must come out identical to the last byte and second, the 1T / 3,072-GPU plan
-(Megatron-LM's 1T run, ``configs/1T.yml``: 64 stages) included.
+(``benchmarks/planner_reference.py``, the baseline ``benchmarks/bench_planner.py`` times): plans and searches must
+come out identical to the last byte and second, the 1T / 3,072-GPU plan (Megatron-LM's 1T run, ``configs/1T.yml``:
+64 stages) included.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from deepspeed.runtime import utils as ds_utils
 
 import deepy
+from benchmarks.planner_reference import main_slice_param_names, reference_paths
 from megatron.checkpoint import layout as checkpoint_layout
-from megatron.checkpoint import stage_bounds, stage_param_names
+from megatron.checkpoint import stage_param_names
 from megatron.checkpoint.optimizer_state import model_param_names
 from megatron.model.config import GPTModelConfig
-from megatron.model.layer_sharing import first_position, is_shared, unique_layer
-from megatron.planner import params as planner_params
 
 ONE_T = ["configs/1T.yml", "--gpus", "3072", "--gpu-type", "A100-80GB", "--vocab-size", "51200"]
 CASES = {
@@ -47,47 +46,6 @@ CASES = {
 }  # fmt: skip
 
 
-def main_slice_param_names(cfg: GPTModelConfig, pp: int, stage: int, partition_method: str | None = None) -> list[str]:
-    """``slice_param_names`` as it was before the fast paths (one stage, the names parsed per call)."""
-    names = model_param_names(cfg)
-    if pp == 0:
-        return names
-    parts = stage_bounds(cfg, pp, partition_method)
-    lo, hi = parts[stage], parts[stage + 1]
-    head = cfg.num_layers + 4
-    owned = [n for n in names if lo <= int(n.split(".")[1]) < hi]
-    if is_shared(cfg):
-        run = {first_position(cfg, unique_layer(cfg, i)) + 2 for i in range(cfg.num_layers) if lo <= i + 2 < hi}
-        layers = range(2, cfg.num_layers + 2)
-        owned = [n for n in names if int(n.split(".")[1]) in run] + [
-            n for n in owned if int(n.split(".")[1]) not in layers
-        ]
-    if not cfg.tied_embeddings:
-        return owned
-    embed = [n for n in names if n.startswith("sequential.0.")]
-    rest = [n for n in owned if not n.startswith("sequential.0.")]
-    return embed + rest if (lo <= 0 < hi or lo <= head < hi) else rest
-
-
-class _NoMemo(dict):  # type: ignore[type-arg]
-    def __contains__(self, key: object) -> bool:
-        return False
-
-
-def _reference(monkeypatch: pytest.MonkeyPatch, memo: bool) -> None:
-    """Switch the planner to the slow paths (``memo``: keep stage_bounds' memo, else every call recomputes)."""
-
-    def deepspeed_partition(weights: list[int], parts: int) -> list[int]:
-        return [int(x) for x in ds_utils.partition_balanced(weights=weights, num_parts=parts)]
-
-    def per_stage(cfg: GPTModelConfig, pp: int, method: str | None = None) -> list[list[str]]:
-        return [main_slice_param_names(cfg, pp, s, method) for s in range(max(pp, 1))]
-
-    monkeypatch.setattr(checkpoint_layout, "partition_balanced", deepspeed_partition)
-    monkeypatch.setattr(checkpoint_layout, "_BOUNDS", {} if memo else _NoMemo())
-    monkeypatch.setattr(planner_params, "stage_param_names", per_stage)
-
-
 @pytest.fixture
 def fresh_bounds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(checkpoint_layout, "_BOUNDS", {})
@@ -100,19 +58,18 @@ def _plan(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_plan_equals_the_reference_paths(
-    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_bounds: None
-) -> None:
+def test_plan_equals_the_reference_paths(name: str, capsys: pytest.CaptureFixture[str], fresh_bounds: None) -> None:
     fast = _plan(capsys, CASES[name])
-    with monkeypatch.context() as m:
-        _reference(m, memo=not name.startswith("tiny"))  # memo off: tiny cases, the search (test_stage_partition.py)
+    with reference_paths(
+        memo=not name.startswith("tiny")
+    ):  # memo off: tiny cases, the search (test_stage_partition.py)
         slow = _plan(capsys, CASES[name])
     assert fast == slow
     assert fast["throughput"]["predicted"]["step_s"] > 0 and fast["parameters"]["per_rank_by_stage"]
 
 
 def test_1t_plan_on_3072_gpus_completes_and_equals_the_reference(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_bounds: None
+    capsys: pytest.CaptureFixture[str], fresh_bounds: None
 ) -> None:
     fast = _plan(capsys, ONE_T)
     assert round(fast["parameters"]["total"] / 1e12, 2) == 1.01  # Megatron-LM's "1008B"
@@ -120,19 +77,15 @@ def test_1t_plan_on_3072_gpus_completes_and_equals_the_reference(
     assert (layout["tensor_parallel"], layout["pipeline_stages"], layout["data_parallel"]) == (8, 64, 6)
     assert len(fast["memory"]["per_rank"]) == len(fast["parameters"]["per_rank_by_stage"]) == 64
     assert fast["memory"]["fits"] and fast["throughput"]["predicted"]["tflops_per_gpu"] > 0
-    with monkeypatch.context() as m:
-        _reference(m, memo=True)  # DeepSpeed's partition once (0.5 s), not once per stage (40 s)
+    with reference_paths(memo=True):  # DeepSpeed's partition once (0.5 s), not once per stage (40 s)
         slow = _plan(capsys, ONE_T)
     assert fast == slow
 
 
-def test_search_equals_the_reference_paths(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_bounds: None
-) -> None:
+def test_search_equals_the_reference_paths(capsys: pytest.CaptureFixture[str], fresh_bounds: None) -> None:
     argv = ["configs/20B.yml", "--gpus", "96", "--search", "--top", "1000", "--search-seconds", "86400"]
     fast = _plan(capsys, argv)
-    with monkeypatch.context() as m:
-        _reference(m, memo=False)
+    with reference_paths(memo=False):
         slow = _plan(capsys, argv)
     assert fast == slow
     assert not fast["cut_short"] and fast["layouts_that_fit"] >= 5 and len(fast["layouts"]) == fast["layouts_that_fit"]
