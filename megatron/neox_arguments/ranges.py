@@ -62,6 +62,7 @@ RANGES: dict[str, Range] = {
     # parallelism and launch
     "pipe_parallel_size": NON_NEGATIVE,
     "model_parallel_size": AT_LEAST_ONE,
+    **dict.fromkeys(("num_layers_per_virtual_pipeline_stage", "context_parallel_size"), AT_LEAST_ONE),
     "world_size": AT_LEAST_ONE,
     "dp_world_size": AT_LEAST_ONE,
     "global_num_gpus": AT_LEAST_ONE,

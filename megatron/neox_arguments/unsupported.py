@@ -31,6 +31,10 @@ UNSUPPORTED_KEYS: dict[str, str] = {
         k: "ADLR auto-resume (an NVIDIA-internal cluster service; use `load: auto` with SLURM requeue)"
         for k in ("adlr_autoresume", "adlr_autoresume_interval")
     },
+    # Layout knobs only `deepy.py --plan` models (megatron/planner/knobs.py; the planner reads them before this check)
+    "recompute_granularity": "selective activation recomputation; `deepy.py --plan` models it",
+    "num_layers_per_virtual_pipeline_stage": "the interleaved pipeline schedule; `deepy.py --plan` models it",
+    "context_parallel_size": "context parallelism; `deepy.py --plan` models it",
     # DeepSpeed 0.19 removed these features and rejects their config keys
     "sparse_gradients": "sparse embedding gradients (removed from DeepSpeed)",
     "amp": "Apex AMP (removed from DeepSpeed; use fp16 or bf16)",

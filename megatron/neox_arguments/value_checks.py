@@ -166,6 +166,7 @@ SYNTAX: dict[str, Check] = {
     "communication_data_type": _one_of("fp32", "fp16", "bf16"),
     "distributed_backend": _one_of("nccl", "gloo", "mpi", "ccl", "hccl", "xccl"),
     "param_sharing_style": _one_of("grouped", "spaced"),
+    "recompute_granularity": _one_of("selective"),
     "soft_prompt_tuning": soft_prompt_problem,
     "wandb_host": _url,
     "prompt_end": _separator,

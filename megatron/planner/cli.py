@@ -8,12 +8,13 @@ from typing import Any, TextIO
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.deepy_cli import parse_deepy_args
-from megatron.neox_arguments.loader import apply_overrides, merge_config_files
+from megatron.neox_arguments.loader import MergedConfig, apply_overrides, merge_config_files
 from megatron.neox_arguments.neox_args import KNOWN_KEYS
 from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS
 from megatron.planner.flags import add_flags, check_flags, check_gpus
 from megatron.planner.gpus import GPU_TYPES, gpu_type
 from megatron.planner.inputs import Hardware, parse_bytes
+from megatron.planner.knobs import PLAN_ONLY_KEYS, read_plan_only_keys
 from megatron.planner.plan import PlanInputs, build_plan
 from megatron.planner.report import format_plan, plan_to_json, strict_json
 from megatron.planner.search import DEFAULT_HEADROOM, DEFAULT_SEARCH_SECONDS, search_layouts
@@ -61,9 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default_gpus(files: list[str], overrides: dict[str, Any]) -> int:
+def _merged(files: list[str], overrides: dict[str, Any]) -> MergedConfig:
     merged = merge_config_files(files, KNOWN_KEYS)
     apply_overrides(merged, overrides, KNOWN_KEYS, "the command line")
+    return merged
+
+
+def _default_gpus(merged: MergedConfig) -> int:
     v = merged.values
     try:
         if v.get("global_num_gpus"):
@@ -127,14 +132,25 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
     ns, rest = _parser().parse_known_args(argv)
     check_flags(ns)
     cli = parse_deepy_args(rest)
-    gpus = ns.gpus or check_gpus(_default_gpus(cli.config_files, cli.overrides), "the config")
-    args = NeoXArgs.from_ymls(cli.config_files, {**cli.overrides, "global_num_gpus": gpus})
+    merged = _merged(cli.config_files, cli.overrides)
+    gpus = ns.gpus or check_gpus(_default_gpus(merged), "the config")
+    # The keys only the planner reads: checked here, left at their defaults for the launch's own checks (which
+    # refuse them), and the context-parallel ranks taken out of the GPUs the data-parallel size derives from.
+    plan_only = read_plan_only_keys(merged.values, merged.origins)
+    cp = plan_only["context_parallel_size"]
+    if gpus % cp:
+        raise ConfigError(f"--gpus {gpus} is not divisible by context_parallel_size {cp}")
+    if ns.search and any(plan_only[k] != d for k, d in PLAN_ONLY_KEYS.items()):
+        keys = ", ".join(k for k, d in PLAN_ONLY_KEYS.items() if plan_only[k] != d)
+        raise ConfigError(f"--search does not vary or model {keys} yet: plan the layout without --search")
+    overrides = {**cli.overrides, **PLAN_ONLY_KEYS, "global_num_gpus": gpus // cp}
+    args = NeoXArgs.from_ymls(cli.config_files, overrides)
     hw = _hardware(ns, gpus)
     notes = [] if ns.gpus else [f"--gpus not given: planning for {gpus} GPUs"]
     vocab, padded, vocab_notes = resolve_vocab(TokenizerConfig.from_neox_args(args), ns.vocab_size)
     notes += vocab_notes
     try:
-        inputs = PlanInputs.from_neox_args(args, padded)
+        inputs = PlanInputs.from_neox_args(args, padded, plan_only)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
     if ns.search:

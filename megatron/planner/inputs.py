@@ -13,7 +13,7 @@ from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.rwkv_checks import rwkv_sizes
 from megatron.neox_arguments.sections.model import LayerTypeKeys, MLPWidthKeys, PrecisionKeys, SequenceKeys, ShapeKeys
 from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKeys
-from megatron.neox_arguments.sections.other import LayerSplitKeys, VocabKeys
+from megatron.neox_arguments.sections.other import LayerSplitKeys, PlanOnlyKeys, VocabKeys
 from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
 from megatron.parallel_config import ParallelConfig
 from megatron.planner.layer_flops import sparse_kept_fractions
@@ -74,6 +74,7 @@ class TrainingSetup(
     OptimizerTypeKeys,
     MLPWidthKeys,
     LayerTypeKeys,
+    PlanOnlyKeys,
 ):
     """The config values the memory and time models read: the keys (inherited, GPT-NeoX names) and values derived
     from the resolved config under short names of their own."""
@@ -213,5 +214,8 @@ class TrainingSetup(
             norm_type=args.norm,
             amlp_attn_dim=args.gmlp_attn_dim if "amlp" in attention else 0,
             rwkv_ffn=rwkv_sizes(args).ffn_dim if "rwkv" in attention else 0,
+            recompute_granularity=args.recompute_granularity,
+            num_layers_per_virtual_pipeline_stage=args.num_layers_per_virtual_pipeline_stage,
+            context_parallel_size=args.context_parallel_size,
             sparse_kept=sparse_kept_fractions(attention, args.sparsity_config, heads, args.seq_length, args.seed),
         )

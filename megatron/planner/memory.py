@@ -16,7 +16,8 @@ Activations per micro-batch and transformer layer on one TP rank (Korthikanti et
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
 attention-score term drops with flash attention); with checkpointing each layer keeps only its ``2·s·b·h``-byte input (``/t`` with
 ``partition_activations``) and one checkpointed block is recomputed at a time. A pipeline stage keeps
-``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Mamba, RWKV and gMLP layers
+``min(stages - stage, micro-batches)`` micro-batches in flight (DeepSpeed's 1F1B schedule). Selective
+recomputation, the interleaved schedule and context parallelism change these as :mod:`megatron.planner.knobs` says. Mamba, RWKV and gMLP layers
 keep what :mod:`megatron.planner.families` counts instead (a mixed model: the average over its layers).
 """
 
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 from megatron.planner.families import gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
 from megatron.planner.inputs import TrainingSetup
+from megatron.planner.knobs import in_flight_chunks, keeps_attention_scores, layer_scale, virtual_stages
 from megatron.planner.params import StageParams
 
 FP32 = 4
@@ -67,7 +69,8 @@ class RankMemory:
     activations: int
     communication_buffers: int
     activations_per_micro_batch: dict[str, int]
-    micro_batches_in_flight: int
+    micro_batches_in_flight: int  # with the interleaved schedule: chunks of a micro-batch (1/virtual_stages each)
+    virtual_stages: int = 1
 
     @property
     def param_optimizer(self) -> int:
@@ -86,8 +89,8 @@ class RankMemory:
 
 def _layer_activation_bytes(setup: TrainingSetup) -> dict[str, float]:
     s, b, h, a, t = setup.seq_length, setup.micro_batch, setup.hidden_size, setup.num_heads, setup.tp
-    scale = setup.param_bytes / 2  # the formula counts 16-bit activations
-    scores = 0.0 if setup.flash_attention else 5.0 * a * s / (h * t)
+    scale = setup.param_bytes / 2 * layer_scale(setup)  # 16-bit activations; context parallelism keeps 1/c
+    scores = 5.0 * a * s / (h * t) if keeps_attention_scores(setup) else 0.0
     replicated = 10.0 / t if setup.sequence_parallel else 10.0  # layer norms and dropouts, split by SP
     full = s * b * h * (replicated + 24.0 / t + scores) * scale
     kinds = list(setup.attention_config or ())
@@ -116,6 +119,7 @@ def activation_bytes(setup: TrainingSetup, layers: int, last_stage: bool) -> dic
     logits = 0.0
     if last_stage:  # 16-bit logits and the fp32 copy the cross entropy works on
         logits = setup.seq_length * setup.micro_batch * setup.vocab_rows / setup.tp * (setup.param_bytes + 4)
+        logits *= layer_scale(setup)
     kept = {
         "no_checkpointing": layers * per["full"],
         "checkpointing": blocks * per["checkpoint"],
@@ -146,7 +150,7 @@ def _buffers(setup: TrainingSetup, held: int, layout: BytesPerParam) -> int:
 def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMemory:
     """The memory of one rank of pipeline ``stage`` holding ``params``."""
     layout = bytes_per_param(setup)
-    held, dp = params.total, setup.dp
+    held, dp = params.total, setup.dp * setup.context_parallel_size  # ZeRO shards over the gradients' group
     shard = math.ceil(held / dp)
     if setup.zero_stage == 3 and dp > 1:  # at dp=1 the partition is the parameter itself
         persistent = sum(n for n in params.numels if n <= setup.param_persistence_threshold)
@@ -154,7 +158,8 @@ def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMe
     else:
         weights = held * layout.weights
     states_on_rank = shard if layout.master_sharded else held
-    in_flight = min(setup.stages - stage, setup.gas) if setup.pp >= 1 else 1
+    v = virtual_stages(setup, params.num_layers)
+    chunks = in_flight_chunks(setup, stage, v)  # v = 1: micro-batches
     per_mb = activation_bytes(setup, params.num_layers, stage == setup.stages - 1)
     key = "no_checkpointing"
     if setup.checkpoint_activations:
@@ -165,10 +170,11 @@ def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMe
         gradients=(shard if layout.grads_sharded else held) * layout.grads,
         master_weights=states_on_rank * layout.master,
         optimizer_states=states_on_rank * layout.states,
-        activations=(in_flight - 1) * per_mb[f"{key}_kept"] + per_mb[key],
+        activations=round(chunks * per_mb[f"{key}_kept"] / v + per_mb[key] - per_mb[f"{key}_kept"]),
         communication_buffers=_buffers(setup, held, layout),
         activations_per_micro_batch=per_mb,
-        micro_batches_in_flight=in_flight,
+        micro_batches_in_flight=chunks,
+        virtual_stages=v,
     )
 
 

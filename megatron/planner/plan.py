@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import ClassVar
@@ -13,11 +14,19 @@ from megatron.neox_arguments import NeoXArgs
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.sections.model import VocabPaddingKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys
-from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload, predict
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, FRAMEWORKS, Link, Prediction, Workload
 from megatron.planner.families import formulas
 from megatron.planner.inputs import Hardware, TrainingSetup
+from megatron.planner.knobs import (
+    check_knobs,
+    knob_formulas,
+    placements,
+    plan_only_in_use,
+    predict_knobs,
+    upper_bound_with_knobs,
+)
 from megatron.planner.layer_flops import LAYER_FLOPS_FORMULA
-from megatron.planner.layout import GroupPlacement, group_placements, widest_group
+from megatron.planner.layout import GroupPlacement, widest_group
 from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, training_state_bytes
 from megatron.planner.params import ParamCounts, count_params
 from megatron.planner.partition import uneven_split_warning
@@ -81,6 +90,12 @@ def _warnings(plan: Plan) -> list[str]:
                 f"pipeline groups span {p.nodes_spanned} nodes: stage-to-stage activations cross the inter-node "
                 "network (the topology puts pipe outermost, data-parallel replicas between stages)"
             )
+    unrunnable = plan_only_in_use(setup)
+    if unrunnable:
+        out.append(
+            f"neox-forge cannot run {', '.join(unrunnable)} yet: planned only (a launch refuses them with "
+            "'not supported yet')"
+        )
     if setup.offload:
         out.append(
             f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
@@ -91,7 +106,7 @@ def _warnings(plan: Plan) -> list[str]:
             "(DeepSpeed 0.19 removed MiCS and refuses the key at start-up); planned as ZeRO-3 over all "
             f"{setup.dp} data-parallel ranks (zero_hpz_partition_size: ZeRO++'s hpZ, which it runs)"
         )
-    bubble = (setup.stages - 1) / setup.gas
+    bubble = (setup.stages - 1) / setup.gas / plan.ranks[0].virtual_stages
     if bubble > BUBBLE_WARNING:
         out.append(
             f"pipeline bubble: {setup.gas} micro-batches over {setup.stages} stages idle {100 * bubble:.0f}% of the "
@@ -147,11 +162,14 @@ class PlanInputs(LayerSplitKeys, VocabPaddingKeys):
     NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("setup", "model")
 
     @classmethod
-    def from_neox_args(cls, args: NeoXValues, padded_vocab_size: int) -> PlanInputs:
-        """Read a resolved NeoXArgs (``global_num_gpus`` = the planned GPUs) with the given padded vocabulary (the
-        arguments are not changed)."""
+    def from_neox_args(
+        cls, args: NeoXValues, padded_vocab_size: int, plan_only: Mapping[str, object] | None = None
+    ) -> PlanInputs:
+        """Read a resolved NeoXArgs (``global_num_gpus`` = the planned GPUs over ``context_parallel_size``) with the
+        given padded vocabulary and the plan-only keys (``megatron/planner/knobs.py``, not in ``args``: a launch
+        refuses them); the arguments are not changed."""
         every_key = args.to_dict() if isinstance(args, NeoXArgs) else vars(args)
-        values = SimpleNamespace(**{**every_key, "padded_vocab_size": padded_vocab_size})
+        values = SimpleNamespace(**{**every_key, "padded_vocab_size": padded_vocab_size, **(plan_only or {})})
         model = GPTModelConfig.from_neox_args(values)
         return cls(
             setup=replace(TrainingSetup.from_neox_args(values), mlp_widths=model.mlp_sizes),
@@ -173,18 +191,24 @@ def build_plan(
     engine (and then also gives neox-forge's own on the same layout)."""
     hw.check()
     setup = inputs.setup
-    _check_world(setup.tp, setup.stages, hw)
+    cp = setup.context_parallel_size
+    _check_world(setup.tp * cp, setup.stages, hw)
     params = count_params(inputs.model, setup.tp, setup.pp, inputs.pipe_partition_method)
+    check_knobs(setup, [s.num_layers for s in params.stages])
     ranks = [rank_memory(setup, i, stage) for i, stage in enumerate(params.stages)]
-    placements = group_placements(setup.tp, setup.stages, setup.dp, hw.gpus_per_node)
+    groups = placements(setup.tp, setup.stages, setup.dp, cp, hw.gpus_per_node)
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
-    step = estimate_step(setup, hw, placements, busiest.total, layers_per_stage)
-    groups = [*placements, *hpz_placement(setup, hw.gpus_per_node)]
-    predicted = predict(workload(setup, busiest.total, layers_per_stage, framework), link(hw), groups)
+    per_node = hw.gpus_per_node
+    step = estimate_step(setup, hw, groups, busiest.total, layers_per_stage)
+    step = upper_bound_with_knobs(step, setup, layers_per_stage, busiest.total, per_node, link(hw))
+    hpz = hpz_placement(setup, per_node)
+    predicted = predict_knobs(
+        workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node, extra=hpz
+    )
     ours = None
     if framework != DEFAULT_FRAMEWORK:
-        ours = predict(workload(setup, busiest.total, layers_per_stage), link(hw), groups)
+        ours = predict_knobs(workload(setup, busiest.total, layers_per_stage), link(hw), setup, per_node, extra=hpz)
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(
@@ -192,16 +216,19 @@ def build_plan(
         setup=setup,
         params=params,
         ranks=ranks,
-        placements=placements,
+        placements=groups,
         step=step,
         training_state_bytes=training_state_bytes(setup, params.total),
         weights_16bit_bytes=2 * params.total,
         kv_cache={"batch": kv_batch, "tokens": tokens, "bytes": kv, "per_rank_bytes": kv // (setup.tp * setup.stages)},
         predicted=predicted,
-        formulas=formulas(
-            setup.layer_family,
-            flops_formula(flops_config(setup)),
-            LAYER_FLOPS_FORMULA if step.compute_flops != step.hardware_flops else "",
+        formulas=knob_formulas(
+            setup,
+            formulas(
+                setup.layer_family,
+                flops_formula(flops_config(setup)),
+                LAYER_FLOPS_FORMULA if step.compute_flops != step.hardware_flops else "",
+            ),
         ),
         framework=framework,
         neox_forge_predicted=ours,

@@ -8,6 +8,8 @@ from dataclasses import asdict
 from typing import Any
 
 from megatron.planner.calibrated import Prediction
+from megatron.planner.inputs import TrainingSetup
+from megatron.planner.knobs import PLAN_ONLY_KEYS, plan_only_in_use
 from megatron.planner.plan import Plan
 
 GB = 1e9
@@ -59,6 +61,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "micro_batch": setup.micro_batch,
             "gradient_accumulation_steps": setup.gas,
             "train_batch_size": setup.train_batch,
+            "context_parallel": setup.context_parallel_size,
+            "virtual_stages": plan.ranks[0].virtual_stages,
             "groups": [p.to_dict() for p in plan.placements],
         },
         "memory": {
@@ -80,8 +84,25 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             ),
         },
         "formulas": plan.formulas,
+        "knobs": {
+            "sequence_parallel": setup.sequence_parallel,
+            **{key: getattr(setup, key) for key in PLAN_ONLY_KEYS},
+            "not_runnable_by_neox_forge": plan_only_in_use(setup),
+        },
         "warnings": plan.warnings,
     }
+
+
+def knobs_line(setup: TrainingSetup) -> list[str]:
+    """The layout knobs in use and which of them neox-forge cannot run (none: no line)."""
+    runs = ["sequence_parallel"] if setup.sequence_parallel else []
+    planned = [f"{key} {getattr(setup, key)}" for key in plan_only_in_use(setup)]
+    parts = ([f"{', '.join(runs)} (neox-forge runs it)"] if runs else []) + (
+        [f"{', '.join(planned)} (planned only: neox-forge cannot run {'it' if len(planned) == 1 else 'them'} yet)"]
+        if planned
+        else []
+    )
+    return [f"layout knobs        {'; '.join(parts)}"] if parts else []
 
 
 def _gb(n: float) -> str:
@@ -93,10 +114,15 @@ def predicted_lines(p: Prediction) -> list[str]:
     return [
         f"predicted step      {p.step_s:.2f} s = GEMM {p.gemm_s:.2f} (at {100 * p.gemm_efficiency:.0f}% of peak) + "
         f"memory-bound {p.memory_bound_s:.2f} + TP {p.tensor_comm_s:.2f} + PP {p.pipe_comm_s:.2f} + bubble "
-        f"{p.bubble_s:.2f} + DP {p.data_comm_s + p.zero3_comm_s - p.zero3_hidden_s:.2f} (calibrated)",
+        f"{p.bubble_s:.2f} + DP {p.data_comm_s + p.zero3_comm_s - p.zero3_hidden_s:.2f}{_knob_parts(p)} (calibrated)",
         f"predicted           {p.tflops_per_gpu:.1f} TFLOP/s per GPU (GPT-NeoX's logged figure), "
         f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%",
     ]
+
+
+def _knob_parts(p: Prediction) -> str:
+    parts = {"selective recompute": "selective_recompute_s", "CP": "context_comm_s"}
+    return "".join(f" + {label} {getattr(p, f):.2f}" for label, f in parts.items() if getattr(p, f, 0.0))
 
 
 def format_plan(plan: Plan) -> str:
@@ -110,11 +136,16 @@ def format_plan(plan: Plan) -> str:
         f"KV cache            {_gb(plan.kv_cache['bytes'])} at batch {plan.kv_cache['batch']} x "
         f"{plan.kv_cache['tokens']} tokens ({_gb(plan.kv_cache['per_rank_bytes'])} per model-parallel rank)",
         "",
-        f"layout              {hw.gpus} GPUs ({hw.gpus_per_node} per node) = TP {s.tp} x PP {s.stages} x DP {s.dp}; "
-        f"ZeRO-{s.zero_stage} over {s.dp} DP ranks; {s.precision}",
+        f"layout              {hw.gpus} GPUs ({hw.gpus_per_node} per node) = TP {s.tp} x "
+        f"{f'CP {s.context_parallel_size} x ' if s.context_parallel_size > 1 else ''}PP {s.stages}"
+        f"{f' ({plan.ranks[0].virtual_stages} virtual stages each)' if plan.ranks[0].virtual_stages > 1 else ''} "
+        f"x DP {s.dp}; "
+        f"ZeRO-{s.zero_stage} over {s.dp * s.context_parallel_size} "
+        f"{'DP x CP' if s.context_parallel_size > 1 else 'DP'} ranks; {s.precision}",
         f"batch               {s.micro_batch} per GPU x {s.gas} micro-batches x {s.dp} = {s.train_batch} samples "
         f"of {s.seq_length} tokens",
     ]
+    lines += knobs_line(s)
     for p in plan.placements:
         where = "inside a node" if p.inside_node else f"spans {p.nodes_spanned} nodes"
         lines.append(f"  {p.axis:<8} groups    size {p.size:<4} stride {p.stride:<5} {where}")
@@ -129,7 +160,8 @@ def format_plan(plan: Plan) -> str:
     if "compute_flops" in plan.formulas:
         compute = [f"  compute FLOPs     {step.compute_flops:.3e}, {plan.formulas['compute_flops']}"]
     lines += [
-        f"activations / micro-batch (stage {worst.stage}, {worst.micro_batches_in_flight} in flight): "
+        f"activations / micro-batch (stage {worst.stage}, {worst.micro_batches_in_flight} "
+        f"{f'chunks of 1/{worst.virtual_stages} micro-batch ' if worst.virtual_stages > 1 else ''}in flight): "
         f"no checkpointing {_gb(per_mb['no_checkpointing'])}, checkpointing {_gb(per_mb['checkpointing'])}, "
         f"checkpointing + partitioned {_gb(per_mb['checkpointing_partitioned'])}",
         "",

@@ -28,6 +28,7 @@ STRUCTURED: dict[str, tuple[Any, str]] = {
     "attention_config": ([["global", 2]], "[[types...], repeat] pair"),
     "sparsity_config": ({"block": 0}, "sparsity_config.block=0 must be an integer >= 1"),
     "param_sharing_style": ("zigzag", "must be one of"),
+    "recompute_granularity": ("full", "must be one of"),
     "soft_prompt_tuning": ({"enabled": True, "n_tokens": 0}, "n_tokens=0 must be an integer >= 1"),
     "te_fp8_amax_compute_algo": ("median", "not supported yet"),
     **dict.fromkeys(DATA_PATH_LISTS, (["data/a_text_document", 3], "entry 3 is not a non-empty string")),

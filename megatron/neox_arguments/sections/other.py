@@ -42,7 +42,31 @@ class LayerSplitKeys:
 
 
 @dataclass(kw_only=True)
-class ParallelismArgs(ParallelSizeKeys, LayerSplitKeys):
+class PlanOnlyKeys:
+    """Layout knobs of large runs that ``deepy.py --plan`` models and neox-forge's training cannot run yet (a launch
+    refuses them: ``not supported yet``). Megatron-LM's names: GPT-NeoX has no such keys."""
+
+    recompute_granularity: str | None = arg(
+        None,
+        "Megatron-LM's selective activation recomputation: `selective` keeps every activation except the attention "
+        "scores, softmax and its dropout, which the backward recomputes (Korthikanti et al. 2022). Planner only "
+        "(`deepy.py --plan`); for full recomputation use checkpoint_activations.",
+    )
+    num_layers_per_virtual_pipeline_stage: int | None = arg(
+        None,
+        "Megatron-LM's interleaved 1F1B pipeline schedule: layers per model chunk; each pipeline rank holds "
+        "layers-per-stage / this many chunks (the virtual stages). Planner only (`deepy.py --plan`).",
+    )
+    context_parallel_size: int = arg(
+        1,
+        "Megatron-LM's context parallelism: ranks each sequence is split over (ring attention over the key/value "
+        "chunks); the data-parallel size is GPUs / (model_parallel_size x stages x this). Planner only "
+        "(`deepy.py --plan`).",
+    )
+
+
+@dataclass(kw_only=True)
+class ParallelismArgs(ParallelSizeKeys, LayerSplitKeys, PlanOnlyKeys):
     """Pipeline, tensor and sequence parallelism."""
 
     world_size: int | None = arg(None, "Number of processes; set at run time from the launcher's environment.")
