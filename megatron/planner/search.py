@@ -182,10 +182,10 @@ def _candidates(
     the ``fixed`` knobs only take the configured value."""
     batch = base.train_batch
     for tp in [base.tp] if "tp" in fixed else _powers_of_two(hw.gpus):
-        if hw.gpus % tp:
-            continue  # only a fixed TP can fail to divide the GPUs
+        if "tp" in fixed and hw.gpus % tp:
+            continue  # a fixed TP that does not divide the GPUs: no layout
         for stages in [base.stages] if "pp" in fixed else _divisors(hw.gpus // tp, hw.gpus):
-            if (hw.gpus // tp) % stages:
+            if "pp" in fixed and (hw.gpus // tp) % stages:
                 continue
             dp = hw.gpus // (tp * stages)
             for zero in [base.zero_stage] if "zero" in fixed else range(4):
