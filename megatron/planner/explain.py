@@ -25,25 +25,29 @@ TERMS = {
     "bubble": "pipeline bubble",
     "dp_comm": "data-parallel gradient all-reduce",
     "zero3_comm": "ZeRO-3 parameter gathers and gradient reduce-scatters not hidden behind compute",
+    "context_comm": "context parallelism's key/value traffic (ring attention)",
 }
 SHOWN_EXPLANATIONS = 50  # layouts above the configured one explained in the table (--json: all)
 SIGNIFICANT_S = 0.0005  # deltas below this many seconds are left out of the printed line (not of the JSON)
 
 
 def step_terms(p: Prediction, checkpoint_activations: bool) -> dict[str, float]:
-    """Seconds per step by :data:`TERMS`; their sum is ``p.step_s``."""
+    """Seconds per step by :data:`TERMS`; their sum is ``p.step_s`` (a prediction with the layout knobs' own
+    seconds, ``selective_recompute_s`` and ``context_comm_s``, adds them to ``recompute`` and ``context_comm``)."""
+    selective, context = getattr(p, "selective_recompute_s", 0.0), getattr(p, "context_comm_s", 0.0)
     k = 4.0 if checkpoint_activations else 3.0
     extra = (k - 3.0) / k  # the recomputed forward's share of the GEMM and memory-bound time (k / 3 passes)
     tp_extra = 2.0 / 6.0 if checkpoint_activations else 0.0  # 6 all-reduces per layer instead of 4
     return {
         "gemm": p.gemm_s * (1.0 - extra),
-        "recompute": (p.gemm_s + p.memory_bound_s) * extra + p.tensor_comm_s * tp_extra,
+        "recompute": (p.gemm_s + p.memory_bound_s) * extra + p.tensor_comm_s * tp_extra + selective,
         "memory_bound": p.memory_bound_s * (1.0 - extra),
         "tp_comm": p.tensor_comm_s * (1.0 - tp_extra),
         "pipe_comm": p.pipe_comm_s,
         "bubble": p.bubble_s,
         "dp_comm": p.data_comm_s,
         "zero3_comm": p.zero3_comm_s - p.zero3_hidden_s,
+        "context_comm": context,
     }
 
 

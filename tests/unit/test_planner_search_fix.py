@@ -12,11 +12,11 @@ import pytest
 
 import deepy
 from megatron.planner.explain import TERMS, step_terms
-from megatron.planner.published_runs import PUBLISHED_RUNS, PublishedRun
+from megatron.planner.published_runs import A100_40GB_HBM, A100_80GB_HBM, PUBLISHED_RUNS, PublishedRun
 from megatron.planner.search import KNOBS, MAX_MICRO_BATCH
 
 TOP = 5
-A100_80GB_HBM = 2039.0
+GPU_TYPE = {A100_40GB_HBM: "A100-40GB", A100_80GB_HBM: "A100-80GB"}  # the rows' HBM bandwidth names their GPU
 TINY = ["configs/cpu/tiny.yml", "--vocab-size", "512", "--gpus", "8", "--gpus-per-node", "4", "--gpu-memory", "2MB"]
 
 
@@ -58,22 +58,28 @@ def _config(run: PublishedRun, tmp_path: Path) -> Path:
 
 
 def _argv(run: PublishedRun, config: Path) -> list[str]:
-    hbm = "A100-80GB" if run.hbm_GBps == A100_80GB_HBM else "A100-40GB"
     return [
-        *[str(config), "--vocab-size", str(run.padded_vocab_size), "--gpus", str(run.gpus), "--gpu-type", hbm],
+        *[str(config), "--vocab-size", str(run.padded_vocab_size), "--gpus", str(run.gpus)],
+        *["--gpu-type", GPU_TYPE[run.hbm_GBps]],
         *["--inter-node-GBps", str(run.inter_node_GBps), "--hbm-GBps", str(run.hbm_GBps)],
+        *["--peak-tflops", str(getattr(run, "peak_tflops", 312.0))],
+        *["--intra-node-GBps", str(getattr(run, "nvlink_GBps", 300.0))],
         *["--framework", run.framework, "--search", "--search-fix", ",".join(fixed_knobs(run))],
     ]
 
 
 def _not_a_candidate(run: PublishedRun) -> str | None:
     """Why the search has no candidate for the run's layout (None: it has)."""
+    if run.hbm_GBps not in GPU_TYPE:
+        return f"HBM {run.hbm_GBps} GB/s: not an A100 whose memory this test knows"
     if run.tp & (run.tp - 1) or run.tp > 8:
         return f"TP {run.tp}: the search tries powers of two within a node of 8 GPUs"
     if run.pp > 1 and run.zero_stage >= 2:
         return f"ZeRO-{run.zero_stage} with a pipeline: DeepSpeed's pipeline engine runs ZeRO-0/1 only"
     if run.pp > 1 and run.num_layers % run.pp:
         return f"{run.num_layers} layers on {run.pp} stages: the search refuses layers not divisible by the stages"
+    if getattr(run, "kv_heads", 0) or getattr(run, "mlp_widths", (0, 0))[0] or getattr(run, "flash_attention", False):
+        return "GQA, a non-4h MLP or flash attention: not expressed by this test's config"
     if run.micro_batch > MAX_MICRO_BATCH:
         return f"micro-batch {run.micro_batch}: the search tries up to {MAX_MICRO_BATCH}"
     return None
