@@ -110,6 +110,7 @@ class SearchResult:
     partition_method: str = ""  # the pipe_partition_method the pipelines were planned with
     partition_note: str | None = None  # why it is not the configured one
     fixed: tuple[str, ...] = ()  # the knobs kept at the configured values (--search-fix), in KNOBS order
+    configured_reason: str | None = None  # why the configured layout was rejected (when it was evaluated)
 
     def to_json(self, top: int) -> dict[str, Any]:
         """Plain data for ``--json``."""
@@ -132,6 +133,7 @@ class SearchResult:
             "pipe_partition_method": self.partition_method,
             "pipe_partition_note": self.partition_note,
             "fixed_knobs": list(self.fixed),
+            "configured_rejected_reason": self.configured_reason,
         }
 
 
@@ -254,6 +256,9 @@ def search_layouts(
         hw, usable, base.train_batch, fits, above, dict(reasons), configured, rank, len(out), cut_short, seconds, method
     )
     result.fixed = fixed
+    if rank is None:  # a shape refused for every micro-batch is evaluated once, with micro-batch 1
+        same = [c for c in rejected if c.key == configured or (c.key[:3], c.key[4]) == (configured[:3], configured[4])]
+        result.configured_reason = next((c.reason for c in sorted(same, key=lambda c: c.key != configured)), None)
     if method != inputs.pipe_partition_method:
         result.partition_note = (
             f"pipelines planned with pipe_partition_method {method!r} (even split); the configured "

@@ -72,7 +72,9 @@ def format_search(result: SearchResult, top: int) -> str:
             f"search cut short: the {result.budget_seconds:g} s budget (--search-seconds) ran out after "
             f"{result.evaluated} candidate layouts; the ranking covers those only"
         )
-    if result.configured_rank is None:
+    if result.configured_rank is None and result.configured_reason:
+        lines.append(f"* the configured layout is rejected: {result.configured_reason}")
+    elif result.configured_rank is None:
         evaluated = " or was not reached" if result.cut_short else ""
         lines.append(f"* the configured layout does not fit{evaluated} (see the rejections)")
     else:

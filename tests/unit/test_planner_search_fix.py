@@ -76,8 +76,6 @@ def _not_a_candidate(run: PublishedRun) -> str | None:
         return f"TP {run.tp}: the search tries powers of two within a node of 8 GPUs"
     if run.pp > 1 and run.zero_stage >= 2:
         return f"ZeRO-{run.zero_stage} with a pipeline: DeepSpeed's pipeline engine runs ZeRO-0/1 only"
-    if run.pp > 1 and run.num_layers % run.pp:
-        return f"{run.num_layers} layers on {run.pp} stages: the search refuses layers not divisible by the stages"
     if getattr(run, "kv_heads", 0) or getattr(run, "mlp_widths", (0, 0))[0] or getattr(run, "flash_attention", False):
         return "GQA, a non-4h MLP or flash attention: not expressed by this test's config"
     if run.micro_batch > MAX_MICRO_BATCH:
@@ -106,7 +104,13 @@ def test_published_layout_is_top_5_or_explained(
         assert c["checkpoint_activations"] == run.checkpoint_activations and c["zero_stage"] == run.zero_stage
         assert (c["tensor_parallel"] == 1 if run.tp == 1 else True) and (c["pipe_parallel_size"] <= 1 or run.pp > 1)
     rank = result["configured_rank"]
-    assert rank is not None, f"{run.name}: the published layout does not fit the memory model"
+    if rank is None and result["configured_rejected_reason"]:  # the search refuses the layout and says why
+        table = _run(capsys, *argv)
+        assert f"* the configured layout is rejected: {result['configured_rejected_reason']}" in table
+        if run.pp > 1 and run.num_layers % run.pp:  # GPT-NeoX would split unevenly; the search requires even stages
+            assert "not divisible by" in result["configured_rejected_reason"]
+            pytest.skip(f"{run.name}: the search refuses it: {result['configured_rejected_reason']}")
+    assert rank is not None, f"{run.name}: rejected: {result['configured_rejected_reason']}"
     if not run.micro_batch_stated:  # the source leaves the micro-batch open: the best of the run's layout counts
         rank = next(
             i
@@ -149,6 +153,18 @@ def test_step_terms_sum_to_the_step_time(capsys: pytest.CaptureFixture[str]) -> 
             terms = step_terms(p, ckpt)
             assert math.fsum(terms.values()) == pytest.approx(p.step_s, rel=1e-12), run.name
             assert (terms["recompute"] > 0) == ckpt and terms["gemm"] > 0
+
+
+def test_a_rejected_configured_layout_is_told_why(capsys: pytest.CaptureFixture[str]) -> None:
+    # 20B on 96 GPUs with 6 stages (44 layers) and with too little memory: the reason of the configured layout itself
+    argv = ["configs/20B.yml", "--gpus", "96", "--search", "--search-fix", "tp,pp,zero,ckpt"]
+    result = json.loads(_run(capsys, *argv, "--pipe_parallel_size", "6", "--json"))
+    assert result["configured_rank"] is None and result["layouts_that_fit"] == 0
+    assert result["configured_rejected_reason"] == "num_layers 44 not divisible by 6 pipeline stages"
+    table = _run(capsys, *argv, "--gpu-memory", "20GB")
+    assert "* the configured layout is rejected: does not fit: needs 29.0 GB of 18.0 GB usable (20.0 GB)" in table
+    fits = json.loads(_run(capsys, *argv, "--json"))
+    assert fits["configured_rank"] is not None and fits["configured_rejected_reason"] is None
 
 
 def test_search_fix_keeps_the_knobs_and_refuses_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
