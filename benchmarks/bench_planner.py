@@ -1,6 +1,7 @@
 """``deepy.py --plan`` and ``--search`` time on a 1T model / 3,072 GPUs (64 pipeline stages): ours vs the slow paths.
 
     python benchmarks/bench_planner.py [--rounds 3] [--search-rounds 1] [--baseline-search] [--save]
+    python benchmarks/bench_planner.py --startup [--startup-rounds 7] [--baseline-ref REF] [--save]
         [--config configs/1T.yml ...] [--gpus 3072] [--gpu-type A100-80GB] [--vocab-size 51200]
 
 Both sides run the planner's CLI entry (``megatron.planner.cli.plan_main``, ``--json``) in this process, interleaved
@@ -17,6 +18,13 @@ the load, the CPU seconds much less; both are reported.
 ours; the baseline's takes 15+ minutes on the 2-core box, so it runs only with ``--baseline-search`` (once, its
 output compared with ours). The command-line figure, ``python deepy.py --plan ...`` in a fresh interpreter with
 its imports, is measured too: the CPU seconds (user + system) of that child process.
+
+``--startup`` measures that start-up instead, A/B: ``python deepy.py --plan ...`` in a fresh interpreter from this
+tree against the same command from ``--baseline-ref`` (default: the commit before the meta-device model build
+stopped importing ``torch._dynamo``; extracted with ``git archive`` into a temporary folder), interleaved (the order
+alternates every round), ``--startup-rounds`` rounds. Gate: both print the identical plan. Reported: the median of
+the per-round wall-time ratios (baseline / ours), the median wall and CPU seconds (user + system of the child) of
+each side, and whether each side's process imported ``torch._dynamo`` (``-X importtime``, one extra run each).
 """
 
 from __future__ import annotations
@@ -25,9 +33,12 @@ import argparse
 import io
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +52,7 @@ from megatron.model import meta
 from megatron.planner.cli import plan_main
 
 DEFAULT_CONFIG = ["configs/1T.yml"]  # Megatron-LM's 1T run: 128 layers, hidden 25600, TP 8 x PP 64 x DP 6
+BASELINE_REF = "b74ddbc"  # --startup's baseline: before the meta-device build stopped importing torch._dynamo
 
 
 def _cold() -> None:
@@ -68,6 +80,55 @@ def cli_cpu_seconds(argv: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def cold_plan(root: str, argv: list[str], importtime: bool = False) -> tuple[float, float, str, str]:
+    """(wall, user + system CPU seconds, stdout, stderr) of ``python ROOT/deepy.py ARGV`` run in ``root``."""
+    flags = ["-X", "importtime"] if importtime else []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, *flags, os.path.join(root, "deepy.py"), *argv], cwd=root, check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout, done.stderr
+
+
+def startup(args: argparse.Namespace, plan_argv: list[str]) -> int:
+    """``--startup``: cold ``deepy.py --plan`` of this tree vs ``--baseline-ref``'s, interleaved."""
+    command = f"python benchmarks/bench_planner.py --startup --baseline-ref {args.baseline_ref}"
+    report = Report("planner_startup", command, rounds=args.startup_rounds, config=args.config, gpus=args.gpus,
+                    gpu_type=args.gpu_type, vocab_size=args.vocab_size, baseline_ref=args.baseline_ref)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench_planner_base_") as base_root:
+        archive = subprocess.run(["git", "-C", REPO, "archive", args.baseline_ref], check=True, capture_output=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(base_root, filter="data")
+        sides = {"ours": REPO, "baseline": base_root}
+        imported = re.compile(r"\|\s+torch\._dynamo$", re.MULTILINE)
+        dynamo = {n: bool(imported.search(cold_plan(r, plan_argv, importtime=True)[3])) for n, r in sides.items()}
+        runs: dict[str, list[tuple[float, float, str, str]]] = {"ours": [], "baseline": []}
+        for i in range(args.startup_rounds):
+            for name in ("ours", "baseline") if i % 2 == 0 else ("baseline", "ours"):
+                runs[name].append(cold_plan(sides[name], plan_argv))
+            if runs["ours"][-1][2] != runs["baseline"][-1][2]:
+                raise SystemExit(f"gate failed in round {i + 1}: the baseline's plan differs from ours")
+            print(f"round {i + 1}: ours {runs['ours'][-1][0]:.2f} s (CPU {runs['ours'][-1][1]:.2f}), baseline "
+                  f"{runs['baseline'][-1][0]:.2f} s (CPU {runs['baseline'][-1][1]:.2f}); plans identical", flush=True)  # fmt: skip
+    ours, base = runs["ours"], runs["baseline"]
+    report.finish(
+        median_ratio([b[0] for b in base], [a[0] for a in ours]),
+        f"baseline ({args.baseline_ref}) / ours, wall seconds of a fresh `python deepy.py --plan` (imports "
+        "included); plans identical",
+        save=args.save,
+        ours_wall_s=round(median([a[0] for a in ours]), 2),
+        ours_cpu_s=round(median([a[1] for a in ours]), 2),
+        baseline_wall_s=round(median([b[0] for b in base]), 2),
+        baseline_cpu_s=round(median([b[1] for b in base]), 2),
+        per_round_ratios=[round(b[0] / a[0], 3) for a, b in zip(ours, base, strict=True)],
+        per_round_cpu_ratios=[round(b[1] / a[1], 3) for a, b in zip(ours, base, strict=True)],
+        imports_torch_dynamo=dynamo,
+    )
+    return 0
+
+
 def _timed_rounds(rounds: int, ours: Callable[[], Any], base: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
     a, b = [], []
     for i in range(rounds):
@@ -90,11 +151,16 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved plan rounds (the baseline's take ~40 s each)")
     p.add_argument("--search-rounds", type=int, default=1)
     p.add_argument("--baseline-search", action="store_true", help="also time the baseline's search once (slow)")
-    p.add_argument("--save", action="store_true", help="write benchmarks/results/planner.json (for docs/benchmarks.md)")
+    p.add_argument("--startup", action="store_true", help="time a cold deepy.py --plan against --baseline-ref's")
+    p.add_argument("--startup-rounds", type=int, default=7)
+    p.add_argument("--baseline-ref", default=BASELINE_REF, help="git ref of --startup's baseline tree")
+    p.add_argument("--save", action="store_true", help="write benchmarks/results/<name>.json (for docs/benchmarks.md)")
     args = p.parse_args()
     os.chdir(REPO)
     plan_argv = ["--plan", "train.py", *args.config, "--gpus", str(args.gpus), "--gpu-type", args.gpu_type,
                  "--vocab-size", str(args.vocab_size), "--json"]  # fmt: skip
+    if args.startup:
+        return startup(args, plan_argv)
     search_argv = [*plan_argv, "--search", "--top", "1000000", "--search-seconds", "86400"]  # never cut short
     command = "python benchmarks/bench_planner.py" + (" --baseline-search" if args.baseline_search else "")
     report = Report("planner", command, rounds=args.rounds, config=args.config, gpus=args.gpus,

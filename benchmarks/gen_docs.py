@@ -43,6 +43,12 @@ KNOWN = {
         "`deepy.py --plan` on a 1T model / 3,072 GPUs (64 stages) with the planner's former paths: DeepSpeed's "
         "`partition_balanced` on every call, per-stage name parsing; ratio in CPU seconds, plans identical",
     ),
+    "planner_startup": (
+        "—",
+        "`python deepy.py --plan` on the 1T config in a fresh interpreter, from the tree before the meta-device model "
+        "build stopped importing `torch._dynamo` (`git archive` of `baseline_ref`); ratio in wall seconds, plans "
+        "identical",
+    ),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
         "HF generate, greedy, bf16 weights on both sides, token-identical; ratio = min of batch 1 / 8",
@@ -72,6 +78,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 6 | `python benchmarks/bench_zero_memory.py [--small] [--bf16]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
 | 7 | `python benchmarks/bench_sparse_attention.py [--seq 2048]` | block-sparse attention vs dense masked SDPA, per layout |
 | 8 | `python benchmarks/bench_planner.py [--baseline-search]` | `deepy.py --plan` / `--search`, 1T model on 3,072 GPUs, vs the planner's former paths |
+| 8b | `python benchmarks/bench_planner.py --startup [--baseline-ref REF]` | a cold `python deepy.py --plan` (imports included), 1T model, vs the same command from a git ref |
 
 ## Measured
 """

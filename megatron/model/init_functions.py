@@ -1,7 +1,9 @@
 """Weight initialisers of GPT-NeoX (``init_method`` / ``output_layer_init_method``).
 
 Each returns a callable ``init(tensor)`` that fills the FULL fp32 master weight in place from the current torch
-default RNG (the mpu layers call it on the full tensor and keep their shard, so init is TP-layout invariant).
+default RNG (the mpu layers call it on the full tensor and keep their shard, so init is TP-layout invariant). On
+a meta tensor (the model built on the meta device to count its parameters) they do nothing: there are no values,
+and torch's meta random fills run Python decompositions that import ``torch._dynamo`` (~1 s of ``--plan``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ def normal_init(sigma: float) -> InitMethod:
     """N(0, sigma²)."""
 
     def init(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:  # no values to draw (module docstring)
+            return t
         return torch.nn.init.normal_(t, mean=0.0, std=sigma)
 
     return init
@@ -29,6 +33,8 @@ def _orthogonal(n_layers: int = 1) -> InitMethod:
     gain = math.sqrt(2.0 / n_layers)
 
     def init(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return t
         return torch.nn.init.orthogonal_(t, gain=gain)
 
     return init
@@ -36,6 +42,8 @@ def _orthogonal(n_layers: int = 1) -> InitMethod:
 
 def _xavier(kind: str) -> InitMethod:
     def init(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return t
         if kind == "uniform":
             return torch.nn.init.xavier_uniform_(t)
         return torch.nn.init.xavier_normal_(t)

@@ -56,7 +56,10 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, base: float = 10000.0, save_inv_freq: bool = False) -> None:
         super().__init__()
         self.dim = dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        if torch.empty(0).is_meta:  # built on the meta device (parameter counting): no values, and meta arithmetic
+            inv_freq = torch.empty((dim + 1) // 2)  # would import torch._dynamo (~1 s of deepy.py --plan)
+        else:
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         self.register_buffer("inv_freq", inv_freq, persistent=save_inv_freq)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

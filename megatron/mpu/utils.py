@@ -71,6 +71,10 @@ def shard_tensor(
     of every sub-matrix, concatenated in order. With one sub-matrix this is a plain contiguous split.
     """
     sizes = _sub_sizes(full.size(dim), sub_sizes, stride)
+    if full.is_meta:  # no values to gather (parameter counting); meta ``cat`` would import torch._dynamo (~1 s)
+        shape = list(full.shape)
+        shape[dim] = sum(divide(size, world_size) for size in sizes)
+        return torch.empty(shape, dtype=full.dtype, device="meta")
     parts = []
     for block in torch.split(full, sizes, dim=dim):
         piece = divide(block.size(dim), world_size)

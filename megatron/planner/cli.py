@@ -17,8 +17,8 @@ from megatron.planner.inputs import Hardware, parse_bytes
 from megatron.planner.knobs import PLAN_ONLY_KEYS, read_plan_only_keys
 from megatron.planner.plan import PlanInputs, build_plan
 from megatron.planner.report import format_plan, plan_to_json, strict_json
-from megatron.planner.search import DEFAULT_HEADROOM, DEFAULT_SEARCH_SECONDS, search_layouts
-from megatron.planner.search_report import format_search
+from megatron.planner.search import DEFAULT_HEADROOM, DEFAULT_SEARCH_SECONDS, KNOBS, check_fixed, search_layouts
+from megatron.planner.search_report import format_search, search_to_json
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
 FLAG_HELP = {
@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-type", default="A100-40GB", help=f"accelerator preset: {', '.join(GPU_NAMES)}")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 40GB, 80GiB (default: the preset's)")
     p.add_argument("--search", action="store_true", help="rank the layouts that fit (docs/planner.md#search)")
+    p.add_argument(
+        "--search-fix",
+        default=None,
+        metavar="KNOBS",
+        help=f"with --search: keep these knobs at the configured values, comma-separated: {', '.join(KNOBS)}",
+    )
     p.add_argument(
         "--framework",
         default=DEFAULT_FRAMEWORK,
@@ -120,10 +126,14 @@ def resolve_vocab(tokenizer: TokenizerConfig, vocab_size: int | None = None) -> 
 def _search(inputs: PlanInputs, hw: Hardware, vocab: int, ns: argparse.Namespace, out: TextIO) -> int:
     hw.check()
     try:
-        result = search_layouts(inputs, hw, vocab, ns.memory_headroom, ns.search_seconds, framework=ns.framework)
-    except ValueError as e:  # the model config refuses the shape
+        fixed = check_fixed(ns.search_fix)
+        result = search_layouts(
+            inputs, hw, vocab, ns.memory_headroom, ns.search_seconds, framework=ns.framework, fixed=fixed
+        )
+    except ValueError as e:  # the model config refuses the shape, or --search-fix names an unknown knob
         raise ConfigError(str(e)) from None
-    print(strict_json(result.to_json(ns.top)) if ns.json else format_search(result, ns.top), file=out, flush=True)
+    text = strict_json(search_to_json(result, ns.top)) if ns.json else format_search(result, ns.top)
+    print(text, file=out, flush=True)
     return 0
 
 
@@ -153,6 +163,8 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
         inputs = PlanInputs.from_neox_args(args, padded, plan_only)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
+    if ns.search_fix is not None and not ns.search:
+        raise ConfigError("--search-fix: only with --search")
     if ns.search:
         return _search(inputs, hw, vocab, ns, out or sys.stdout)
     try:

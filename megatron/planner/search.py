@@ -4,7 +4,8 @@ Candidates: every TP (powers of two up to the GPUs) x pipeline stages (dividing 
 micro-batch (dividing the samples per data-parallel rank) x activation checkpointing on/off, with the global batch
 (``train_batch_size``) fixed, so gradient accumulation follows. Each is either a layout that fits (memory from
 :mod:`~megatron.planner.memory`, exact parameter counts) or rejected with the first reason found (the structural
-checks GPT-NeoX or DeepSpeed would refuse, then memory).
+checks GPT-NeoX or DeepSpeed would refuse, then memory). ``--search-fix`` keeps some knobs at the configured
+values (:data:`KNOBS`), so only the others vary.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ DEFAULT_SEARCH_SECONDS = 60.0  # --search-seconds: time budget of the candidate 
 DEFAULT_HEADROOM = 0.10  # of the GPU memory kept free for the CUDA context, NCCL buffers, fragmentation
 SHOWN_REJECTIONS = 50  # rejected layouts listed in full (the rest are counted by reason)
 Reason = tuple[str, str]  # (kind, message); kinds: tp-spans-nodes, heads, layers, zero-pipeline, batch, memory
+# --search-fix: the knobs that can be kept at the configured value -> what each one is
+KNOBS = {
+    "tp": "tensor parallelism (model_parallel_size)",
+    "pp": "pipeline stages (pipe_parallel_size)",
+    "zero": "ZeRO stage (zero_optimization.stage)",
+    "micro": "micro-batch (train_micro_batch_size_per_gpu)",
+    "ckpt": "activation checkpointing (checkpoint_activations)",
+}
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,8 @@ class SearchResult:
     budget_seconds: float = DEFAULT_SEARCH_SECONDS
     partition_method: str = ""  # the pipe_partition_method the pipelines were planned with
     partition_note: str | None = None  # why it is not the configured one
+    fixed: tuple[str, ...] = ()  # the knobs kept at the configured values (--search-fix), in KNOBS order
+    configured_reason: str | None = None  # why the configured layout was rejected (when it was evaluated)
 
     def to_json(self, top: int) -> dict[str, Any]:
         """Plain data for ``--json``."""
@@ -121,6 +132,8 @@ class SearchResult:
             "rejected_by_reason": self.rejected_counts,
             "pipe_partition_method": self.partition_method,
             "pipe_partition_note": self.partition_note,
+            "fixed_knobs": list(self.fixed),
+            "configured_rejected_reason": self.configured_reason,
         }
 
 
@@ -155,13 +168,29 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
 Layout = tuple[int, int, int, int, int, bool]  # (TP, pipe_parallel_size, DP, ZeRO, micro-batch, checkpointing)
 
 
-def _candidates(base: TrainingSetup, hw: Hardware) -> Iterator[tuple[Layout, Reason | None]]:
-    """Every candidate layout with its structural rejection (None: to be sized), smallest TP and stages first."""
+def check_fixed(knobs: str | None) -> tuple[str, ...]:
+    """``--search-fix tp,zero`` -> the knobs in :data:`KNOBS` order; ValueError naming the valid ones."""
+    names = [k.strip() for k in (knobs or "").split(",") if k.strip()]
+    unknown = [k for k in names if k not in KNOBS]
+    if unknown or (knobs is not None and not names):
+        raise ValueError(f"--search-fix {knobs!r}: a comma-separated list of {', '.join(KNOBS)}")
+    return tuple(k for k in KNOBS if k in names)
+
+
+def _candidates(
+    base: TrainingSetup, hw: Hardware, fixed: tuple[str, ...] = ()
+) -> Iterator[tuple[Layout, Reason | None]]:
+    """Every candidate layout with its structural rejection (None: to be sized), smallest TP and stages first;
+    the ``fixed`` knobs only take the configured value."""
     batch = base.train_batch
-    for tp in _powers_of_two(hw.gpus):
-        for stages in _divisors(hw.gpus // tp, hw.gpus):
+    for tp in [base.tp] if "tp" in fixed else _powers_of_two(hw.gpus):
+        if "tp" in fixed and hw.gpus % tp:
+            continue  # a fixed TP that does not divide the GPUs: no layout
+        for stages in [base.stages] if "pp" in fixed else _divisors(hw.gpus // tp, hw.gpus):
+            if "pp" in fixed and (hw.gpus // tp) % stages:
+                continue
             dp = hw.gpus // (tp * stages)
-            for zero in range(4):
+            for zero in [base.zero_stage] if "zero" in fixed else range(4):
                 pp = stages if stages > 1 or zero < 2 else 0
                 if base.precision == "fp16" and pp >= 1 and zero == 0:
                     continue  # GPT-NeoX runs fp16 pipelines with ZeRO-1 anyway (a duplicate of zero == 1)
@@ -169,8 +198,11 @@ def _candidates(base: TrainingSetup, hw: Hardware) -> Iterator[tuple[Layout, Rea
                 if reason is None and batch % dp:
                     reason = ("batch", f"train_batch_size {batch} not divisible by DP {dp}")
                 per_dp = max(batch // dp, 1)
-                for micro in _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]:
-                    for ckpt in (True, False):
+                micros = _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]
+                if "micro" in fixed:
+                    micros = [base.micro_batch] if reason is not None or per_dp % base.micro_batch == 0 else []
+                for micro in micros:
+                    for ckpt in [base.checkpoint_activations] if "ckpt" in fixed else (True, False):
                         yield (tp, pp, dp, zero, micro, ckpt), reason
 
 
@@ -181,8 +213,10 @@ def search_layouts(
     headroom: float = DEFAULT_HEADROOM,
     seconds: float = DEFAULT_SEARCH_SECONDS,
     framework: str = DEFAULT_FRAMEWORK,
+    fixed: tuple[str, ...] = (),
 ) -> SearchResult:
-    """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding).
+    """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding), the
+    ``fixed`` knobs (names in :data:`KNOBS`) kept at the configured values.
 
     A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
     the CUDA context, NCCL's buffers and allocator fragmentation). When ``seconds`` run out the search stops and
@@ -204,7 +238,7 @@ def search_layouts(
     total = count_params(cfg, 1, 0, method).total
     out: list[Candidate] = []
     cut_short = False
-    for layout, reason in _candidates(base, hw):
+    for layout, reason in _candidates(base, hw, fixed):
         if time.monotonic() > deadline:
             cut_short = True
             break
@@ -221,6 +255,10 @@ def search_layouts(
     result = SearchResult(
         hw, usable, base.train_batch, fits, above, dict(reasons), configured, rank, len(out), cut_short, seconds, method
     )
+    result.fixed = fixed
+    if rank is None:  # a shape refused for every micro-batch is evaluated once, with micro-batch 1
+        same = [c for c in rejected if c.key == configured or (c.key[:3], c.key[4]) == (configured[:3], configured[4])]
+        result.configured_reason = next((c.reason for c in sorted(same, key=lambda c: c.key != configured)), None)
     if method != inputs.pipe_partition_method:
         result.partition_note = (
             f"pipelines planned with pipe_partition_method {method!r} (even split); the configured "

@@ -34,8 +34,15 @@ def _shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
 
 
 def _ddd(hidden: int) -> torch.Tensor:
-    """``[1, 1, h]`` with entry ``i`` = ``i / h`` (fp32, as GPT-NeoX fills it)."""
-    return (torch.arange(hidden, dtype=torch.float64) / hidden).float().view(1, 1, hidden)
+    """``[1, 1, h]`` with entry ``i`` = ``i / h`` (fp32, as GPT-NeoX fills it), on the CPU (:func:`_here`)."""
+    return (torch.arange(hidden, dtype=torch.float64, device="cpu") / hidden).float().view(1, 1, hidden)
+
+
+def _here() -> torch.device:
+    """The device the model is being built on. The layers' constant tables are computed on the CPU and moved there:
+    on the meta device (the planner counting parameters) that arithmetic would run Python decompositions that import
+    ``torch._dynamo``; on the CPU the move is a no-op."""
+    return torch.empty(0).device
 
 
 class RWKV_TimeMix(nn.Module):  # GPT-NeoX's class name
@@ -49,24 +56,25 @@ class RWKV_TimeMix(nn.Module):  # GPT-NeoX's class name
         self.chunk = DEFAULT_CHUNK
         ratio_0_to_1 = layer_number / (cfg.num_layers - 1)
         ratio_1_to_almost0 = 1.0 - layer_number / cfg.num_layers
+        here = _here()
         with torch.no_grad():
             ddd = _ddd(h)
-            self.time_maa_x = nn.Parameter(1.0 - torch.pow(ddd, ratio_1_to_almost0))
-            self.time_maa_w = nn.Parameter(1.0 - torch.pow(ddd, ratio_1_to_almost0))
-            self.time_maa_k = nn.Parameter(1.0 - torch.pow(ddd, ratio_1_to_almost0))
-            self.time_maa_v = nn.Parameter(1.0 - (torch.pow(ddd, ratio_1_to_almost0) + 0.3 * ratio_0_to_1))
-            self.time_maa_r = nn.Parameter(1.0 - torch.pow(ddd, 0.5 * ratio_1_to_almost0))
-            self.time_maa_g = nn.Parameter(1.0 - torch.pow(ddd, 0.5 * ratio_1_to_almost0))
+            self.time_maa_x = nn.Parameter((1.0 - torch.pow(ddd, ratio_1_to_almost0)).to(here))
+            self.time_maa_w = nn.Parameter((1.0 - torch.pow(ddd, ratio_1_to_almost0)).to(here))
+            self.time_maa_k = nn.Parameter((1.0 - torch.pow(ddd, ratio_1_to_almost0)).to(here))
+            self.time_maa_v = nn.Parameter((1.0 - (torch.pow(ddd, ratio_1_to_almost0) + 0.3 * ratio_0_to_1)).to(here))
+            self.time_maa_r = nn.Parameter((1.0 - torch.pow(ddd, 0.5 * ratio_1_to_almost0)).to(here))
+            self.time_maa_g = nn.Parameter((1.0 - torch.pow(ddd, 0.5 * ratio_1_to_almost0)).to(here))
             self.time_maa_w1 = nn.Parameter(torch.zeros(h, TIME_MIX_EXTRA_DIM * 5).uniform_(-1e-4, 1e-4))
             self.time_maa_w2 = nn.Parameter(torch.zeros(5, TIME_MIX_EXTRA_DIM, h).uniform_(-1e-4, 1e-4))
-            n = torch.arange(d, dtype=torch.float64)
+            n = torch.arange(d, dtype=torch.float64, device="cpu")
             decay_speed = -6 + 5 * (n / (d - 1)) ** (0.7 + 1.3 * ratio_0_to_1)
-            self.time_decay = nn.Parameter(decay_speed.float().reshape(1, 1, d))
+            self.time_decay = nn.Parameter(decay_speed.float().reshape(1, 1, d).to(here))
             self.time_decay_w1 = nn.Parameter(torch.zeros(h, TIME_DECAY_EXTRA_DIM).uniform_(-1e-4, 1e-4))
             self.time_decay_w2 = nn.Parameter(torch.zeros(TIME_DECAY_EXTRA_DIM, d).uniform_(-1e-4, 1e-4))
             zigzag = ((n + 1) % 3 - 1) * 0.1
             bonus = ratio_0_to_1 * (1 - n / (d - 1)) + zigzag
-            self.time_faaaa = nn.Parameter(bonus.float().reshape(self.num_heads, self.head_size))
+            self.time_faaaa = nn.Parameter(bonus.float().reshape(self.num_heads, self.head_size).to(here))
         self.receptance = nn.Linear(h, d, bias=False)
         self.key = nn.Linear(h, d, bias=False)
         self.value = nn.Linear(h, d, bias=False)
@@ -115,8 +123,8 @@ class RWKV_ChannelMix(nn.Module):  # GPT-NeoX's class name
         with torch.no_grad():
             ddd = _ddd(h)
             ratio_1_to_almost0 = 1.0 - layer_number / cfg.num_layers
-            self.time_maa_k = nn.Parameter(1.0 - torch.pow(ddd, ratio_1_to_almost0))
-            self.time_maa_r = nn.Parameter(1.0 - torch.pow(ddd, ratio_1_to_almost0))
+            self.time_maa_k = nn.Parameter((1.0 - torch.pow(ddd, ratio_1_to_almost0)).to(_here()))
+            self.time_maa_r = nn.Parameter((1.0 - torch.pow(ddd, ratio_1_to_almost0)).to(_here()))
         self.key = nn.Linear(h, ffn, bias=False)
         self.receptance = nn.Linear(h, h, bias=False)
         self.value = nn.Linear(ffn, h, bias=False)
