@@ -1,6 +1,6 @@
 """Korthikanti et al. 2022's runs (sequence parallelism + selective recomputation against full recomputation),
 checked against the paper's own text and predicted by ``deepy.py --plan``; the same runs are rows of the calibration
-set (``published_runs.py``, source ``KORTHIKANTI``; docs/planner.md#runs-with-layout-knobs).
+set (``published_runs.py``, source ``KORTHIKANTI``; docs/planner.md#runs-with-layout-knobs-in-the-fit).
 
 Read from the paper (arXiv:2205.05198, the arXiv PDF as annotated in danielvegamyhre/ml-scalability-and-performance-
 reading-group at 4ba9bea8, session_9/reducing_activation_recomputation_[annotated].pdf, text extracted with pypdf):
