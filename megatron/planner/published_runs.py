@@ -259,7 +259,7 @@ def _korthikanti(
         SELENE_IB,
         "megatron-lm",
         checkpoint_activations=not selective,
-        note=f"quoted {seconds} s per iteration",
+        note=f"quoted {seconds} s per iteration, " + ("SP + selective" if selective else "full recomputation, no SP"),
         sequence_parallel=selective,
         recompute_granularity="selective" if selective else None,
         num_layers_per_virtual_pipeline_stage=layers_per_chunk,
