@@ -2,7 +2,7 @@
 checked against the paper's own text and predicted by ``deepy.py --plan``; the same runs are rows of the calibration
 set (``published_runs.py``, source ``KORTHIKANTI``; docs/planner.md#runs-with-layout-knobs-in-the-fit).
 
-Read from the paper (arXiv:2205.05198, arXiv:2205.05198v1, 10 May 2022, as annotated in danielvegamyhre/ml-scalability-and-performance-
+Read from the paper (arXiv:2205.05198v1, 10 May 2022, as annotated in danielvegamyhre/ml-scalability-and-performance-
 reading-group at 4ba9bea8, session_9/reducing_activation_recomputation_[annotated].pdf, text extracted with pypdf):
 
 * Table 3, "Model configurations used during evaluation. Note that no data parallelism is used in our evaluations":
