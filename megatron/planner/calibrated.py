@@ -35,14 +35,14 @@ from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.planner.layout import GroupPlacement
 
 # Fitted against megatron/planner/published_runs.py by tools/fit_planner_calibration.py (docs/planner.md, "Calibration").
-GEMM_PEAK_FRACTION = 0.578  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
+GEMM_PEAK_FRACTION = 0.656  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
 GEMM_KNEE = (
     20.0  # set, not fitted (the runs do not constrain it): per-rank GEMM width (hidden / tp) at half that fraction
 )
-ACTIVATION_TRAFFIC = 2.53  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
+ACTIVATION_TRAFFIC = 5.61  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
 BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of the link bandwidth
-ZERO3_OVERLAP = 0.851  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
-DEEPSPEED_ENGINE_EFFICIENCY = 0.948  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
+ZERO3_OVERLAP = 0.802  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
+DEEPSPEED_ENGINE_EFFICIENCY = 0.859  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
 
 # --framework: the training framework whose engine the prediction models -> the engine its step runs on.
 FRAMEWORKS = {

@@ -22,7 +22,7 @@ which neox-forge runs, is modelled in :mod:`~megatron.planner.memory` and :mod:`
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from megatron.neox_arguments.errors import ConfigError
 from megatron.neox_arguments.ranges import RANGES
@@ -61,6 +61,20 @@ def read_plan_only_keys(values: dict[str, Any], origins: dict[str, str]) -> dict
     return out
 
 
+class KnobSettings(Protocol):
+    """What the knobs' time terms read: a :class:`~megatron.planner.inputs.TrainingSetup`, or a published run
+    (:class:`~megatron.planner.published_runs.PublishedRun`) under the same names."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def recompute_granularity(self) -> str | None: ...
+    @property
+    def num_layers_per_virtual_pipeline_stage(self) -> int | None: ...
+    @property
+    def context_parallel_size(self) -> int: ...
+
+
 def plan_only_in_use(setup: TrainingSetup) -> list[str]:
     """The plan-only keys ``setup`` sets to something other than their defaults (what neox-forge cannot run)."""
     return [key for key, default in PLAN_ONLY_KEYS.items() if getattr(setup, key) != default]
@@ -80,7 +94,7 @@ def knob_formulas(setup: TrainingSetup, found: dict[str, str]) -> dict[str, str]
     return out
 
 
-def virtual_stages(setup: TrainingSetup, layers: int) -> int:
+def virtual_stages(setup: KnobSettings, layers: int) -> int:
     """Model chunks ``v`` per pipeline rank holding ``layers`` layers (1 without interleaving)."""
     n = setup.num_layers_per_virtual_pipeline_stage
     return max(layers // n, 1) if n and setup.pp >= 2 else 1
@@ -173,7 +187,7 @@ class KnobPrediction(Prediction):
 def predict_knobs(
     w: Workload,
     link: Link,
-    setup: TrainingSetup,
+    setup: KnobSettings,
     gpus_per_node: int,
     cal: Calibration | None = None,
     extra: list[GroupPlacement] | None = None,

@@ -1,10 +1,12 @@
 """Published large training runs with their full layouts and measured throughput: the planner's calibration set.
 
 Every figure is from the cited paper, table or training script. ``published_tflops`` is the achieved hardware
-TFLOP/s per GPU as the source reports it; all of them count FLOPs with the same formula GPT-NeoX logs
-(``24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``, ``K = 4`` with activation recomputation, which every run here uses;
-Megatron-LM's Eq. 3 is this formula with ``K = 4``). Hardware per run: A100 (312 TFLOP/s fp16/bf16), HBM 1555 GB/s
-(40 GB) or 2039 GB/s (80 GB), NVLink 300 GB/s per direction, and the per-GPU share of the node's network cards.
+TFLOP/s per GPU counted with the formula GPT-NeoX logs (``24·K·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``, ``K = 4`` with
+full activation recomputation; Megatron-LM's Eq. 3 is this formula with ``K = 4``): as the source reports it for the
+runs with full recomputation but Korthikanti et al.'s, whose quoted seconds per iteration are converted
+(:func:`step_tflops`; their selective-recomputation runs at ``K = 3`` plus the recomputed attention core, as the
+planner counts them). Hardware per run: A100 (312 TFLOP/s fp16/bf16), HBM 1555 GB/s (40 GB) or 2039 GB/s (80 GB),
+NVLink 300 GB/s per direction, and the per-GPU share of the node's network cards.
 
 :data:`VALIDATION_RUNS` are published FSDP runs (torchtitan, H100) the constants are not fitted to: the source quotes
 tokens/s per GPU, converted here with the same formula (``K = 3``: selective recomputation, :func:`neox_tflops`).
@@ -15,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron.planner.calibrated import FRAMEWORKS, Calibration, Link, Prediction, Workload, predict
-from megatron.planner.layout import group_placements
+from megatron.planner.calibrated import FRAMEWORKS, Calibration, Link, Prediction, Workload
+from megatron.planner.knobs import predict_knobs
 from megatron.planner.partition import gpt_neox_layers_per_stage
 
 A100_40GB_HBM = 1555.0
@@ -35,6 +37,10 @@ BLOOM = (
 TORCHTITAN = (
     "torchtitan team, benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan), Tables 1 and 3 (FSDP, eager, "
     "bf16); seq_len 8192 and selective_ac_option 'op' from train_configs/llama3_8b.toml at the commit it names, 9dec370"
+)
+KORTHIKANTI = (
+    "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198), "
+    "Tables 3 and 5, §6 and §6.3"
 )
 GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
 H100_NVLINK = 450.0
@@ -70,6 +76,11 @@ class PublishedRun:
     mlp_widths: tuple[int, int] = (0, 0)  # (linear1 out, linear2 in); (0, 0): plain 4h (SwiGLU: (2f, f))
     untied_embedding: bool = False  # separate output layer (Llama): twice the embedding's parameters
     flash_attention: bool = False
+    # Layout knobs (megatron/planner/knobs.py; the names TrainingSetup reads them under)
+    sequence_parallel: bool = False
+    recompute_granularity: str | None = None  # "selective": Megatron-LM's selective recomputation
+    num_layers_per_virtual_pipeline_stage: int | None = None  # interleaved 1F1B schedule
+    context_parallel_size: int = 1
 
     @property
     def dp(self) -> int:
@@ -100,12 +111,13 @@ class PublishedRun:
             kv_heads=self.kv_heads,
             mlp_widths=self.mlp_widths,
             flash_attention=self.flash_attention,
+            sequence_parallel=self.sequence_parallel,
         )
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
-        """The planner's prediction for this run."""
+        """The planner's prediction for this run (with its layout knobs; without, :func:`calibrated.predict`'s)."""
         link = Link(self.peak_tflops, self.hbm_GBps, self.nvlink_GBps, self.inter_node_GBps)
-        return predict(self.workload(), link, group_placements(self.tp, self.pp, self.dp, 8), cal)
+        return predict_knobs(self.workload(), link, self, 8, cal)
 
 
 def _megatron_t1(
@@ -206,8 +218,57 @@ def _torchtitan_8b(name: str, gpus: int, global_batch: int, tokens_per_s_per_gpu
     )
 
 
+def step_tflops(seconds: float, shape: tuple[int, int, int], gpus: int, batch: int, selective: bool) -> float:
+    """TFLOP/s per GPU of a run quoted as seconds per iteration, counted as the planner logs it (hidden, layers,
+    vocabulary ``shape``; ``s`` 2048): GPT-NeoX's formula with ``K = 4`` (full recomputation) or ``K = 3`` plus the
+    recomputed attention core ``4·B·s²·h·l`` (selective recomputation, :mod:`~megatron.planner.knobs`)."""
+    h, layers, vocab = shape
+    s, k = 2048.0, 3 if selective else 4
+    flops = 24.0 * k * batch * s * layers * h * h * (1.0 + s / (6.0 * h) + vocab / (16.0 * layers * h))
+    flops += 4.0 * batch * s * s * h * layers if selective else 0.0
+    return flops / (seconds * gpus) / 1e12
+
+
+def _korthikanti(
+    name: str,
+    shape: tuple[int, int, int],
+    tp_pp_gpus: tuple[int, int, int],
+    batch: tuple[int, int],
+    layers_per_chunk: int | None,
+    seconds: float,
+    selective: bool,
+) -> PublishedRun:
+    # Table 5 compares "Present Work" (sequence parallelism + selective recomputation) with "Full Recompute"
+    # (§6.3: "full recomputation without sequence parallelism"); Table 3's layouts, Megatron-LM, Selene.
+    (h, layers, heads), (tp, pp, gpus), (micro, global_batch) = shape, tp_pp_gpus, batch
+    return PublishedRun(
+        name,
+        KORTHIKANTI,
+        h,
+        layers,
+        heads,
+        51200,
+        tp,
+        pp,
+        gpus,
+        micro,
+        global_batch,
+        0,
+        step_tflops(seconds, (h, layers, 51200), gpus, global_batch, selective),
+        A100_80GB_HBM,
+        SELENE_IB,
+        "megatron-lm",
+        checkpoint_activations=not selective,
+        note=f"quoted {seconds} s per iteration, " + ("SP + selective" if selective else "full recomputation, no SP"),
+        sequence_parallel=selective,
+        recompute_granularity="selective" if selective else None,
+        num_layers_per_virtual_pipeline_stage=layers_per_chunk,
+    )
+
+
 GPT3 = (12288, 96, 96)
 MT530 = (20480, 105, 128)
+K22B, K1T = (6144, 48, 64), (25600, 128, 160)
 
 PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
@@ -318,6 +379,17 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         "megatron-deepspeed",
         note="Jean Zay: 4 x 100 Gb/s Omni-Path per node (6.25 GB/s per GPU); bf16 (DeepSpeed's BF16 optimizer = ZeRO-1)",
     ),
+    # Korthikanti et al. 2022 (docs/planner.md, "Runs with layout knobs"): data-parallel size 1 but the last row;
+    # 3 interleaved stages ("m = 3") for 175B and 530B: 4 and 1 layers per model chunk.
+    _korthikanti("Korthikanti 22B SP+selective", K22B, (8, 1, 8), (4, 4), None, 1.10, True),
+    _korthikanti("Korthikanti 22B full", K22B, (8, 1, 8), (4, 4), None, 1.42, False),
+    _korthikanti("Korthikanti 175B SP+selective", GPT3, (8, 8, 64), (1, 64), 4, 13.75, True),
+    _korthikanti("Korthikanti 175B full", GPT3, (8, 8, 64), (1, 64), 4, 18.13, False),
+    _korthikanti("Korthikanti 530B SP+selective", MT530, (8, 35, 280), (1, 280), 1, 37.83, True),
+    _korthikanti("Korthikanti 530B full", MT530, (8, 35, 280), (1, 280), 1, 49.05, False),
+    _korthikanti("Korthikanti 1T SP+selective", K1T, (8, 64, 512), (1, 512), None, 71.49, True),
+    _korthikanti("Korthikanti 1T full", K1T, (8, 64, 512), (1, 512), None, 94.42, False),
+    _korthikanti("Korthikanti 530B SP+selective DP 8", MT530, (8, 35, 2240), (1, 2240), 1, 39.15, True),
 )
 
 # Published FSDP runs on H100 that the constants are NOT fitted to: predicted out of sample (docs/planner.md,

@@ -25,9 +25,10 @@ def test_the_fit_reproduces_the_constants() -> None:
 
 
 def test_leave_one_source_out() -> None:
-    """Fit on every source but one, predict that one's runs: the numbers docs/planner.md tabulates (18 of 21 within
-    ±15 %, 19 within ±25 %; the issue's target, 90 % and all, is not reached: the ZeRO-3 runs at 4 micro-batch
-    samples, +31 % and +36 %, when Table 2, the only fitted ZeRO-3 source, is left out; torchtitan's FSDP rows are
+    """Fit on every source but one, predict that one's runs: the numbers docs/planner.md tabulates (27 of 30 within
+    ±15 %, 28 within ±25 %: the issue's first target, 90 % within ±15 %, is met, the second, all within ±25 %, is not:
+    the ZeRO-3 runs at 4 micro-batch samples, +32 % and +36 %, when Table 2, the only fitted ZeRO-3 source, is left
+    out; Korthikanti et al.'s nine runs, the sixth source, all within ±15 % when left out; torchtitan's FSDP rows are
     VALIDATION_RUNS, not fitted, and leave these counts as they are)."""
     pytest.importorskip("scipy")
     assert FIT.constrained([r for r in PUBLISHED_RUNS if r.zero_stage != 3]) == [
@@ -36,8 +37,11 @@ def test_leave_one_source_out() -> None:
         "deepspeed_engine_efficiency",
     ]
     errors = dict(zip((r.name for r in PUBLISHED_RUNS), FIT.leave_one_source_out(), strict=True))
-    assert len({r.source for r in PUBLISHED_RUNS}) == 5
-    assert sum(abs(e) <= 0.15 for e in errors.values()) == 18  # of 21
-    assert sum(abs(e) <= 0.25 for e in errors.values()) == 19
-    assert errors["ZeRO-3 175B 384"] == pytest.approx(0.31, abs=0.02)
+    assert len({r.source for r in PUBLISHED_RUNS}) == 6 and len(errors) == 30
+    assert sum(abs(e) <= 0.15 for e in errors.values()) == 27
+    assert sum(abs(e) <= 0.25 for e in errors.values()) == 28
+    assert errors["ZeRO-3 175B 384"] == pytest.approx(0.32, abs=0.02)
     assert errors["ZeRO-3 530B 640"] == pytest.approx(0.36, abs=0.02)
+    assert errors["MT-NLG 530B 3360"] == pytest.approx(0.185, abs=0.02)
+    korthikanti = [e for name, e in errors.items() if name.startswith("Korthikanti")]
+    assert len(korthikanti) == 9 and max(abs(e) for e in korthikanti) < 0.15

@@ -79,4 +79,4 @@ def test_torchtitan_rows_read_the_source_and_are_over_predicted() -> None:
     assert eight.published_tflops == pytest.approx(neox_tflops(5762.0, LLAMA3_8B, 8192, 3)) and many.dp == 128
     assert eight.workload().zero_stage == 3 and not eight.workload().checkpoint_activations
     errors = [r.predict().tflops_per_gpu / r.published_tflops - 1 for r in VALIDATION_RUNS]
-    assert errors[0] == pytest.approx(0.637, abs=0.01) and errors[1] == pytest.approx(0.555, abs=0.01)
+    assert errors[0] == pytest.approx(0.733, abs=0.01) and errors[1] == pytest.approx(0.597, abs=0.01)
