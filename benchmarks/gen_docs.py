@@ -196,7 +196,7 @@ ones). Runs at load 4–7 earlier the same hour gave Mamba 1.5x / 3.1x and WKV 0
 `[b, d, 16]` / `[b, H, 64, 64]` tensors per token, so a 2-core CPU charges them little for being sequential. What is
 left for the WKV is its small per-chunk matmuls (`[4, 16, 64] @ [4, 64, 64]` and alike, two forward and four
 backward per chunk of 16 tokens: ~70% of its time in one `torch.profiler` run at load ~5). Batching them (one
-`k'ᵀ v` matmul for all chunks, an element-wise loop, one `r' @ S` matmul) was 1.5–3x faster in a quick A/B but
+`k'ᵀ v` matmul for all chunks, an element-wise loop, one `r' @ S` matmul) was 1.4–3.1x faster in a quick A/B but
 changes the tensors autograd saves, so the planner's RWKV formula (exact to the byte, tested) would need
 re-deriving; not done.
 
