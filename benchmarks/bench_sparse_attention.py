@@ -3,7 +3,9 @@
     python benchmarks/bench_sparse_attention.py [--seq 2048] [--heads 8] [--head-dim 64] [--rounds 5] [--save]
 
 Forward + backward of one attention call ``[1, heads, seq, head_dim]`` in fp32 for each layout: GPT-NeoX's
-``sparse.yml`` local layer (block 16, ``num_local_blocks`` 32) and the defaults of ``sparse_fixed`` and ``bigbird``.
+``sparse.yml`` local layer (block 16, ``num_local_blocks`` 32), the defaults of ``sparse_fixed`` and ``bigbird``, and
+a ``local`` layout with windows of 11 blocks of 16, which at seq 2048 keeps 9.1% of the causal blocks (over 90%
+masked: the issue's "90% of blocks masked" case, reported as ``ratio_90pct_masked``).
 The baseline is what runs without a block-sparse kernel: ``F.scaled_dot_product_attention`` with the layout
 expanded to a token mask (causal inside). Gate: both give the same output and gradients (rel. 1e-4) before any
 timing. Rounds alternate (ours, then the baseline); the ratio is the median of baseline / ours over the rounds of
@@ -31,7 +33,10 @@ LAYOUTS = {
     "sparse.yml local": ("local", {"block": 16, "num_local_blocks": 32}),
     "sparse_fixed": ("sparse_fixed", {}),
     "bigbird": ("bigbird", {}),
+    # the "90% of blocks masked": windows of 11 blocks keep 9.1% of the causal blocks at seq 2048
+    "local 90% masked": ("local", {"block": 16, "num_local_blocks": 11}),
 }
+MASKED_90 = "local 90% masked"
 
 
 def dense_masked(q, k, v, layout, block, scale):
@@ -94,11 +99,18 @@ def main() -> int:
             "slots_per_query_block": plan.slots,
         }
         print(name, results[name], flush=True)
+    masked = 1 - results[MASKED_90]["causal_block_fraction"]
+    print(f"ratio_90pct_masked={results[MASKED_90]['ratio']} (dense masked / block-sparse, {masked:.1%} masked)")
     report.finish(
         results["sparse.yml local"]["ratio"],
         "dense masked / block-sparse time, forward + backward, sparse.yml local layout",
         save=a.save,
         layouts=results,
+        ratio_90pct_masked=results[MASKED_90]["ratio"],
+        ratio_90pct_masked_meaning=(
+            f"dense masked / block-sparse time, forward + backward, {MASKED_90} layout "
+            f"({1 - results[MASKED_90]['causal_block_fraction']:.1%} of the causal blocks masked)"
+        ),
     )
     return 0
 

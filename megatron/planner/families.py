@@ -1,19 +1,19 @@
 """Activation memory of Mamba and RWKV layers: the bytes each layer keeps for its backward pass.
 
 The transformer formula (:mod:`megatron.planner.memory`) does not describe these layers: their training paths are
-chunked scans (``megatron/model/mamba/scan.py``, chunk ``t = 8``; ``megatron/model/rwkv/wkv.py``, chunk ``T = 16``)
-whose saved tensors are dominated by the per-chunk decay matrices. The formulas below count, term by term, the fp32
-tensors autograd saves in one layer's forward (measured with ``torch.autograd.graph.saved_tensors_hooks``, every
+scans (``megatron/model/mamba/scan.py`` on ``megatron/model/linear_scan.py``; ``megatron/model/rwkv/wkv.py``,
+chunk ``T = 16``) whose saved tensors are dominated by per-token state-sized tensors. The formulas below count, term
+by term, the fp32 tensors autograd saves in one layer's forward (measured with ``torch.autograd.graph.saved_tensors_hooks``, every
 storage once, parameters and the layer's input excluded, tensors of discarded outputs — the final scan state —
 not counted). ``tests/unit/test_planner_families.py`` checks them to the byte against that measurement for micro-batches
 of 2 or more and sequence lengths that are multiples of the chunk, in fp32. 16-bit training is not checked (the
 scans compute in fp32 whatever the precision, so most of these bytes stay fp32); the planner uses the fp32 count.
 
 Mamba (``d`` = inner width per TP rank, ``r = ⌈h/16⌉``, ``n = 16`` state size), bytes:
-``4·(b·s·d·(2·t·n + 5·n + 3) - 13·b·d + b·s·r + 2·b·s·h + b·s·(5·n + 1) + 32·d) + t²`` with ``rmsnorm``
-(the ``[b, d, s, t, n]`` chunk decays twice, ``[b, d, s, n]`` cumulative decays and inputs, the ``[b, d, s]``
-streams, the Δ/B/C projections, the norm, ``A``, the ``t × t`` causal mask); ``layernorm`` keeps ``b·s·h + 2·b·s``
-floats instead of rmsnorm's ``2·b·s·h + b·s``, ``scalenorm`` ``2·b·s·h + 2·b·s``.
+``4·(b·s·d·(n + 13) + b·s'·d·n + b·d·(n + 3) + b·s·r + 2·b·s·h + b·s·(4·n + 1) + 2·d·n)`` with ``rmsnorm``
+(the ``[s, b, d, n]`` decays and scan inputs, the scan's states over ``s'`` = ``s`` rounded up to the scan's chunk
+length, the ``[b, d, s]`` streams, the Δ/B/C projections, the zero start state, the norm, ``A``); ``layernorm`` keeps
+``b·s·h + 2·b·s`` floats instead of rmsnorm's ``2·b·s·h + b·s``, ``scalenorm`` ``2·b·s·h + 2·b·s``.
 
 RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP), bytes:
 ``4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T - 48·b·h) + T²``
@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import math
 
-MAMBA_CHUNK = 8  # megatron/model/mamba/scan.py CHUNK_SIZE
+from megatron.model.linear_scan import chunk_length
+
 MAMBA_STATE = 16  # d_state
 RWKV_CHUNK = 16  # megatron/model/rwkv/wkv.py DEFAULT_CHUNK
 FP32 = 4
 
 MAMBA_MEMORY_FORMULA = (
-    "4·(b·s·d·(2·t·n + 5·n + 3) − 13·b·d + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(5·n+1) + 32·d) + t², t=8, n=16"
+    "4·(b·s·d·(n + 13) + b·s'·d·n + b·d·(n + 3) + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(4·n+1) + 2·d·n), n=16, "
+    "s' = s rounded up to the linear scan's chunk length (≈√s)"
 )
 RWKV_MEMORY_FORMULA = "4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T − 48·b·h) + T², T=16"
 
@@ -47,11 +49,13 @@ NORM_FLOATS = {"rmsnorm": (2, 1), "layernorm": (1, 2), "scalenorm": (2, 2)}
 
 def mamba_layer_bytes(b: int, s: int, h: int, d_inner: int, tp: int = 1, norm: str = "rmsnorm") -> float:
     """Bytes one Mamba layer keeps for its backward pass (micro-batch ``b``, sequence ``s``, on one TP rank)."""
-    d, n, t, r = d_inner / tp, MAMBA_STATE, min(MAMBA_CHUNK, s), math.ceil(h / 16)
+    d, n, r = d_inner / tp, MAMBA_STATE, math.ceil(h / 16)
+    t = chunk_length(s)
+    s_scan = -(-s // t) * t  # the scan's state tensor covers whole chunks (megatron/model/linear_scan.py)
     per_h, per_token = NORM_FLOATS.get(norm, NORM_FLOATS["rmsnorm"])
-    per = b * s * d * (2 * t * n + 5 * n + 3) - 13 * b * d + b * s * r + per_h * b * s * h + b * s * (5 * n + per_token)
-    per += 32 * d
-    return FP32 * per + t * t
+    per = b * s * d * (n + 13) + b * s_scan * d * n + b * d * (n + 3) + b * s * r + per_h * b * s * h
+    per += b * s * (4 * n + per_token) + 2 * d * n
+    return FP32 * per
 
 
 def rwkv_layer_bytes(b: int, s: int, h: int, ffn_dim: int, heads: int) -> float:

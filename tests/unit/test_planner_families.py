@@ -112,7 +112,7 @@ def test_plan_of_a_mamba_model_counts_its_saved_tensors_and_flops(
     )
     assert plan["throughput"]["model_flops"] == flops_per_iteration(flops, 3)
     assert plan["throughput"]["predicted"]["model_flops"] == flops_per_iteration(flops, 3)
-    assert "Mamba" in plan["formulas"]["flops"] and "t=8" in plan["formulas"]["activations_per_layer"]
+    assert "Mamba" in plan["formulas"]["flops"] and "s' = s rounded up" in plan["formulas"]["activations_per_layer"]
 
 
 def test_plan_of_the_shipped_rwkv_config(capsys: pytest.CaptureFixture[str]) -> None:

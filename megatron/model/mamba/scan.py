@@ -5,12 +5,11 @@ The recurrence, per batch ``b``, channel ``d`` and state dimension ``n`` (Mamba 
     Δ_t = softplus(δ_t + δ_bias)            h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t u_t
     y_t = C_t · h_t + D u_t                  out_t = y_t ⊙ silu(z_t)
 
-:func:`selective_scan` splits the sequence into chunks of ``chunk_size`` tokens. Inside a chunk it forms the
-cumulative log-decays ``S_t = Σ_{k≤t} Δ_k A`` and evaluates every ``h_t`` at once as ``Σ_{k≤t} exp(S_t - S_k) Δ_k B_k
-u_k`` (exponents ≤ 0: no overflow however long the sequence); the state at the end of each chunk is carried to the
-next one, ``exp(S_t) h_in`` adding its contribution. The only Python loop is over chunks (``L / chunk_size``
-iterations on ``[b, d, n]`` tensors), never over tokens. Work and activation memory are ``chunk_size`` times those
-of the sequential form. Everything is computed in fp32; the output has ``u``'s dtype.
+:func:`selective_scan` forms ``exp(Δ_t A)`` and ``Δ_t B_t u_t`` for every token (``[l, b, d, n]``, time first)
+and runs the recurrence with :func:`megatron.model.linear_scan.linear_scan`: linear work, about ``2·√l`` Python steps
+on whole chunks, no exponent beyond ``Δ_t A ≤ 0`` (nothing overflows however strong the decay), and a backward that
+is the same recurrence run backwards. Activation memory: the decays, the inputs' and the states ``[l, b, d, n]``.
+Everything is computed in fp32; the output has ``u``'s dtype.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CHUNK_SIZE = 8
+from megatron.model.linear_scan import linear_scan
 
 
 def discretized_delta(delta: torch.Tensor, delta_bias: torch.Tensor | None, delta_softplus: bool) -> torch.Tensor:
@@ -51,7 +50,7 @@ def selective_scan(
     delta_bias: torch.Tensor | None = None,
     delta_softplus: bool = False,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [b, d, l] in u.dtype, last state [b, d, n] fp32)``, mamba_ssm's ``selective_scan`` signature.
 
@@ -59,39 +58,19 @@ def selective_scan(
     ``D``, ``delta_bias``: ``[d]``; ``initial_state``: ``[b, d, n]`` (zeros when None).
     """
     dtype_in = u.dtype
-    b, d, length = u.shape
+    b, d, _ = u.shape
     n = A.shape[1]
     uf = u.float()
     dt = discretized_delta(delta, delta_bias, delta_softplus)
-    t = max(1, min(chunk_size, length))
-    chunks = -(-length // t)
-    pad = chunks * t - length
-    # padded steps have Δ = 0: decay exp(0) = 1 and no input, so the carried state passes through unchanged
-    dt_p = F.pad(dt, (0, pad)).reshape(b, d, chunks, t)
-    du_p = F.pad(dt * uf, (0, pad)).reshape(b, d, chunks, t)
-    b_p = F.pad(B.float(), (0, pad)).reshape(b, n, chunks, t)
-    c_p = F.pad(C.float(), (0, pad)).reshape(b, n, chunks, t)
-
-    log_decay = torch.cumsum(dt_p[..., None] * A.float()[:, None, None, :], dim=3)  # S [b, d, c, t, n]
-    dbu = du_p[..., None] * b_p.permute(0, 2, 3, 1)[:, None]  # Δ_k B_k u_k [b, d, c, t, n]
-    causal = torch.ones(t, t, dtype=torch.bool, device=u.device).tril()
-    seg = log_decay[..., :, None, :] - log_decay[..., None, :, :]  # S_t - S_k [b, d, c, t, k, n]
-    decay = torch.exp(seg.masked_fill(~causal[:, :, None], float("-inf")))
-    c_tn = c_p.permute(0, 2, 3, 1)  # [b, c, t, n]
-    states = torch.einsum("bdctkn,bdckn->bdctn", decay, dbu)  # every h_t from a zero chunk start
-    y = torch.einsum("bdctn,bctn->bdct", states, c_tn)
-
-    ends = states[:, :, :, -1]  # [b, d, c, n]: each chunk's last state from a zero start
-    chunk_decay = torch.exp(log_decay[..., -1, :])  # [b, d, c, n]
+    # time first, so that the scan's steps read contiguous [b, d, n] slices
+    dt_l = dt.permute(2, 0, 1).contiguous()  # [l, b, d]
+    decay = torch.exp(dt_l[..., None] * A.float())  # exp(Δ_t A) [l, b, d, n]
+    du = (dt * uf).permute(2, 0, 1)[..., None]  # Δ_t u_t [l, b, d, 1]
+    dbu = du * B.float().permute(2, 0, 1)[:, :, None, :]  # Δ_t B_t u_t [l, b, d, n]
     state = initial_state.float() if initial_state is not None else uf.new_zeros(b, d, n)
-    carried = []
-    for c in range(chunks):
-        carried.append(state)
-        state = chunk_decay[:, :, c] * state + ends[:, :, c]
-    h_in = torch.stack(carried, dim=2)  # [b, d, c, n]: the state entering each chunk
-    y = y + torch.einsum("bdctn,bdcn,bctn->bdct", torch.exp(log_decay), h_in, c_tn)
-    y = y.reshape(b, d, chunks * t)[..., :length]
-    return _gate(y, uf, D, z).to(dtype_in), state
+    h = linear_scan(decay, dbu, state, chunk_size)  # [l, b, d, n]
+    y = (h * C.float().permute(2, 0, 1)[:, :, None, :]).sum(-1).permute(1, 2, 0)  # C_t · h_t [b, d, l]
+    return _gate(y, uf, D, z).to(dtype_in), h[-1]
 
 
 def selective_state_step(

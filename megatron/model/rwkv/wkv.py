@@ -81,9 +81,10 @@ def wkv_chunked(
     chunk_decay = torch.exp(a[:, :, :, -1])  # [B, H, C, N]
     s = state.to(dt) if state is not None else r.new_zeros(b, h, n, n)
     inter = []
-    for c in range(nc):
-        inter.append(r_in[:, :, c] @ s)
-        s = chunk_decay[:, :, c, :, None] * s + k_out[:, :, c].transpose(-1, -2) @ v[:, :, c]
+    # unbind, not [:, :, c]: indexing in the loop would make the backward build a full-size zero gradient per chunk
+    for r_c, k_c, v_c, decay_c in zip(r_in.unbind(2), k_out.unbind(2), v.unbind(2), chunk_decay.unbind(2)):
+        inter.append(r_c @ s)
+        s = decay_c[..., None] * s + k_c.transpose(-1, -2) @ v_c
     y = y + torch.stack(inter, dim=2)
     y = y.permute(0, 2, 3, 1, 4).reshape(b, nc * chunk, h, n)[:, :t]
     return y.to(out_dtype), s
