@@ -1,6 +1,6 @@
 """muP through the real training path (``pretrain``): ``save_base_shapes`` writes one base shapes file per rank and
-stops, as GPT-NeoX; a run with ``base_shapes_file`` reads them back and trains (at TP=2 and with the pipe engine) with the losses of a single-process run;
-``coord_check`` writes its data and plots and stops."""
+stops, as GPT-NeoX; a run with ``base_shapes_file`` reads them back and trains (at TP=2 and with the pipe engine)
+with the losses of a single-process run; ``coord_check`` writes its data and plots and stops."""
 
 from __future__ import annotations
 
