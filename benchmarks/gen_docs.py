@@ -43,6 +43,11 @@ KNOWN = {
         "`deepy.py --plan` on a 1T model / 3,072 GPUs (64 stages) with the planner's former paths: DeepSpeed's "
         "`partition_balanced` on every call, per-stage name parsing; ratio in CPU seconds, plans identical",
     ),
+    "mup_lr": (
+        "best LR at width 64 stays best at 256 (muP)",
+        "LR sweep (Adam, 5 LRs) at widths 64 and 256 on the quick-start corpus, muP and standard; held-out loss per LR "
+        "in the details; ratio 1 = the argmin transfers under muP, 0 = it does not",
+    ),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
         "HF generate, greedy, bf16 weights on both sides, token-identical; ratio = min of batch 1 / 8",
@@ -72,6 +77,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 6 | `python benchmarks/bench_zero_memory.py [--small] [--bf16]` | ZeRO-0/1/3 per-rank memory at 2 ranks |
 | 7 | `python benchmarks/bench_sparse_attention.py [--seq 2048]` | block-sparse attention vs dense masked SDPA, per layout |
 | 8 | `python benchmarks/bench_planner.py [--baseline-search]` | `deepy.py --plan` / `--search`, 1T model on 3,072 GPUs, vs the planner's former paths |
+| 9 | `python benchmarks/bench_mup_lr.py [--steps 100]` | muP LR transfer: the best LR at width 64 vs width 256, muP and standard |
 
 ## Measured
 """

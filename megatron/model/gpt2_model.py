@@ -15,7 +15,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from deepspeed import comm as dist
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint as deepspeed_checkpoint
 from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentrant_checkpoint
@@ -331,7 +330,7 @@ class GPT2ModelPipe(PipelineModule):
             for attr_name in comm["weight_attr"]:
                 weight = self._recursive_getattr(self.tied_modules[key], attr_name)
                 if weight.requires_grad:
-                    dist.all_reduce(weight.grad, group=comm["group"])
+                    mpu.all_reduce_sum(weight.grad, group=comm["group"])
 
 
 def build_pipeline_model(cfg: GPTModelConfig, topology: Any = None, **kwargs: Any) -> GPT2ModelPipe:
