@@ -60,6 +60,11 @@ KNOWN = {
         "build stopped importing `torch._dynamo` (`git archive` of `baseline_ref`); ratio in wall seconds, plans "
         "identical",
     ),
+    "mup_lr": (
+        "best LR at width 64 stays best at 256 (muP)",
+        "LR sweep (Adam, 5 LRs) at widths 64 and 256 on the quick-start corpus, muP and standard; held-out loss per LR "
+        "in the details; ratio 1 = the argmin transfers under muP, 0 = it does not",
+    ),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
         "HF generate, greedy, bf16 weights on both sides, token-identical; ratio = min of batch 1 / 8",
@@ -92,6 +97,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 8b | `python benchmarks/bench_planner.py --startup [--baseline-ref REF]` | a cold `python deepy.py --plan` (imports included), 1T model, vs the same command from a git ref |
 | 9 | `python benchmarks/bench_mamba_train.py` | Mamba training step vs HF `MambaForCausalLM` + AdamW, same weights |
 | 10 | `python benchmarks/bench_recurrent_scan.py [--seq 2048]` | chunked Mamba selective scan / RWKV-6 WKV vs a per-token loop |
+| 11 | `python benchmarks/bench_mup_lr.py [--steps 100]` | muP LR transfer: the best LR at width 64 vs width 256, muP and standard |
 
 ## Measured
 """

@@ -35,7 +35,7 @@ from megatron.checkpoint.universal import check_universal_load, read_latest_univ
 from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 from megatron.model.layer_sharing import is_shared
-from megatron.model.soft_prompt import check_prompt_checkpoint, soft_prompt_tokens
+from megatron.model.soft_prompt import check_prompt_checkpoint, check_prompt_pipe_checkpoint, soft_prompt_tokens
 from megatron.neox_arguments.s3_checks import is_s3_url
 
 logger = logging.getLogger(__name__)
@@ -211,6 +211,9 @@ def load_checkpoint(
     tp = int(checkpoint_args.get("model_parallel_size") or 1)
     bias_layout = stored_layout(Path(root) / tag, gpt_j_residual=cfg.gpt_j_residual, tp=tp)
     load_optim = not (weights_only or optimizer_missing or carry)
+    if model is not None and soft_prompt_tokens(model) and hasattr(engine.module, "load_state_dir"):
+        check_prompt_pipe_checkpoint(Path(root) / tag)  # the pipeline engine: every layer file loads strictly
+        load_module_strict = True
     try:
         with (
             safe_loading(),

@@ -34,7 +34,13 @@ from megatron.model.pipe_partition import resolve_partition_method
 from megatron.model.positional_embeddings import POSITION_EMBEDDINGS
 from megatron.model.rwkv import RWKVResidualLayerPipe
 from megatron.model.seeding import seeded
-from megatron.model.soft_prompt import SOFT_PROMPT_PIPE_REFUSAL, SoftPromptPipe, prepare_soft_prompt, soft_prompt_tokens
+from megatron.model.soft_prompt import (
+    PromptOutputDrop,
+    SoftPromptPipe,
+    prepare_soft_prompt,
+    prepare_stage_soft_prompt,
+    soft_prompt_tokens,
+)
 from megatron.model.transformer import (
     NormPipe,
     ParallelLinearPipe,
@@ -61,8 +67,11 @@ def _post_transformer_block(args: tuple) -> torch.Tensor:
     return args[0].transpose(0, 1).contiguous()
 
 
-def build_layer_specs(cfg: GPTModelConfig) -> list:
-    """GPT-NeoX's spec list (see module docstring) of DeepSpeed ``LayerSpec``/``TiedLayerSpec`` and functions."""
+def build_layer_specs(cfg: GPTModelConfig, pipeline: bool = False) -> list:
+    """GPT-NeoX's spec list (see module docstring) of DeepSpeed ``LayerSpec``/``TiedLayerSpec`` and functions.
+
+    ``pipeline``: for the ``PipelineModule``, whose ``_post_transformer_block`` also drops a soft prompt's outputs
+    (the sequential model drops them itself, except in incremental decoding after the first step)."""
     rpe = None  # one attention bias module shared by every layer (T5's relative position bias)
     build_shared_bias = POSITION_EMBEDDINGS.get(cfg.pos_emb).shared_attention_bias
     if build_shared_bias is not None:
@@ -84,7 +93,10 @@ def build_layer_specs(cfg: GPTModelConfig) -> list:
             specs.append(LayerSpec(RWKVResidualLayerPipe, cfg, i, i + 2))
         else:
             specs.append(transformer_layer_spec(cfg, i, ParallelTransformerLayerPipe, rpe=rpe))
-    specs.append(_post_transformer_block)
+    n_prompt = soft_prompt_tokens(cfg)
+    specs.append(
+        PromptOutputDrop(_post_transformer_block, n_prompt) if pipeline and n_prompt else _post_transformer_block
+    )
     specs.append(LayerSpec(NormPipe, cfg, cfg.num_layers + 3))
     if cfg.tied_embeddings:
         specs.append(
@@ -287,14 +299,12 @@ class GPT2ModelPipe(PipelineModule):
         checkpoint_num_layers: int | None = None,
     ) -> None:
         self.cfg = cfg
-        if soft_prompt_tokens(cfg):
-            raise ValueError(SOFT_PROMPT_PIPE_REFUSAL)
         ckpt = cfg.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
         every = cfg.checkpoint_num_layers if checkpoint_num_layers is None else checkpoint_num_layers
         topology = topology if topology is not None else mpu.get_topology()
         stages = topology.get_dim("pipe") if topology is not None else (num_stages or 1)
         super().__init__(
-            layers=build_layer_specs(cfg),
+            layers=build_layer_specs(cfg, pipeline=True),
             num_stages=None if topology is not None else (num_stages or 1),
             topology=topology,
             loss_fn=loss_fn if loss_fn is not None else partial(cross_entropy, _fp16=cfg.fp16_lm_cross_entropy),
@@ -305,11 +315,22 @@ class GPT2ModelPipe(PipelineModule):
         )
         if cfg.sequence_parallel:  # norms see only this rank's tokens: their gradients are summed over TP
             mpu.mark_norms_for_sequence_parallel_grad_sync(self)
+        if soft_prompt_tokens(cfg):  # the prefix's init and every other parameter frozen, on this stage's layers
+            prepare_stage_soft_prompt(self, cfg.soft_prompt_init_ids)
         if cfg.is_moe:
             if self.num_stages > 1:
                 raise ValueError("not supported yet: MoE layers with more than one pipeline stage")
 
             self.loss_fn: Callable[..., torch.Tensor] = with_aux_loss(self.loss_fn, self)
+
+    def allreduce_tied_weight_gradients(self) -> None:
+        """DeepSpeed's sum of tied weights' gradients over their stages, skipping frozen ones (soft prompt tuning
+        freezes the tied embedding: it has no gradient)."""
+        for key, comm in self.tied_comms.items():
+            for attr_name in comm["weight_attr"]:
+                weight = self._recursive_getattr(self.tied_modules[key], attr_name)
+                if weight.requires_grad:
+                    mpu.all_reduce_sum(weight.grad, group=comm["group"])
 
 
 def build_pipeline_model(cfg: GPTModelConfig, topology: Any = None, **kwargs: Any) -> GPT2ModelPipe:

@@ -16,6 +16,8 @@ outputs are dropped, so the logits stay ``[b, s, V]``, each against its own toke
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -43,10 +45,6 @@ class PromptConfig(Protocol):
 C = TypeVar("C", bound=PromptConfig)
 
 SOFT_PROMPT_PARAMETER = "soft_embedding_weight"
-SOFT_PROMPT_PIPE_REFUSAL = (
-    "not supported yet: soft_prompt_tuning with the pipeline engine (pipe_parallel_size >= 1); "
-    "set pipe_parallel_size: 0"
-)
 
 
 def soft_prompt_tokens(cfg: PromptConfig) -> int:
@@ -147,6 +145,37 @@ def prepare_soft_prompt(model: nn.Module, word_embeddings: nn.Module, token_ids:
         param.requires_grad_(name.endswith(SOFT_PROMPT_PARAMETER))
 
 
+class PromptOutputDrop:
+    """``_post_transformer_block`` of a prompt-tuned ``PipelineModule``: also drops the prefix's ``n`` outputs, so the
+    last stages see ``[b, s, h]``. Keeps the wrapped function's ``__name__``, so the pipeline partitions (which
+    weigh specs by name) the same as without a prompt."""
+
+    def __init__(self, fn: Callable[[tuple], torch.Tensor], n: int) -> None:
+        self.fn, self.n = fn, n
+        self.__name__ = fn.__name__
+
+    def __call__(self, args: tuple) -> torch.Tensor:
+        """The wrapped block, then the positions after the prefix."""
+        return self.fn(args)[:, self.n :]
+
+
+def prepare_stage_soft_prompt(pipe: Any, token_ids: tuple[int, ...]) -> None:
+    """:func:`prepare_soft_prompt` on one pipeline stage (a DeepSpeed ``PipelineModule``): every parameter of the
+    stage but the prefix is frozen; ``init_string``'s embeddings need the word embeddings on the prefix's stage."""
+    prompt = next((m for m in pipe.modules() if isinstance(m, SoftPromptPipe)), None)
+    if prompt is None:  # no prefix on this stage: nothing of it trains
+        for param in pipe.parameters():
+            param.requires_grad_(False)
+        return
+    embedding = next((m for m in pipe.modules() if hasattr(m, "word_embeddings")), None)
+    if token_ids and embedding is None:
+        raise ValueError(
+            "soft_prompt_tuning.init_string needs the word embeddings on the prefix's pipeline stage; "
+            "set pipe_partition_method so that the first stage holds layers 0 and 1, or drop init_string"
+        )
+    prepare_soft_prompt(pipe, embedding.word_embeddings if embedding is not None else pipe, token_ids)
+
+
 def check_prompt_checkpoint(saved: set[str], model: nn.Module, path: str) -> None:
     """After a non-strict load into a prompt-tuned model: every parameter but the prefix must have come from the
     checkpoint (its tensor names ``saved``); a checkpoint without the prefix (the model being prompt-tuned) leaves
@@ -160,3 +189,15 @@ def check_prompt_checkpoint(saved: set[str], model: nn.Module, path: str) -> Non
         raise ValueError(f"checkpoint {path} lacks model tensors: {shown}")
     if not any(k.endswith(SOFT_PROMPT_PARAMETER) for k in saved):
         logging.getLogger(__name__).info("checkpoint %s has no soft prompt: the prefix starts from its init", path)
+
+
+def check_prompt_pipe_checkpoint(ckpt_dir: Path) -> None:
+    """Before a pipeline checkpoint (``layer_XX-…`` files) loads into a prompt-tuned ``PipelineModule``: the prefix's
+    file ``layer_01-…`` must be there (every layer then loads strictly)."""
+    from megatron.checkpoint.layout import CheckpointError
+
+    if not any(ckpt_dir.glob("layer_01-*model_states.pt")):
+        raise CheckpointError(
+            f"not supported yet: soft_prompt_tuning on the pipeline engine from a checkpoint without a prefix "
+            f"({ckpt_dir} has no layer_01 file); start it with pipe_parallel_size: 0"
+        )

@@ -228,12 +228,6 @@ def _post_training(c: Ctx) -> list[str]:
     impl = v["train_impl"]
     if impl in ("dpo", "rm", "kto", "reinforce") and v["pipe_parallel_size"] >= 1:
         out.append(f"{c.at('train_impl')} does not run on the pipeline engine; set pipe_parallel_size: 0")
-    soft = v["soft_prompt_tuning"]
-    if isinstance(soft, dict) and soft.get("enabled") is True and v["pipe_parallel_size"] >= 1:
-        out.append(
-            f"not supported yet: soft_prompt_tuning with the pipeline engine ({c.at('pipe_parallel_size')}); "
-            "set pipe_parallel_size: 0"
-        )
     out += post_training_problems(v)
     if impl == "dpo" and v["dpo_reference_free"] and v["precompute_model_name"] and v["text_gen_type"] != "precompute":
         logger.warning("precompute_model_name is ignored: train_impl dpo with dpo_reference_free uses no reference")

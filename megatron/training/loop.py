@@ -179,7 +179,12 @@ class Trainer:
             step.optimizer_step.grad_probe = self.param_metrics.capture_gradients
 
     def _lr(self) -> float:
-        return float(self.engine.optimizer.param_groups[0]["lr"]) if self.engine.optimizer is not None else 0.0
+        """The learning rate of the first param group; a pipeline stage with nothing to train (soft prompt tuning
+        freezes every stage but the prefix's) has no group, so its schedule says."""
+        optimizer, schedule = self.engine.optimizer, self.step.optimizer_step.lr_scheduler
+        if optimizer is not None and optimizer.param_groups:
+            return float(optimizer.param_groups[0]["lr"])
+        return float(schedule.get_lr()) if schedule is not None else 0.0
 
     def train(self, state: LoopState, train_iter: Iterator[Any] | None, valid_iter: Iterator[Any] | None) -> LoopState:
         """Iterate until ``train_iters``; log every ``log_interval``, evaluate every ``eval_interval``."""

@@ -41,6 +41,20 @@ def weight_decay_param_groups(model: torch.nn.Module, weight_decay: float) -> li
     return [g for g in groups if g["params"]]
 
 
+def prompt_free_stage(model: torch.nn.Module) -> bool:
+    """A pipeline stage of a prompt-tuned model without the prefix: nothing of it trains, and that is right (the
+    optimizer gets an empty group; the stage still runs its part of every step)."""
+    from megatron.model.soft_prompt import SoftPromptPipe, soft_prompt_tokens
+
+    cfg = getattr(model, "cfg", None)
+    return (
+        getattr(model, "num_stages", 1) > 1
+        and cfg is not None
+        and soft_prompt_tokens(cfg) > 0
+        and not any(isinstance(m, SoftPromptPipe) for m in model.modules())
+    )
+
+
 def check_zero_compatibility(cfg: OptimizerConfig) -> None:
     """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO."""
     tested = OPTIMIZERS.get(cfg.type).tested_stages(cfg.on_cpu)
@@ -69,7 +83,9 @@ def build_optimizer(
     if "weight_decay" in params:
         raise ConfigError("put weight_decay at the top level of the config, not in optimizer.params (as GPT-NeoX)")
     groups = weight_decay_param_groups(model, cfg.weight_decay)
-    if not groups:
+    if not groups and prompt_free_stage(model):
+        groups = [{"params": [], "weight_decay": 0.0}]
+    if not any(g["params"] for g in groups) and not prompt_free_stage(model):
         raise ConfigError("the model has no trainable parameters")
     params.pop("lr", None)  # the config layer derives the key lr from it (its one default lives there)
     if mup is not None:

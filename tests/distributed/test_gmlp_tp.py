@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.distributed import fns_gmlp
-from tests.distributed.fns_train import make_tiny_data, tiny_config
+from tests.distributed.fns_train import make_tiny_data, run_pretrain_many, tiny_config
 from tests.harness import run_distributed
 from tests.unit.test_gmlp_gpt_neox_golden import CASES, close
 
@@ -22,10 +22,11 @@ TP2 = [c for c in CASES if c["tp"] == 2]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[tuple[dict, list[dict]]], Path]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[tuple[dict, list[dict]]], Path, list[float]]:
     """One start of 2 ranks: GPT-NeoX's TP-2 cases, then a model mixing amlp, global attention and gmlp layers
     trained at TP 2 (sequential; saved, then resumed) and at PP 2 (pipeline engine, gMLP specs on both stages), both
-    recomputing layers in backward (activation checkpointing: GPT-NeoX's checkpointable ``GMLPBlock``)."""
+    recomputing layers in backward (activation checkpointing: GPT-NeoX's checkpointable ``GMLPBlock``); and the PP-2
+    model's single-process (sequential) losses."""
     root = tmp_path_factory.mktemp("gmlp_tp")
     data = make_tiny_data(root / "data")
     mixed = {"num_layers": 3, "attention_config": [[["amlp", "global", "gmlp"], 1]], "gmlp_attn_dim": 8}
@@ -35,7 +36,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[tuple[dict, list
                       checkpoint_factor=2, eval_interval=2, **mixed, **recompute)  # fmt: skip
     resumed = {**tp2, "train_iters": 3, "eval_interval": 3, "load": str(save)}
     pp2 = tiny_config(data, world=2, pipe_parallel_size=2, train_iters=2, eval_interval=2, **mixed, **recompute)
-    return run_distributed(fns_gmlp.run_cases_and_training, 2, [tp2, resumed, pp2], timeout=400), save
+    one = {**pp2, "pipe_parallel_size": 0, "global_num_gpus": 1}
+    reference = run_distributed(run_pretrain_many, 1, [one], timeout=400)[0][0]["train_losses"]
+    return run_distributed(fns_gmlp.run_cases_and_training, 2, [tp2, resumed, pp2], timeout=400), save, reference
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +85,13 @@ def test_both_ranks_flops_are_the_planners_tp2_count(case: dict, ranks: list[dic
 
 
 def test_tp2_and_pp2_training_saves_and_resumes(run) -> None:
-    """Both layouts train; the TP-2 run resumes from its own checkpoint, whose per-rank gMLP tensors are GPT-NeoX's
+    """Both layouts train (the PP-2 one with the single-process losses); the TP-2 run resumes from its own checkpoint, whose per-rank gMLP tensors are GPT-NeoX's
     (``ff/tp`` = 128 features per rank, each rank its own gating unit)."""
     import torch
 
-    results, save = run
+    results, save, reference = run
+    pipe_losses = [pipe["train_losses"] for _, (_, _, pipe) in results if pipe["train_losses"]]
+    assert pipe_losses and pipe_losses[0] == pytest.approx(reference, rel=1e-5)  # 2 stages = one process
     for _, (first, second, pipe) in results:
         assert first["iteration"] == 2 and len(first["train_losses"]) == 2
         assert second["start_iteration"] == 2 and len(second["train_losses"]) == 1

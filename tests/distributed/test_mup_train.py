@@ -1,6 +1,6 @@
 """muP through the real training path (``pretrain``): ``save_base_shapes`` writes one base shapes file per rank and
-stops, as GPT-NeoX; a run with ``base_shapes_file`` reads them back and trains (at TP=2 and with the pipe engine);
-``coord_check`` writes its data and plots and stops."""
+stops, as GPT-NeoX; a run with ``base_shapes_file`` reads them back and trains (at TP=2 and with the pipe engine)
+with the losses of a single-process run; ``coord_check`` writes its data and plots and stops."""
 
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ def test_save_base_shapes_then_train_with_them(tmp_path: Path, tp: int, pp: int)
         tiny_config(data, world=2, **layout),
     ]
     save, up, sp = zip(*run_distributed(run_pretrain_many, 2, configs), strict=True)
+    # the single-process reference: its own base shapes (one rank: the whole vocabulary), the same batches
+    one = {**mup, "base_shapes_file": str(tmp_path / "one" / "model.bsh"), **COMMON}
+    ref = run_distributed(
+        run_pretrain_many, 1, [tiny_config(data, save_base_shapes=True, **one), tiny_config(data, **one)]
+    )[0][1]
+    losses = next(r["train_losses"] for r in up if r["train_losses"])  # the last stage's (PP) or any rank's (TP)
+    assert losses == pytest.approx(ref["train_losses"], rel=1e-4)
     assert [r["iteration"] for r in save] == [0, 0] and all(not r["train_losses"] for r in save)
     for rank in (0, 1):
         shapes = read_base_shapes(Path(f"{bsh}.{rank}"))

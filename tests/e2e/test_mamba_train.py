@@ -57,14 +57,11 @@ def test_shrunk_mamba_130m_trains_saves_and_resumes(data: dict[str, str], tmp_pa
 
 
 def test_mixed_mamba_attention_on_two_tensor_parallel_ranks(data: dict[str, str], tmp_path: Path) -> None:
-    """``attention_config`` [mamba, global], TP=2 and a 1-stage pipeline engine, fp32: the loss falls."""
-    cfg = _mamba_130m(
-        data,
-        tmp_path,
+    """``attention_config`` [mamba, global], TP=2 and a 1-stage pipeline engine, fp32: the loss falls, as in the
+    single-process run of the same model and batches."""
+    mixed = dict(
         attention_config=[[["mamba", "global"], 1]],
-        model_parallel_size=2,
         pipe_parallel_size=1,
-        global_num_gpus=2,
         fp16={"enabled": False},
         precision="fp32",
         train_iters=6,
@@ -72,6 +69,9 @@ def test_mixed_mamba_attention_on_two_tensor_parallel_ranks(data: dict[str, str]
         partition_activations=False,
         mamba_inner_func_fusion=False,
     )
+    cfg = _mamba_130m(data, tmp_path / "tp2", model_parallel_size=2, global_num_gpus=2, **mixed)
     out = run_distributed(run_pretrain_many, 2, [cfg], {})
     losses = out[0][0]["train_losses"]
     assert len(losses) == 6 and losses[-1] < losses[0] and out[1][0]["train_losses"] == losses
+    ref = _mamba_130m(data, tmp_path / "one", model_parallel_size=1, global_num_gpus=1, **mixed)
+    assert losses == pytest.approx(run_distributed(run_pretrain_many, 1, [ref], {})[0][0]["train_losses"], rel=1e-4)

@@ -59,6 +59,11 @@ def test_rwkv_170m_trains_saves_and_resumes_with_one_and_two_pipeline_stages(tmp
     stage_files = sorted(p.name for p in (tmp_path / "pp2" / "global_step4").glob("layer_*-model_states.pt"))
     assert stage_files == [f"layer_{i:02d}-model_00-model_states.pt" for i in (0, 2, 3, 5, 6)]
     assert first["train_losses"][0] == pytest.approx(pipe_first["train_losses"][0], abs=2e-2)
+    # the single-process reference: the same 4 samples per step as 2 micro-batches (measured: equal losses)
+    single = {**runs[0], "global_num_gpus": 1, "gradient_accumulation_steps": 2, "save": None, "load": None}
+    ref = run_distributed(run_pretrain_many, 1, [single], timeout=600)[0][0]["train_losses"]
+    assert first["train_losses"] == pytest.approx(ref, rel=1e-4)
+    assert pipe_first["train_losses"] == pytest.approx(ref, rel=1e-4)
 
     # generation: the pp=2 checkpoint on one process (merged) and on its 2 pipeline stages
     config = tmp_path / "rwkv.yml"

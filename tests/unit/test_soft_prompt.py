@@ -98,10 +98,10 @@ def test_bad_settings_name_the_key(value: dict, message: str) -> None:
         build(soft_prompt_tuning=value)
 
 
-def test_pipeline_engine_is_refused() -> None:
-    with pytest.raises(ConfigError, match="not supported yet: soft_prompt_tuning with the pipeline engine"):
-        build(soft_prompt_tuning=SOFT, pipe_parallel_size=1)
-    build(soft_prompt_tuning={"enabled": False}, pipe_parallel_size=1)  # disabled: nothing to refuse
+def test_pipeline_engine_is_accepted() -> None:
+    """The pipeline engine runs soft prompts (trained in tests/e2e/test_train_sharing_soft_prompt.py)."""
+    args = build(soft_prompt_tuning=SOFT, pipe_parallel_size=1)
+    assert args.pipe_parallel_size == 1 and args.soft_prompt_tuning["n_tokens"] == 3
 
 
 def test_the_optimizer_sees_only_the_prefix() -> None:

@@ -204,7 +204,7 @@ class ModelArgs(PrecisionKeys, ShapeKeys, SequenceKeys, VocabPaddingKeys, Residu
         None,
         "Soft-prompt tuning settings: enabled (default false), n_tokens (10), init_string ('': uniform init in "
         "[-init_range, init_range], init_range 0.5). Trains only a prefix of n_tokens embeddings "
-        "(`sequential.1.soft_embedding_weight`); every other parameter is frozen. Needs pipe_parallel_size 0.",
+        "(`sequential.1.soft_embedding_weight`, the pipeline's layer_01); every other parameter is frozen.",
     )
     mamba_selective_scan_fusion: bool = arg(False, "Mamba: fused selective-scan kernel.")
     mamba_causal_conv_fusion: bool = arg(False, "Mamba: fused causal conv1d kernel.")
