@@ -35,10 +35,20 @@ from megatron.checkpoint.universal import check_universal_load, read_latest_univ
 from megatron.engine_protocol import Engine
 from megatron.model.config import GPTModelConfig
 from megatron.model.layer_sharing import is_shared
-from megatron.model.soft_prompt import check_prompt_checkpoint, check_prompt_pipe_checkpoint, soft_prompt_tokens
+from megatron.model.soft_prompt import check_prompt_checkpoint, soft_prompt_tokens
 from megatron.neox_arguments.s3_checks import is_s3_url
 
 logger = logging.getLogger(__name__)
+
+
+def check_prompt_pipe_checkpoint(ckpt_dir: Path) -> None:
+    """Before a pipeline checkpoint (``layer_XX-…`` files) loads into a prompt-tuned ``PipelineModule``: the prefix's
+    file ``layer_01-…`` must be there (every layer then loads strictly)."""
+    if not any(ckpt_dir.glob("layer_01-*model_states.pt")):
+        raise CheckpointError(
+            f"not supported yet: soft_prompt_tuning on the pipeline engine from a checkpoint without a prefix "
+            f"({ckpt_dir} has no layer_01 file); start it with pipe_parallel_size: 0"
+        )
 
 
 @dataclass

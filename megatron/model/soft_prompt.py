@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -189,15 +188,3 @@ def check_prompt_checkpoint(saved: set[str], model: nn.Module, path: str) -> Non
         raise ValueError(f"checkpoint {path} lacks model tensors: {shown}")
     if not any(k.endswith(SOFT_PROMPT_PARAMETER) for k in saved):
         logging.getLogger(__name__).info("checkpoint %s has no soft prompt: the prefix starts from its init", path)
-
-
-def check_prompt_pipe_checkpoint(ckpt_dir: Path) -> None:
-    """Before a pipeline checkpoint (``layer_XX-…`` files) loads into a prompt-tuned ``PipelineModule``: the prefix's
-    file ``layer_01-…`` must be there (every layer then loads strictly)."""
-    from megatron.checkpoint.layout import CheckpointError
-
-    if not any(ckpt_dir.glob("layer_01-*model_states.pt")):
-        raise CheckpointError(
-            f"not supported yet: soft_prompt_tuning on the pipeline engine from a checkpoint without a prefix "
-            f"({ckpt_dir} has no layer_01 file); start it with pipe_parallel_size: 0"
-        )

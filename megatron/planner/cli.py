@@ -150,9 +150,6 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
     cp = plan_only["context_parallel_size"]
     if gpus % cp:
         raise ConfigError(f"--gpus {gpus} is not divisible by context_parallel_size {cp}")
-    if ns.search and any(plan_only[k] != d for k, d in PLAN_ONLY_KEYS.items()):
-        keys = ", ".join(k for k, d in PLAN_ONLY_KEYS.items() if plan_only[k] != d)
-        raise ConfigError(f"--search does not vary or model {keys} yet: plan the layout without --search")
     overrides = {**cli.overrides, **PLAN_ONLY_KEYS, "global_num_gpus": gpus // cp}
     args = NeoXArgs.from_ymls(cli.config_files, overrides)
     hw = _hardware(ns, gpus)

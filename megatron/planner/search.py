@@ -6,6 +6,13 @@ micro-batch (dividing the samples per data-parallel rank) x activation checkpoin
 :mod:`~megatron.planner.memory`, exact parameter counts) or rejected with the first reason found (the structural
 checks GPT-NeoX or DeepSpeed would refuse, then memory). ``--search-fix`` keeps some knobs at the configured
 values (:data:`KNOBS`), so only the others vary.
+
+The layout knobs of :mod:`~megatron.planner.knobs` are not varied but held at the configured values in every
+candidate, and each candidate is predicted as ``--plan`` predicts it (:func:`~megatron.planner.knobs.predict_knobs`):
+``context_parallel_size`` takes its ranks out of the GPUs before the data-parallel size; a candidate with activation
+checkpointing recomputes fully instead of selectively (``recompute_granularity: selective`` applies to the others);
+``num_layers_per_virtual_pipeline_stage`` applies to candidates with 2 or more pipeline stages and must divide their
+layers per stage.
 """
 
 from __future__ import annotations
@@ -19,13 +26,13 @@ from functools import cache
 from typing import Any
 
 from megatron.neox_arguments.derive import padded_vocab_size
-from megatron.planner.calibrated import DEFAULT_FRAMEWORK, Prediction, predict
+from megatron.planner.calibrated import DEFAULT_FRAMEWORK, Prediction
 from megatron.planner.inputs import Hardware, TrainingSetup
-from megatron.planner.layout import group_placements
+from megatron.planner.knobs import check_knobs, placements, predict_knobs, upper_bound_with_knobs
 from megatron.planner.memory import rank_memory
 from megatron.planner.params import count_params
 from megatron.planner.partition import even_split_method
-from megatron.planner.plan import PlanInputs, link, workload
+from megatron.planner.plan import PlanInputs, hpz_placement, link, workload
 from megatron.planner.throughput import estimate_step
 
 GB = 1e9
@@ -60,6 +67,7 @@ class Candidate:
     memory_bytes: int | None  # the worst rank's
     reason: str | None  # why rejected; None: fits
     reason_kind: str | None = None
+    recompute_granularity: str | None = None  # "selective": the configured selective recomputation applies
 
     @property
     def stages(self) -> int:
@@ -89,6 +97,8 @@ class Candidate:
             out.update(tflops_per_gpu=p.tflops_per_gpu, mfu=p.mfu, tokens_per_s=p.tokens_per_s, step_s=p.step_s)
         if self.reason is not None:
             out.update(reason=self.reason, reason_kind=self.reason_kind)
+        if self.recompute_granularity is not None:
+            out.update(recompute_granularity=self.recompute_granularity)
         return out
 
 
@@ -157,6 +167,10 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
         return "heads", f"num_kv_heads {base.kv_heads} not divisible by TP {tp}"
     if stages > 1 and base.num_layers % stages:
         return "layers", f"num_layers {base.num_layers} not divisible by {stages} pipeline stages"
+    chunk = base.num_layers_per_virtual_pipeline_stage
+    if stages > 1 and chunk and (base.num_layers // stages) % chunk:
+        per_stage = base.num_layers // stages
+        return "layers", f"num_layers_per_virtual_pipeline_stage {chunk} does not divide {per_stage} layers per stage"
     if stages > 1 and zero >= 2:
         return (
             "zero-pipeline",
@@ -181,15 +195,15 @@ def _candidates(
     base: TrainingSetup, hw: Hardware, fixed: tuple[str, ...] = ()
 ) -> Iterator[tuple[Layout, Reason | None]]:
     """Every candidate layout with its structural rejection (None: to be sized), smallest TP and stages first;
-    the ``fixed`` knobs only take the configured value."""
-    batch = base.train_batch
-    for tp in [base.tp] if "tp" in fixed else _powers_of_two(hw.gpus):
-        if "tp" in fixed and hw.gpus % tp:
+    the ``fixed`` knobs only take the configured value (the context-parallel ranks are taken out of the GPUs first)."""
+    batch, ranks = base.train_batch, hw.gpus // base.context_parallel_size
+    for tp in [base.tp] if "tp" in fixed else _powers_of_two(ranks):
+        if "tp" in fixed and ranks % tp:
             continue  # a fixed TP that does not divide the GPUs: no layout
-        for stages in [base.stages] if "pp" in fixed else _divisors(hw.gpus // tp, hw.gpus):
-            if "pp" in fixed and (hw.gpus // tp) % stages:
+        for stages in [base.stages] if "pp" in fixed else _divisors(ranks // tp, ranks):
+            if "pp" in fixed and (ranks // tp) % stages:
                 continue
-            dp = hw.gpus // (tp * stages)
+            dp = ranks // (tp * stages)
             for zero in [base.zero_stage] if "zero" in fixed else range(4):
                 pp = stages if stages > 1 or zero < 2 else 0
                 if base.precision == "fp16" and pp >= 1 and zero == 0:
@@ -224,6 +238,7 @@ def search_layouts(
     """
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"--memory-headroom {headroom}: must be >= 0 and < 1")
+    check_knobs(inputs.setup, [])  # the configured knobs themselves (the layers per stage: per candidate)
     deadline = time.monotonic() + seconds
     usable = int(hw.gpu_memory_bytes * (1.0 - headroom))
     base, cfg = inputs.setup, inputs.model
@@ -279,22 +294,39 @@ def _evaluate(
     framework: str = DEFAULT_FRAMEWORK,
 ) -> Candidate:
     tp, pp, dp, zero, micro, ckpt = layout
-    stages = max(pp, 1)
+    stages, per_node = max(pp, 1), hw.gpus_per_node
     gas = max(base.train_batch // (dp * micro), 1)
     setup = replace(base, tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch=micro, gas=gas, checkpoint_activations=ckpt)
-    placements = group_placements(tp, stages, dp, hw.gpus_per_node)
+    setup = _with_knobs(setup)
+    selective = setup.recompute_granularity
+    groups = placements(tp, stages, dp, setup.context_parallel_size, per_node)
+
+    def bound_of(params_per_rank: int, layers: int) -> float:
+        step = estimate_step(setup, hw, groups, params_per_rank, layers)
+        return upper_bound_with_knobs(step, setup, layers, params_per_rank, per_node, link(hw)).tokens_per_s
+
     if reason is not None:  # shape refused: bound from an even split of the parameters
-        layers = math.ceil(base.num_layers / stages)
-        bound = estimate_step(setup, hw, placements, total // (tp * stages), layers).tokens_per_s
-        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, None, reason[1], reason[0])
+        bound = bound_of(total // (tp * stages), math.ceil(base.num_layers / stages))
+        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, None, reason[1], reason[0], selective)
     params, padded = counts(tp, pp)
     setup = replace(setup, padded_vocab_size=padded)
     busiest = max(params.stages, key=lambda s: s.total)
     layers = max(s.num_layers for s in params.stages)
-    bound = estimate_step(setup, hw, placements, busiest.total, layers).tokens_per_s
+    bound = bound_of(busiest.total, layers)
     worst = max(rank_memory(setup, i, s).total for i, s in enumerate(params.stages))
     if worst > usable:
         why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
-        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory")
-    predicted = predict(workload(setup, busiest.total, layers, framework), link(hw), placements)
-    return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None)
+        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory", selective)
+    w = workload(setup, busiest.total, layers, framework)
+    predicted = predict_knobs(w, link(hw), setup, per_node, extra=hpz_placement(setup, per_node))
+    return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None, None, selective)
+
+
+def _with_knobs(setup: TrainingSetup) -> TrainingSetup:
+    """A candidate's layout knobs: full recomputation replaces the selective one where it checkpoints, no
+    interleaving without a pipeline."""
+    if setup.checkpoint_activations and setup.recompute_granularity == "selective":
+        setup = replace(setup, recompute_granularity=None)
+    if setup.stages < 2 and setup.num_layers_per_virtual_pipeline_stage:
+        setup = replace(setup, num_layers_per_virtual_pipeline_stage=None)
+    return setup

@@ -70,7 +70,7 @@ def test_launch_refuses_plan_only_keys_and_the_plan_names_them(
             ["--recompute_granularity", "selective", "--checkpoint_activations", "true"],
             "cannot be combined with checkpoint_activations: true",
         ),
-        (["--context_parallel_size", "2", "--search"], "--search does not vary or model context_parallel_size"),
+        (["--context_parallel_size", "2", "--seq_length", "6", "--search"], "seq_length 6 must divide into 2 x 2"),
     ],
 )
 def test_bad_knobs_are_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
