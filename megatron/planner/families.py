@@ -2,7 +2,7 @@
 
 The transformer formula (:mod:`megatron.planner.memory`) does not describe these layers: their training paths are
 scans (``megatron/model/mamba/scan.py`` on ``megatron/model/linear_scan.py``; ``megatron/model/rwkv/wkv.py``,
-chunk ``T = 16``) whose saved tensors are dominated by per-token state-sized tensors. The formulas below count, term
+chunk ``T = 8``, its chunks' states carried by the same linear scan) whose saved tensors are dominated by per-token state-sized tensors. The formulas below count, term
 by term, the fp32 tensors autograd saves in one layer's forward (measured with ``torch.autograd.graph.saved_tensors_hooks``, every
 storage once, parameters and the layer's input excluded, tensors of discarded outputs — the final scan state —
 not counted). ``tests/unit/test_planner_families.py`` checks them to the byte against that measurement for micro-batches
@@ -15,10 +15,12 @@ Mamba (``d`` = inner width per TP rank, ``r = ⌈h/16⌉``, ``n = 16`` state siz
 length, the ``[b, d, s]`` streams, the Δ/B/C projections, the zero start state, the norm, ``A``); ``layernorm`` keeps
 ``b·s·h + 2·b·s`` floats instead of rmsnorm's ``2·b·s·h + b·s``, ``scalenorm`` ``2·b·s·h + 2·b·s``.
 
-RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP), bytes:
-``4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T - 48·b·h) + T²``
-(``16·T·b·s·h`` bytes of chunk decays, the token-shift, LoRA, receptance/key/value/gate streams, the carried
-``N × N`` state of every chunk, the causal mask).
+RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP, ``C = s/T`` chunks, ``C'`` = ``C`` rounded up to
+the linear scan's chunk length), bytes:
+``4·(b·s·h·(2·T + 34 + 1/T) + (T + 3)·b·s·H + 2·b·s·F + 230·b·s + b·H·N²·(C + C' + 1)) + T²``
+(``8·T·b·s·h`` bytes of the pairwise decays and ``r·k`` products, the token-shift, LoRA, receptance/key/value/gate
+streams, the chunk-major copies the WKV computes on, the ``T × T`` scores per chunk, the scan's decays, states and
+start state of ``N × N`` per head and chunk, the causal mask).
 
 gMLP (``f = 4h/tp``; ``p``, ``q`` the norm's floats per feature and per token: rmsnorm 2, 1; layernorm 1, 2;
 scalenorm 2, 2): ``4·(b·s·(p·h + p·f + 6·f) + 2·q·b·s + s²)`` (the block's and the gate's norms, the ``2f``-wide
@@ -33,14 +35,17 @@ import math
 from megatron.model.linear_scan import chunk_length
 
 MAMBA_STATE = 16  # d_state
-RWKV_CHUNK = 16  # megatron/model/rwkv/wkv.py DEFAULT_CHUNK
+RWKV_CHUNK = 8  # megatron/model/rwkv/wkv.py DEFAULT_CHUNK (tests/unit/test_planner_families.py checks they agree)
 FP32 = 4
 
 MAMBA_MEMORY_FORMULA = (
     "4·(b·s·d·(n + 13) + b·s'·d·n + b·d·(n + 3) + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(4·n+1) + 2·d·n), n=16, "
     "s' = s rounded up to the linear scan's chunk length (≈√s)"
 )
-RWKV_MEMORY_FORMULA = "4·(b·s·h·(4·T + 4 + 1/T) + 2·b·s·F + 230·b·s + 19·b·s·H + b·s·H·N²/T − 48·b·h) + T², T=16"
+RWKV_MEMORY_FORMULA = (
+    "4·(b·s·h·(2·T + 34 + 1/T) + (T + 3)·b·s·H + 2·b·s·F + 230·b·s + b·H·N²·(C + C' + 1)) + T², T=8, C = s/T, "
+    "C' = C rounded up to the linear scan's chunk length (≈√C)"
+)
 
 
 # what the pre-norm keeps besides the layer's input, in floats per token: (per h, constant)
@@ -58,11 +63,14 @@ def mamba_layer_bytes(b: int, s: int, h: int, d_inner: int, tp: int = 1, norm: s
     return FP32 * per
 
 
-def rwkv_layer_bytes(b: int, s: int, h: int, ffn_dim: int, heads: int) -> float:
-    """Bytes one RWKV block (time mix + channel mix) keeps for its backward pass."""
-    t, n = min(RWKV_CHUNK, s), h // heads
-    per = b * s * h * (4 * t + 4 + 1 / t) + 2 * b * s * ffn_dim + 230 * b * s + 19 * b * s * heads
-    per += b * s * heads * n * n / t - 48 * b * h
+def rwkv_layer_bytes(b: int, s: int, h: int, ffn_dim: int, heads: int, chunk: int = RWKV_CHUNK) -> float:
+    """Bytes one RWKV block (time mix + channel mix) keeps for its backward pass (``chunk``: the WKV's)."""
+    t, n = min(chunk, s), h // heads
+    chunks = -(-s // t)
+    inner = chunk_length(chunks)
+    chunks_scan = -(-chunks // inner) * inner  # the scan's state tensor covers whole inner chunks
+    per = b * s * h * (2 * t + 34 + 1 / t) + (t + 3) * b * s * heads + 2 * b * s * ffn_dim + 230 * b * s
+    per += b * heads * n * n * (chunks + chunks_scan + 1)
     return FP32 * per + t * t
 
 

@@ -14,7 +14,8 @@ import yaml
 import deepy
 from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.model import GPTModelConfig, build_sequential_model
-from megatron.planner.families import gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
+from megatron.model.rwkv.wkv import DEFAULT_CHUNK
+from megatron.planner.families import RWKV_CHUNK, gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
 
 
 def _cfg(**kw: object) -> GPTModelConfig:
@@ -65,11 +66,29 @@ def test_mamba_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, d: i
     assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == mamba_layer_bytes(b, s, h, d, 1, norm)
 
 
-@pytest.mark.parametrize(("s", "b", "h", "heads", "ffn"), [(16, 2, 32, 2, 96), (32, 3, 64, 4, 128)])
-def test_rwkv_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, heads: int, ffn: int) -> None:
+@pytest.mark.parametrize("chunk", [4, RWKV_CHUNK, 16])
+@pytest.mark.parametrize(
+    ("s", "b", "h", "heads", "ffn"),
+    # 48 / 40: 5 heads of 8; 144: 36, 18 or 9 chunks; 136 at chunk 8: 17 chunks, the scan pads them to 20
+    [
+        (16, 2, 32, 2, 96),
+        (32, 3, 64, 4, 128),
+        (48, 3, 40, 5, 72),
+        (144, 2, 32, 2, 64),
+        (64, 2, 64, 2, 100),
+        (136, 2, 32, 4, 64),
+    ],
+)
+def test_rwkv_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, heads: int, ffn: int, chunk: int) -> None:
+    if s % chunk:
+        pytest.skip(f"seq {s} is not a multiple of chunk {chunk} (the formula counts whole chunks)")
     cfg = _cfg(hidden_size=h, num_attention_heads=heads, ffn_dim=ffn, attention_config=[[["rwkv"], 2]])
+    layer = build_sequential_model(cfg).sequential[2]
+    time_mix = next(m for m in layer.modules() if hasattr(m, "chunk"))
+    assert time_mix.chunk == RWKV_CHUNK == DEFAULT_CHUNK  # the planner's chunk is the layer's
+    time_mix.chunk = chunk
     x = torch.randn(s, b, h, requires_grad=True)
-    assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == rwkv_layer_bytes(b, s, h, ffn, heads)
+    assert saved_tensor_bytes(layer, x) == rwkv_layer_bytes(b, s, h, ffn, heads, chunk)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +138,7 @@ def test_plan_of_the_shipped_rwkv_config(capsys: pytest.CaptureFixture[str]) -> 
     """configs/rwkv/170M.yml (GPT-NeoX's) plans: RWKV FLOPs formula, RWKV activation count, exact parameters."""
     assert deepy.main(["--plan", "train.py", "configs/rwkv/170M.yml", "--vocab-size", "50304"]) == 0
     out = capsys.readouterr().out
-    assert "GPT-NeoX's RWKV formula" in out and "T=16" in out
+    assert "GPT-NeoX's RWKV formula" in out and "T=8" in out
     plan = _plan_json(capsys, "configs/rwkv/170M.yml", "--vocab-size", "50304")
     h, layers, s, b = 768, 12, 512, 32  # the config's shape
     ffn = plan["memory"]["per_rank"][0]["activations_per_micro_batch"]

@@ -14,7 +14,8 @@ tokens. With ``a_t = Σ_{j<t} log w_j`` inside a chunk (``a_0 = 0``, every ``log
 Every exponent is a sum of log-decays over a span (``≤ 0``); pairs with ``s ≥ t`` are masked to ``-inf`` before
 ``exp``, so nothing overflows whatever the chunk size and decay (the factored form ``(r e^{a}) (k e^{-a})ᵀ`` would
 overflow fp32 once a chunk's decay passes e^88). The price is a ``[.., chunk, chunk, N]`` tensor per chunk, so chunks
-stay small (16 by default). Step log-decays are floored at -30 (:data:`LOG_DECAY_FLOOR`). Half-precision inputs are computed in fp32 (as the CUDA kernel does); the output has ``r``'s dtype.
+stay small (8 by default). The state carried across chunks is a linear recurrence over the chunks
+(:func:`~megatron.model.linear_scan.linear_scan`), so there is no Python loop over chunks either. Step log-decays are floored at -30 (:data:`LOG_DECAY_FLOOR`). Half-precision inputs are computed in fp32 (as the CUDA kernel does); the output has ``r``'s dtype.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-DEFAULT_CHUNK = 16
+from megatron.model.linear_scan import linear_scan
+
+DEFAULT_CHUNK = 8
 LOG_DECAY_FLOOR = -30.0
 """Step log-decays below this are raised to it (decay e^-30 ≈ 1e-13 instead of less: far below fp32's resolution
 of the state it scales). Without the floor one huge decay (``exp(w_raw)`` in the millions) makes the chunk's running
@@ -63,31 +66,29 @@ def wkv_chunked(
     if pad:  # padded steps: r = k = v = 0 (no output, no state change), decay 1 (log 0)
         r, k, v, logw = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (r, k, v, logw))
     nc = (t + pad) // chunk
-    # [B, H, C, L, N]: heads first, the sequence cut into C chunks of L tokens
-    r, k, v, logw = (x.view(b, nc, chunk, h, n).permute(0, 3, 1, 2, 4) for x in (r, k, v, logw))
+    # [C, B, H, L, N]: the sequence cut into C chunks of L tokens, chunks outermost and contiguous, so every batched
+    # matmul below reads its operands in place and the scan over chunks reads whole states
+    r, k, v, logw = (x.view(b, nc, chunk, h, n).permute(1, 0, 3, 2, 4).contiguous() for x in (r, k, v, logw))
     a = torch.cumsum(logw, dim=3)  # a[.., t] = Σ_{j<=t} log w_j (inclusive): a_{t+1} of the docstring
     a_excl = a - logw  # a_t of the docstring (exclusive)
 
     # inside each chunk: att[t, s] = Σ_i r_t[i] k_s[i] exp(a_t[i] - a_{s+1}[i]) for s < t
-    diff = a_excl.unsqueeze(4) - a.unsqueeze(3)  # [B, H, C, L(t), L(s), N]
+    diff = a_excl.unsqueeze(4) - a.unsqueeze(3)  # [C, B, H, L(t), L(s), N]
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-1)
     decay = torch.exp(diff.masked_fill(~causal[:, :, None], float("-inf")))
-    att = torch.einsum("bhcti,bhcsi,bhctsi->bhcts", r, k, decay)
-    y = att @ v + (r * u[None, :, None, None, :] * k).sum(-1, keepdim=True) * v
+    att = (r.unsqueeze(4) * k.unsqueeze(3) * decay).sum(-1)  # [C, B, H, L(t), L(s)]
+    y = att @ v + (r * u[:, None, :] * k).sum(-1, keepdim=True) * v
 
-    # across chunks: carry the state (one matmul per chunk, not per token)
-    r_in = r * torch.exp(a_excl)  # what the chunk's start state contributes: (r_t ⊙ e^{a_t}) · S_0
+    # across chunks: the state after chunk c is S_{c+1} = diag(e^{a_L}) S_c + Σ_s diag(e^{a_L - a_{s+1}}) k_s v_sᵀ,
+    # a first-order linear recurrence over the chunks (megatron/model/linear_scan.py), its inputs one batched matmul
+    r_in = r * torch.exp(a_excl)  # what the chunk's start state contributes: (r_t ⊙ e^{a_t}) · S_c
     k_out = k * torch.exp(a[:, :, :, -1:] - a)  # k_s ⊙ e^{a_L - a_{s+1}}
-    chunk_decay = torch.exp(a[:, :, :, -1])  # [B, H, C, N]
-    s = state.to(dt) if state is not None else r.new_zeros(b, h, n, n)
-    inter = []
-    # unbind, not [:, :, c]: indexing in the loop would make the backward build a full-size zero gradient per chunk
-    for r_c, k_c, v_c, decay_c in zip(r_in.unbind(2), k_out.unbind(2), v.unbind(2), chunk_decay.unbind(2)):
-        inter.append(r_c @ s)
-        s = decay_c[..., None] * s + k_c.transpose(-1, -2) @ v_c
-    y = y + torch.stack(inter, dim=2)
-    y = y.permute(0, 2, 3, 1, 4).reshape(b, nc * chunk, h, n)[:, :t]
-    return y.to(out_dtype), s
+    chunk_decay = torch.exp(a[:, :, :, -1]).unsqueeze(-1).expand(nc, b, h, n, n)  # diag(e^{a_L}) on the key axis
+    s0 = state.to(dt) if state is not None else r.new_zeros(b, h, n, n)
+    states = linear_scan(chunk_decay, k_out.transpose(-1, -2) @ v, s0)  # [C, B, H, N, N]: after each chunk
+    inter = torch.cat([(r_in[0] @ s0).unsqueeze(0), r_in[1:] @ states[:-1]])
+    y = (y + inter).permute(1, 0, 3, 2, 4).reshape(b, nc * chunk, h, n)[:, :t]
+    return y.to(out_dtype), states[-1]
 
 
 def wkv_step(
