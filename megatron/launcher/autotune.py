@@ -211,7 +211,7 @@ def run_trial(script: str, trial: Trial, values: dict[str, Any], ns: argparse.Na
 
 
 def _fmt_s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"  # significant digits: CPU steps can be milliseconds
+    return "-" if value is None else f"{value:#.4g}"  # significant digits: CPU steps can be milliseconds
 
 
 def format_table(trials: list[Trial]) -> str:
