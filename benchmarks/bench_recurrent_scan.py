@@ -3,7 +3,7 @@
     python benchmarks/bench_recurrent_scan.py [--seq 2048] [--rounds 5] [--save]
 
 Ours: :func:`megatron.model.mamba.scan.selective_scan` (chunks of 8 tokens) and
-:func:`megatron.model.rwkv.wkv.wkv_chunked` (chunks of 16), the training paths of the Mamba and RWKV layers (both
+:func:`megatron.model.rwkv.wkv.wkv_chunked` (chunks of 8), the training paths of the Mamba and RWKV layers (both
 run under autograd in training, so each side is timed forward + backward). Baseline: the recurrence written token
 by token from its definition (the module docstrings), one Python iteration per token. The loop reads each token's
 slice through ``unbind`` (its backward is one ``stack``; indexing ``x[..., t]`` in a loop would make the backward
