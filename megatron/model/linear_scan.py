@@ -30,7 +30,9 @@ def chunk_length(length: int, chunk: int | None = None) -> int:
     return math.ceil(math.sqrt(length))
 
 
-def _scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, chunk: int | None, reverse: bool = False) -> torch.Tensor:
+def chunked_scan(
+    a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, chunk: int | None, reverse: bool = False
+) -> torch.Tensor:
     """The recurrence without autograd: ``a``, ``x`` ``[L, M]``, ``h0`` ``[M]`` → ``h`` ``[L, M]``; ``reverse``: from
     the last step to the first (``h_t = a_t ⊙ h_{t+1} + x_t``)."""
     length, m = x.shape
@@ -65,7 +67,7 @@ def _scan(a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, chunk: int | None,
 class _LinearScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, chunk: int | None) -> torch.Tensor:
-        h = _scan(a, x, h0, chunk)
+        h = chunked_scan(a, x, h0, chunk)
         ctx.save_for_backward(a, h, h0)
         ctx.chunk = chunk
         return h
@@ -74,7 +76,7 @@ class _LinearScan(torch.autograd.Function):
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         a, h, h0 = ctx.saved_tensors
         a_next = torch.cat([a[1:], a.new_zeros(1, a.shape[1])])  # a_{t+1}; nothing follows the last step
-        g = _scan(a_next, grad_h.contiguous(), torch.zeros_like(h0), ctx.chunk, reverse=True)
+        g = chunked_scan(a_next, grad_h.contiguous(), torch.zeros_like(h0), ctx.chunk, reverse=True)
         grad_a = g * torch.cat([h0[None], h[:-1]]) if ctx.needs_input_grad[0] else None
         grad_h0 = a[0] * g[0] if ctx.needs_input_grad[2] else None
         return grad_a, g, grad_h0, None

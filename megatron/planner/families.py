@@ -1,7 +1,7 @@
 """Activation memory of Mamba and RWKV layers: the bytes each layer keeps for its backward pass.
 
 The transformer formula (:mod:`megatron.planner.memory`) does not describe these layers: their training paths are
-scans (``megatron/model/mamba/scan.py`` on ``megatron/model/linear_scan.py``; ``megatron/model/rwkv/wkv.py``,
+scans (``megatron/model/mamba/segmented.py``, segments of ``64`` tokens; ``megatron/model/rwkv/wkv.py``,
 chunk ``T = 8``, its chunks' states carried by the same linear scan) whose saved tensors are dominated by per-token state-sized tensors. The formulas below count, term
 by term, the fp32 tensors autograd saves in one layer's forward (measured with ``torch.autograd.graph.saved_tensors_hooks``, every
 storage once, parameters and the layer's input excluded, tensors of discarded outputs — the final scan state —
@@ -10,9 +10,10 @@ of 2 or more and sequence lengths that are multiples of the chunk, in fp32. 16-b
 scans compute in fp32 whatever the precision, so most of these bytes stay fp32); the planner uses the fp32 count.
 
 Mamba (``d`` = inner width per TP rank, ``r = ⌈h/16⌉``, ``n = 16`` state size), bytes:
-``4·(b·s·d·(n + 13) + b·s'·d·n + b·d·(n + 3) + b·s·r + 2·b·s·h + b·s·(4·n + 1) + 2·d·n)`` with ``rmsnorm``
-(the ``[s, b, d, n]`` decays and scan inputs, the scan's states over ``s'`` = ``s`` rounded up to the scan's chunk
-length, the ``[b, d, s]`` streams, the Δ/B/C projections, the zero start state, the norm, ``A``); ``layernorm`` keeps
+``4·(12·b·s·d + ⌈s/64⌉·b·d·n + 3·b·d + b·s·r + 2·b·s·h + b·s·(4·n + 1) + 2·d·n)`` with ``rmsnorm``
+(the ``[b, d, s]`` streams and their time-first copies the scan keeps, one ``[b, d, n]`` state per segment of 64
+tokens, the convolution's state, the Δ/B/C projections, the norm, ``A``: the scan recomputes its ``[s, b, d, n]``
+tensors segment by segment in the backward instead of keeping them); ``layernorm`` keeps
 ``b·s·h + 2·b·s`` floats instead of rmsnorm's ``2·b·s·h + b·s``, ``scalenorm`` ``2·b·s·h + 2·b·s``.
 
 RWKV (``H`` heads of size ``N``, channel-mix width ``F``, no TP, ``C = s/T`` chunks, ``C'`` = ``C`` rounded up to
@@ -35,13 +36,11 @@ import math
 from megatron.model.linear_scan import chunk_length
 
 MAMBA_STATE = 16  # d_state
+MAMBA_SEGMENT = 64  # megatron/model/mamba/segmented.py DEFAULT_SEGMENT (tests/unit/test_planner_families.py checks)
 RWKV_CHUNK = 8  # megatron/model/rwkv/wkv.py DEFAULT_CHUNK (tests/unit/test_planner_families.py checks they agree)
 FP32 = 4
 
-MAMBA_MEMORY_FORMULA = (
-    "4·(b·s·d·(n + 13) + b·s'·d·n + b·d·(n + 3) + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(4·n+1) + 2·d·n), n=16, "
-    "s' = s rounded up to the linear scan's chunk length (≈√s)"
-)
+MAMBA_MEMORY_FORMULA = "4·(12·b·s·d + ⌈s/64⌉·b·d·n + 3·b·d + b·s·⌈h/16⌉ + 2·b·s·h + b·s·(4·n+1) + 2·d·n), n=16"
 RWKV_MEMORY_FORMULA = (
     "4·(b·s·h·(2·T + 34 + 1/T) + (T + 3)·b·s·H + 2·b·s·F + 230·b·s + b·H·N²·(C + C' + 1)) + T², T=8, C = s/T, "
     "C' = C rounded up to the linear scan's chunk length (≈√C)"
@@ -55,10 +54,9 @@ NORM_FLOATS = {"rmsnorm": (2, 1), "layernorm": (1, 2), "scalenorm": (2, 2)}
 def mamba_layer_bytes(b: int, s: int, h: int, d_inner: int, tp: int = 1, norm: str = "rmsnorm") -> float:
     """Bytes one Mamba layer keeps for its backward pass (micro-batch ``b``, sequence ``s``, on one TP rank)."""
     d, n, r = d_inner / tp, MAMBA_STATE, math.ceil(h / 16)
-    t = chunk_length(s)
-    s_scan = -(-s // t) * t  # the scan's state tensor covers whole chunks (megatron/model/linear_scan.py)
+    segments = -(-s // MAMBA_SEGMENT)  # one start state per segment (megatron/model/mamba/segmented.py)
     per_h, per_token = NORM_FLOATS.get(norm, NORM_FLOATS["rmsnorm"])
-    per = b * s * d * (n + 13) + b * s_scan * d * n + b * d * (n + 3) + b * s * r + per_h * b * s * h
+    per = 12 * b * s * d + segments * b * d * n + 3 * b * d + b * s * r + per_h * b * s * h
     per += b * s * (4 * n + per_token) + 2 * d * n
     return FP32 * per
 

@@ -239,7 +239,7 @@ def test_planner_plans_mamba(capsys: pytest.CaptureFixture[str]) -> None:
     ]
     assert deepy.main(argv) == 0  # counted by megatron/planner/families.py (tests/unit/test_planner_families.py)
     out = capsys.readouterr().out
-    assert "GPT-NeoX's Mamba formula" in out and "activations/layer 4·(b·s·d·" in out
+    assert "GPT-NeoX's Mamba formula" in out and "activations/layer 4·(12·b·s·d" in out
 
 
 def test_hf_export_refuses_mamba_layers() -> None:

@@ -14,8 +14,15 @@ import yaml
 import deepy
 from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.model import GPTModelConfig, build_sequential_model
+from megatron.model.mamba.segmented import DEFAULT_SEGMENT
 from megatron.model.rwkv.wkv import DEFAULT_CHUNK
-from megatron.planner.families import RWKV_CHUNK, gmlp_layer_bytes, mamba_layer_bytes, rwkv_layer_bytes
+from megatron.planner.families import (
+    MAMBA_SEGMENT,
+    RWKV_CHUNK,
+    gmlp_layer_bytes,
+    mamba_layer_bytes,
+    rwkv_layer_bytes,
+)
 
 
 def _cfg(**kw: object) -> GPTModelConfig:
@@ -58,9 +65,12 @@ def saved_tensor_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
         (24, 3, 40, 48, "layernorm"),
         (32, 2, 64, 128, "scalenorm"),
         (8, 2, 24, 40, "rmsnorm"),
+        (130, 2, 32, 64, "layernorm"),  # 3 segments of the scan, the last one short
+        (200, 3, 48, 96, "rmsnorm"),
     ],
 )
 def test_mamba_activation_bytes_equal_saved_tensors(s: int, b: int, h: int, d: int, norm: str) -> None:
+    assert MAMBA_SEGMENT == DEFAULT_SEGMENT  # the planner's segment is the scan's
     cfg = _cfg(hidden_size=h, intermediate_size=d, norm=norm, attention_config=[[["mamba"], 2]])
     x = torch.randn(s, b, h, requires_grad=True)
     assert saved_tensor_bytes(build_sequential_model(cfg).sequential[2], x) == mamba_layer_bytes(b, s, h, d, 1, norm)
@@ -131,7 +141,7 @@ def test_plan_of_a_mamba_model_counts_its_saved_tensors_and_flops(
     )
     assert plan["throughput"]["model_flops"] == flops_per_iteration(flops, 3)
     assert plan["throughput"]["predicted"]["model_flops"] == flops_per_iteration(flops, 3)
-    assert "Mamba" in plan["formulas"]["flops"] and "s' = s rounded up" in plan["formulas"]["activations_per_layer"]
+    assert "Mamba" in plan["formulas"]["flops"] and "⌈s/64⌉" in plan["formulas"]["activations_per_layer"]
 
 
 def test_plan_of_the_shipped_rwkv_config(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,10 +5,11 @@ The recurrence, per batch ``b``, channel ``d`` and state dimension ``n`` (Mamba 
     Δ_t = softplus(δ_t + δ_bias)            h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t u_t
     y_t = C_t · h_t + D u_t                  out_t = y_t ⊙ silu(z_t)
 
-:func:`selective_scan` forms ``exp(Δ_t A)`` and ``Δ_t B_t u_t`` for every token (``[l, b, d, n]``, time first)
-and runs the recurrence with :func:`megatron.model.linear_scan.linear_scan`: linear work, about ``2·√l`` Python steps
-on whole chunks, no exponent beyond ``Δ_t A ≤ 0`` (nothing overflows however strong the decay), and a backward that
-is the same recurrence run backwards. Activation memory: the decays, the inputs' and the states ``[l, b, d, n]``.
+:func:`selective_scan` runs the recurrence time-first with :func:`~megatron.model.mamba.segmented.segmented_scan`:
+segments of 64 tokens, each a chunked linear scan (:mod:`megatron.model.linear_scan`: linear work, no exponent beyond
+``Δ_t A ≤ 0``, so nothing overflows however strong the decay), with its own backward that recomputes each segment's
+``[T, b, n, d]`` decays and states from the segment's start state. Activation memory: the ``[l, b, d]`` and
+``[l, b, n]`` inputs and one state per segment, not the ``[l, b, d, n]`` tensors.
 Everything is computed in fp32; the output has ``u``'s dtype.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron.model.linear_scan import linear_scan
+from megatron.model.mamba.segmented import segmented_scan
 
 
 def discretized_delta(delta: torch.Tensor, delta_bias: torch.Tensor | None, delta_softplus: bool) -> torch.Tensor:
@@ -63,14 +64,11 @@ def selective_scan(
     uf = u.float()
     dt = discretized_delta(delta, delta_bias, delta_softplus)
     # time first, so that the scan's steps read contiguous [b, d, n] slices
-    dt_l = dt.permute(2, 0, 1).contiguous()  # [l, b, d]
-    decay = torch.exp(dt_l[..., None] * A.float())  # exp(Δ_t A) [l, b, d, n]
-    du = (dt * uf).permute(2, 0, 1)[..., None]  # Δ_t u_t [l, b, d, 1]
-    dbu = du * B.float().permute(2, 0, 1)[:, :, None, :]  # Δ_t B_t u_t [l, b, d, n]
+    dt_l, u_l = (x.permute(2, 0, 1).contiguous() for x in (dt, uf))  # [l, b, d]
+    B_l, C_l = (x.float().permute(2, 0, 1).contiguous() for x in (B, C))  # [l, b, n]
     state = initial_state.float() if initial_state is not None else uf.new_zeros(b, d, n)
-    h = linear_scan(decay, dbu, state, chunk_size)  # [l, b, d, n]
-    y = (h * C.float().permute(2, 0, 1)[:, :, None, :]).sum(-1).permute(1, 2, 0)  # C_t · h_t [b, d, l]
-    return _gate(y, uf, D, z).to(dtype_in), h[-1]
+    y, last = segmented_scan(dt_l, u_l, A.float(), B_l, C_l, state, chunk=chunk_size)  # y: C_t · h_t [l, b, d]
+    return _gate(y.permute(1, 2, 0), uf, D, z).to(dtype_in), last
 
 
 def selective_state_step(
