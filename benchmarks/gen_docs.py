@@ -193,28 +193,34 @@ not reachable by what is compiled or fused.
 `mamba_train` (benchmark 9): our all-Mamba model against `MambaForCausalLM` built from the same config with our
 weights (first losses equal), 2 layers, d=256, seq 256, micro-batch 2, vocab 8192, fp32. HF's CPU path
 (transformers 5.24's `mamba_selective_scan`, `use_mambapy` off) loops over tokens and reads each token as
-`discrete_A[:, :, index]`, whose backward writes a full-size gradient per token; ours runs the scan of
-`megatron/model/linear_scan.py`. A first run at 4 layers, seq 512 (2 rounds, load 0.1 → 6) gave 22.7x (ours 11.1 s,
-HF 250 s per step); the saved run is the smaller default shape.
+`discrete_A[:, :, index]`, whose backward writes a full-size gradient per token; ours runs the segmented scan of
+`megatron/model/mamba/segmented.py`. A first run at 4 layers, seq 512 (2 rounds, load 0.1 → 6) gave 22.7x (ours
+11.1 s, HF 250 s per step); the saved run is the smaller default shape: 10.9x on 2026-12-03 (ours 0.13 s, HF 1.41 s
+per step, per round 10.7–11.3x), after 7.4x on 2026-12-02 on a busier box with the former scan (ours 3.6 s, HF
+34.9 s).
 
 `recurrent_scan` (benchmark 10), seq 2048, forward + backward, against loops that read each token through `unbind`:
 Mamba's selective scan (`[1, 512, 2048]`, `d_state` 16) measured 0.65x in its former form (`[b, d, L/8, 8, 8, 16]`
 pairwise decays, and a chunk loop indexing `x[:, :, c]`, whose backward is quadratic in the number of chunks);
 RWKV-6's WKV (`[1, 2048, 4, 64]`) 0.18x before its chunk loop read the chunks through `unbind` (same indexing
 problem). With the linear scan and that fix a run on 2026-12-02 (11 rounds, another 2-core Intel box) gave 5.4x
-(Mamba: loop 17.1 s, ours 3.2 s) and 4.0x (WKV). The WKV then carried its state across chunks of 16 in a Python
-loop of small matmuls (`[4, 16, 64] @ [4, 64, 64]` and alike, ~70% of its time); it now forms every chunk's
-`k'ᵀ v` in one batched matmul, carries the states with the same linear scan over the chunks, reads them back with
-one batched `r' @ S`, in a chunk-major contiguous layout and chunks of 8 (the planner's RWKV formula re-derived, to
-the byte at 6 shapes and chunks of 4, 8 and 16: `tests/unit/test_planner_families.py`). The saved run (2026-12-03,
-11 rounds, load 0.0 → 0.5) gives **WKV 7.6x** (7.1–10.3x per round; ours 0.071 s, the loop 0.58 s) and **Mamba
-1.04x** (0.82–1.24x; ours 0.50 s, the loop 0.52 s): on this box the Mamba loop runs 33x faster than on the earlier
-one (0.52 s against 17.1 s) while ours runs 6x faster, so the ≥ 5x goal is met for the WKV and not for Mamba here.
-Ours is bound by memory traffic: the scan's `[l, b, d, n]` decays, inputs, states and their gradients are 67 MB
-tensors, some 15 passes over them forward and backward (a `[2048, 8192]` product takes 16 ms with a fresh output,
-7 ms into a reused one), while the loop's per-token `[1, 512, 16]` work stays in cache. Running the scan in 16
-time segments of 128 tokens (4 MB tensors) measured 0.25 s, 2.1x the loop, in a quick A/B; a fused kernel would be
-needed for 5x. The Mamba training step against transformers' `MambaForCausalLM` (benchmark 9) is unaffected.
+(Mamba: loop 17.1 s, ours 3.2 s) and 4.0x (WKV). On this box the Mamba loop runs 33x faster than there (0.52 s
+against 17.1 s) and that scan only 6x faster (0.50 s): 1.04x in a rerun of 11 rounds. It was bound by memory
+traffic: autograd over the whole sequence kept `[l, b, d, n]` decays, inputs and states (67 MB each here) and made
+some fifteen passes over such tensors, while the loop's per-token `[1, 512, 16]` work stays in cache. The scan is
+now one autograd function over segments of 64 tokens (`megatron/model/mamba/segmented.py`): the forward keeps one
+state per segment, the backward recomputes a segment's decays and states from it and runs the reverse recurrence
+inside it, every tensor `64 × b·n·d` with the channels innermost (a first version with `d` before `n` measured the
+same; one with `einsum`s batched over `d` was 2x slower). Its activation memory is 12 `b·s·d` floats per layer
+instead of ~45 (the planner's formula re-derived, to the byte). The WKV carried its state across chunks of 16 in
+a Python loop of small matmuls (`[4, 16, 64] @ [4, 64, 64]` and alike, ~70% of its time); it now forms every
+chunk's `k'ᵀ v` in one batched matmul, carries the states with the linear scan over the chunks, reads them back
+with one batched `r' @ S`, in a chunk-major contiguous layout and chunks of 8 (the planner's RWKV formula
+re-derived, to the byte at 6 shapes and chunks of 4, 8 and 16: `tests/unit/test_planner_families.py`). The saved
+run (2026-12-03, 11 rounds, load ~1) gives **WKV 7.3x** (7.0–8.9x per round; ours 0.085 s, the loop 0.62 s) and
+**Mamba 3.1x** (2.8–3.6x; ours 0.17 s, the loop 0.53 s; 2.8x faster than the former scan): the ≥ 5x goal is met
+for the WKV and not for Mamba on this box. The Mamba scan's segments are still memory-bound (a 2 MB product takes
+~0.4 ms inside the scan against ~0.1 ms alone); a fused kernel would be needed for 5x.
 
 `sparse_attention`'s `local 90% masked` layout (windows of 11 blocks of 16: 9.1% of the causal blocks kept at seq
 2048) is the issue's "90% of blocks masked": 5.9x the dense masked SDPA (goal ≥ 3x), saved as `ratio_90pct_masked`.

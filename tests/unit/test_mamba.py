@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,26 @@ def test_chunked_scan_equals_sequential_loop_with_initial_state_and_strong_decay
     got, last = selective_scan(**x, delta_softplus=True, initial_state=state, chunk_size=16)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(last, want_last, atol=1e-4, rtol=1e-4)
+
+
+def test_segmented_scan_gradients_equal_the_loop_across_segments() -> None:
+    """150 tokens: three segments of the scan (the last one short); every input gradient, the start state's and the
+    last state's included, equals autograd through the token-by-token loop."""
+    x = {k: v.double() for k, v in _inputs(2, 5, 150, 4, seed=9).items()}
+    state = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    g = torch.Generator().manual_seed(11)
+    g_out, g_last = torch.randn(2, 5, 150, generator=g, dtype=torch.float64), torch.randn(2, 5, 4, generator=g)
+
+    def grads(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], **kw: object) -> list[torch.Tensor]:
+        leaves = {k: v.clone().requires_grad_(True) for k, v in {**x, "state": state}.items()}
+        out, last = fn(**{k: v for k, v in leaves.items() if k != "state"}, **kw, **{
+            "initial_state" if fn is selective_scan else "state": leaves["state"]})  # fmt: skip
+        ((out.double() * g_out).sum() + (last.double() * g_last.double()).sum()).backward()
+        return [out.double(), last.double(), *(leaves[k].grad for k in leaves)]
+
+    ours, loop = grads(selective_scan, delta_softplus=True), grads(sequential_scan)
+    for a, b in zip(ours, loop, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_step_function_continues_the_scan() -> None:
