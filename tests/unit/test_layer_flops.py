@@ -24,20 +24,11 @@ from megatron.planner.layer_flops import (
     sparse_kept_fractions,
     transformer_layer_forward,
 )
+from tests.model_configs import tiny_gpt_config
 
 
 def _cfg(**kw: object) -> GPTModelConfig:
-    base: dict[str, object] = dict(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        padded_vocab_size=128,
-        max_position_embeddings=64,
-        pos_emb="none",
-        seed=3,
-    )
-    base.update(kw)
-    return GPTModelConfig(**base)  # type: ignore[arg-type]
+    return tiny_gpt_config(**kw)
 
 
 @pytest.mark.parametrize(

@@ -23,21 +23,11 @@ from megatron.planner.families import (
     mamba_layer_bytes,
     rwkv_layer_bytes,
 )
+from tests.model_configs import tiny_gpt_config
 
 
 def _cfg(**kw: object) -> GPTModelConfig:
-    base: dict[str, object] = dict(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        padded_vocab_size=128,
-        max_position_embeddings=64,
-        norm="rmsnorm",
-        pos_emb="none",
-        seed=3,
-    )
-    base.update(kw)
-    return GPTModelConfig(**base)  # type: ignore[arg-type]
+    return tiny_gpt_config(**{"norm": "rmsnorm", **kw})
 
 
 def saved_tensor_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
