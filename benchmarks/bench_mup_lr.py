@@ -1,13 +1,14 @@
 """muP learning-rate transfer: does the best Adam LR at width 64 stay the best at width 256? (issue 34)
 
-    python benchmarks/bench_mup_lr.py [--steps 100] [--docs 150] [--lrs 3e-4,1e-3,3e-3,1e-2,3e-2] [--save]
+    python benchmarks/bench_mup_lr.py [--steps 200] [--seeds 3] [--docs 150] [--lrs 3e-4,6e-4,1e-3,2e-3,3e-3,6e-3,1e-2] [--save]
 
 On the quick-start corpus (the Python standard library's sources, ``tools/datasets/corpora.py``; the first
 ``--docs`` files, a BPE tokenizer of 1024 tokens trained on them, ``tools/datasets/train_tokenizer.py``) a 2-layer
 GPT is trained at widths 64 and 256 for ``--steps`` Adam steps at each LR, in standard parametrisation and with
-muP (base shapes: the width-64 model against width 128, as ``save_base_shapes``; ``megatron.model.mup``). Every
-run starts from the same seed and sees the same batches; its score is the mean loss on held-out batches after
-training. Printed: the loss per LR and the argmin per width; ``ratio`` is 1 when the width-64 argmin is also the
+muP (base shapes: the width-64 model against width 128, as ``save_base_shapes``; ``megatron.model.mup``). Each
+(width, LR) is trained ``--seeds`` times (seed ``s``: model init ``1234 + s`` and, for ``s > 0``, a shuffled order of
+the same training batches); its score is the mean over seeds of the loss on held-out batches after training (one
+seed's 100-step sweep was too noisy to rank neighbouring LRs: its curves were not monotone). Printed: the loss per LR and the argmin per width; ``ratio`` is 1 when the width-64 argmin is also the
 width-256 one under muP, else 0 (standard parametrisation is reported beside it). One process, CPU, no DeepSpeed:
 the model, muP and optimizer code of ``pretrain()`` without its loop.
 """
@@ -62,10 +63,10 @@ def batches(tokens: np.ndarray, seq: int, micro: int, count: int, offset: int) -
     return [windows[i * micro : (i + 1) * micro] for i in range(count)]
 
 
-def model_config(width: int, seq: int, use_mup: bool) -> GPTModelConfig:
+def model_config(width: int, seq: int, use_mup: bool, seed: int = 1234) -> GPTModelConfig:
     return GPTModelConfig(
         num_layers=2, hidden_size=width, num_attention_heads=4, padded_vocab_size=VOCAB, max_position_embeddings=seq,
-        pos_emb="rotary", init_method_std=0.02, hidden_dropout=0.0, attention_dropout=0.0, use_mup=use_mup,
+        pos_emb="rotary", init_method_std=0.02, hidden_dropout=0.0, attention_dropout=0.0, use_mup=use_mup, seed=seed,
     )  # fmt: skip
 
 
@@ -75,10 +76,13 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return cross_entropy(model(tokens, pos, mask), (labels, loss_mask))
 
 
-def run(width: int, lr: float, use_mup: bool, seq: int, train: list, held: list, base: Any) -> float:
-    """Train one model; its mean held-out loss (inf when training diverged)."""
-    torch.manual_seed(0)
-    cfg = model_config(width, seq, use_mup)
+def run(width: int, lr: float, use_mup: bool, seq: int, train: list, held: list, base: Any, seed: int = 0) -> float:
+    """Train one model (``seed``: its init and the order of the training batches); its mean held-out loss (inf when
+    training diverged)."""
+    torch.manual_seed(seed)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist() if seed else None
+    train = [train[i] for i in order] if order else train
+    cfg = model_config(width, seq, use_mup, seed=1234 + seed)
     model = build_sequential_model(cfg)
     groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if use_mup:
@@ -104,20 +108,23 @@ def run(width: int, lr: float, use_mup: bool, seq: int, train: list, held: list,
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--docs", type=int, default=150)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--micro", type=int, default=8)
     p.add_argument("--held", type=int, default=8, help="held-out batches")
     p.add_argument("--widths", default="64,256")
-    p.add_argument("--lrs", default="3e-4,1e-3,3e-3,1e-2,3e-2")
+    p.add_argument("--lrs", default="3e-4,6e-4,1e-3,2e-3,3e-3,6e-3,1e-2")
+    p.add_argument(
+        "--seeds", type=int, default=3, help="runs per (width, LR): init seed and batch order; losses averaged"
+    )
     p.add_argument("--save", action="store_true")
     a = p.parse_args()
     widths, lrs = [int(w) for w in a.widths.split(",")], [float(x) for x in a.lrs.split(",")]
     torch.manual_seed(0)
     report = Report(
         "mup_lr", " ".join(["python", *sys.argv]), steps=a.steps, docs=a.docs, seq=a.seq, micro=a.micro,
-        widths=widths, lrs=lrs, layers=2, vocab=VOCAB, optimizer="Adam betas (0.9, 0.95), linear warmup over 10% of the steps, then constant",
+        widths=widths, lrs=lrs, seeds=a.seeds, layers=2, vocab=VOCAB, optimizer="Adam betas (0.9, 0.95), linear warmup over 10% of the steps, then constant",
     )  # fmt: skip
     start = now()
     with tempfile.TemporaryDirectory(prefix="bench-mup-lr-") as folder:
@@ -134,7 +141,10 @@ def main() -> int:
     for tag, use_mup in (("mup", True), ("sp", False)):
         losses[tag], best[tag] = {}, {}
         for width in widths:
-            row = {f"{lr:g}": run(width, lr, use_mup, a.seq, train, held, base) for lr in lrs}
+            row = {
+                f"{lr:g}": sum(run(width, lr, use_mup, a.seq, train, held, base, s) for s in range(a.seeds)) / a.seeds
+                for lr in lrs
+            }
             losses[tag][str(width)] = {k: round(v, 4) for k, v in row.items()}
             best[tag][str(width)] = float(min(row, key=lambda k: row[k]))
             print(f"{tag:>3} width {width:4d}: " + "  ".join(f"lr {k}: {v:.4f}" for k, v in row.items())

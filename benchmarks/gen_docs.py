@@ -62,8 +62,8 @@ KNOWN = {
     ),
     "mup_lr": (
         "best LR at width 64 stays best at 256 (muP)",
-        "LR sweep (Adam, 5 LRs) at widths 64 and 256 on the quick-start corpus, muP and standard; held-out loss per LR "
-        "in the details; ratio 1 = the argmin transfers under muP, 0 = it does not",
+        "LR sweep (Adam, 200 steps, 7 LRs, each the mean of 3 seeds) at widths 64 and 256 on the quick-start corpus, "
+        "muP and standard; held-out loss per LR in the details; ratio 1 = the argmin transfers under muP, 0 = it does not",
     ),
     "decode_bf16": (
         "≥ 1.2; batch 1 ≥ 1.8 vs HF fp32",
@@ -97,7 +97,7 @@ Commands (add `--save` to write `benchmarks/results/<name>.json`, then `python b
 | 8b | `python benchmarks/bench_planner.py --startup [--baseline-ref REF]` | a cold `python deepy.py --plan` (imports included), 1T model, vs the same command from a git ref |
 | 9 | `python benchmarks/bench_mamba_train.py` | Mamba training step vs HF `MambaForCausalLM` + AdamW, same weights |
 | 10 | `python benchmarks/bench_recurrent_scan.py [--seq 2048]` | chunked Mamba selective scan / RWKV-6 WKV vs a per-token loop |
-| 11 | `python benchmarks/bench_mup_lr.py [--steps 100]` | muP LR transfer: the best LR at width 64 vs width 256, muP and standard |
+| 11 | `python benchmarks/bench_mup_lr.py [--steps 200] [--seeds 3]` | muP LR transfer: the best LR at width 64 vs width 256, muP and standard |
 
 ## Measured
 """
@@ -210,8 +210,7 @@ traffic: autograd over the whole sequence kept `[l, b, d, n]` decays, inputs and
 some fifteen passes over such tensors, while the loop's per-token `[1, 512, 16]` work stays in cache. The scan is
 now one autograd function over segments of 64 tokens (`megatron/model/mamba/segmented.py`): the forward keeps one
 state per segment, the backward recomputes a segment's decays and states from it and runs the reverse recurrence
-inside it, every tensor `64 × b·n·d` with the channels innermost (a first version with `d` before `n` measured the
-same; one with `einsum`s batched over `d` was 2x slower). Its activation memory is 12 `b·s·d` floats per layer
+inside it, every tensor `64 × b·n·d` with the channels innermost. Its activation memory is 12 `b·s·d` floats per layer
 instead of ~45 (the planner's formula re-derived, to the byte). The WKV carried its state across chunks of 16 in
 a Python loop of small matmuls (`[4, 16, 64] @ [4, 64, 64]` and alike, ~70% of its time); it now forms every
 chunk's `k'ᵀ v` in one batched matmul, carries the states with the linear scan over the chunks, reads them back
@@ -219,8 +218,8 @@ with one batched `r' @ S`, in a chunk-major contiguous layout and chunks of 8 (t
 re-derived, to the byte at 6 shapes and chunks of 4, 8 and 16: `tests/unit/test_planner_families.py`). The saved
 run (2026-12-03, 11 rounds, load ~1) gives **WKV 7.3x** (7.0–8.9x per round; ours 0.085 s, the loop 0.62 s) and
 **Mamba 3.1x** (2.8–3.6x; ours 0.17 s, the loop 0.53 s; 2.8x faster than the former scan): the ≥ 5x goal is met
-for the WKV and not for Mamba on this box. The Mamba scan's segments are still memory-bound (a 2 MB product takes
-~0.4 ms inside the scan against ~0.1 ms alone); a fused kernel would be needed for 5x.
+for the WKV and not for Mamba on this box: the segments still make some twenty passes over `64 × b·n·d` tensors per
+segment forward and backward, where the loop makes a few small ones per token; a fused kernel would be needed.
 
 `sparse_attention`'s `local 90% masked` layout (windows of 11 blocks of 16: 9.1% of the causal blocks kept at seq
 2048) is the issue's "90% of blocks masked": 5.9x the dense masked SDPA (goal ≥ 3x), saved as `ratio_90pct_masked`.
