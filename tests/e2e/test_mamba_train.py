@@ -1,5 +1,6 @@
 """GPT-NeoX's mamba-130M.yml, shrunk (tests/e2e/shrink.py), trains, saves and resumes exactly; a mixed Mamba +
-attention model trains on the pipeline engine."""
+attention model trains on 2 tensor-parallel ranks, and the Mamba model on 2 pipeline stages, each with the losses of
+one process."""
 
 from __future__ import annotations
 
@@ -74,4 +75,26 @@ def test_mixed_mamba_attention_on_two_tensor_parallel_ranks(data: dict[str, str]
     losses = out[0][0]["train_losses"]
     assert len(losses) == 6 and losses[-1] < losses[0] and out[1][0]["train_losses"] == losses
     ref = _mamba_130m(data, tmp_path / "one", model_parallel_size=1, global_num_gpus=1, **mixed)
+    assert losses == pytest.approx(run_distributed(run_pretrain_many, 1, [ref], {})[0][0]["train_losses"], rel=1e-4)
+
+
+def test_mamba_on_two_pipeline_stages_equals_one_process(data: dict[str, str], tmp_path: Path) -> None:
+    """The shrunk mamba-130M (2 Mamba layers), fp32, over 2 pipeline stages (one layer each, the partition method
+    matching its layers) trains with the losses of one process running the same 2 micro-batches per step."""
+    fp32 = dict(
+        fp16={"enabled": False},
+        precision="fp32",
+        train_iters=4,
+        checkpoint_activations=False,
+        partition_activations=False,
+        mamba_inner_func_fusion=False,
+        gradient_accumulation_steps=2,
+        train_batch_size=4,
+        pipe_partition_method="type:transformerlayer|mlp|mamba",
+    )
+    cfg = _mamba_130m(data, tmp_path / "pp2", pipe_parallel_size=2, global_num_gpus=2, **fp32)
+    out = run_distributed(run_pretrain_many, 2, [cfg], {})
+    losses = out[0][0]["train_losses"]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    ref = _mamba_130m(data, tmp_path / "one", pipe_parallel_size=1, global_num_gpus=1, **fp32)
     assert losses == pytest.approx(run_distributed(run_pretrain_many, 1, [ref], {})[0][0]["train_losses"], rel=1e-4)
