@@ -19,6 +19,14 @@ pytestmark = pytest.mark.distributed
 
 REAL = SHARED / "reference" / "gpt-neox-configs"
 FP16 = {"NEOX_FORGE_ALLOW_CPU_FP16": "1"}
+# the shrunk config in fp32 without checkpointing or the fused-kernel key: the runs compared with one process
+FP32_PLAIN = dict(
+    fp16={"enabled": False},
+    precision="fp32",
+    checkpoint_activations=False,
+    partition_activations=False,
+    mamba_inner_func_fusion=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +68,7 @@ def test_shrunk_mamba_130m_trains_saves_and_resumes(data: dict[str, str], tmp_pa
 def test_mixed_mamba_attention_on_two_tensor_parallel_ranks(data: dict[str, str], tmp_path: Path) -> None:
     """``attention_config`` [mamba, global], TP=2 and a 1-stage pipeline engine, fp32: the loss falls, as in the
     single-process run of the same model and batches."""
-    mixed = dict(
-        attention_config=[[["mamba", "global"], 1]],
-        pipe_parallel_size=1,
-        fp16={"enabled": False},
-        precision="fp32",
-        train_iters=6,
-        checkpoint_activations=False,
-        partition_activations=False,
-        mamba_inner_func_fusion=False,
-    )
+    mixed = dict(attention_config=[[["mamba", "global"], 1]], pipe_parallel_size=1, train_iters=6, **FP32_PLAIN)
     cfg = _mamba_130m(data, tmp_path / "tp2", model_parallel_size=2, global_num_gpus=2, **mixed)
     out = run_distributed(run_pretrain_many, 2, [cfg], {})
     losses = out[0][0]["train_losses"]
@@ -82,12 +81,8 @@ def test_mamba_on_two_pipeline_stages_equals_one_process(data: dict[str, str], t
     """The shrunk mamba-130M (2 Mamba layers), fp32, over 2 pipeline stages (one layer each, the partition method
     matching its layers) trains with the losses of one process running the same 2 micro-batches per step."""
     fp32 = dict(
-        fp16={"enabled": False},
-        precision="fp32",
+        **FP32_PLAIN,
         train_iters=4,
-        checkpoint_activations=False,
-        partition_activations=False,
-        mamba_inner_func_fusion=False,
         gradient_accumulation_steps=2,
         train_batch_size=4,
         pipe_partition_method="type:transformerlayer|mlp|mamba",

@@ -91,9 +91,9 @@ class SegmentedScan(torch.autograd.Function):
             src = gy[sl].unsqueeze(2) * C[sl].unsqueeze(-1)
             src[-1] += carry
             a_next = torch.cat([dA[1:], torch.zeros_like(dA[:1])])
-            n = dA.shape[0]
-            G = chunked_scan(a_next.reshape(n, -1), src.reshape(n, -1), torch.zeros_like(carry).reshape(-1), chunk,
-                             reverse=True).view(dA.shape)  # fmt: skip
+            steps = dA.shape[0]
+            G = chunked_scan(a_next.reshape(steps, -1), src.reshape(steps, -1), torch.zeros_like(carry).reshape(-1),
+                             chunk, reverse=True).view(dA.shape)  # fmt: skip
             g_C[sl] = torch.einsum("tbnd,tbd->tbn", hs, gy[sl])
             g_B[sl] = torch.einsum("tbnd,tbd->tbn", G, du)
             g_du = torch.einsum("tbnd,tbn->tbd", G, B[sl])
