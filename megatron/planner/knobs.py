@@ -220,7 +220,7 @@ def predict_knobs(
         context = layer_mb * passes * (cp - 1) * chunk / (bw["context"] * 1e9)
     per_micro_batch = (gemm + memory + tensor + pipe + selective + context) / w.gas
     bubble = (w.pp - 1) * per_micro_batch / v
-    hidden = cal.zero3_overlap * min(grads.zero3_comm_s, gemm + memory) if grads.zero3_comm_s else 0.0
+    hidden = cal.overlap(w.engine) * min(grads.zero3_comm_s, gemm + memory) if grads.zero3_comm_s else 0.0
     fields = {k: getattr(base, k) for k in Prediction.__dataclass_fields__}
     fields.update(
         data_comm_s=grads.data_comm_s,

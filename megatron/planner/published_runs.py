@@ -8,8 +8,8 @@ runs with full recomputation but Korthikanti et al.'s, whose quoted seconds per 
 planner counts them). Hardware per run: A100 (312 TFLOP/s fp16/bf16), HBM 1555 GB/s (40 GB) or 2039 GB/s (80 GB),
 NVLink 300 GB/s per direction, and the per-GPU share of the node's network cards.
 
-:data:`VALIDATION_RUNS` are published FSDP runs (torchtitan, H100) the constants are not fitted to: the source quotes
-tokens/s per GPU, converted here with the same formula (``K = 3``: selective recomputation, :func:`neox_tflops`).
+:data:`VALIDATION_RUNS` are published FSDP runs the constants are not fitted to (torchtitan on H100, MosaicML's
+llm-foundry on A100): the sources quote tokens/s per GPU, converted here with the same formula (:func:`neox_tflops`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ KORTHIKANTI = (
     "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198), "
     "Tables 3 and 5, §6 and §6.3"
 )
+LLM_FOUNDRY = (
+    "MosaicML, llm-foundry scripts/train/benchmarking/README.md at 061f2c7 (mosaicml/llm-foundry), tables 'A100 40GB "
+    "with 1600 Gbps node-node interconnect (RoCE)' and 'A100 80GB with 1600 Gbps node-node interconnect (RoCE)': "
+    "PyTorch FSDP FULL_SHARD, bf16, Throughput (T/s/GPU)"
+)
 GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
 H100_NVLINK = 450.0
 
@@ -65,7 +70,7 @@ class PublishedRun:
     published_tflops: float
     hbm_GBps: float
     inter_node_GBps: float
-    framework: str  # a key of calibrated.FRAMEWORKS: gpt-neox, megatron-deepspeed, megatron-lm
+    framework: str  # a key of calibrated.FRAMEWORKS: gpt-neox, megatron-deepspeed, megatron-lm, torchtitan, ...
     seq_length: int = 2048
     checkpoint_activations: bool = True
     micro_batch_stated: bool = True  # False: the source leaves it open (it does not change a TP-only prediction)
@@ -214,6 +219,36 @@ def _torchtitan_8b(name: str, gpus: int, global_batch: int, tokens_per_s_per_gpu
         kv_heads=8,
         mlp_widths=(2 * 14336, 14336),
         untied_embedding=True,
+        flash_attention=True,
+    )
+
+
+MPT_VOCAB = 50368  # llm-foundry's MPT configs: vocab_size 50368, expansion_ratio 4, learned positions, biases
+MPT_SHAPES = {"7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56), "70b": (8192, 80, 64)}
+ROCE_1600 = 25.0  # 1600 Gb/s per node of 8 GPUs: 25 GB/s per GPU
+
+
+def _mpt(model: str, gpus: int, micro_accum: tuple[int, int], tokens_per_s_per_gpu: float, hbm: float) -> PublishedRun:
+    # The table's rows: sequence 2048, FULL_SHARD, activation checkpointing on (K = 4), flash attention (triton).
+    (h, layers, heads), (micro, accum) = MPT_SHAPES[model], micro_accum
+    return PublishedRun(
+        f"MPT {model} FSDP {gpus} ({'40' if hbm == A100_40GB_HBM else '80'} GB)",
+        LLM_FOUNDRY,
+        h,
+        layers,
+        heads,
+        MPT_VOCAB,
+        1,
+        1,
+        gpus,
+        micro,
+        micro * accum * gpus,
+        3,
+        neox_tflops(tokens_per_s_per_gpu, (h, layers, MPT_VOCAB), 2048, 4),
+        hbm,
+        ROCE_1600,
+        "llm-foundry",
+        note=f"quoted {tokens_per_s_per_gpu:,.0f} T/s/GPU, micro-batch {micro} x {accum} accumulated",
         flash_attention=True,
     )
 
@@ -392,9 +427,27 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     _korthikanti("Korthikanti 530B SP+selective DP 8", MT530, (8, 35, 2240), (1, 2240), 1, 39.15, True),
 )
 
-# Published FSDP runs on H100 that the constants are NOT fitted to: predicted out of sample (docs/planner.md,
-# "Calibration": the A100-fitted GEMM pace over-predicts them; the source cannot state its own GPUs' peak).
-VALIDATION_RUNS: tuple[PublishedRun, ...] = (
+# Published FSDP runs that the constants are NOT fitted to: predicted out of sample (docs/planner.md,
+# "Calibration"). On H100 the A100-fitted GEMM pace over-predicts them (the source cannot state its GPUs' peak).
+TORCHTITAN_RUNS: tuple[PublishedRun, ...] = (
     _torchtitan_8b("torchtitan Llama 3 8B FSDP 8", 8, 16, 5762.0),
     _torchtitan_8b("torchtitan Llama 3 8B FSDP 128", 128, 256, 5605.0),
 )
+# llm-foundry's A100 rows of models of 7B parameters and more on 16 GPUs or more (more than one node), sequence 2048.
+FSDP_A100_RUNS: tuple[PublishedRun, ...] = (
+    _mpt("70b", 128, (4, 1), 376.0, A100_40GB_HBM),
+    _mpt("70b", 64, (2, 1), 276.0, A100_40GB_HBM),
+    _mpt("30b", 128, (6, 1), 865.0, A100_40GB_HBM),
+    _mpt("30b", 32, (4, 1), 857.0, A100_40GB_HBM),
+    _mpt("13b", 128, (16, 1), 1972.0, A100_40GB_HBM),
+    _mpt("13b", 64, (16, 1), 1976.0, A100_40GB_HBM),
+    _mpt("13b", 32, (14, 1), 1998.0, A100_40GB_HBM),
+    _mpt("13b", 16, (10, 1), 1993.0, A100_40GB_HBM),
+    _mpt("7b", 128, (18, 1), 3623.0, A100_40GB_HBM),
+    _mpt("7b", 64, (18, 1), 3665.0, A100_40GB_HBM),
+    _mpt("7b", 32, (18, 1), 3725.0, A100_40GB_HBM),
+    _mpt("7b", 16, (16, 1), 3645.0, A100_40GB_HBM),
+    _mpt("70b", 64, (8, 4), 410.0, A100_80GB_HBM),
+    _mpt("70b", 32, (2, 16), 373.0, A100_80GB_HBM),
+)
+VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS

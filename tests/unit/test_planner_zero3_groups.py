@@ -7,7 +7,7 @@ import json
 import pytest
 
 import deepy
-from megatron.planner.published_runs import LLAMA3_8B, VALIDATION_RUNS, neox_tflops
+from megatron.planner.published_runs import LLAMA3_8B, TORCHTITAN_RUNS, neox_tflops
 from tests.distributed import fns_zero_hpz as fns
 from tests.harness import run_distributed
 
@@ -72,11 +72,13 @@ def test_torchtitan_rows_read_the_source_and_are_over_predicted() -> None:
     """The torchtitan FSDP rows: the conversion reproduces the source's own MFU statement (33 % for FSDP without
     torch.compile, at the H100 SXM's 989 TFLOP/s, with its 6·N + 12·l·h·q·t FLOPs per token at seq_len 8192), and
     the A100-fitted constants over-predict both (docs/planner.md, "Calibration")."""
-    eight, many = VALIDATION_RUNS
+    eight, many = TORCHTITAN_RUNS
     params = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 128256 * 4096 + 4096
     titan = (6 * params + 12 * 32 * 32 * 128 * 8192) * 5762.0 / 989e12
     assert round(100 * titan) == 34 and int(100 * titan) == 33  # "33% to 39% MFU"
     assert eight.published_tflops == pytest.approx(neox_tflops(5762.0, LLAMA3_8B, 8192, 3)) and many.dp == 128
     assert eight.workload().zero_stage == 3 and not eight.workload().checkpoint_activations
-    errors = [r.predict().tflops_per_gpu / r.published_tflops - 1 for r in VALIDATION_RUNS]
-    assert errors[0] == pytest.approx(0.733, abs=0.01) and errors[1] == pytest.approx(0.597, abs=0.01)
+    errors = [r.predict().tflops_per_gpu / r.published_tflops - 1 for r in TORCHTITAN_RUNS]
+    assert errors[0] == pytest.approx(0.755, abs=0.01) and errors[1] == pytest.approx(0.804, abs=0.01)
+    # FSDP hides the 128-GPU run's traffic behind its compute: the same predicted step on 8 and 128 GPUs.
+    assert many.predict().step_s == pytest.approx(eight.predict().step_s, rel=1e-3)

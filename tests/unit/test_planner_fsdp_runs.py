@@ -1,0 +1,136 @@
+"""PyTorch FSDP in the step-time model, checked against MosaicML's published A100 runs (llm-foundry's benchmark
+tables, out of sample: docs/planner.md, "FSDP on A100, out of sample")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from megatron.planner.calibrated import FRAMEWORKS, Calibration, Link, Workload, predict
+from megatron.planner.layout import GroupPlacement
+from megatron.planner.published_runs import (
+    A100_40GB_HBM,
+    FSDP_A100_RUNS,
+    MPT_SHAPES,
+    MPT_VOCAB,
+    PUBLISHED_RUNS,
+    VALIDATION_RUNS,
+)
+
+# The tables' NumParams column at sequence 2048 (learned positions and biases included).
+NUM_PARAMS = {"7b": 6658859008, "13b": 12853954560, "30b": 29975214080, "70b": 64862437376}
+# Per row (the tables' order in FSDP_A100_RUNS): the tables' MFU (%) and global batch.
+QUOTED = [
+    (48.91, 512),
+    (35.87, 128),
+    (52.25, 768),
+    (51.74, 128),
+    (51.93, 2048),
+    (52.04, 1024),
+    (52.62, 448),
+    (52.5, 160),
+    (50.14, 2304),
+    (50.73, 1152),
+    (51.55, 576),
+    (50.44, 256),
+    (53.33, 2048),
+    (48.56, 1024),
+]
+# The prediction's error per row, as docs/planner.md tabulates it.
+ERRORS = [
+    -0.032,
+    -0.128,
+    -0.098,
+    -0.090,
+    -0.107,
+    -0.109,
+    -0.118,
+    -0.116,
+    -0.085,
+    -0.095,
+    -0.110,
+    -0.090,
+    -0.104,
+    -0.344,
+]
+
+
+def test_the_mpt_shapes_reproduce_the_tables_parameter_counts() -> None:
+    """Hidden size and layers per model: 12·L·h² + vocabulary and 2048 learned positions · h + biases and norms
+    (13·h per layer, 2·h final) equal the NumParams column exactly."""
+    for model, (h, layers, _heads) in MPT_SHAPES.items():
+        assert 12 * layers * h * h + (MPT_VOCAB + 2048) * h + 13 * layers * h + 2 * h == NUM_PARAMS[model], model
+
+
+def test_the_rows_reproduce_the_tables_mfu_and_batch() -> None:
+    """Each row's tokens/s per GPU gives the table's MFU under llm-foundry's formula (6·N + 12·L·h·s FLOPs per token
+    at 312 TFLOP/s; within the quoted tokens/s' last digit), and micro-batch x accumulation x GPUs its global batch: the rows are read as printed."""
+    assert len(FSDP_A100_RUNS) == len(QUOTED) == 14
+    for run, (mfu, batch) in zip(FSDP_A100_RUNS, QUOTED, strict=True):
+        model = run.name.split()[1]
+        per_token = 6 * NUM_PARAMS[model] + 12 * run.num_layers * run.hidden_size * 2048
+        tokens = float(run.note.split()[1].replace(",", ""))
+        assert 100 * per_token * tokens / 312e12 == pytest.approx(mfu, rel=0.003), run.name  # within 1 T/s/GPU
+        assert run.train_batch == batch and run.zero_stage == 3 and run.tp == run.pp == 1, run.name
+        assert FRAMEWORKS[run.framework] == "pytorch" and run.checkpoint_activations and run.flash_attention
+
+
+def _workload(engine: str) -> Workload:
+    return Workload(
+        hidden_size=8192,
+        num_layers=80,
+        num_heads=64,
+        seq_length=2048,
+        padded_vocab_size=50368,
+        tp=1,
+        pp=1,
+        dp=64,
+        micro_batch=2,
+        gas=1,
+        checkpoint_activations=True,
+        zero_stage=3,
+        params_per_rank=64_824_000_000,
+        layers_per_stage=80,
+        flash_attention=True,
+        engine=engine,
+    )
+
+
+def test_fsdp_gathers_the_weights_twice_per_micro_batch_and_hides_the_shorter_side() -> None:
+    """With recomputation DeepSpeed's ZeRO-3 gathers the weights for the forward, the recomputed forward and the
+    backward (3 all-gathers + 1 reduce-scatter); FSDP's recomputed forward runs on the backward's gathered weights
+    (2 + 1: 3/4 of the traffic) and, prefetching, hides all of the shorter of compute and traffic."""
+    link = Link(312.0, A100_40GB_HBM, 300.0, 25.0)
+    placements = [GroupPlacement("tensor", 1, 1, 1), GroupPlacement("pipe", 1, 64, 1), GroupPlacement("data", 64, 1, 8)]
+    deepspeed = predict(_workload("megatron-lm"), link, placements)
+    fsdp = predict(_workload("pytorch"), link, placements)
+    assert fsdp.zero3_comm_s == pytest.approx(0.75 * deepspeed.zero3_comm_s)
+    assert fsdp.zero3_hidden_s == pytest.approx(min(fsdp.zero3_comm_s, fsdp.gemm_s + fsdp.memory_bound_s))
+    assert deepspeed.zero3_hidden_s == pytest.approx(
+        Calibration().zero3_overlap * min(deepspeed.zero3_comm_s, deepspeed.gemm_s + deepspeed.memory_bound_s)
+    )
+    # Without recomputation both gather twice.
+    plain = [
+        predict(replace(_workload(e), checkpoint_activations=False), link, placements)
+        for e in ("megatron-lm", "pytorch")
+    ]
+    assert plain[0].zero3_comm_s == pytest.approx(plain[1].zero3_comm_s)
+
+
+def test_fsdp_a100_rows_are_predicted_out_of_sample() -> None:
+    """The 14 rows are not in the fit (VALIDATION_RUNS): 13 within ±15 % (the fitted pace, Megatron-LM's and
+    DeepSpeed's of 2021-22, is ~10 % slower than this stack's), the 70B on 32 80-GB GPUs at -34 %: the model's weight
+    traffic per micro-batch (3 collectives of 130 GB at 0.9 x 25 GB/s) exceeds the published step's share."""
+    assert set(FSDP_A100_RUNS) <= set(VALIDATION_RUNS) and not set(FSDP_A100_RUNS) & set(PUBLISHED_RUNS)
+    errors = [r.predict().tflops_per_gpu / r.published_tflops - 1 for r in FSDP_A100_RUNS]
+    assert errors == pytest.approx(ERRORS, abs=0.005)
+    assert sum(abs(e) <= 0.15 for e in errors) == 13
+    worst = FSDP_A100_RUNS[-1]
+    published_step = worst.train_batch * worst.seq_length / (worst.gpus * float(worst.note.split()[1]))
+    assert worst.predict().zero3_comm_s > 1.5 * published_step > worst.predict().gemm_s
+    # With DeepSpeed's ZeRO-3 terms (3 all-gathers, 0.802 hidden) the same rows are predicted 12-55 % low.
+    deepspeed = [
+        replace(r, framework="megatron-lm").predict().tflops_per_gpu / r.published_tflops - 1 for r in FSDP_A100_RUNS
+    ]
+    assert max(deepspeed) < -0.12 and min(deepspeed) < -0.55
