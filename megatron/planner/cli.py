@@ -17,7 +17,15 @@ from megatron.planner.inputs import Hardware, parse_bytes
 from megatron.planner.knobs import PLAN_ONLY_KEYS, read_plan_only_keys
 from megatron.planner.plan import PlanInputs, build_plan
 from megatron.planner.report import format_plan, plan_to_json, strict_json
-from megatron.planner.search import DEFAULT_HEADROOM, DEFAULT_SEARCH_SECONDS, KNOBS, check_fixed, search_layouts
+from megatron.planner.search import (
+    DEFAULT_HEADROOM,
+    DEFAULT_SEARCH_SECONDS,
+    KNOBS,
+    VARY,
+    check_fixed,
+    check_varied,
+    search_layouts,
+)
 from megatron.planner.search_report import format_search, search_to_json
 from megatron.tokenizer import TokenizerConfig, build_tokenizer, padded_vocab_size
 
@@ -55,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KNOBS",
         help=f"with --search: keep these knobs at the configured values, comma-separated: {', '.join(KNOBS)}",
+    )
+    p.add_argument(
+        "--search-vary",
+        default=None,
+        metavar="KNOBS",
+        help=f"with --search: also vary these layout knobs, comma-separated: {', '.join(VARY)}",
     )
     p.add_argument(
         "--framework",
@@ -127,10 +141,11 @@ def _search(inputs: PlanInputs, hw: Hardware, vocab: int, ns: argparse.Namespace
     hw.check()
     try:
         fixed = check_fixed(ns.search_fix)
+        varied = check_varied(ns.search_vary, fixed)
         result = search_layouts(
-            inputs, hw, vocab, ns.memory_headroom, ns.search_seconds, framework=ns.framework, fixed=fixed
+            inputs, hw, vocab, ns.memory_headroom, ns.search_seconds, ns.framework, fixed=fixed, varied=varied
         )
-    except ValueError as e:  # the model config refuses the shape, or --search-fix names an unknown knob
+    except ValueError as e:  # the model config refuses the shape, or --search-fix/-vary names an unknown knob
         raise ConfigError(str(e)) from None
     text = strict_json(search_to_json(result, ns.top)) if ns.json else format_search(result, ns.top)
     print(text, file=out, flush=True)
@@ -160,8 +175,9 @@ def plan_main(argv: list[str], out: TextIO | None = None) -> int:
         inputs = PlanInputs.from_neox_args(args, padded, plan_only)
     except ValueError as e:  # the model config refuses the shape
         raise ConfigError(str(e)) from None
-    if ns.search_fix is not None and not ns.search:
-        raise ConfigError("--search-fix: only with --search")
+    for flag, value in (("--search-fix", ns.search_fix), ("--search-vary", ns.search_vary)):
+        if value is not None and not ns.search:
+            raise ConfigError(f"{flag}: only with --search")
     if ns.search:
         return _search(inputs, hw, vocab, ns, out or sys.stdout)
     try:

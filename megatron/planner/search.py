@@ -7,12 +7,15 @@ micro-batch (dividing the samples per data-parallel rank) x activation checkpoin
 checks GPT-NeoX or DeepSpeed would refuse, then memory). ``--search-fix`` keeps some knobs at the configured
 values (:data:`KNOBS`), so only the others vary.
 
-The layout knobs of :mod:`~megatron.planner.knobs` are not varied but held at the configured values in every
-candidate, and each candidate is predicted as ``--plan`` predicts it (:func:`~megatron.planner.knobs.predict_knobs`):
-``context_parallel_size`` takes its ranks out of the GPUs before the data-parallel size; a candidate with activation
-checkpointing recomputes fully instead of selectively (``recompute_granularity: selective`` applies to the others);
-``num_layers_per_virtual_pipeline_stage`` applies to candidates with 2 or more pipeline stages and must divide their
-layers per stage.
+The layout knobs of :mod:`~megatron.planner.knobs` (and ``sequence_parallel``) are held at the configured values in
+every candidate unless ``--search-vary`` names them (:data:`VARY`), and each candidate is predicted as ``--plan``
+predicts it (:func:`~megatron.planner.knobs.predict_knobs`): ``context_parallel_size`` takes its ranks out of the GPUs
+before the data-parallel size; a candidate with activation checkpointing recomputes fully instead of selectively
+(``recompute_granularity: selective`` applies to the others); ``num_layers_per_virtual_pipeline_stage`` applies to
+candidates with 2 or more pipeline stages and must divide their layers per stage. Varied, ``sp`` tries sequence
+parallelism off and on where TP > 1, ``recompute`` no, full and selective recomputation (instead of checkpointing
+on/off), ``vpp`` no interleaving and every chunk of layers dividing the layers per stage, ``cp`` context-parallel
+sizes 1, 2, 4 and 8 that divide the GPUs and half the sequence.
 """
 
 from __future__ import annotations
@@ -49,6 +52,16 @@ KNOBS = {
     "micro": "micro-batch (train_micro_batch_size_per_gpu)",
     "ckpt": "activation checkpointing (checkpoint_activations)",
 }
+# --search-vary: the layout knobs that can be varied -> what each one is
+VARY = {
+    "sp": "sequence parallelism (sequence_parallel)",
+    "recompute": "recomputation: none, full (checkpoint_activations) or selective (recompute_granularity)",
+    "vpp": "interleaved pipeline chunks (num_layers_per_virtual_pipeline_stage)",
+    "cp": "context parallelism (context_parallel_size)",
+}
+MAX_CONTEXT_PARALLEL = 8
+# (recompute_granularity, sequence_parallel, num_layers_per_virtual_pipeline_stage, context_parallel_size)
+Knobs = tuple[str | None, bool, int | None, int]
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,9 @@ class Candidate:
     reason: str | None  # why rejected; None: fits
     reason_kind: str | None = None
     recompute_granularity: str | None = None  # "selective": the configured selective recomputation applies
+    sequence_parallel: bool = False
+    layers_per_chunk: int | None = None  # num_layers_per_virtual_pipeline_stage (None: no interleaving)
+    context_parallel: int = 1  # context_parallel_size
 
     @property
     def stages(self) -> int:
@@ -75,9 +91,27 @@ class Candidate:
         return max(self.pp, 1)
 
     @property
-    def key(self) -> tuple[int, int, int, int, bool]:
-        """(TP, stages, ZeRO, micro-batch, checkpointing): what identifies a layout."""
-        return (self.tp, self.stages, self.zero_stage, self.micro_batch, self.checkpoint_activations)
+    def knobs(self) -> Knobs:
+        """(recompute_granularity, sequence_parallel, layers per chunk, context-parallel size)."""
+        return (self.recompute_granularity, self.sequence_parallel, self.layers_per_chunk, self.context_parallel)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """(TP, stages, ZeRO, micro-batch, checkpointing, *knobs): what identifies a layout."""
+        return (self.tp, self.stages, self.zero_stage, self.micro_batch, self.checkpoint_activations, *self.knobs)
+
+    @property
+    def plan_only(self) -> list[str]:
+        """The knobs of this layout that neox-forge cannot run yet."""
+        return [
+            name
+            for name, on in (
+                ("recompute_granularity", self.recompute_granularity is not None),
+                ("num_layers_per_virtual_pipeline_stage", self.layers_per_chunk is not None),
+                ("context_parallel_size", self.context_parallel > 1),
+            )
+            if on
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data."""
@@ -89,6 +123,9 @@ class Candidate:
             "micro_batch": self.micro_batch,
             "gradient_accumulation_steps": self.gas,
             "checkpoint_activations": self.checkpoint_activations,
+            "sequence_parallel": self.sequence_parallel,
+            "num_layers_per_virtual_pipeline_stage": self.layers_per_chunk,
+            "context_parallel_size": self.context_parallel,
             "upper_bound_tokens_per_s": self.upper_bound_tokens_per_s,
             "memory_bytes": self.memory_bytes,
         }
@@ -112,7 +149,7 @@ class SearchResult:
     layouts: list[Candidate]
     rejected_better_bound: list[Candidate]
     rejected_counts: dict[str, int]
-    configured: tuple[int, int, int, int, bool]
+    configured: tuple[Any, ...]  # Candidate.key of the configured layout
     configured_rank: int | None  # 1-based among the fitting layouts; None: the configured layout does not fit
     evaluated: int = 0  # candidate layouts evaluated
     cut_short: bool = False  # the time budget ran out before every candidate was evaluated
@@ -120,6 +157,7 @@ class SearchResult:
     partition_method: str = ""  # the pipe_partition_method the pipelines were planned with
     partition_note: str | None = None  # why it is not the configured one
     fixed: tuple[str, ...] = ()  # the knobs kept at the configured values (--search-fix), in KNOBS order
+    varied: tuple[str, ...] = ()  # the layout knobs varied (--search-vary), in VARY order
     configured_reason: str | None = None  # why the configured layout was rejected (when it was evaluated)
 
     def to_json(self, top: int) -> dict[str, Any]:
@@ -134,7 +172,15 @@ class SearchResult:
             "layouts": [c.to_dict() for c in self.layouts[:top]],
             "layouts_that_fit": len(self.layouts),
             "configured_layout": dict(
-                zip(("tp", "stages", "zero_stage", "micro_batch", "checkpoint"), self.configured)
+                zip(("tp", "stages", "zero_stage", "micro_batch", "checkpoint"), self.configured[:5], strict=True)
+            ),
+            "configured_knobs": dict(
+                zip(
+                    ("recompute_granularity", "sequence_parallel", "num_layers_per_virtual_pipeline_stage"),
+                    self.configured[5:8],
+                    strict=True,
+                ),
+                context_parallel_size=self.configured[8],
             ),
             "configured_rank": self.configured_rank,
             "rejected_above_best": [c.to_dict() for c in self.rejected_better_bound[:SHOWN_REJECTIONS]],
@@ -143,6 +189,7 @@ class SearchResult:
             "pipe_partition_method": self.partition_method,
             "pipe_partition_note": self.partition_note,
             "fixed_knobs": list(self.fixed),
+            "varied_knobs": list(self.varied),
             "configured_rejected_reason": self.configured_reason,
         }
 
@@ -157,7 +204,9 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in sorted({*small, *(n // d for d in small)}) if d <= limit]
 
 
-def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, zero: int) -> Reason | None:
+def _structural_reason(
+    base: TrainingSetup, hw: Hardware, tp: int, stages: int, zero: int, chunk: int | None
+) -> Reason | None:
     """(kind, message) of the first structural check the layout fails, if any."""
     if tp > hw.gpus_per_node:
         return "tp-spans-nodes", f"TP {tp} exceeds the {hw.gpus_per_node} GPUs per node (all-reduces would cross nodes)"
@@ -167,7 +216,6 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
         return "heads", f"num_kv_heads {base.kv_heads} not divisible by TP {tp}"
     if stages > 1 and base.num_layers % stages:
         return "layers", f"num_layers {base.num_layers} not divisible by {stages} pipeline stages"
-    chunk = base.num_layers_per_virtual_pipeline_stage
     if stages > 1 and chunk and (base.num_layers // stages) % chunk:
         per_stage = base.num_layers // stages
         return "layers", f"num_layers_per_virtual_pipeline_stage {chunk} does not divide {per_stage} layers per stage"
@@ -179,7 +227,8 @@ def _structural_reason(base: TrainingSetup, hw: Hardware, tp: int, stages: int, 
     return None
 
 
-Layout = tuple[int, int, int, int, int, bool]  # (TP, pipe_parallel_size, DP, ZeRO, micro-batch, checkpointing)
+# (TP, pipe_parallel_size, DP, ZeRO, micro-batch, checkpointing, knobs)
+Layout = tuple[int, int, int, int, int, bool, Knobs]
 
 
 def check_fixed(knobs: str | None) -> tuple[str, ...]:
@@ -191,11 +240,56 @@ def check_fixed(knobs: str | None) -> tuple[str, ...]:
     return tuple(k for k in KNOBS if k in names)
 
 
+def check_varied(knobs: str | None, fixed: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``--search-vary sp,recompute`` -> the knobs in :data:`VARY` order; ValueError naming the valid ones (or the
+    conflict with ``--search-fix ckpt``)."""
+    names = [k.strip() for k in (knobs or "").split(",") if k.strip()]
+    unknown = [k for k in names if k not in VARY]
+    if unknown or (knobs is not None and not names):
+        raise ValueError(f"--search-vary {knobs!r}: a comma-separated list of {', '.join(VARY)}")
+    if "recompute" in names and "ckpt" in fixed:
+        raise ValueError("--search-vary recompute varies checkpointing too: drop ckpt from --search-fix")
+    return tuple(k for k in VARY if k in names)
+
+
+def _knob_options(base: TrainingSetup, tp: int, stages: int, varied: tuple[str, ...]) -> Iterator[tuple[bool, Knobs]]:
+    """(checkpointing, knobs) per candidate of one TP x stages shape: the configured knobs, or the varied ones."""
+    recompute: list[tuple[bool, str | None]] = [(True, None), (False, None)]
+    if "recompute" in varied:
+        recompute.append((False, "selective"))
+    else:
+        recompute = [(ckpt, None if ckpt else base.recompute_granularity) for ckpt in (True, False)]
+    sps = [False, True] if "sp" in varied and tp > 1 else [base.sequence_parallel]
+    per_stage = base.num_layers // stages
+    chunks: list[int | None] = [base.num_layers_per_virtual_pipeline_stage]
+    if "vpp" in varied:
+        chunks = [None, *(d for d in _divisors(per_stage, per_stage - 1) if stages > 1)]
+    for ckpt, granularity in recompute:
+        for sp in sps:
+            for chunk in chunks:
+                yield ckpt, (granularity, sp, chunk, base.context_parallel_size)
+
+
+def _context_sizes(base: TrainingSetup, hw: Hardware, varied: tuple[str, ...]) -> list[int]:
+    if "cp" not in varied:
+        return [base.context_parallel_size]
+    sizes = _powers_of_two(MAX_CONTEXT_PARALLEL)
+    return [c for c in sizes if c == 1 or (hw.gpus % c == 0 and base.seq_length % (2 * c) == 0)]
+
+
 def _candidates(
-    base: TrainingSetup, hw: Hardware, fixed: tuple[str, ...] = ()
+    base: TrainingSetup, hw: Hardware, fixed: tuple[str, ...] = (), varied: tuple[str, ...] = ()
 ) -> Iterator[tuple[Layout, Reason | None]]:
     """Every candidate layout with its structural rejection (None: to be sized), smallest TP and stages first;
-    the ``fixed`` knobs only take the configured value (the context-parallel ranks are taken out of the GPUs first)."""
+    the ``fixed`` knobs only take the configured value, the ``varied`` layout knobs each of theirs (the
+    context-parallel ranks are taken out of the GPUs first)."""
+    for cp in _context_sizes(base, hw, varied):
+        yield from _shapes(replace(base, context_parallel_size=cp), hw, fixed, varied)
+
+
+def _shapes(
+    base: TrainingSetup, hw: Hardware, fixed: tuple[str, ...], varied: tuple[str, ...]
+) -> Iterator[tuple[Layout, Reason | None]]:
     batch, ranks = base.train_batch, hw.gpus // base.context_parallel_size
     for tp in [base.tp] if "tp" in fixed else _powers_of_two(ranks):
         if "tp" in fixed and ranks % tp:
@@ -208,16 +302,18 @@ def _candidates(
                 pp = stages if stages > 1 or zero < 2 else 0
                 if base.precision == "fp16" and pp >= 1 and zero == 0:
                     continue  # GPT-NeoX runs fp16 pipelines with ZeRO-1 anyway (a duplicate of zero == 1)
-                reason = _structural_reason(base, hw, tp, stages, zero)
-                if reason is None and batch % dp:
-                    reason = ("batch", f"train_batch_size {batch} not divisible by DP {dp}")
-                per_dp = max(batch // dp, 1)
-                micros = _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]
-                if "micro" in fixed:
-                    micros = [base.micro_batch] if reason is not None or per_dp % base.micro_batch == 0 else []
-                for micro in micros:
-                    for ckpt in [base.checkpoint_activations] if "ckpt" in fixed else (True, False):
-                        yield (tp, pp, dp, zero, micro, ckpt), reason
+                for ckpt, knobs in _knob_options(base, tp, stages, varied):
+                    if "ckpt" in fixed and ckpt != base.checkpoint_activations:
+                        continue
+                    reason = _structural_reason(base, hw, tp, stages, zero, knobs[2])
+                    if reason is None and batch % dp:
+                        reason = ("batch", f"train_batch_size {batch} not divisible by DP {dp}")
+                    per_dp = max(batch // dp, 1)
+                    micros = _divisors(per_dp, MAX_MICRO_BATCH) if reason is None else [1]
+                    if "micro" in fixed:
+                        micros = [base.micro_batch] if reason is not None or per_dp % base.micro_batch == 0 else []
+                    for micro in micros:
+                        yield (tp, pp, dp, zero, micro, ckpt, knobs), reason
 
 
 def search_layouts(
@@ -228,9 +324,11 @@ def search_layouts(
     seconds: float = DEFAULT_SEARCH_SECONDS,
     framework: str = DEFAULT_FRAMEWORK,
     fixed: tuple[str, ...] = (),
+    varied: tuple[str, ...] = (),
 ) -> SearchResult:
     """Evaluate every candidate layout of the resolved config on ``hw`` (``vocab_size``: before padding), the
-    ``fixed`` knobs (names in :data:`KNOBS`) kept at the configured values.
+    ``fixed`` knobs (names in :data:`KNOBS`) kept at the configured values, the ``varied`` layout knobs (names in
+    :data:`VARY`) taking each of their values.
 
     A layout fits when its worst rank needs at most ``1 - headroom`` of the GPU memory (the memory model leaves out
     the CUDA context, NCCL's buffers and allocator fragmentation). When ``seconds`` run out the search stops and
@@ -253,7 +351,7 @@ def search_layouts(
     total = count_params(cfg, 1, 0, method).total
     out: list[Candidate] = []
     cut_short = False
-    for layout, reason in _candidates(base, hw, fixed):
+    for layout, reason in _candidates(base, hw, fixed, varied):
         if time.monotonic() > deadline:
             cut_short = True
             break
@@ -264,15 +362,22 @@ def search_layouts(
     above = sorted(
         (c for c in rejected if c.upper_bound_tokens_per_s > best_bound), key=lambda c: -c.upper_bound_tokens_per_s
     )
-    configured = (base.tp, base.stages, base.zero_stage, base.micro_batch, base.checkpoint_activations)
+    held = _with_knobs(base)
+    configured = (
+        *(base.tp, base.stages, base.zero_stage, base.micro_batch, base.checkpoint_activations),
+        *(held.recompute_granularity, held.sequence_parallel, held.num_layers_per_virtual_pipeline_stage),
+        held.context_parallel_size,
+    )
     rank = next((i + 1 for i, c in enumerate(fits) if c.key == configured), None)
     reasons = Counter(c.reason_kind for c in rejected if c.reason_kind)
     result = SearchResult(
         hw, usable, base.train_batch, fits, above, dict(reasons), configured, rank, len(out), cut_short, seconds, method
     )
-    result.fixed = fixed
+    result.fixed, result.varied = fixed, varied
     if rank is None:  # a shape refused for every micro-batch is evaluated once, with micro-batch 1
-        same = [c for c in rejected if c.key == configured or (c.key[:3], c.key[4]) == (configured[:3], configured[4])]
+        same = [
+            c for c in rejected if c.key == configured or (c.key[:3], c.key[4:]) == (configured[:3], configured[4:])
+        ]
         result.configured_reason = next((c.reason for c in sorted(same, key=lambda c: c.key != configured)), None)
     if method != inputs.pipe_partition_method:
         result.partition_note = (
@@ -293,12 +398,25 @@ def _evaluate(
     usable: int,
     framework: str = DEFAULT_FRAMEWORK,
 ) -> Candidate:
-    tp, pp, dp, zero, micro, ckpt = layout
+    tp, pp, dp, zero, micro, ckpt, (granularity, sp, chunk, cp) = layout
     stages, per_node = max(pp, 1), hw.gpus_per_node
     gas = max(base.train_batch // (dp * micro), 1)
     setup = replace(base, tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch=micro, gas=gas, checkpoint_activations=ckpt)
-    setup = _with_knobs(setup)
-    selective = setup.recompute_granularity
+    setup = _with_knobs(
+        replace(
+            setup,
+            recompute_granularity=granularity,
+            sequence_parallel=sp,
+            num_layers_per_virtual_pipeline_stage=chunk,
+            context_parallel_size=cp,
+        )
+    )
+    knobs: Knobs = (
+        setup.recompute_granularity,
+        setup.sequence_parallel,
+        setup.num_layers_per_virtual_pipeline_stage,
+        setup.context_parallel_size,
+    )
     groups = placements(tp, stages, dp, setup.context_parallel_size, per_node)
 
     def bound_of(params_per_rank: int, layers: int) -> float:
@@ -307,7 +425,7 @@ def _evaluate(
 
     if reason is not None:  # shape refused: bound from an even split of the parameters
         bound = bound_of(total // (tp * stages), math.ceil(base.num_layers / stages))
-        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, None, reason[1], reason[0], selective)
+        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, None, reason[1], reason[0], *knobs)
     params, padded = counts(tp, pp)
     setup = replace(setup, padded_vocab_size=padded)
     busiest = max(params.stages, key=lambda s: s.total)
@@ -316,10 +434,10 @@ def _evaluate(
     worst = max(rank_memory(setup, i, s).total for i, s in enumerate(params.stages))
     if worst > usable:
         why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
-        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory", selective)
+        return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory", *knobs)
     w = workload(setup, busiest.total, layers, framework)
     predicted = predict_knobs(w, link(hw), setup, per_node, extra=hpz_placement(setup, per_node))
-    return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None, None, selective)
+    return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None, None, *knobs)
 
 
 def _with_knobs(setup: TrainingSetup) -> TrainingSetup:
