@@ -59,11 +59,11 @@ def free_port() -> int:
 
 def kill_tree(pid: int) -> None:
     """Kill a process and all its descendants (children first collected, then killed)."""
-    try:
+    try:  # the process may exit between the two calls: then there is nothing left to collect from it
         parent = psutil.Process(pid)
+        procs = [*parent.children(recursive=True), parent]
     except psutil.NoSuchProcess:
         return
-    procs = [*parent.children(recursive=True), parent]
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
