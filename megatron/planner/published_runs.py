@@ -228,11 +228,22 @@ MPT_SHAPES = {"7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56)
 ROCE_1600 = 25.0  # 1600 Gb/s per node of 8 GPUs: 25 GB/s per GPU
 
 
-def _mpt(model: str, gpus: int, micro_accum: tuple[int, int], tokens_per_s_per_gpu: float, hbm: float) -> PublishedRun:
-    # The table's rows: sequence 2048, FULL_SHARD, activation checkpointing on (K = 4), flash attention (triton).
+def _mpt(
+    model: str,
+    gpus: int,
+    micro_accum: tuple[int, int],
+    tokens_per_s_per_gpu: float,
+    hbm: float,
+    checkpoint: bool = True,
+    h100: bool = False,
+) -> PublishedRun:
+    # The table's rows: sequence 2048, FULL_SHARD, flash attention (triton); K = 4 with activation checkpointing.
+    # H100 rows: the table's "H100 80GB BF16" (989 TFLOP/s, HBM 3350 GB/s, NVLink 450 GB/s); single-node rows only,
+    # so the network (which that table does not state) does not enter.
     (h, layers, heads), (micro, accum) = MPT_SHAPES[model], micro_accum
+    gpu = "H100" if h100 else ("40 GB" if hbm == A100_40GB_HBM else "80 GB")
     return PublishedRun(
-        f"MPT {model} FSDP {gpus} ({'40' if hbm == A100_40GB_HBM else '80'} GB)",
+        f"MPT {model} FSDP {gpus} ({gpu})",
         LLM_FOUNDRY,
         h,
         layers,
@@ -244,11 +255,14 @@ def _mpt(model: str, gpus: int, micro_accum: tuple[int, int], tokens_per_s_per_g
         micro,
         micro * accum * gpus,
         3,
-        neox_tflops(tokens_per_s_per_gpu, (h, layers, MPT_VOCAB), 2048, 4),
+        neox_tflops(tokens_per_s_per_gpu, (h, layers, MPT_VOCAB), 2048, 4 if checkpoint else 3),
         hbm,
         ROCE_1600,
         "llm-foundry",
+        checkpoint_activations=checkpoint,
         note=f"quoted {tokens_per_s_per_gpu:,.0f} T/s/GPU, micro-batch {micro} x {accum} accumulated",
+        peak_tflops=989.0 if h100 else 312.0,
+        nvlink_GBps=H100_NVLINK if h100 else NVLINK,
         flash_attention=True,
     )
 
@@ -450,4 +464,14 @@ FSDP_A100_RUNS: tuple[PublishedRun, ...] = (
     _mpt("70b", 64, (8, 4), 410.0, A100_80GB_HBM),
     _mpt("70b", 32, (2, 16), 373.0, A100_80GB_HBM),
 )
-VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS
+# Single-node rows (8 GPUs, NVLink only) of the same tables at sequence 2048: the compute pace on A100 and on H100.
+H100_HBM = 3350.0
+FSDP_NODE_RUNS: tuple[PublishedRun, ...] = (
+    _mpt("30b", 8, (3, 21), 916.0, A100_80GB_HBM),
+    _mpt("13b", 8, (2, 3), 2262.0, A100_80GB_HBM, checkpoint=False),
+    _mpt("7b", 8, (6, 2), 4641.0, A100_80GB_HBM, checkpoint=False),
+    _mpt("30b", 8, (3, 21), 2002.0, H100_HBM, h100=True),
+    _mpt("13b", 8, (2, 1), 4792.0, H100_HBM, checkpoint=False, h100=True),
+    _mpt("7b", 8, (6, 1), 10643.0, H100_HBM, checkpoint=False, h100=True),
+)
+VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS + FSDP_NODE_RUNS
