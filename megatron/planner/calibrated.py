@@ -123,6 +123,7 @@ class Workload:
     kv_heads: int = 0  # key/value heads (GQA); 0: one per query head
     mlp_widths: tuple[int, int] = (0, 0)  # the MLP's (linear1 out, linear2 in) widths; (0, 0): plain 4h
     zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: backward weight all-gathers within groups of this many DP ranks
+    zero_mics_shard_size: int = 1  # MiCS: ZeRO-3 within groups of this many DP ranks, replicated across the groups
     layer_flops_delta: float = 0.0  # gMLP/sparse layers' real forward FLOPs per sample less the formula's
 
     @classmethod
@@ -270,8 +271,11 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
         gathers = 3 if w.checkpoint_activations and w.engine != "pytorch" else 2
         # ... each an all-gather, plus one reduce-scatter per micro-batch: (n-1)/n of the bytes each.
         full = _ring(grads, w.dp, bw["data"]) / 2
-        hpz = min(w.zero_hpz_partition_size, w.dp)
-        if hpz > 1:  # hpZ: the forward gathers and the reduce-scatter span DP, the later gathers the hpZ group
+        hpz, mics = min(w.zero_hpz_partition_size, w.dp), w.zero_mics_shard_size
+        if mics > 1:  # MiCS: every gather and reduce-scatter within the group; the shards all-reduced across groups
+            zero3 = w.gas * (gathers + 1) * _ring(grads, mics, bw.get("zero_mics", bw["data"])) / 2
+            data = _ring(grads / mics, w.dp // mics, bw.get("zero_replicas", bw["data"]))  # once per step
+        elif hpz > 1:  # hpZ: the forward gathers and the reduce-scatter span DP, the later gathers the hpZ group
             zero3 = w.gas * (2 * full + (gathers - 1) * _ring(grads, hpz, bw.get("zero_hpz", bw["data"])) / 2)
         else:
             zero3 = w.gas * (gathers + 1) * full

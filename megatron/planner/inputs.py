@@ -158,6 +158,15 @@ class TrainingSetup(
         return max(self.pp, 1)
 
     @property
+    def mics_group(self) -> int:
+        """MiCS's sharding group (``zero_optimization.mics_shard_size``) under ZeRO-3 when it is a whole number
+        above 1 that divides the ranks the gradients are reduced over; 1 otherwise (plain ZeRO-3)."""
+        ranks = self.dp * self.context_parallel_size
+        text = self.mics_shard_size.strip()
+        size = int(text) if text.lstrip("-").isdigit() else 1
+        return size if self.zero_stage == 3 and 1 < size < ranks and ranks % size == 0 else 1
+
+    @property
     def optimizer_state_floats(self) -> int:
         """fp32 optimizer-state values per parameter (the optimizer's registry entry; Adam: 2)."""
         if self.optimizer_type not in OPTIMIZERS:

@@ -255,7 +255,7 @@ def upper_bound_with_knobs(step: StepEstimate, setup: TrainingSetup, layers_per_
     hardware, real = step.hardware_flops + core, step.compute_flops + core
     compute = real / step.peak_flops_total
     data = step.data_comm_s
-    if cp > 1:
+    if cp > 1 and setup.mics_group == 1:  # (MiCS: estimate_step already counts its groups over DP x CP)
         grads = next(
             p for p in predict_placements(setup.tp, setup.stages, setup.dp, cp, gpus_per_node) if p.axis == "data"
         )

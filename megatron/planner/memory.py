@@ -151,6 +151,7 @@ def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMe
     """The memory of one rank of pipeline ``stage`` holding ``params``."""
     layout = bytes_per_param(setup)
     held, dp = params.total, setup.dp * setup.context_parallel_size  # ZeRO shards over the gradients' group
+    dp = setup.mics_group if setup.mics_group > 1 else dp  # MiCS: within its groups, replicated across them
     shard = math.ceil(held / dp)
     if setup.zero_stage == 3 and dp > 1:  # at dp=1 the partition is the parameter itself
         persistent = sum(n for n in params.numels if n <= setup.param_persistence_threshold)

@@ -101,10 +101,22 @@ def _warnings(plan: Plan) -> list[str]:
             f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
         )
     if setup.mics_shard_size:
+        ranks, mics = setup.dp * setup.context_parallel_size, setup.mics_group
+        planned = (
+            f"planned as MiCS: ZeRO-3 within groups of {mics} data-parallel ranks, replicated across {ranks // mics}"
+            if mics > 1
+            else f"planned as ZeRO-3 over all {ranks} data-parallel ranks (MiCS needs ZeRO-3 and a group size above 1 "
+            "that divides them)"
+        )
+        hpz = (
+            "; zero_hpz_partition_size is ignored within MiCS groups"
+            if mics > 1 and setup.zero_hpz_partition_size > 1
+            else ""
+        )
         out.append(
             f"zero_optimization mics_shard_size {setup.mics_shard_size}: neox-forge cannot run that layout yet "
-            "(DeepSpeed 0.19 removed MiCS and refuses the key at start-up); planned as ZeRO-3 over all "
-            f"{setup.dp} data-parallel ranks (zero_hpz_partition_size: ZeRO++'s hpZ, which it runs)"
+            f"(DeepSpeed 0.19 removed MiCS and refuses the key at start-up); {planned} (zero_hpz_partition_size: "
+            f"ZeRO++'s hpZ, which it runs){hpz}"
         )
     bubble = (setup.stages - 1) / setup.gas / plan.ranks[0].virtual_stages
     if bubble > BUBBLE_WARNING:
@@ -133,12 +145,27 @@ def workload(
         kv_heads=setup.kv_heads,
         mlp_widths=setup.mlp_widths,
         zero_hpz_partition_size=setup.zero_hpz_partition_size,
+        zero_mics_shard_size=setup.mics_group,
         layer_flops_delta=layer_flops_delta(setup),
     )
 
 
 def hpz_placement(setup: TrainingSetup, gpus_per_node: int) -> list[GroupPlacement]:
-    """Where ZeRO++'s hpZ groups land (consecutive data-parallel ranks), when ``zero_hpz_partition_size`` > 1."""
+    """Where ZeRO++'s hpZ groups land (consecutive data-parallel ranks), when ``zero_hpz_partition_size`` > 1, and
+    MiCS's sharding groups (consecutive data-parallel ranks) and replica groups (one rank of each sharding group)."""
+    world = setup.tp * setup.stages * setup.dp * setup.context_parallel_size
+    mics = setup.mics_group
+    if mics > 1:
+        replicas = setup.dp * setup.context_parallel_size // mics
+        return [
+            GroupPlacement("zero_mics", mics, setup.tp, widest_group(mics, setup.tp, world, gpus_per_node)),
+            GroupPlacement(
+                "zero_replicas",
+                replicas,
+                mics * setup.tp,
+                widest_group(replicas, mics * setup.tp, world, gpus_per_node),
+            ),
+        ]
     size = min(setup.zero_hpz_partition_size, setup.dp)
     if setup.zero_stage != 3 or size <= 1:
         return []
@@ -200,9 +227,9 @@ def build_plan(
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
     per_node = hw.gpus_per_node
-    step = estimate_step(setup, hw, groups, busiest.total, layers_per_stage)
-    step = upper_bound_with_knobs(step, setup, layers_per_stage, busiest.total, per_node, link(hw))
     hpz = hpz_placement(setup, per_node)
+    step = estimate_step(setup, hw, groups + hpz, busiest.total, layers_per_stage)
+    step = upper_bound_with_knobs(step, setup, layers_per_stage, busiest.total, per_node, link(hw))
     predicted = predict_knobs(
         workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node, extra=hpz
     )

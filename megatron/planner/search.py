@@ -420,7 +420,7 @@ def _evaluate(
     groups = placements(tp, stages, dp, setup.context_parallel_size, per_node)
 
     def bound_of(params_per_rank: int, layers: int) -> float:
-        step = estimate_step(setup, hw, groups, params_per_rank, layers)
+        step = estimate_step(setup, hw, groups + hpz_placement(setup, per_node), params_per_rank, layers)
         return upper_bound_with_knobs(step, setup, layers, params_per_rank, per_node, link(hw)).tokens_per_s
 
     if reason is not None:  # shape refused: bound from an even split of the parameters

@@ -110,6 +110,11 @@ def estimate_step(
     grads = params_per_rank * setup.param_bytes
     zero3 = 1.5 if setup.zero_stage == 3 else 1.0  # ZeRO-3: 2 weight gathers + 1 reduce-scatter
     data = _ring(grads, setup.dp, bw["data"]) * zero3
+    mics = setup.mics_group
+    if mics > 1:  # MiCS: the gathers and reduce-scatter within its groups, the shards all-reduced across them
+        replicas = setup.dp * setup.context_parallel_size // mics
+        data = _ring(grads, mics, bw.get("zero_mics", bw["data"])) * zero3
+        data += _ring(grads / mics, replicas, bw.get("zero_replicas", bw["data"]))
     return StepEstimate(
         model_flops=model,
         hardware_flops=hardware,

@@ -1,4 +1,5 @@
-"""ZeRO-3 with ZeRO++'s hpZ groups in the calibrated prediction, MiCS refused, and the H100 FSDP runs (issue 37)."""
+"""ZeRO-3 with ZeRO++'s hpZ groups and MiCS (planned only, DeepSpeed refuses it) in the calibrated prediction, and
+the H100 FSDP runs (issue 37)."""
 
 from __future__ import annotations
 
@@ -45,16 +46,41 @@ def test_hpz_keeps_the_backward_gathers_inside_the_node(capsys: pytest.CaptureFi
     assert same == plain
 
 
-def test_mics_shard_size_is_planned_as_plain_zero3_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+def test_mics_shard_size_is_planned_as_mics_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """MiCS (``mics_shard_size: 8``, planned only): weights, gradients and optimizer states sharded within each node's 8
+    ranks, replicated across the 8 nodes; every gather and reduce-scatter inside the node (NVLink, 450 vs 50 GB/s),
+    the shards all-reduced across the nodes once per step. A size that does not divide the ranks is plain ZeRO-3."""
     plain = _plan(capsys, '{"stage": 3}')
     mics = _plan(capsys, '{"stage": 3, "mics_shard_size": 8}')
-    assert mics["throughput"] == plain["throughput"]
-    titan = json.loads(_run_framework(capsys, "torchtitan"))["throughput"]
-    assert titan["predicted"]["step_s"] < titan["predicted_neox_forge"]["step_s"]  # engine factor 1 vs DeepSpeed's
+    p, m = plain["throughput"]["predicted"], mics["throughput"]["predicted"]  # type: ignore[index]
+    assert m["zero3_comm_s"] == pytest.approx(p["zero3_comm_s"] * (7 / 8) / (63 / 64) * 50 / 450, rel=1e-9)
+    # one ring all-reduce of 1/8 of the gradients over 8 nodes, against 4 collectives of all of them over 64 ranks
+    assert m["data_comm_s"] == pytest.approx(p["zero3_comm_s"] * 2 * (7 / 8) / 8 / (4 * 63 / 64), rel=1e-9)
+    assert p["data_comm_s"] == 0.0 and m["gemm_s"] == p["gemm_s"] and m["step_s"] < p["step_s"]
+    # the upper bound (no overlap, at peak) counts the same groups, so it stays a bound: 1.5 x a ring over the node
+    # (NVLink, the unrounded bandwidth) plus the shards' all-reduce across the 8 nodes
+    bound, plain_bound = mics["throughput"], plain["throughput"]  # type: ignore[index]
+    gradient_bytes = plain_bound["data_comm_s"] / (1.5 * 2 * (63 / 64) / (50 * 1e9))
+    expected = 1.5 * 2 * (7 / 8) * gradient_bytes / 450e9 + 2 * (7 / 8) * gradient_bytes / 8 / 50e9
+    assert bound["data_comm_s"] == pytest.approx(expected, rel=1e-9) and bound["step_s"] <= m["step_s"]
+    mine, theirs = mics["memory"]["per_rank"][0], plain["memory"]["per_rank"][0]  # type: ignore[index]
+    assert mine["optimizer_states"] == pytest.approx(8 * theirs["optimizer_states"], rel=1e-6)
+    assert mine["gradients"] == pytest.approx(8 * theirs["gradients"], rel=1e-6)
     assert (
         "zero_optimization mics_shard_size 8: neox-forge cannot run that layout yet (DeepSpeed 0.19 removed MiCS "
-        "and refuses the key at start-up); planned as ZeRO-3 over all 64 data-parallel ranks"
+        "and refuses the key at start-up); planned as MiCS: ZeRO-3 within groups of 8 data-parallel ranks, "
+        "replicated across 8"
     ) in " ".join(mics["warnings"])  # type: ignore[arg-type]
+    odd = _plan(capsys, '{"stage": 3, "mics_shard_size": 7}')
+    assert odd["throughput"] == plain["throughput"] and odd["memory"] == plain["memory"]
+    assert "planned as ZeRO-3 over all 64 data-parallel ranks (MiCS needs ZeRO-3 and a group size above 1" in " ".join(
+        odd["warnings"]  # type: ignore[arg-type]
+    )
+    both = _plan(capsys, '{"stage": 3, "mics_shard_size": 8, "zero_hpz_partition_size": 4}')
+    assert both["throughput"] == mics["throughput"]
+    assert "zero_hpz_partition_size is ignored within MiCS groups" in " ".join(both["warnings"])  # type: ignore[arg-type]
+    titan = json.loads(_run_framework(capsys, "torchtitan"))["throughput"]
+    assert titan["predicted"]["step_s"] < titan["predicted_neox_forge"]["step_s"]  # engine factor 1 vs DeepSpeed's
 
 
 @pytest.mark.launches(reason="4 gloo ranks")
