@@ -150,7 +150,7 @@ def workload(
     )
 
 
-def hpz_placement(setup: TrainingSetup, gpus_per_node: int) -> list[GroupPlacement]:
+def zero_placements(setup: TrainingSetup, gpus_per_node: int) -> list[GroupPlacement]:
     """Where ZeRO++'s hpZ groups land (consecutive data-parallel ranks), when ``zero_hpz_partition_size`` > 1, and
     MiCS's sharding groups (consecutive data-parallel ranks) and replica groups (one rank of each sharding group)."""
     world = setup.tp * setup.stages * setup.dp * setup.context_parallel_size
@@ -227,15 +227,17 @@ def build_plan(
     busiest = max(params.stages, key=lambda s: s.total)
     layers_per_stage = max(s.num_layers for s in params.stages)
     per_node = hw.gpus_per_node
-    hpz = hpz_placement(setup, per_node)
-    step = estimate_step(setup, hw, groups + hpz, busiest.total, layers_per_stage)
+    sharding = zero_placements(setup, per_node)
+    step = estimate_step(setup, hw, groups + sharding, busiest.total, layers_per_stage)
     step = upper_bound_with_knobs(step, setup, layers_per_stage, busiest.total, per_node, link(hw))
     predicted = predict_knobs(
-        workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node, extra=hpz
+        workload(setup, busiest.total, layers_per_stage, framework), link(hw), setup, per_node, extra=sharding
     )
     ours = None
     if framework != DEFAULT_FRAMEWORK:
-        ours = predict_knobs(workload(setup, busiest.total, layers_per_stage), link(hw), setup, per_node, extra=hpz)
+        ours = predict_knobs(
+            workload(setup, busiest.total, layers_per_stage), link(hw), setup, per_node, extra=sharding
+        )
     tokens = kv_tokens or setup.seq_length
     kv = kv_cache_bytes(setup, kv_batch, tokens)
     plan = Plan(

@@ -47,6 +47,7 @@ LLM_FOUNDRY = (
     "with 1600 Gbps node-node interconnect (RoCE)' and 'A100 80GB with 1600 Gbps node-node interconnect (RoCE)': "
     "PyTorch FSDP FULL_SHARD, bf16, Throughput (T/s/GPU)"
 )
+H100_HBM = 3350.0  # H100 SXM 80 GB
 GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
 H100_NVLINK = 450.0
 
@@ -235,12 +236,12 @@ def _mpt(
     tokens_per_s_per_gpu: float,
     hbm: float,
     checkpoint: bool = True,
-    h100: bool = False,
 ) -> PublishedRun:
     # The table's rows: sequence 2048, FULL_SHARD, flash attention (triton); K = 4 with activation checkpointing.
     # H100 rows: the table's "H100 80GB BF16" (989 TFLOP/s, HBM 3350 GB/s, NVLink 450 GB/s); single-node rows only,
     # so the network (which that table does not state) does not enter.
     (h, layers, heads), (micro, accum) = MPT_SHAPES[model], micro_accum
+    h100 = hbm == H100_HBM  # the HBM bandwidth names the GPU
     gpu = "H100" if h100 else ("40 GB" if hbm == A100_40GB_HBM else "80 GB")
     return PublishedRun(
         f"MPT {model} FSDP {gpus} ({gpu})",
@@ -465,13 +466,12 @@ FSDP_A100_RUNS: tuple[PublishedRun, ...] = (
     _mpt("70b", 32, (2, 16), 373.0, A100_80GB_HBM),
 )
 # Single-node rows (8 GPUs, NVLink only) of the same tables at sequence 2048: the compute pace on A100 and on H100.
-H100_HBM = 3350.0
 FSDP_NODE_RUNS: tuple[PublishedRun, ...] = (
     _mpt("30b", 8, (3, 21), 916.0, A100_80GB_HBM),
     _mpt("13b", 8, (2, 3), 2262.0, A100_80GB_HBM, checkpoint=False),
     _mpt("7b", 8, (6, 2), 4641.0, A100_80GB_HBM, checkpoint=False),
-    _mpt("30b", 8, (3, 21), 2002.0, H100_HBM, h100=True),
-    _mpt("13b", 8, (2, 1), 4792.0, H100_HBM, checkpoint=False, h100=True),
-    _mpt("7b", 8, (6, 1), 10643.0, H100_HBM, checkpoint=False, h100=True),
+    _mpt("30b", 8, (3, 21), 2002.0, H100_HBM),
+    _mpt("13b", 8, (2, 1), 4792.0, H100_HBM, checkpoint=False),
+    _mpt("7b", 8, (6, 1), 10643.0, H100_HBM, checkpoint=False),
 )
 VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS + FSDP_NODE_RUNS

@@ -35,7 +35,7 @@ from megatron.planner.knobs import check_knobs, placements, predict_knobs, upper
 from megatron.planner.memory import rank_memory
 from megatron.planner.params import count_params
 from megatron.planner.partition import even_split_method
-from megatron.planner.plan import PlanInputs, hpz_placement, link, workload
+from megatron.planner.plan import PlanInputs, link, workload, zero_placements
 from megatron.planner.throughput import estimate_step
 
 GB = 1e9
@@ -254,16 +254,14 @@ def check_varied(knobs: str | None, fixed: tuple[str, ...] = ()) -> tuple[str, .
 
 def _knob_options(base: TrainingSetup, tp: int, stages: int, varied: tuple[str, ...]) -> Iterator[tuple[bool, Knobs]]:
     """(checkpointing, knobs) per candidate of one TP x stages shape: the configured knobs, or the varied ones."""
-    recompute: list[tuple[bool, str | None]] = [(True, None), (False, None)]
+    recompute: list[tuple[bool, str | None]] = [(True, None), (False, base.recompute_granularity)]
     if "recompute" in varied:
-        recompute.append((False, "selective"))
-    else:
-        recompute = [(ckpt, None if ckpt else base.recompute_granularity) for ckpt in (True, False)]
+        recompute = [(True, None), (False, None), (False, "selective")]
     sps = [False, True] if "sp" in varied and tp > 1 else [base.sequence_parallel]
-    per_stage = base.num_layers // stages
     chunks: list[int | None] = [base.num_layers_per_virtual_pipeline_stage]
     if "vpp" in varied:
-        chunks = [None, *(d for d in _divisors(per_stage, per_stage - 1) if stages > 1)]
+        per_stage = base.num_layers // stages
+        chunks = [None, *(_divisors(per_stage, per_stage - 1) if stages > 1 else [])]
     for ckpt, granularity in recompute:
         for sp in sps:
             for chunk in chunks:
@@ -420,7 +418,7 @@ def _evaluate(
     groups = placements(tp, stages, dp, setup.context_parallel_size, per_node)
 
     def bound_of(params_per_rank: int, layers: int) -> float:
-        step = estimate_step(setup, hw, groups + hpz_placement(setup, per_node), params_per_rank, layers)
+        step = estimate_step(setup, hw, groups + zero_placements(setup, per_node), params_per_rank, layers)
         return upper_bound_with_knobs(step, setup, layers, params_per_rank, per_node, link(hw)).tokens_per_s
 
     if reason is not None:  # shape refused: bound from an even split of the parameters
@@ -436,7 +434,7 @@ def _evaluate(
         why = f"does not fit: needs {worst / GB:.1f} GB of {usable / GB:.1f} GB usable ({hw.gpu_memory_bytes / GB:.1f} GB)"
         return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, None, worst, why, "memory", *knobs)
     w = workload(setup, busiest.total, layers, framework)
-    predicted = predict_knobs(w, link(hw), setup, per_node, extra=hpz_placement(setup, per_node))
+    predicted = predict_knobs(w, link(hw), setup, per_node, extra=zero_placements(setup, per_node))
     return Candidate(tp, pp, dp, zero, micro, gas, ckpt, bound, predicted, worst, None, None, *knobs)
 
 
