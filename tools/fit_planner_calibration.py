@@ -29,7 +29,10 @@ BOUNDS = ((0.3, 1.0), (0.0, 40.0), (0.0, 1.0), (0.3, 1.0))
 # Leave-one-source-out: a constant that no remaining run constrains is held at its ideal value (ZeRO-3 traffic fully
 # hidden, DeepSpeed's engine as fast as Megatron-LM's loop), never at a value fitted with the left-out runs.
 IDEAL = {"zero3_overlap": 1.0, "deepspeed_engine_efficiency": 1.0}
-START = (0.6, 3.0, 1.0, 1.0)  # where every leave-one-source-out fit starts (round numbers, not fitted)
+RESTARTS = 8  # Nelder-Mead restarts from where the last run stopped, until the loss stops falling
+# Where every leave-one-source-out fit starts: round numbers strictly inside the bounds (a start on a bound stalls the
+# first simplex, whose steps outside the bounds all cost 1e9).
+START = (0.6, 3.0, 0.9, 0.9)
 
 
 def _calibration(x: Sequence[float]) -> Calibration:
@@ -50,10 +53,12 @@ def _loss(x: Sequence[float], runs: Sequence[PublishedRun]) -> float:
 
 def constrained(runs: Sequence[PublishedRun]) -> list[str]:
     """The fitted constants ``runs`` say anything about: the ZeRO-3 overlap needs a ZeRO-3 run, the engine factor a
-    run on DeepSpeed's engine."""
+    run on DeepSpeed's pipeline engine."""
     uses = {
         "zero3_overlap": any(r.zero_stage == 3 and r.workload().engine != "pytorch" for r in runs),
-        "deepspeed_engine_efficiency": any(r.workload().engine == "deepspeed" for r in runs),
+        "deepspeed_engine_efficiency": any(
+            (w := r.workload()).engine == "deepspeed" and w.pipeline_engine for r in runs
+        ),
     }
     return [name for name in FITTED if uses.get(name, True)]
 
@@ -73,9 +78,14 @@ def fit(
         return x
 
     opts = {"maxiter": iters, "xatol": 1e-4, "fatol": 1e-9}
-    y0 = [start[i] for i in index]
-    found = minimize(lambda y: _loss(full(y), runs), y0, method="Nelder-Mead", options=opts).x
-    return full(found)
+    y = [start[i] for i in index]
+    best = _loss(full(y), runs)
+    for _ in range(RESTARTS):  # Nelder-Mead stalls on a collapsed simplex: restart from where it stopped
+        found = minimize(lambda v: _loss(full(v), runs), y, method="Nelder-Mead", options=opts)
+        if found.fun >= best - 1e-12:
+            break
+        y, best = [float(v) for v in found.x], float(found.fun)
+    return full(y)
 
 
 def leave_one_source_out(iters: int = 1500, runs: Sequence[PublishedRun] = PUBLISHED_RUNS) -> list[float]:
@@ -84,8 +94,9 @@ def leave_one_source_out(iters: int = 1500, runs: Sequence[PublishedRun] = PUBLI
     errors = [0.0] * len(runs)
     for source in dict.fromkeys(r.source for r in runs):
         rest = [r for r in runs if r.source != source]
-        start = [IDEAL.get(name, v) for name, v in zip(FITTED, START, strict=True)]
-        x = fit(rest, start, iters=iters, free=constrained(rest))
+        free = constrained(rest)
+        start = [v if name in free else IDEAL[name] for name, v in zip(FITTED, START, strict=True)]
+        x = fit(rest, start, iters=iters, free=free)
         for i, run in enumerate(runs):
             if run.source == source:
                 errors[i] = math.expm1(_log_errors(x, (run,))[0])
@@ -97,7 +108,7 @@ def main() -> int:
     p.add_argument("--loo", action="store_true", help="also refit without each run and predict it")
     p.add_argument("--loso", action="store_true", help="also refit without each source and predict its runs")
     p.add_argument(
-        "--fit-fsdp", action="store_true", help="fit llm-foundry's A100 FSDP rows too, as a seventh source (a what-if)"
+        "--fit-fsdp", action="store_true", help="fit llm-foundry's A100 FSDP rows too, as an eighth source (a what-if)"
     )
     ns = p.parse_args()
     runs = PUBLISHED_RUNS + (FSDP_A100_RUNS if ns.fit_fsdp else ())

@@ -276,6 +276,10 @@ NESTED: dict[tuple[str, ...], Rule] = {
 }
 
 
+# Blocks DeepSpeed reads as mappings: a scalar there (``offload_optimizer: true``) would fail inside DeepSpeed.
+MAPPINGS = {("zero_optimization", "offload_param"), ("zero_optimization", "offload_optimizer")}
+
+
 def _rule(names: tuple[str, ...]) -> Rule | None:
     for n in range(len(names), 1, -1):
         rule = NESTED.get(names[-n:])
@@ -306,6 +310,8 @@ def _leaf_problems(key: str, value: Any) -> Iterator[str]:
         return _rule(names) if path and not isinstance(path[-1], int) else None
 
     for path, v in walk(value, enter=lambda path, _: rule_at(path) is None):  # a rule checks its whole value
+        if (key, *path) in MAPPINGS and v is not None and not isinstance(v, dict):
+            yield f"{_dotted(key, path)}: {short_repr(v, 60)} is not a block of settings; write e.g. {{device: cpu}}"
         rule = rule_at(path)
         if rule is not None:
             yield from rule(_dotted(key, path), v)

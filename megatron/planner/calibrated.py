@@ -25,7 +25,7 @@ One step of the busiest pipeline stage's rank takes
 The constants are global (the same for every run); four are fitted once against the published runs in
 :mod:`~megatron.planner.published_runs` by ``tools/fit_planner_calibration.py`` (docs/planner.md has the table, the
 errors and a leave-one-source-out check), ``GEMM_KNEE`` and ``BUS_EFFICIENCY`` are set. The engine factor applies to
-DeepSpeed's engine (:data:`FRAMEWORKS`: ``--framework``).
+DeepSpeed's pipeline engine (:data:`FRAMEWORKS`: ``--framework``; :meth:`Workload.pace`).
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.planner.layout import GroupPlacement
 
 # Fitted against megatron/planner/published_runs.py by tools/fit_planner_calibration.py (docs/planner.md, "Calibration").
-GEMM_PEAK_FRACTION = 0.656  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
+GEMM_PEAK_FRACTION = 0.667  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
 GEMM_KNEE = (
     20.0  # set, not fitted (the runs do not constrain it): per-rank GEMM width (hidden / tp) at half that fraction
 )
-ACTIVATION_TRAFFIC = 5.61  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
+ACTIVATION_TRAFFIC = 6.01  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
 BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of the link bandwidth
-ZERO3_OVERLAP = 0.802  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
+ZERO3_OVERLAP = 0.800  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
 # Set, not fitted: PyTorch FSDP prefetches the next unit's all-gather in the forward and the backward; the published
 # FSDP runs on A100 (published_runs.FSDP_A100_RUNS, not in the fit) are predicted best with all of it hidden (a fit of
 # this value to them ends at its bound, 1).
 FSDP_OVERLAP = 1.0
-DEEPSPEED_ENGINE_EFFICIENCY = 0.859  # compute pace of DeepSpeed's engine (GPT-NeoX) relative to Megatron-LM's loop
+DEEPSPEED_ENGINE_EFFICIENCY = 0.851  # compute pace of DeepSpeed's pipeline engine relative to Megatron-LM's loop
 
 # --framework: the training framework whose engine the prediction models -> the engine its step runs on.
 FRAMEWORKS = {
@@ -125,12 +125,19 @@ class Workload:
     zero_hpz_partition_size: int = 1  # ZeRO++ hpZ: backward weight all-gathers within groups of this many DP ranks
     zero_mics_shard_size: int = 1  # MiCS: ZeRO-3 within groups of this many DP ranks, replicated across the groups
     layer_flops_delta: float = 0.0  # gMLP/sparse layers' real forward FLOPs per sample less the formula's
+    pipeline_engine: bool = True  # DeepSpeed's PipelineEngine runs the step (GPT-NeoX: pipe_parallel_size >= 1)
 
     @classmethod
     def of(cls, source: object, **rest: Any) -> Workload:
         """The workload of ``source`` (a training setup or a published run): the :data:`SHARED_FIELDS` read from it
         under their own names, the other fields given in ``rest``."""
         return cls(**{name: getattr(source, name) for name in SHARED_FIELDS}, **rest)
+
+    def pace(self, cal: Calibration) -> float:
+        """The engine's compute pace relative to Megatron-LM's loop: ``DEEPSPEED_ENGINE_EFFICIENCY`` on DeepSpeed's
+        pipeline engine (every run that fits it runs one), 1 otherwise (DeepSpeed's plain engine without a
+        PipelineModule runs the model's own forward and backward)."""
+        return cal.deepspeed_engine_efficiency if self.engine == "deepspeed" and self.pipeline_engine else 1.0
 
     @property
     def train_batch(self) -> int:
@@ -251,7 +258,7 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
     imbalance = w.layers_per_stage * w.pp / w.num_layers
     width = w.hidden_size / w.tp
     eff = cal.gemm_peak_fraction * width / (width + cal.gemm_knee)
-    pace = cal.deepspeed_engine_efficiency if w.engine == "deepspeed" else 1.0
+    pace = w.pace(cal)
     gemm = w.gemm_flops(k) / gpus * imbalance / (link.peak_tflops * 1e12 * eff * pace)
     passes = k / 3.0
     layer_mb = w.layers_per_stage * w.gas  # layer x micro-batch slots on the rank per step

@@ -6,7 +6,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from megatron.config_utils import NeoXValues, require_keys
 from megatron.neox_arguments.errors import ConfigError
@@ -32,6 +32,17 @@ def parse_bytes(text: str, what: str = "--gpu-memory") -> int:
     if not 1 <= size <= MAX_BYTES:
         raise ConfigError(f"{what} {text!r}: expected a size between 1 byte and 1 PiB such as 40GB, 80GiB or 512MB")
     return int(size)
+
+
+def offloaded(zero: dict[str, Any]) -> tuple[str, ...]:
+    """The ZeRO offload sections that move tensors off the GPU: a ``device`` of ``cpu`` or ``nvme`` (DeepSpeed's
+    default, ``none``, offloads nothing)."""
+    found = []
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key)
+        if isinstance(section, dict) and str(section.get("device", "none")).lower() in ("cpu", "nvme"):
+            found.append(key)
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,7 @@ class TrainingSetup(
     overlap_comm: bool
     param_persistence_threshold: int
     prefetch_bucket_size: int
-    offload: tuple[str, ...]  # ZeRO offload sections set (offload_optimizer, offload_param)
+    offload: tuple[str, ...]  # ZeRO offload sections whose device is cpu or nvme (offload_optimizer, offload_param)
     norm_type: str = "layernorm"  # norm: the model's norm (Mamba layers' activation count reads it)
     amlp_attn_dim: int = 0  # gmlp_attn_dim (aMLP's tiny attention width)
     rwkv_ffn: int = 0  # RWKV channel-mix width (rwkv_sizes), 0 without rwkv layers
@@ -205,6 +216,7 @@ class TrainingSetup(
             checkpoint_activations=args.checkpoint_activations,
             checkpoint_num_layers=args.checkpoint_num_layers,
             partition_activations=args.partition_activations,
+            checkpoint_in_cpu=args.checkpoint_in_cpu,
             sequence_parallel=args.sequence_parallel,
             flash_attention=bool(attention) and all(t == "flash" for t in attention),
             optimizer_type=args.optimizer_type,
@@ -214,7 +226,7 @@ class TrainingSetup(
             overlap_comm=bool(zero.get("overlap_comm", False)),
             param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
             prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
-            offload=tuple(k for k in ("offload_optimizer", "offload_param") if zero.get(k)),
+            offload=offloaded(zero),
             zero_hpz_partition_size=int(zero.get("zero_hpz_partition_size", 1)),
             mics_shard_size="" if zero.get("mics_shard_size") is None else str(zero["mics_shard_size"]),
             attention_config=attention or None,

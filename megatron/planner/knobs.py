@@ -210,7 +210,7 @@ def predict_knobs(
         core_flops = 4.0 * s * s * h * w.num_layers * w.train_batch  # the attention core's forward, every sample
         imbalance = w.layers_per_stage * w.pp / w.num_layers
         selective = core_flops / grads.gpus * imbalance / (link.peak_tflops * 1e12 * base.gemm_efficiency)
-        pace = cal.deepspeed_engine_efficiency if w.engine == "deepspeed" else 1.0
+        pace = w.pace(cal)
         scores = 0.0 if w.flash_attention else 5.0 * a * s * s * b / t * w.param_bytes / 2 / cp
         selective += cal.activation_traffic / 3.0 * scores * layer_mb / (link.hbm_GBps * 1e9 * pace)
     context = 0.0

@@ -11,6 +11,10 @@ Bytes per parameter follow what DeepSpeed allocates for the configured precision
   with DeepSpeed's CPU accelerator).
 * bf16 with a pipeline and ZeRO-0, or ZeRO-1 with fp32 gradient accumulation: DeepSpeed's BF16 optimizer (fp32
   master and states sharded over DP, fp32 gradients); without a pipeline ZeRO-0 bf16 is like fp16.
+* ZeRO-Offload (an ``offload_optimizer`` / ``offload_param`` section with ``device`` cpu or nvme): the master
+  weights and optimizer states, at ZeRO-2/3 also the gradient partition (fp32), and with ``offload_param`` at
+  ZeRO-3 the 16-bit weight shard live in host memory (``host_bytes``), not on the GPU; the gradient-reduce and
+  prefetch buckets stay. ``checkpoint_in_cpu`` keeps the activation checkpoints there too.
 
 Activations per micro-batch and transformer layer on one TP rank (Korthikanti et al. 2022, 16-bit):
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes without checkpointing (``10/t`` with sequence parallelism; the
@@ -71,6 +75,7 @@ class RankMemory:
     activations_per_micro_batch: dict[str, int]
     micro_batches_in_flight: int  # with the interleaved schedule: chunks of a micro-batch (1/virtual_stages each)
     virtual_stages: int = 1
+    host_bytes: int = 0  # ZeRO-Offload: what the rank keeps in CPU (or NVMe) memory instead, not in ``total``
 
     @property
     def param_optimizer(self) -> int:
@@ -159,23 +164,37 @@ def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMe
     else:
         weights = held * layout.weights
     states_on_rank = shard if layout.master_sharded else held
+    gradients = (shard if layout.grads_sharded else held) * layout.grads
+    master, states = states_on_rank * layout.master, states_on_rank * layout.states
+    host = 0
+    if "offload_optimizer" in setup.offload:  # fp32 master weights, optimizer states (and sharded gradients, fp32)
+        host = master + states + (shard * FP32 if layout.grads_sharded else 0)
+        master = states = 0
+        gradients = 0 if layout.grads_sharded else gradients
+    if "offload_param" in setup.offload and setup.zero_stage == 3 and dp > 1:  # the 16-bit weight shard
+        host += shard * layout.weights
+        weights -= shard * layout.weights
     v = virtual_stages(setup, params.num_layers)
     chunks = in_flight_chunks(setup, stage, v)  # v = 1: micro-batches
     per_mb = activation_bytes(setup, params.num_layers, stage == setup.stages - 1)
     key = "no_checkpointing"
     if setup.checkpoint_activations:
         key = "checkpointing_partitioned" if setup.partition_activations else "checkpointing"
+    kept = round(chunks * per_mb[f"{key}_kept"] / v)
+    if setup.checkpoint_activations and setup.checkpoint_in_cpu:  # the kept checkpoints wait in host memory
+        host, kept = host + kept, 0
     return RankMemory(
         stage=stage,
         parameters=weights,
-        gradients=(shard if layout.grads_sharded else held) * layout.grads,
-        master_weights=states_on_rank * layout.master,
-        optimizer_states=states_on_rank * layout.states,
-        activations=round(chunks * per_mb[f"{key}_kept"] / v + per_mb[key] - per_mb[f"{key}_kept"]),
+        gradients=gradients,
+        master_weights=master,
+        optimizer_states=states,
+        activations=kept + per_mb[key] - per_mb[f"{key}_kept"],
         communication_buffers=_buffers(setup, held, layout),
         activations_per_micro_batch=per_mb,
         micro_batches_in_flight=chunks,
         virtual_stages=v,
+        host_bytes=host,
     )
 
 

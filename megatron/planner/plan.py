@@ -96,9 +96,14 @@ def _warnings(plan: Plan) -> list[str]:
             f"neox-forge cannot run {', '.join(unrunnable)} yet: planned only (a launch refuses them with "
             "'not supported yet')"
         )
-    if setup.offload:
+    moved = [f"zero_optimization {k}" for k in setup.offload]
+    moved += ["checkpoint_in_cpu"] if setup.checkpoint_activations and setup.checkpoint_in_cpu else []
+    if moved:
+        host = max(r.host_bytes for r in plan.ranks)
         out.append(
-            f"zero_optimization {', '.join(setup.offload)}: the plan ignores offloading (GPU bytes over-counted)"
+            f"{', '.join(moved)}: the offloaded tensors are counted in host memory "
+            f"({host / GB:.1f} GB per rank, {host * hw.gpus_per_node / GB:.1f} GB per node of {hw.gpus_per_node}), "
+            "not on the GPU; the step time leaves out the CPU optimizer step and the PCIe copies"
         )
     if setup.mics_shard_size:
         ranks, mics = setup.dp * setup.context_parallel_size, setup.mics_group
@@ -147,6 +152,7 @@ def workload(
         zero_hpz_partition_size=setup.zero_hpz_partition_size,
         zero_mics_shard_size=setup.mics_group,
         layer_flops_delta=layer_flops_delta(setup),
+        pipeline_engine=setup.pp >= 1,
     )
 
 

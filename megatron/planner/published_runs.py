@@ -47,6 +47,12 @@ LLM_FOUNDRY = (
     "with 1600 Gbps node-node interconnect (RoCE)' and 'A100 80GB with 1600 Gbps node-node interconnect (RoCE)': "
     "PyTorch FSDP FULL_SHARD, bf16, Throughput (T/s/GPU)"
 )
+AZURE = (
+    "DeepSpeed team 2022, 'Azure empowers easy-to-use, high-performance, and hyperscale model training using "
+    "DeepSpeed', docs/_posts/2022-07-26-deepspeed-azure.md (deepspeedai/DeepSpeed): text and Figure 6's data labels; "
+    "layout from its recipe (examples/azure/run-1t.sh: ZeRO-3, no tensor or pipeline parallelism, "
+    "--no-pipeline-parallel, gradient_accumulation_steps 1, fp16, activation checkpointing, GPT-2 vocabulary)"
+)
 H100_HBM = 3350.0  # H100 SXM 80 GB
 GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
 H100_NVLINK = 450.0
@@ -81,6 +87,9 @@ class PublishedRun:
     kv_heads: int = 0  # GQA key/value heads; 0: one per query head
     mlp_widths: tuple[int, int] = (0, 0)  # (linear1 out, linear2 in); (0, 0): plain 4h (SwiGLU: (2f, f))
     untied_embedding: bool = False  # separate output layer (Llama): twice the embedding's parameters
+    pipeline_engine: bool = True  # DeepSpeed's PipelineEngine (False: Megatron-DeepSpeed's --no-pipeline-parallel)
+    offload_optimizer: bool = False  # ZeRO-Offload: optimizer states on the CPU (memory only; not in the step time)
+    checkpoint_in_cpu: bool = False  # activation checkpoints kept in host memory (memory only)
     flash_attention: bool = False
     # Layout knobs (megatron/planner/knobs.py; the names TrainingSetup reads them under)
     sequence_parallel: bool = False
@@ -118,6 +127,7 @@ class PublishedRun:
             mlp_widths=self.mlp_widths,
             flash_attention=self.flash_attention,
             sequence_parallel=self.sequence_parallel,
+            pipeline_engine=self.pipeline_engine,
         )
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
@@ -178,6 +188,39 @@ def _megatron_t2(
         A100_80GB_HBM,
         SELENE_IB,
         "megatron-lm",
+    )
+
+
+AZURE_SHAPES = {"175B": (12288, 96, 96), "530B": (20480, 105, 128), "1T": (25600, 128, 160), "2T": (32768, 160, 128)}
+
+
+def _azure(model: str, gpus: int, micro: int, seq: int, tflops: float) -> PublishedRun:
+    # NDm A100 v4: 8 A100 80GB per VM, one 200 Gb/s HDR InfiniBand link per GPU (25 GB/s). The quoted TFLOP/s use
+    # Megatron-LM's formula with K = 4, as here. The optimizer states (and its step) are offloaded to the CPU, which
+    # the plan does not model: its share of these minutes-long steps is small.
+    h, layers, heads = AZURE_SHAPES[model]
+    return PublishedRun(
+        f"Azure ZeRO-3 {model} {gpus}",
+        AZURE,
+        h,
+        layers,
+        heads,
+        50304,
+        1,
+        1,
+        gpus,
+        micro,
+        micro * gpus,
+        3,
+        tflops,
+        A100_80GB_HBM,
+        25.0,
+        "megatron-deepspeed",
+        seq_length=seq,
+        note=f"quoted {tflops} TFLOPs/GPU, micro-batch {micro}, sequence {seq}; ZeRO-3 + CPU optimizer offload",
+        pipeline_engine=False,
+        offload_optimizer=True,
+        checkpoint_in_cpu=True,
     )
 
 
@@ -440,6 +483,11 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     _korthikanti("Korthikanti 1T SP+selective", K1T, (8, 64, 512), (1, 512), None, 71.49, True),
     _korthikanti("Korthikanti 1T full", K1T, (8, 64, 512), (1, 512), None, 94.42, False),
     _korthikanti("Korthikanti 530B SP+selective DP 8", MT530, (8, 35, 2240), (1, 2240), 1, 39.15, True),
+    _azure("175B", 256, 32, 512, 204.49),
+    _azure("530B", 512, 8, 1024, 170.42),
+    _azure("530B", 1024, 8, 1024, 171.37),
+    _azure("1T", 1024, 8, 1024, 165.36),
+    _azure("2T", 1024, 8, 1024, 157.0),
 )
 
 # Published FSDP runs that the constants are NOT fitted to: predicted out of sample (docs/planner.md,

@@ -154,6 +154,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {label:<24}" + "".join(f"{_gb(getattr(r, key)):>14}" for r in plan.ranks))
     lines.append(f"  {'total':<24}" + "".join(f"{_gb(r.total):>14}" for r in plan.ranks))
     lines.append(f"  {'of GPU memory':<24}" + "".join(f"{r.total / hw.gpu_memory_bytes:>14.0%}" for r in plan.ranks))
+    if any(r.host_bytes for r in plan.ranks):
+        lines.append(f"  {'offloaded to host':<24}" + "".join(f"{_gb(r.host_bytes):>14}" for r in plan.ranks))
     worst = plan.worst
     per_mb = worst.activations_per_micro_batch
     compute = []  # the step time's own FLOPs count, where it differs from the logged one

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from megatron.planner.calibrated import Calibration
-from megatron.planner.published_runs import FSDP_A100_RUNS, PUBLISHED_RUNS
+from megatron.planner.published_runs import AZURE, FSDP_A100_RUNS, PUBLISHED_RUNS
 from tests.harness import load_tool
 
 FIT = load_tool("tools/fit_planner_calibration.py")
@@ -24,35 +24,57 @@ def test_the_fit_reproduces_the_constants() -> None:
     assert max(abs(math.expm1(e)) for e in FIT._log_errors(current, PUBLISHED_RUNS)) < 0.15
 
 
+def test_the_fit_lands_on_the_constants_from_the_round_start() -> None:
+    """The leave-one-source-out fits start from ``START``, not from the fitted values: from there the full fit reaches
+    the same minimum (it stalled at the round values while they sat on a bound, which made every left-out source's
+    prediction one of the round values, not of a fit: docs/planner.md)."""
+    pytest.importorskip("scipy")
+    assert all(lo < v < hi for v, (lo, hi) in zip(FIT.START, FIT.BOUNDS, strict=True))
+    current = [getattr(Calibration(), name) for name in FIT.FITTED]
+    for name, now, found in zip(FIT.FITTED, current, FIT.fit(PUBLISHED_RUNS, FIT.START), strict=True):
+        assert found == pytest.approx(now, rel=0.01), name
+
+
 def test_leave_one_source_out() -> None:
-    """Fit on every source but one, predict that one's runs: the numbers docs/planner.md tabulates (27 of 30 within
-    ±15 %, 28 within ±25 %: the issue's first target, 90 % within ±15 %, is met, the second, all within ±25 %, is not:
-    the ZeRO-3 runs at 4 micro-batch samples, +32 % and +36 %, when Table 2, the only fitted ZeRO-3 source, is left
-    out; Korthikanti et al.'s nine runs, the sixth source, all within ±15 % when left out; torchtitan's FSDP rows are
-    VALIDATION_RUNS, not fitted, and leave these counts as they are, as do llm-foundry's A100 FSDP rows)."""
+    """Fit on every source but one, predict that one's runs: the numbers docs/planner.md tabulates (30 of 35 within
+    ±15 %, all 35 within ±25 %: of the issue's targets, 90 % within ±15 % is not met, all within ±25 % is). Left out,
+    Table 2's two compute-bound ZeRO-3 runs come out +18 % and +22 % (the overlap then rests on the Azure runs, whose
+    DeepSpeed hid more), MT-NLG's +15-20 % (the engine factor on the 20B and BLOOM runs alone) and BLOOM -15 %;
+    torchtitan's and llm-foundry's FSDP rows are VALIDATION_RUNS, not fitted, and leave these counts as they are."""
     pytest.importorskip("scipy")
     assert FIT.constrained([r for r in PUBLISHED_RUNS if r.zero_stage != 3]) == [
         "gemm_peak_fraction",
         "activation_traffic",
         "deepspeed_engine_efficiency",
     ]
+    # the Azure runs are DeepSpeed's engine without a pipeline: they constrain the overlap, not the engine factor
+    azure = [r for r in PUBLISHED_RUNS if r.source == AZURE]
+    assert FIT.constrained(azure) == ["gemm_peak_fraction", "activation_traffic", "zero3_overlap"]
     errors = dict(zip((r.name for r in PUBLISHED_RUNS), FIT.leave_one_source_out(), strict=True))
-    assert len({r.source for r in PUBLISHED_RUNS}) == 6 and len(errors) == 30
-    assert sum(abs(e) <= 0.15 for e in errors.values()) == 27
-    assert sum(abs(e) <= 0.25 for e in errors.values()) == 28
-    assert errors["ZeRO-3 175B 384"] == pytest.approx(0.32, abs=0.02)
-    assert errors["ZeRO-3 530B 640"] == pytest.approx(0.36, abs=0.02)
-    assert errors["MT-NLG 530B 3360"] == pytest.approx(0.185, abs=0.02)
+    assert len({r.source for r in PUBLISHED_RUNS}) == 7 and len(errors) == 35
+    assert sum(abs(e) <= 0.15 for e in errors.values()) == 30
+    assert sum(abs(e) <= 0.25 for e in errors.values()) == 35
+    assert errors["ZeRO-3 175B 384"] == pytest.approx(0.181, abs=0.01)
+    assert errors["ZeRO-3 530B 640"] == pytest.approx(0.224, abs=0.01)
+    assert errors["MT-NLG 530B 3360"] == pytest.approx(0.204, abs=0.01)
+    assert errors["BLOOM-176B"] == pytest.approx(-0.154, abs=0.01)
     korthikanti = [e for name, e in errors.items() if name.startswith("Korthikanti")]
-    assert len(korthikanti) == 9 and max(abs(e) for e in korthikanti) < 0.15
+    assert len(korthikanti) == 9 and max(abs(e) for e in korthikanti) < 0.12
+    assert max(abs(errors[r.name]) for r in azure) < 0.13
+    # Without the Azure source (the correction docs/planner.md makes): 24 of 30 within ±15 %, 28 within ±25 %
+    earlier = FIT.leave_one_source_out(runs=[r for r in PUBLISHED_RUNS if r.source != AZURE])
+    assert (
+        len(earlier) == 30 and sum(abs(e) <= 0.15 for e in earlier) == 24 and sum(abs(e) <= 0.25 for e in earlier) == 28
+    )
 
 
-def test_fitting_the_fsdp_rows_in_makes_leave_one_source_out_worse() -> None:
-    """The what-if docs/planner.md reports: llm-foundry's 14 A100 FSDP rows fitted as a seventh source raise the GEMM
-    pace to ~0.70 and leave 30 of 44 runs within ±15 % when each source is left out (27 of 30 without them)."""
+def test_fitting_the_fsdp_rows_in() -> None:
+    """The what-if docs/planner.md reports: llm-foundry's 14 A100 FSDP rows fitted as an eighth source raise the GEMM
+    pace to ~0.71 and leave 43 of 49 runs within ±15 % and 48 within ±25 % when each source is left out (30 and 35 of
+    35 without them): no better on the target, and the H100 rows, already over-predicted, would rise with the pace."""
     pytest.importorskip("scipy")
     runs = PUBLISHED_RUNS + FSDP_A100_RUNS
     x = FIT.fit(runs, [getattr(Calibration(), name) for name in FIT.FITTED])
-    assert x[0] == pytest.approx(0.70, abs=0.01)
+    assert x[0] == pytest.approx(0.708, abs=0.005)
     errors = FIT.leave_one_source_out(runs=runs)
-    assert len(errors) == 44 and sum(abs(e) <= 0.15 for e in errors) == 30
+    assert len(errors) == 49 and sum(abs(e) <= 0.15 for e in errors) == 43 and sum(abs(e) <= 0.25 for e in errors) == 48

@@ -45,10 +45,14 @@ def _config(run: PublishedRun, tmp_path: Path) -> Path:
         "train_micro_batch_size_per_gpu": run.micro_batch,
         "gradient_accumulation_steps": run.gas,
         "train_batch_size": run.train_batch,
-        "zero_optimization": {"stage": run.zero_stage},
+        "zero_optimization": {
+            "stage": run.zero_stage,
+            **({"offload_optimizer": {"device": "cpu"}} if run.offload_optimizer else {}),
+        },
         # fp16 pipelines run ZeRO-1 in GPT-NeoX; Megatron-LM's ZeRO-0 pipelines are planned in bf16 to keep stage 0
         "precision": "fp16" if neox else "bfloat16",
         "checkpoint_activations": run.checkpoint_activations,
+        "checkpoint_in_cpu": run.checkpoint_in_cpu,
         # the layout knobs (megatron/planner/knobs.py): the search keeps them at the run's values
         "sequence_parallel": run.sequence_parallel,
         **({"recompute_granularity": run.recompute_granularity} if run.recompute_granularity else {}),

@@ -105,6 +105,6 @@ def test_torchtitan_rows_read_the_source_and_are_over_predicted() -> None:
     assert eight.published_tflops == pytest.approx(neox_tflops(5762.0, LLAMA3_8B, 8192, 3)) and many.dp == 128
     assert eight.workload().zero_stage == 3 and not eight.workload().checkpoint_activations
     errors = [r.predict().tflops_per_gpu / r.published_tflops - 1 for r in TORCHTITAN_RUNS]
-    assert errors[0] == pytest.approx(0.755, abs=0.01) and errors[1] == pytest.approx(0.804, abs=0.01)
+    assert errors[0] == pytest.approx(0.768, abs=0.01) and errors[1] == pytest.approx(0.817, abs=0.01)
     # FSDP hides the 128-GPU run's traffic behind its compute: the same predicted step on 8 and 128 GPUs.
     assert many.predict().step_s == pytest.approx(eight.predict().step_s, rel=1e-3)
