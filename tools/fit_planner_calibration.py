@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.abspath(os.path.dirname(os.path.dirname(__file__))))
 
 import megatron.setup_check  # noqa: F401  (first: a one-line hint when the environment is not set up)
 from megatron.planner.calibrated import Calibration
-from megatron.planner.published_runs import FSDP_A100_RUNS, PUBLISHED_RUNS, VALIDATION_RUNS, PublishedRun
+from megatron.planner.published_runs import PUBLISHED_RUNS, PublishedRun
+from megatron.planner.validation_runs import FSDP_A100_RUNS, VALIDATION_RUNS
 
 FITTED = ("gemm_peak_fraction", "activation_traffic", "zero3_overlap", "deepspeed_engine_efficiency")
 BOUNDS = ((0.3, 1.0), (0.0, 40.0), (0.0, 1.0), (0.3, 1.0))

@@ -45,7 +45,7 @@ ACTIVATION_TRAFFIC = 6.01  # HBM passes over each activation byte per forward + 
 BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of the link bandwidth
 ZERO3_OVERLAP = 0.800  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
 # Set, not fitted: PyTorch FSDP prefetches the next unit's all-gather in the forward and the backward; the published
-# FSDP runs on A100 (published_runs.FSDP_A100_RUNS, not in the fit) are predicted best with all of it hidden (a fit of
+# FSDP runs on A100 (validation_runs.FSDP_A100_RUNS, not in the fit) are predicted best with all of it hidden (a fit of
 # this value to them ends at its bound, 1).
 FSDP_OVERLAP = 1.0
 DEEPSPEED_ENGINE_EFFICIENCY = 0.851  # compute pace of DeepSpeed's pipeline engine relative to Megatron-LM's loop

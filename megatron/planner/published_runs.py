@@ -8,8 +8,9 @@ runs with full recomputation but Korthikanti et al.'s, whose quoted seconds per 
 planner counts them). Hardware per run: A100 (312 TFLOP/s fp16/bf16), HBM 1555 GB/s (40 GB) or 2039 GB/s (80 GB),
 NVLink 300 GB/s per direction, and the per-GPU share of the node's network cards.
 
-:data:`VALIDATION_RUNS` are published FSDP runs the constants are not fitted to (torchtitan on H100, MosaicML's
-llm-foundry on A100): the sources quote tokens/s per GPU, converted here with the same formula (:func:`neox_tflops`).
+:mod:`~megatron.planner.validation_runs` holds published FSDP runs the constants are not fitted to (torchtitan on H100,
+MosaicML's llm-foundry on A100): the sources quote tokens/s per GPU, converted with the same formula
+(:func:`neox_tflops`).
 """
 
 from __future__ import annotations
@@ -34,18 +35,9 @@ BLOOM = (
     "BigScience 2022, BLOOM (arXiv:2211.05100) §3.4 / BigScience 176B model page ('about 150 TFLOPs'); layout from "
     "bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm"
 )
-TORCHTITAN = (
-    "torchtitan team, benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan), Tables 1 and 3 (FSDP, eager, "
-    "bf16); seq_len 8192 and selective_ac_option 'op' from train_configs/llama3_8b.toml at the commit it names, 9dec370"
-)
 KORTHIKANTI = (
     "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198), "
     "Tables 3 and 5, §6 and §6.3"
-)
-LLM_FOUNDRY = (
-    "MosaicML, llm-foundry scripts/train/benchmarking/README.md at 061f2c7 (mosaicml/llm-foundry), tables 'A100 40GB "
-    "with 1600 Gbps node-node interconnect (RoCE)' and 'A100 80GB with 1600 Gbps node-node interconnect (RoCE)': "
-    "PyTorch FSDP FULL_SHARD, bf16, Throughput (T/s/GPU)"
 )
 AZURE = (
     "DeepSpeed team 2022, 'Azure empowers easy-to-use, high-performance, and hyperscale model training using "
@@ -53,9 +45,6 @@ AZURE = (
     "layout from its recipe (examples/azure/run-1t.sh: ZeRO-3, no tensor or pipeline parallelism, "
     "--no-pipeline-parallel, gradient_accumulation_steps 1, fp16, activation checkpointing, GPT-2 vocabulary)"
 )
-H100_HBM = 3350.0  # H100 SXM 80 GB
-GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
-H100_NVLINK = 450.0
 
 
 @dataclass(frozen=True)
@@ -230,85 +219,6 @@ def neox_tflops(tokens_per_s_per_gpu: float, shape: tuple[int, int, int], seq: i
     h, layers, vocab = shape
     per_token = 24.0 * k * layers * h * h * (1.0 + seq / (6.0 * h) + vocab / (16.0 * layers * h))
     return tokens_per_s_per_gpu * per_token / 1e12
-
-
-LLAMA3_8B = (4096, 32, 128256)  # torchtitan's "8B" flavour: dim 4096, 32 layers, 32 heads, 8 KV heads, FFN 14336
-
-
-def _torchtitan_8b(name: str, gpus: int, global_batch: int, tokens_per_s_per_gpu: float) -> PublishedRun:
-    # Selective (op) recomputation saves every matmul output but every second one and recomputes the rest in the
-    # backward: no full recomputed forward, so K = 3 here (the planner does not model the partial recompute).
-    return PublishedRun(
-        name,
-        TORCHTITAN,
-        4096,
-        32,
-        32,
-        128256,
-        1,
-        1,
-        gpus,
-        2,
-        global_batch,
-        3,
-        neox_tflops(tokens_per_s_per_gpu, LLAMA3_8B, 8192, 3),
-        GRAND_TETON_HBM,
-        50.0,
-        "torchtitan",
-        seq_length=8192,
-        checkpoint_activations=False,
-        note=f"quoted {tokens_per_s_per_gpu:,.0f} TPS/GPU; H100 96GB HBM2e at 500 W, 400 Gb/s RDMA per GPU (50 GB/s)",
-        peak_tflops=989.0,
-        nvlink_GBps=H100_NVLINK,
-        kv_heads=8,
-        mlp_widths=(2 * 14336, 14336),
-        untied_embedding=True,
-        flash_attention=True,
-    )
-
-
-MPT_VOCAB = 50368  # llm-foundry's MPT configs: vocab_size 50368, expansion_ratio 4, learned positions, biases
-MPT_SHAPES = {"7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56), "70b": (8192, 80, 64)}
-ROCE_1600 = 25.0  # 1600 Gb/s per node of 8 GPUs: 25 GB/s per GPU
-
-
-def _mpt(
-    model: str,
-    gpus: int,
-    micro_accum: tuple[int, int],
-    tokens_per_s_per_gpu: float,
-    hbm: float,
-    checkpoint: bool = True,
-) -> PublishedRun:
-    # The table's rows: sequence 2048, FULL_SHARD, flash attention (triton); K = 4 with activation checkpointing.
-    # H100 rows: the table's "H100 80GB BF16" (989 TFLOP/s, HBM 3350 GB/s, NVLink 450 GB/s); single-node rows only,
-    # so the network (which that table does not state) does not enter.
-    (h, layers, heads), (micro, accum) = MPT_SHAPES[model], micro_accum
-    h100 = hbm == H100_HBM  # the HBM bandwidth names the GPU
-    gpu = "H100" if h100 else ("40 GB" if hbm == A100_40GB_HBM else "80 GB")
-    return PublishedRun(
-        f"MPT {model} FSDP {gpus} ({gpu})",
-        LLM_FOUNDRY,
-        h,
-        layers,
-        heads,
-        MPT_VOCAB,
-        1,
-        1,
-        gpus,
-        micro,
-        micro * accum * gpus,
-        3,
-        neox_tflops(tokens_per_s_per_gpu, (h, layers, MPT_VOCAB), 2048, 4 if checkpoint else 3),
-        hbm,
-        ROCE_1600,
-        "llm-foundry",
-        checkpoint_activations=checkpoint,
-        note=f"quoted {tokens_per_s_per_gpu:,.0f} T/s/GPU, micro-batch {micro} x {accum} accumulated",
-        peak_tflops=989.0 if h100 else 312.0,
-        nvlink_GBps=H100_NVLINK if h100 else NVLINK,
-        flash_attention=True,
-    )
 
 
 def step_tflops(seconds: float, shape: tuple[int, int, int], gpus: int, batch: int, selective: bool) -> float:
@@ -489,37 +399,3 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     _azure("1T", 1024, 8, 1024, 165.36),
     _azure("2T", 1024, 8, 1024, 157.0),
 )
-
-# Published FSDP runs that the constants are NOT fitted to: predicted out of sample (docs/planner.md,
-# "Calibration"). On H100 the A100-fitted GEMM pace over-predicts them (the source cannot state its GPUs' peak).
-TORCHTITAN_RUNS: tuple[PublishedRun, ...] = (
-    _torchtitan_8b("torchtitan Llama 3 8B FSDP 8", 8, 16, 5762.0),
-    _torchtitan_8b("torchtitan Llama 3 8B FSDP 128", 128, 256, 5605.0),
-)
-# llm-foundry's A100 rows of models of 7B parameters and more on 16 GPUs or more (more than one node), sequence 2048.
-FSDP_A100_RUNS: tuple[PublishedRun, ...] = (
-    _mpt("70b", 128, (4, 1), 376.0, A100_40GB_HBM),
-    _mpt("70b", 64, (2, 1), 276.0, A100_40GB_HBM),
-    _mpt("30b", 128, (6, 1), 865.0, A100_40GB_HBM),
-    _mpt("30b", 32, (4, 1), 857.0, A100_40GB_HBM),
-    _mpt("13b", 128, (16, 1), 1972.0, A100_40GB_HBM),
-    _mpt("13b", 64, (16, 1), 1976.0, A100_40GB_HBM),
-    _mpt("13b", 32, (14, 1), 1998.0, A100_40GB_HBM),
-    _mpt("13b", 16, (10, 1), 1993.0, A100_40GB_HBM),
-    _mpt("7b", 128, (18, 1), 3623.0, A100_40GB_HBM),
-    _mpt("7b", 64, (18, 1), 3665.0, A100_40GB_HBM),
-    _mpt("7b", 32, (18, 1), 3725.0, A100_40GB_HBM),
-    _mpt("7b", 16, (16, 1), 3645.0, A100_40GB_HBM),
-    _mpt("70b", 64, (8, 4), 410.0, A100_80GB_HBM),
-    _mpt("70b", 32, (2, 16), 373.0, A100_80GB_HBM),
-)
-# Single-node rows (8 GPUs, NVLink only) of the same tables at sequence 2048: the compute pace on A100 and on H100.
-FSDP_NODE_RUNS: tuple[PublishedRun, ...] = (
-    _mpt("30b", 8, (3, 21), 916.0, A100_80GB_HBM),
-    _mpt("13b", 8, (2, 3), 2262.0, A100_80GB_HBM, checkpoint=False),
-    _mpt("7b", 8, (6, 2), 4641.0, A100_80GB_HBM, checkpoint=False),
-    _mpt("30b", 8, (3, 21), 2002.0, H100_HBM),
-    _mpt("13b", 8, (2, 1), 4792.0, H100_HBM, checkpoint=False),
-    _mpt("7b", 8, (6, 1), 10643.0, H100_HBM, checkpoint=False),
-)
-VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS + FSDP_NODE_RUNS

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from megatron.planner.calibrated import Calibration
-from megatron.planner.published_runs import AZURE, FSDP_A100_RUNS, PUBLISHED_RUNS
+from megatron.planner.published_runs import AZURE, PUBLISHED_RUNS
+from megatron.planner.validation_runs import FSDP_A100_RUNS
 from tests.harness import load_tool
 
 FIT = load_tool("tools/fit_planner_calibration.py")

@@ -9,14 +9,8 @@ from dataclasses import replace
 import pytest
 
 from megatron.planner.calibrated import FRAMEWORKS, Calibration
-from megatron.planner.published_runs import (
-    FSDP_A100_RUNS,
-    FSDP_NODE_RUNS,
-    MPT_SHAPES,
-    MPT_VOCAB,
-    PUBLISHED_RUNS,
-    VALIDATION_RUNS,
-)
+from megatron.planner.published_runs import PUBLISHED_RUNS
+from megatron.planner.validation_runs import FSDP_A100_RUNS, FSDP_NODE_RUNS, MPT_SHAPES, MPT_VOCAB, VALIDATION_RUNS
 
 # The tables' NumParams column at sequence 2048 (learned positions and biases included).
 NUM_PARAMS = {"7b": 6658859008, "13b": 12853954560, "30b": 29975214080, "70b": 64862437376}

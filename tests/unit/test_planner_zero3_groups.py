@@ -8,7 +8,8 @@ import json
 import pytest
 
 import deepy
-from megatron.planner.published_runs import LLAMA3_8B, TORCHTITAN_RUNS, neox_tflops
+from megatron.planner.published_runs import neox_tflops
+from megatron.planner.validation_runs import LLAMA3_8B, TORCHTITAN_RUNS
 from tests.distributed import fns_zero_hpz as fns
 from tests.harness import run_distributed
 
