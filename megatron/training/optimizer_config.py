@@ -23,20 +23,34 @@ class OptimizerConfig(OptimizerDictKeys, OptimizerTypeKeys, LRKeys, UpdateRuleKe
     on_cpu: bool = True
     layout_zero_stage: int = 0
     """The ZeRO stage, received from its owner (``ParallelConfig.zero_stage``), not read from the arguments."""
+    offload_device: str = "none"
+    """``zero_optimization.offload_optimizer.device`` (cpu or nvme: ZeRO-Offload steps the optimizer on the CPU)."""
+    force_ds_cpu_optimizer: bool = True
+    """DeepSpeed's ``zero_force_ds_cpu_optimizer`` (deepspeed_extra_args): ZeRO-Offload only with its CPU Adam."""
 
-    # not config keys: DeepSpeed's own setting (read from the DeepSpeed config), the machine, the layout's stage
-    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = ("zero_allow_untested_optimizer", "on_cpu", "layout_zero_stage")
+    # not config keys: DeepSpeed's own settings (read from the DeepSpeed config), the machine, the layout's stage
+    NOT_NEOX_KEYS: ClassVar[tuple[str, ...]] = (
+        "zero_allow_untested_optimizer",
+        "on_cpu",
+        "layout_zero_stage",
+        "offload_device",
+        "force_ds_cpu_optimizer",
+    )
 
     @classmethod
     def from_neox_args(cls, args: NeoXValues, layout: ParallelConfig) -> OptimizerConfig:
         """Read every field strictly under its NeoX key (``zero_allow_untested_optimizer``: deepspeed_extra_args);
         the ZeRO stage comes from the run's ``layout``."""
-        allow = (args.deepspeed_extra_args or {}).get("zero_allow_untested_optimizer", False)  # a DeepSpeed-only key
+        extra = args.deepspeed_extra_args or {}
+        allow = extra.get("zero_allow_untested_optimizer", False)  # DeepSpeed-only keys
+        offload = (args.zero_optimization or {}).get("offload_optimizer")
         return cls(
             **neox_values(cls, args),
             zero_allow_untested_optimizer=bool(allow),
             on_cpu=on_cpu(),
             layout_zero_stage=layout.zero_stage,
+            offload_device=str(offload.get("device", "none")).lower() if isinstance(offload, dict) else "none",
+            force_ds_cpu_optimizer=extra.get("zero_force_ds_cpu_optimizer", True) is not False,
         )
 
     @property

@@ -55,8 +55,20 @@ def prompt_free_stage(model: torch.nn.Module) -> bool:
     )
 
 
+CPU_ADAM_TYPES = ("cpu_adam", "cpu_torch_adam")  # DeepSpeedCPUAdam: what ZeRO-Offload takes without forcing
+
+
 def check_zero_compatibility(cfg: OptimizerConfig) -> None:
-    """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO."""
+    """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO, or refuse a
+    client optimizer under ZeRO-Offload."""
+    offloaded = cfg.offload_device in ("cpu", "nvme")  # DeepSpeed checks this at any ZeRO stage
+    if offloaded and cfg.type not in CPU_ADAM_TYPES and cfg.force_ds_cpu_optimizer:
+        raise ConfigError(
+            f"zero_optimization.offload_optimizer device {cfg.offload_device!r} steps the optimizer on the CPU, "
+            f"which DeepSpeed does with its own CPU Adam only: set optimizer.type to cpu_adam (not "
+            f"{(cfg.optimizer or {}).get('type', cfg.type)!r}), or deepspeed_extra_args "
+            "{zero_force_ds_cpu_optimizer: false} to step this optimizer on the CPU anyway"
+        )
     tested = OPTIMIZERS.get(cfg.type).tested_stages(cfg.on_cpu)
     if cfg.layout_zero_stage > 0 and cfg.layout_zero_stage not in tested and not cfg.zero_allow_untested_optimizer:
         usable = [name for name, spec in OPTIMIZERS.items() if cfg.layout_zero_stage in spec.tested_stages(cfg.on_cpu)]

@@ -96,6 +96,22 @@ def test_bad_optimizer_configs_raise() -> None:
         build_optimizer(Tiny(), _cfg("OneBitAdam"))
 
 
+def test_zero_offload_takes_deepspeeds_cpu_adam_or_an_explicit_override() -> None:
+    """DeepSpeed refuses a client optimizer under ZeRO-Offload with a traceback at engine start (unless
+    zero_force_ds_cpu_optimizer is false): the builder refuses it first, naming the keys to change."""
+    offload = {"optimizer": {"type": "Adam", "params": {}}, "layout_zero_stage": 2, "offload_device": "cpu"}
+    with pytest.raises(ValueError, match=r"set optimizer.type to cpu_adam \(not 'Adam'\)"):
+        build_optimizer(Tiny(), OptimizerConfig(**offload))
+    assert (
+        type(build_optimizer(Tiny(), OptimizerConfig(**offload, force_ds_cpu_optimizer=False))[0]) is torch.optim.AdamW
+    )
+    assert (
+        type(build_optimizer(Tiny(), OptimizerConfig(**{**offload, "offload_device": "none"}))[0]) is torch.optim.AdamW
+    )
+    with pytest.raises(ValueError, match="cpu_adam"):  # DeepSpeed's check does not look at the stage
+        build_optimizer(Tiny(), OptimizerConfig(**{**offload, "layout_zero_stage": 0}))
+
+
 def test_deepspeed_config_drops_client_side_entries() -> None:
     ds = {"train_batch_size": 4, "optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR"}}
     out = deepspeed_config_for(ds, _cfg("adam"))
