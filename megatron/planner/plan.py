@@ -31,6 +31,7 @@ from megatron.planner.memory import RankMemory, kv_cache_bytes, rank_memory, tra
 from megatron.planner.params import ParamCounts, count_params
 from megatron.planner.partition import uneven_split_warning
 from megatron.planner.throughput import StepEstimate, estimate_step, flops_config, layer_flops_delta
+from megatron.training.optimizer_registry import CPU_ADAM_TYPES
 
 BUBBLE_WARNING = 0.10  # warn when the pipeline idles more than this fraction of the compute
 GB = 1e9
@@ -95,6 +96,12 @@ def _warnings(plan: Plan) -> list[str]:
         out.append(
             f"neox-forge cannot run {', '.join(unrunnable)} yet: planned only (a launch refuses them with "
             "'not supported yet')"
+        )
+    if "offload_optimizer" in setup.offload and setup.optimizer_type not in CPU_ADAM_TYPES:
+        out.append(
+            f"zero_optimization offload_optimizer with optimizer.type {setup.optimizer_type!r}: a launch stops at "
+            "start unless optimizer.type is cpu_adam (DeepSpeed's CPU Adam) or deepspeed_extra_args sets "
+            "zero_force_ds_cpu_optimizer: false"
         )
     moved = [f"zero_optimization {k}" for k in setup.offload]
     moved += ["checkpoint_in_cpu"] if setup.checkpoint_activations and setup.checkpoint_in_cpu else []

@@ -57,6 +57,7 @@ class OptimizerSpec:
 
 
 OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer.type")
+CPU_ADAM_TYPES = ("cpu_adam", "cpu_torch_adam")  # DeepSpeedCPUAdam: what ZeRO-Offload takes without forcing
 
 
 def _adam(groups: list[dict[str, Any]], lr: float, params: dict[str, Any], cfg: OptimizerConfig) -> Any:

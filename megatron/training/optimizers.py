@@ -19,7 +19,7 @@ from megatron.model.mup import MupShapes
 from megatron.model.weight_decay import no_weight_decay
 from megatron.neox_arguments.errors import ConfigError
 from megatron.training.optimizer_config import OptimizerConfig
-from megatron.training.optimizer_registry import OPTIMIZERS
+from megatron.training.optimizer_registry import CPU_ADAM_TYPES, OPTIMIZERS
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +53,6 @@ def prompt_free_stage(model: torch.nn.Module) -> bool:
         and soft_prompt_tokens(cfg) > 0
         and not any(isinstance(m, SoftPromptPipe) for m in model.modules())
     )
-
-
-CPU_ADAM_TYPES = ("cpu_adam", "cpu_torch_adam")  # DeepSpeedCPUAdam: what ZeRO-Offload takes without forcing
 
 
 def check_zero_compatibility(cfg: OptimizerConfig) -> None:

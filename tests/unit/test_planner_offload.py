@@ -34,8 +34,13 @@ def test_offload_optimizer_moves_the_fp32_state_to_the_host(capsys: pytest.Captu
     else:  # ZeRO-1 keeps whole 16-bit gradients on the GPU
         assert off["gradients"] == on_gpu["gradients"] and off["host_bytes"] == moved
     assert off["total"] == on_gpu["total"] - moved - (on_gpu["gradients"] if stage >= 2 else 0)  # GPU bytes only
-    warning = next(w for w in plan["warnings"] if "offload_optimizer" in w)
+    warning = next(w for w in plan["warnings"] if "offload_optimizer: the offloaded tensors" in w)
     assert f"({off['host_bytes'] / 1e9:.1f} GB per rank" in warning and "CPU optimizer step" in warning
+    # Adam (tiny.yml's) under ZeRO-Offload: the launch would stop at start, and the plan says so
+    assert any("with optimizer.type 'adam': a launch stops at start unless" in w for w in plan["warnings"])
+    cpu_adam = json.dumps({"type": "cpu_adam", "params": {"lr": 1e-3}})
+    quiet = _plan(capsys, {"stage": stage, "offload_optimizer": {"device": "cpu"}}, "--optimizer", cpu_adam)
+    assert not any("a launch stops at start" in w for w in quiet["warnings"])
 
 
 def test_offload_param_moves_the_weight_shard_and_device_none_moves_nothing(capsys: pytest.CaptureFixture[str]) -> None:
