@@ -7,7 +7,7 @@ import math
 import pytest
 
 from megatron.planner.calibrated import Calibration
-from megatron.planner.published_runs import AZURE, PUBLISHED_RUNS
+from megatron.planner.published_runs import AZURE, MEGATRON_T2, PUBLISHED_RUNS
 from megatron.planner.validation_runs import FSDP_A100_RUNS
 from tests.harness import load_tool
 
@@ -36,6 +36,7 @@ def test_the_fit_lands_on_the_constants_from_the_round_start() -> None:
         assert found == pytest.approx(now, rel=0.01), name
 
 
+@pytest.mark.slow  # 15 constrained fits with restarts: about 12 s on 2 cores
 def test_leave_one_source_out() -> None:
     """Fit on every source but one, predict that one's runs: the numbers docs/planner.md tabulates (30 of 35 within
     ±15 %, all 35 within ±25 %: of the issue's targets, 90 % within ±15 % is not met, all within ±25 % is). Left out,
@@ -69,6 +70,7 @@ def test_leave_one_source_out() -> None:
     )
 
 
+@pytest.mark.slow  # 9 fits over 49 runs: about 5 s
 def test_fitting_the_fsdp_rows_in() -> None:
     """The what-if docs/planner.md reports: llm-foundry's 14 A100 FSDP rows fitted as an eighth source raise the GEMM
     pace to ~0.71 and leave 43 of 49 runs within ±15 % and 48 within ±25 % when each source is left out (30 and 35 of
@@ -79,3 +81,15 @@ def test_fitting_the_fsdp_rows_in() -> None:
     assert x[0] == pytest.approx(0.708, abs=0.005)
     errors = FIT.leave_one_source_out(runs=runs)
     assert len(errors) == 49 and sum(abs(e) <= 0.15 for e in errors) == 43 and sum(abs(e) <= 0.25 for e in errors) == 48
+
+
+def test_the_azure_runs_hid_more_zero3_traffic_than_table_2s() -> None:
+    """docs/planner.md, "The Azure source": the ZeRO-3 overlap fitted without Table 2 (on the Azure runs) is 0.881,
+    without the Azure runs (on Table 2) 0.802; the full fit's 0.800 sits at Table 2's."""
+    pytest.importorskip("scipy")
+    overlap = FIT.FITTED.index("zero3_overlap")
+    for left_out, expected in ((MEGATRON_T2, 0.881), (AZURE, 0.802)):
+        rest = [r for r in PUBLISHED_RUNS if r.source != left_out]
+        free = FIT.constrained(rest)
+        start = [v if n in free else FIT.IDEAL[n] for n, v in zip(FIT.FITTED, FIT.START, strict=True)]
+        assert FIT.fit(rest, start, free=free)[overlap] == pytest.approx(expected, abs=0.005), left_out
