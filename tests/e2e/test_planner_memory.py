@@ -78,3 +78,36 @@ def test_predicted_param_optimizer_memory_matches_training(data: dict[str, str],
         assert predicted.parameters == pytest.approx(measured["param_bytes"][0], rel=0.15)
         assert predicted.optimizer_states == pytest.approx(measured["optimizer_state_bytes"][0], rel=0.15)
         assert predicted.master_weights == pytest.approx(measured["master_param_bytes"][0], rel=0.15, abs=64)
+
+
+def test_offloaded_optimizer_bytes_are_the_runs_host_side(data: dict[str, str], tmp_path: Path) -> None:
+    """ZeRO-2 with ``offload_optimizer: {device: cpu}`` on 2 ranks (torch's AdamW stepped on the CPU:
+    ``zero_force_ds_cpu_optimizer: false``): the plan moves the fp32 master partition and Adam's moments off the GPU,
+    and their bytes are what the run's offloaded optimizer holds."""
+    world, tb = 2, tmp_path / "tb_offload"
+    zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    common = {"world": world, "train_iters": 2, "eval_interval": 100, "eval_iters": 0, "log_interval": 1}
+    config = tiny_config(
+        data,
+        **common,
+        zero_optimization=zero,
+        deepspeed_extra_args={"zero_force_ds_cpu_optimizer": False},
+        tensorboard_dir=str(tb),
+    )
+    runs = run_distributed(run_pretrain_many, world, [config], timeout=400)[0]
+    assert runs[0]["zero_stage"] == 2
+    measured = _tb_scalars(tb)
+    args = NeoXArgs.from_dict(config)
+    _, padded, _ = resolve_vocab(TokenizerConfig.from_neox_args(args))
+    hw = Hardware(gpus=world, gpus_per_node=world)
+    offloaded = build_plan(PlanInputs.from_neox_args(args, padded), hw).ranks[0]
+    plain = NeoXArgs.from_dict({**config, "zero_optimization": {"stage": 2}})
+    on_gpu = build_plan(PlanInputs.from_neox_args(plain, padded), hw).ranks[0]
+    assert offloaded.master_weights == offloaded.optimizer_states == offloaded.gradients == 0
+    moved = on_gpu.master_weights + on_gpu.optimizer_states
+    got = measured["master_param_bytes"][0] + measured["optimizer_state_bytes"][0]
+    assert moved == pytest.approx(got, rel=0.15), (offloaded, measured)
+    # beside them the fp32 gradient partition (the run is fp32: the same bytes as its GPU-side partition), which is
+    # what the run's gradients hold
+    assert offloaded.host_bytes == moved + on_gpu.gradients
+    assert on_gpu.gradients == pytest.approx(measured["grad_bytes"][0], rel=0.15)
