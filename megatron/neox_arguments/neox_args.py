@@ -69,6 +69,7 @@ from megatron.neox_arguments.types import coerce_value, describe
 from megatron.neox_arguments.unsupported import BF16_LOSS_SCALING, ignored_warnings, unsupported_problems
 from megatron.neox_arguments.validate import validate
 from megatron.neox_arguments.value_checks import value_problems
+from megatron.neox_arguments.zero_offload import without_redundant_flags
 
 logger = logging.getLogger(__name__)
 
@@ -432,6 +433,8 @@ class NeoXArgs(_SchemaKeys, GptNeoXArgsApi):
             if isinstance(ds.get(block), dict):
                 drop = _DEEPERSPEED_ONLY | (set(BF16_LOSS_SCALING) if block == "bf16" else set())
                 ds[block] = {k: v for k, v in ds[block].items() if k not in drop}
+        if isinstance(ds.get("zero_optimization"), dict):
+            ds["zero_optimization"] = without_redundant_flags(ds["zero_optimization"])
         if section.load_universal:  # DeepSpeed's engine reads it from its config (checkpoint.load_universal)
             ds["checkpoint"] = {**(ds.get("checkpoint") or {}), "load_universal": True}
         extra = self.deepspeed_extra_args or {}

@@ -21,6 +21,7 @@ from megatron.neox_arguments.s3_checks import s3_problems
 from megatron.neox_arguments.size_checks import tensor_limit_problems
 from megatron.neox_arguments.sparsity_checks import sparsity_problems
 from megatron.neox_arguments.value_checks import check_preemption_keys
+from megatron.neox_arguments.zero_offload import deprecated_flag_problems
 
 logger = logging.getLogger(__name__)
 
@@ -303,6 +304,7 @@ RULES: list[tuple[str, Callable[[Ctx], list[str]]]] = [
     ("curriculum learning", lambda c: curriculum_problems(c.v, c.origins)),
     ("torch_compile", lambda c: torch_compile_problems(c.v)),
     ("model size", lambda c: tensor_limit_problems(c.v, c.origins)),
+    ("ZeRO-Offload", lambda c: deprecated_flag_problems(c.v["zero_optimization"])),
 ]
 
 

@@ -6,7 +6,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from megatron.config_utils import NeoXValues, require_keys
 from megatron.neox_arguments.errors import ConfigError
@@ -15,6 +15,7 @@ from megatron.neox_arguments.sections.model import LayerTypeKeys, MLPWidthKeys, 
 from megatron.neox_arguments.sections.optimizer import OptimizerTypeKeys, ZeroKeys
 from megatron.neox_arguments.sections.other import LayerSplitKeys, PlanOnlyKeys, VocabKeys
 from megatron.neox_arguments.sections.training import ActivationCheckpointKeys, RecomputeKeys
+from megatron.neox_arguments.zero_offload import offloaded_blocks
 from megatron.parallel_config import ParallelConfig
 from megatron.planner.layer_flops import sparse_kept_fractions
 from megatron.training.optimizer_registry import OPTIMIZERS
@@ -32,17 +33,6 @@ def parse_bytes(text: str, what: str = "--gpu-memory") -> int:
     if not 1 <= size <= MAX_BYTES:
         raise ConfigError(f"{what} {text!r}: expected a size between 1 byte and 1 PiB such as 40GB, 80GiB or 512MB")
     return int(size)
-
-
-def offloaded(zero: dict[str, Any]) -> tuple[str, ...]:
-    """The ZeRO offload sections that move tensors off the GPU: a ``device`` of ``cpu`` or ``nvme`` (DeepSpeed's
-    default, ``none``, offloads nothing)."""
-    found = []
-    for key in ("offload_optimizer", "offload_param"):
-        section = zero.get(key)
-        if isinstance(section, dict) and str(section.get("device", "none")).lower() in ("cpu", "nvme"):
-            found.append(key)
-    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -226,7 +216,7 @@ class TrainingSetup(
             overlap_comm=bool(zero.get("overlap_comm", False)),
             param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold", 10**5)),
             prefetch_bucket_size=int(zero.get("stage3_prefetch_bucket_size", 5 * 10**7)),
-            offload=offloaded(zero),
+            offload=offloaded_blocks(zero),
             zero_hpz_partition_size=int(zero.get("zero_hpz_partition_size", 1)),
             mics_shard_size="" if zero.get("mics_shard_size") is None else str(zero["mics_shard_size"]),
             attention_config=attention or None,

@@ -12,6 +12,7 @@ from megatron.neox_arguments.nested_checks import NUMERIC_PARAMS
 from megatron.neox_arguments.sections.deepspeed import OptimizerDictKeys
 from megatron.neox_arguments.sections.optimizer import LRKeys, OptimizerTypeKeys
 from megatron.neox_arguments.sections.training import UpdateRuleKeys
+from megatron.neox_arguments.zero_offload import offload_device
 from megatron.parallel_config import ParallelConfig
 
 
@@ -43,13 +44,12 @@ class OptimizerConfig(OptimizerDictKeys, OptimizerTypeKeys, LRKeys, UpdateRuleKe
         the ZeRO stage comes from the run's ``layout``."""
         extra = args.deepspeed_extra_args or {}
         allow = extra.get("zero_allow_untested_optimizer", False)  # DeepSpeed-only keys
-        offload = (args.zero_optimization or {}).get("offload_optimizer")
         return cls(
             **neox_values(cls, args),
             zero_allow_untested_optimizer=bool(allow),
             on_cpu=on_cpu(),
             layout_zero_stage=layout.zero_stage,
-            offload_device=str(offload.get("device", "none")).lower() if isinstance(offload, dict) else "none",
+            offload_device=offload_device(args.zero_optimization, "offload_optimizer"),
             force_ds_cpu_optimizer=extra.get("zero_force_ds_cpu_optimizer", True) is not False,
         )
 

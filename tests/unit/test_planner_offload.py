@@ -8,6 +8,10 @@ import json
 import pytest
 
 import deepy
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.zero_offload import offload_device, offloaded_blocks
+from megatron.parallel_config import ParallelConfig
+from megatron.training.optimizer_config import OptimizerConfig
 
 BASE = ["configs/cpu/tiny.yml", "--vocab-size", "512", "--gpus", "4", "--precision", "bfloat16"]
 
@@ -80,3 +84,21 @@ def test_an_offload_setting_that_is_not_a_block_is_refused(capsys: pytest.Captur
     out, err = capsys.readouterr()
     assert f"zero_optimization.{block}: True is not a block of settings; write e.g. {{device: cpu}}" in err
     assert "Traceback" not in err and out == ""
+
+
+def test_the_deprecated_cpu_offload_flags_offload_as_deepspeed_maps_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSpeed maps ``cpu_offload: true`` to ``offload_optimizer: {device: cpu}`` and ``cpu_offload_param: true``
+    to ``offload_param: {device: cpu}`` (GPT-NeoX's Pythia configs write ``cpu_offload: false``); a block's own
+    device wins."""
+    assert offloaded_blocks({"stage": 2, "cpu_offload": False}) == ()
+    assert offloaded_blocks({"stage": 3, "cpu_offload": True, "cpu_offload_param": True}) == (
+        "offload_optimizer",
+        "offload_param",
+    )
+    assert offload_device({"cpu_offload": True, "offload_optimizer": {"device": "nvme"}}, "offload_optimizer") == "nvme"
+    flag = _rank(_plan(capsys, {"stage": 2, "cpu_offload": True}))
+    block = _rank(_plan(capsys, {"stage": 2, "offload_optimizer": {"device": "cpu"}}))
+    assert flag == block and flag["host_bytes"] > 0
+    args = NeoXArgs.from_ymls(["configs/cpu/tiny.yml"], {"zero_optimization": {"stage": 2, "cpu_offload": True}})
+    cfg = OptimizerConfig.from_neox_args(args, ParallelConfig.from_neox_args(args))
+    assert cfg.offload_device == "cpu"  # so the optimizer builder refuses Adam here too (test_optim.py)
