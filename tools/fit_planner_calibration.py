@@ -57,9 +57,7 @@ def constrained(runs: Sequence[PublishedRun]) -> list[str]:
     run on DeepSpeed's pipeline engine."""
     uses = {
         "zero3_overlap": any(r.zero_stage == 3 and r.workload().engine != "pytorch" for r in runs),
-        "deepspeed_engine_efficiency": any(
-            (w := r.workload()).engine == "deepspeed" and w.pipeline_engine for r in runs
-        ),
+        "deepspeed_engine_efficiency": any(r.workload().on_deepspeed_pipeline_engine for r in runs),
     }
     return [name for name in FITTED if uses.get(name, True)]
 

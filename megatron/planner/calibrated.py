@@ -133,11 +133,16 @@ class Workload:
         under their own names, the other fields given in ``rest``."""
         return cls(**{name: getattr(source, name) for name in SHARED_FIELDS}, **rest)
 
+    @property
+    def on_deepspeed_pipeline_engine(self) -> bool:
+        """DeepSpeed's PipelineEngine runs the step: the runs ``DEEPSPEED_ENGINE_EFFICIENCY`` is fitted to and
+        applies to (DeepSpeed's plain engine, without a PipelineModule, runs the model's own forward and backward)."""
+        return self.engine == "deepspeed" and self.pipeline_engine
+
     def pace(self, cal: Calibration) -> float:
         """The engine's compute pace relative to Megatron-LM's loop: ``DEEPSPEED_ENGINE_EFFICIENCY`` on DeepSpeed's
-        pipeline engine (every run that fits it runs one), 1 otherwise (DeepSpeed's plain engine without a
-        PipelineModule runs the model's own forward and backward)."""
-        return cal.deepspeed_engine_efficiency if self.engine == "deepspeed" and self.pipeline_engine else 1.0
+        pipeline engine, 1 otherwise."""
+        return cal.deepspeed_engine_efficiency if self.on_deepspeed_pipeline_engine else 1.0
 
     @property
     def train_batch(self) -> int:

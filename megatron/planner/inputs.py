@@ -159,6 +159,12 @@ class TrainingSetup(
         return max(self.pp, 1)
 
     @property
+    def checkpoints_on_host(self) -> bool:
+        """``checkpoint_in_cpu`` with ``checkpoint_activations``: the kept activation checkpoints wait in host
+        memory."""
+        return self.checkpoint_activations and self.checkpoint_in_cpu
+
+    @property
     def mics_group(self) -> int:
         """MiCS's sharding group (``zero_optimization.mics_shard_size``) under ZeRO-3 when it is a whole number
         above 1 that divides the ranks the gradients are reduced over; 1 otherwise (plain ZeRO-3)."""

@@ -181,7 +181,7 @@ def rank_memory(setup: TrainingSetup, stage: int, params: StageParams) -> RankMe
     if setup.checkpoint_activations:
         key = "checkpointing_partitioned" if setup.partition_activations else "checkpointing"
     kept = round(chunks * per_mb[f"{key}_kept"] / v)
-    if setup.checkpoint_activations and setup.checkpoint_in_cpu:  # the kept checkpoints wait in host memory
+    if setup.checkpoints_on_host:
         host, kept = host + kept, 0
     return RankMemory(
         stage=stage,

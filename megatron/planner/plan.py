@@ -104,7 +104,7 @@ def _warnings(plan: Plan) -> list[str]:
             "zero_force_ds_cpu_optimizer: false"
         )
     moved = [f"zero_optimization {k}" for k in setup.offload]
-    moved += ["checkpoint_in_cpu"] if setup.checkpoint_activations and setup.checkpoint_in_cpu else []
+    moved += ["checkpoint_in_cpu"] if setup.checkpoints_on_host else []
     if moved:
         host = max(r.host_bytes for r in plan.ranks)
         out.append(

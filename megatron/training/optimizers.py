@@ -18,6 +18,7 @@ import torch
 from megatron.model.mup import MupShapes
 from megatron.model.weight_decay import no_weight_decay
 from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.zero_offload import OFFLOAD_DEVICES
 from megatron.training.optimizer_config import OptimizerConfig
 from megatron.training.optimizer_registry import CPU_ADAM_TYPES, OPTIMIZERS
 
@@ -58,7 +59,7 @@ def prompt_free_stage(model: torch.nn.Module) -> bool:
 def check_zero_compatibility(cfg: OptimizerConfig) -> None:
     """Raise a clear error where DeepSpeed would assert on an optimizer it has not tested under ZeRO, or refuse a
     client optimizer under ZeRO-Offload."""
-    offloaded = cfg.offload_device in ("cpu", "nvme")  # DeepSpeed checks this at any ZeRO stage
+    offloaded = cfg.offload_device in OFFLOAD_DEVICES  # DeepSpeed checks this at any ZeRO stage
     if offloaded and cfg.type not in CPU_ADAM_TYPES and cfg.force_ds_cpu_optimizer:
         raise ConfigError(
             f"zero_optimization.offload_optimizer device {cfg.offload_device!r} steps the optimizer on the CPU, "
