@@ -13,6 +13,8 @@ One step of the busiest pipeline stage's rank takes
   (the activation one way, its gradient back, per micro-batch; Megatron-LM's scatter/gather sends ``1/tp`` of it)
   and the **data-parallel gradient exchange** once per step, all blocking, at ``BUS_EFFICIENCY`` of the link
   bandwidth (NVLink inside a node, the per-GPU InfiniBand share across nodes);
+* **DeepSpeed's pipeline engine**: ``PIPELINE_LAYER_OVERHEAD_S`` per layer of the stage and micro-batch, whatever
+  the micro-batch's size (bigger micro-batches amortise it; Megatron-LM's loop and PyTorch FSDP: none);
 * **the pipeline bubble**: ``(stages - 1)`` micro-batch slots of the stage's per-micro-batch time;
 * **ZeRO-3**: the weights are all-gathered for every micro-batch's forward, backward and recomputed forward and
   the gradients reduce-scattered after each micro-batch; DeepSpeed prefetches, so ``ZERO3_OVERLAP`` of the shorter
@@ -24,8 +26,9 @@ One step of the busiest pipeline stage's rank takes
 
 The constants are global (the same for every run); four are fitted once against the published runs in
 :mod:`~megatron.planner.published_runs` by ``tools/fit_planner_calibration.py`` (docs/planner.md has the table, the
-errors and a leave-one-source-out check), ``GEMM_KNEE`` and ``BUS_EFFICIENCY`` are set. The engine factor applies to
-DeepSpeed's pipeline engine (:data:`FRAMEWORKS`: ``--framework``; :meth:`Workload.pace`).
+errors and a leave-one-source-out check), ``GEMM_KNEE`` and ``BUS_EFFICIENCY`` are set. DeepSpeed's pipeline engine adds
+``PIPELINE_LAYER_OVERHEAD_S`` per layer and micro-batch (:data:`FRAMEWORKS`: ``--framework``;
+:meth:`Workload.engine_overhead_s`).
 """
 
 from __future__ import annotations
@@ -37,18 +40,20 @@ from megatron.logging.flops import FlopsConfig, flops_per_iteration
 from megatron.planner.layout import GroupPlacement
 
 # Fitted against megatron/planner/published_runs.py by tools/fit_planner_calibration.py (docs/planner.md, "Calibration").
-GEMM_PEAK_FRACTION = 0.667  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
+GEMM_PEAK_FRACTION = 0.674  # fraction of the peak a wide bf16/fp16 GEMM sustains in training
 GEMM_KNEE = (
     20.0  # set, not fitted (the runs do not constrain it): per-rank GEMM width (hidden / tp) at half that fraction
 )
-ACTIVATION_TRAFFIC = 6.01  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
+ACTIVATION_TRAFFIC = 6.38  # HBM passes over each activation byte per forward + backward (memory-bound kernels)
 BUS_EFFICIENCY = 0.90  # achieved all-reduce / send bandwidth as a fraction of the link bandwidth
-ZERO3_OVERLAP = 0.800  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
+ZERO3_OVERLAP = 0.798  # fraction of the shorter of (compute, ZeRO-3 parameter traffic) hidden behind the longer
 # Set, not fitted: PyTorch FSDP prefetches the next unit's all-gather in the forward and the backward; the published
 # FSDP runs on A100 (validation_runs.FSDP_A100_RUNS, not in the fit) are predicted best with all of it hidden (a fit of
 # this value to them ends at its bound, 1).
 FSDP_OVERLAP = 1.0
-DEEPSPEED_ENGINE_EFFICIENCY = 0.851  # compute pace of DeepSpeed's pipeline engine relative to Megatron-LM's loop
+# Seconds DeepSpeed's pipeline engine adds per transformer layer and micro-batch, whatever the micro-batch's size
+# (docs/planner.md, "The pipeline engine's cost per layer"; replaces the compute-pace factor of earlier fits)
+PIPELINE_LAYER_OVERHEAD_S = 0.0128
 
 # --framework: the training framework whose engine the prediction models -> the engine its step runs on.
 FRAMEWORKS = {
@@ -56,7 +61,7 @@ FRAMEWORKS = {
     "gpt-neox": "deepspeed",
     "megatron-deepspeed": "deepspeed",
     "megatron-lm": "megatron-lm",
-    "torchtitan": "pytorch",  # PyTorch's own loop (FSDP2): the engine pace of Megatron-LM's (1)
+    "torchtitan": "pytorch",  # PyTorch's own loop (FSDP2): no per-layer engine cost, as Megatron-LM's
     "llm-foundry": "pytorch",  # MosaicML's Composer loop on PyTorch FSDP
 }
 DEFAULT_FRAMEWORK = "neox-forge"
@@ -71,8 +76,8 @@ class Calibration:
     activation_traffic: float = ACTIVATION_TRAFFIC
     bus_efficiency: float = BUS_EFFICIENCY
     zero3_overlap: float = ZERO3_OVERLAP
-    deepspeed_engine_efficiency: float = DEEPSPEED_ENGINE_EFFICIENCY
     fsdp_overlap: float = FSDP_OVERLAP
+    pipeline_layer_overhead_s: float = PIPELINE_LAYER_OVERHEAD_S
 
     def overlap(self, engine: str) -> float:
         """The fraction of the shorter of (compute, ZeRO-3 traffic) that ``engine`` hides behind the longer."""
@@ -135,14 +140,15 @@ class Workload:
 
     @property
     def on_deepspeed_pipeline_engine(self) -> bool:
-        """DeepSpeed's PipelineEngine runs the step: the runs ``DEEPSPEED_ENGINE_EFFICIENCY`` is fitted to and
-        applies to (DeepSpeed's plain engine, without a PipelineModule, runs the model's own forward and backward)."""
+        """DeepSpeed's PipelineEngine runs the step: the runs ``PIPELINE_LAYER_OVERHEAD_S`` is fitted to and applies
+        to (DeepSpeed's plain engine, without a PipelineModule, runs the model's own forward and backward)."""
         return self.engine == "deepspeed" and self.pipeline_engine
 
-    def pace(self, cal: Calibration) -> float:
-        """The engine's compute pace relative to Megatron-LM's loop: ``DEEPSPEED_ENGINE_EFFICIENCY`` on DeepSpeed's
-        pipeline engine, 1 otherwise."""
-        return cal.deepspeed_engine_efficiency if self.on_deepspeed_pipeline_engine else 1.0
+    def engine_overhead_s(self, cal: Calibration) -> float:
+        """Seconds per step the engine adds whatever the micro-batch size: ``PIPELINE_LAYER_OVERHEAD_S`` for each of
+        the busiest stage's layers and micro-batches on DeepSpeed's pipeline engine, none otherwise."""
+        layer_mb = self.layers_per_stage * self.gas
+        return cal.pipeline_layer_overhead_s * layer_mb if self.on_deepspeed_pipeline_engine else 0.0
 
     @property
     def train_batch(self) -> int:
@@ -207,11 +213,13 @@ class Prediction:
     peak_tflops: float
     tokens_per_step: int
     gemm_flops: float = 0.0  # the matrix multiplies' FLOPs per step (the shape's real widths; see Workload.gemm_flops)
+    engine_overhead_s: float = 0.0  # DeepSpeed's pipeline engine: its fixed cost per layer and micro-batch
 
     @property
     def step_s(self) -> float:
         """Predicted seconds per step."""
         parts = self.gemm_s + self.memory_bound_s + self.tensor_comm_s + self.pipe_comm_s + self.bubble_s
+        parts += self.engine_overhead_s
         return parts + self.data_comm_s + self.zero3_comm_s - self.zero3_hidden_s
 
     @property
@@ -263,18 +271,18 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
     imbalance = w.layers_per_stage * w.pp / w.num_layers
     width = w.hidden_size / w.tp
     eff = cal.gemm_peak_fraction * width / (width + cal.gemm_knee)
-    pace = w.pace(cal)
-    gemm = w.gemm_flops(k) / gpus * imbalance / (link.peak_tflops * 1e12 * eff * pace)
+    gemm = w.gemm_flops(k) / gpus * imbalance / (link.peak_tflops * 1e12 * eff)
     passes = k / 3.0
     layer_mb = w.layers_per_stage * w.gas  # layer x micro-batch slots on the rank per step
-    memory = cal.activation_traffic * passes * _activation_bytes(w) * layer_mb / (link.hbm_GBps * 1e9 * pace)
+    memory = cal.activation_traffic * passes * _activation_bytes(w) * layer_mb / (link.hbm_GBps * 1e9)
     bw = {p.axis: link.intra_node_GBps if p.inside_node else link.inter_node_GBps for p in placements}
     bw = {axis: gbps * cal.bus_efficiency for axis, gbps in bw.items()}
     act = w.micro_batch * w.seq_length * w.hidden_size * w.param_bytes
     tensor = layer_mb * (6 if w.checkpoint_activations else 4) * _ring(act, w.tp, bw["tensor"])
     sent = act / w.tp if w.engine == "megatron-lm" else act  # Megatron-LM's scatter/gather
     pipe = 0.0 if w.pp == 1 else 2.0 * w.gas * sent / (bw["pipe"] * 1e9)
-    per_micro_batch = (gemm + memory + tensor + pipe) / w.gas
+    overhead = w.engine_overhead_s(cal)
+    per_micro_batch = (gemm + memory + tensor + pipe + overhead) / w.gas
     bubble = (w.pp - 1) * per_micro_batch
     grads = w.params_per_rank * w.param_bytes
     data = zero3 = hidden = 0.0
@@ -303,11 +311,12 @@ def predict(w: Workload, link: Link, placements: list[GroupPlacement], cal: Cali
         data_comm_s=data,
         zero3_comm_s=zero3,
         zero3_hidden_s=hidden,
-        gemm_efficiency=eff * pace,
+        gemm_efficiency=eff,
         hardware_flops=hardware,
         model_flops=model,
         gpus=gpus,
         peak_tflops=link.peak_tflops,
         tokens_per_step=w.train_batch * w.seq_length,
         gemm_flops=w.gemm_flops(k),
+        engine_overhead_s=overhead,
     )

@@ -210,15 +210,14 @@ def predict_knobs(
         core_flops = 4.0 * s * s * h * w.num_layers * w.train_batch  # the attention core's forward, every sample
         imbalance = w.layers_per_stage * w.pp / w.num_layers
         selective = core_flops / grads.gpus * imbalance / (link.peak_tflops * 1e12 * base.gemm_efficiency)
-        pace = w.pace(cal)
         scores = 0.0 if w.flash_attention else 5.0 * a * s * s * b / t * w.param_bytes / 2 / cp
-        selective += cal.activation_traffic / 3.0 * scores * layer_mb / (link.hbm_GBps * 1e9 * pace)
+        selective += cal.activation_traffic / 3.0 * scores * layer_mb / (link.hbm_GBps * 1e9)
     context = 0.0
     if cp > 1:
         chunk = 2.0 * b * (s / cp) * (h * (w.kv_heads or a) / a) / t * w.param_bytes
         passes = 4 if w.checkpoint_activations or setup.recompute_granularity == "selective" else 3
         context = layer_mb * passes * (cp - 1) * chunk / (bw["context"] * 1e9)
-    per_micro_batch = (gemm + memory + tensor + pipe + selective + context) / w.gas
+    per_micro_batch = (gemm + memory + tensor + pipe + selective + context + base.engine_overhead_s) / w.gas
     bubble = (w.pp - 1) * per_micro_batch / v
     hidden = cal.overlap(w.engine) * min(grads.zero3_comm_s, gemm + memory) if grads.zero3_comm_s else 0.0
     fields = {k: getattr(base, k) for k in Prediction.__dataclass_fields__}

@@ -130,6 +130,13 @@ def _warnings(plan: Plan) -> list[str]:
             f"(DeepSpeed 0.19 removed MiCS and refuses the key at start-up); {planned} (zero_hpz_partition_size: "
             f"ZeRO++'s hpZ, which it runs){hpz}"
         )
+    engine, gemm = plan.predicted.engine_overhead_s, plan.predicted.gemm_s
+    if engine > gemm:
+        out.append(
+            f"DeepSpeed's pipeline engine: its fitted cost per layer and micro-batch ({engine:.2f} s per step) exceeds "
+            f"the GEMM time ({gemm:.2f} s); fitted on 20B-530B runs, unchecked for layers this small "
+            "(docs/planner.md#the-pipeline-engines-cost-per-layer); larger micro-batches amortise it"
+        )
     bubble = (setup.stages - 1) / setup.gas / plan.ranks[0].virtual_stages
     if bubble > BUBBLE_WARNING:
         out.append(

@@ -26,6 +26,7 @@ A100_40GB_HBM = 1555.0
 A100_80GB_HBM = 2039.0
 NVLINK = 300.0
 SELENE_IB = 25.0  # 8 x 200 Gb/s HDR InfiniBand per DGX A100 node: 25 GB/s per GPU
+JEAN_ZAY_OPA = 6.25  # BLOOM's nodes: 4 x 100 Gb/s Omni-Path per node of 8 GPUs
 
 NEOX_PAPER = "Black et al. 2022, GPT-NeoX-20B (arXiv:2204.06745), §3 and §3.1 (hardware)"
 MEGATRON_T1 = "Narayanan et al. 2021, Efficient Large-Scale LM Training on GPU Clusters (arXiv:2104.04473), Table 1"
@@ -378,7 +379,7 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         1,
         150.0,
         A100_80GB_HBM,
-        6.25,
+        JEAN_ZAY_OPA,
         "megatron-deepspeed",
         note="Jean Zay: 4 x 100 Gb/s Omni-Path per node (6.25 GB/s per GPU); bf16 (DeepSpeed's BF16 optimizer = ZeRO-1)",
     ),

@@ -121,7 +121,7 @@ def predicted_lines(p: Prediction) -> list[str]:
 
 
 def _knob_parts(p: Prediction) -> str:
-    parts = {"selective recompute": "selective_recompute_s", "CP": "context_comm_s"}
+    parts = {"engine": "engine_overhead_s", "selective recompute": "selective_recompute_s", "CP": "context_comm_s"}
     return "".join(f" + {label} {getattr(p, f):.2f}" for label, f in parts.items() if getattr(p, f, 0.0))
 
 

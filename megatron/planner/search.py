@@ -297,7 +297,9 @@ def _shapes(
                 continue
             dp = ranks // (tp * stages)
             for zero in [base.zero_stage] if "zero" in fixed else range(4):
-                pp = stages if stages > 1 or zero < 2 else 0
+                # One stage: ZeRO-2/3 without a PipelineModule (DeepSpeed's pipeline engine runs ZeRO-0/1 only),
+                # ZeRO-0/1 as configured (pipe_parallel_size 0 or 1: the engine's per-layer cost differs)
+                pp = stages if stages > 1 else (0 if zero >= 2 else min(base.pp, 1))
                 if base.precision == "fp16" and pp >= 1 and zero == 0:
                     continue  # GPT-NeoX runs fp16 pipelines with ZeRO-1 anyway (a duplicate of zero == 1)
                 for ckpt, knobs in _knob_options(base, tp, stages, varied):

@@ -17,7 +17,8 @@ def _layout(c: Candidate) -> str:
     knobs = (", SP" if c.sequence_parallel and c.tp > 1 else "") + (
         f", {c.layers_per_chunk} layers/chunk" if c.layers_per_chunk else ""
     )
-    return f"TP {c.tp}{cp} x PP {c.stages} x DP {c.dp}, ZeRO-{c.zero_stage}, micro {c.micro_batch} x {c.gas}, {ckpt}{knobs}"
+    # PP 0: pipe_parallel_size 0, one stage without DeepSpeed's PipelineModule
+    return f"TP {c.tp}{cp} x PP {c.pp} x DP {c.dp}, ZeRO-{c.zero_stage}, micro {c.micro_batch} x {c.gas}, {ckpt}{knobs}"
 
 
 def _row(rank: int, c: Candidate, mark: str, width: int = 58) -> str:

@@ -1,11 +1,19 @@
-"""Published FSDP runs the planner's constants are NOT fitted to, predicted out of sample (docs/planner.md,
-"FSDP on H100, out of sample" and "FSDP on A100, out of sample"): torchtitan on H100, MosaicML's llm-foundry on A100
-and H100. The sources quote tokens/s per GPU, converted with GPT-NeoX's formula
-(:func:`~megatron.planner.published_runs.neox_tflops`)."""
+"""Published runs the planner's constants are NOT fitted to, predicted out of sample (docs/planner.md, "FSDP on H100,
+out of sample", "FSDP on A100, out of sample" and "The pipeline engine's cost per layer"): torchtitan on H100,
+MosaicML's llm-foundry on A100 and H100 (tokens/s per GPU, converted with GPT-NeoX's formula,
+:func:`~megatron.planner.published_runs.neox_tflops`), and BigScience's micro-batch sweep on DeepSpeed's pipeline
+engine (TFLOP/s as logged)."""
 
 from __future__ import annotations
 
-from megatron.planner.published_runs import A100_40GB_HBM, A100_80GB_HBM, NVLINK, PublishedRun, neox_tflops
+from megatron.planner.published_runs import (
+    A100_40GB_HBM,
+    A100_80GB_HBM,
+    JEAN_ZAY_OPA,
+    NVLINK,
+    PublishedRun,
+    neox_tflops,
+)
 
 TORCHTITAN = (
     "torchtitan team, benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan), Tables 1 and 3 (FSDP, eager, "
@@ -15,6 +23,11 @@ LLM_FOUNDRY = (
     "MosaicML, llm-foundry scripts/train/benchmarking/README.md at 061f2c7 (mosaicml/llm-foundry), tables 'A100 40GB "
     "with 1600 Gbps node-node interconnect (RoCE)' and 'A100 80GB with 1600 Gbps node-node interconnect (RoCE)': "
     "PyTorch FSDP FULL_SHARD, bf16, Throughput (T/s/GPU)"
+)
+BLOOM_SIZING = (
+    "BigScience, train/tr11-176B-ml/chronicles-prequel.md at 9dcfdde (bigscience-workshop/bigscience), '48 node "
+    "contenders' (02-21): NHIDDEN 14336, NLAYERS 72, NHEADS 64 ('all NHEADS=64'), TP 8, GBS 2048, sequence 2048, "
+    "Megatron-DeepSpeed's TFLOPs after its formula fix (PR 251: Megatron-LM's, K = 4), second iteration"
 )
 H100_HBM = 3350.0  # H100 SXM 80 GB
 GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
@@ -132,4 +145,41 @@ FSDP_NODE_RUNS: tuple[PublishedRun, ...] = (
     _mpt("13b", 8, (2, 1), 4792.0, H100_HBM, checkpoint=False),
     _mpt("7b", 8, (6, 1), 10643.0, H100_HBM, checkpoint=False),
 )
-VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS + FSDP_NODE_RUNS
+
+
+def _bloom_sizing(dp: int, pp: int, micro: int, tflops: float) -> PublishedRun:
+    # BLOOM's hardware (Jean Zay, 48 nodes of 8 A100 80GB) and stack (Megatron-DeepSpeed, DeepSpeed's pipeline engine,
+    # ZeRO-1), 72 layers split evenly; vocabulary 250,680 padded to a multiple of 128 x TP: 250,880.
+    return PublishedRun(
+        f"BLOOM sizing PP {pp} DP {dp} micro-batch {micro}",
+        BLOOM_SIZING,
+        14336,
+        72,
+        64,
+        250880,
+        8,
+        pp,
+        8 * pp * dp,
+        micro,
+        2048,
+        1,
+        tflops,
+        A100_80GB_HBM,
+        JEAN_ZAY_OPA,
+        "megatron-deepspeed",
+        note=f"quoted {tflops} TFLOPs",
+    )
+
+
+# The micro-batch sweep BigScience ran to choose BLOOM's layout: the same model, nodes and stack, micro-batch 1 to 8
+# (docs/planner.md, "The pipeline engine's cost per layer").
+BLOOM_SIZING_RUNS: tuple[PublishedRun, ...] = (
+    _bloom_sizing(4, 12, 1, 112.49),
+    _bloom_sizing(4, 12, 2, 120.29),
+    _bloom_sizing(4, 12, 4, 130.34),
+    _bloom_sizing(4, 12, 8, 124.72),
+    _bloom_sizing(8, 6, 1, 115.31),
+    _bloom_sizing(8, 6, 2, 123.05),
+    _bloom_sizing(8, 6, 4, 132.71),
+)
+VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS + FSDP_NODE_RUNS + BLOOM_SIZING_RUNS

@@ -68,10 +68,10 @@ RUNS = (
 )
 # The prediction's relative errors (predicted / published − 1, %) as docs/planner.md states them.
 DOCUMENTED = {  # name: (MFU with SP + selective, step SP + selective, step full recomputation without SP)
-    "22B": (10.8, -9.4, -3.2),
-    "175B": (2.6, -2.5, 0.9),
-    "530B": (0.1, -0.0, 4.2),
-    "1T": (-4.6, 4.7, 7.2),
+    "22B": (10.5, -9.2, -2.8),
+    "175B": (3.0, -2.9, 0.7),
+    "530B": (0.8, -0.7, 3.6),
+    "1T": (-3.9, 4.0, 6.5),
 }
 SEQ, VOCAB, PEAK = 2048, 51200, 312e12
 

@@ -12,7 +12,6 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.planner.calibrated import (
     ACTIVATION_TRAFFIC,
     BUS_EFFICIENCY,
-    DEEPSPEED_ENGINE_EFFICIENCY,
     GEMM_KNEE,
     GEMM_PEAK_FRACTION,
 )
@@ -91,10 +90,10 @@ def test_selective_recomputation_memory_and_time(capsys: pytest.CaptureFixture[s
     assert p0["selective_recompute_s"] == 0.0
     # the attention core's forward again (4·s²·h FLOPs per layer and sample) at the GEMM pace ...
     core = 4 * S * S * H * L * 1536
-    eff = GEMM_PEAK_FRACTION * (H / T) / (H / T + GEMM_KNEE) * DEEPSPEED_ENGINE_EFFICIENCY
+    eff = GEMM_PEAK_FRACTION * (H / T) / (H / T + GEMM_KNEE)
     gemm = core / 96 / (312e12 * eff)
     # ... and a third (one forward) of the memory-bound traffic over the scores, 5·a·s²·b/t bytes per layer
-    memory = ACTIVATION_TRAFFIC / 3 * 5 * A * S * S * B / T * layers * 32 / (1555e9 * DEEPSPEED_ENGINE_EFFICIENCY)
+    memory = ACTIVATION_TRAFFIC / 3 * 5 * A * S * S * B / T * layers * 32 / 1555e9
     assert p1["selective_recompute_s"] == pytest.approx(gemm + memory, rel=1e-12)
     assert p1["hardware_flops"] == pytest.approx(p0["hardware_flops"] + core, rel=1e-12)
     assert p1["model_flops"] == p0["model_flops"]
@@ -105,7 +104,8 @@ def test_selective_recomputation_memory_and_time(capsys: pytest.CaptureFixture[s
     for part in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s", "data_comm_s"):
         assert p1[part] == p0[part]
     # the bubble: 3 of 32 micro-batch slots of everything the stage does, the recomputation included
-    per_mb = sum(p1[k] for k in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s")) + gemm + memory
+    stage = ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s", "engine_overhead_s")
+    per_mb = sum(p1[k] for k in stage) + gemm + memory
     assert p1["bubble_s"] == pytest.approx(3 * per_mb / 32, rel=1e-12)
 
 
@@ -133,7 +133,8 @@ def test_interleaved_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     assert p1["pipe_comm_s"] == pytest.approx(2 * p0["pipe_comm_s"], rel=1e-12)
     u0, u1 = base["throughput"], inter["throughput"]
     assert u1["bubble_s"] == pytest.approx(u0["bubble_s"] / 2, rel=1e-12)
-    per_mb = sum(p1[k] for k in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s")) / 32
+    stage = ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s", "engine_overhead_s")
+    per_mb = sum(p1[k] for k in stage) / 32
     assert p1["bubble_s"] == pytest.approx(3 * per_mb / 2, rel=1e-12)
     assert any("planned only" in w for w in inter["warnings"])
 
@@ -152,6 +153,7 @@ def test_context_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
     p1, p2 = _predicted(one), _predicted(two)
     for part in ("gemm_s", "memory_bound_s", "tensor_comm_s", "pipe_comm_s"):
         assert p2[part] == pytest.approx(p1[part] / 2, rel=1e-12)
+    assert p2["engine_overhead_s"] == p1["engine_overhead_s"] > 0  # per layer and micro-batch, whatever the tokens
     assert p2["model_flops"] == p1["model_flops"] and p2["tokens_per_s"] > p1["tokens_per_s"]
     u1, u2 = one["throughput"], two["throughput"]
     assert u2["compute_s"] == pytest.approx(u1["compute_s"] / 2, rel=1e-12)
