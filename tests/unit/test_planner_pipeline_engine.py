@@ -110,3 +110,45 @@ def test_the_search_plans_one_stage_as_configured(capsys: pytest.CaptureFixture[
             assert c["pipe_parallel_size"] == (0 if c["zero_stage"] >= 2 else pipe)
     assert deepy.main(["--plan", "train.py", *argv, "--search", "--top", "3"]) == 0
     assert f"x PP {pipe} x DP 8, ZeRO-1, micro 4 x 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pp", [12, 6])
+def test_the_sweep_itself_implies_about_11_ms_per_layer(pp: int) -> None:
+    """docs/planner.md: a step of ``(m + p - 1)`` slots of ``b·t + c`` (``m`` micro-batches of size ``b``, ``p``
+    stages) through the published micro-batch 1 and 4 steps gives ``c`` about 11 ms per layer at both stage counts
+    (69 ms for 6 layers, 127 ms for 12): the cost does not depend on the micro-batch, and scales with the layers."""
+    one, four = (r for r in _sweep(pp) if r.micro_batch in (1, 4))
+    w = one.workload()
+    seconds = [w.flops(4) / (r.published_tflops * 1e12 * r.gpus) for r in (one, four)]  # the logged formula, inverted
+    slots = [r.gas + pp - 1 for r in (one, four)]
+    t = (seconds[1] / slots[1] - seconds[0] / slots[0]) / 3  # (4t + c) - (t + c)
+    c = seconds[0] / slots[0] - t
+    assert c == pytest.approx({12: 0.069, 6: 0.127}[pp], abs=0.002)
+    assert 0.0100 < c / w.layers_per_stage < 0.0120
+
+
+def test_the_costs_share_of_the_fitted_runs_steps() -> None:
+    """docs/planner.md: 15 % of MT-NLG's step on 2240 GPUs, 9 % of BLOOM's, 10 % of GPT-NeoX-20B's."""
+    rows = {r.name: r.predict() for r in PUBLISHED_RUNS}
+    shares = {name: rows[name].engine_overhead_s / rows[name].step_s for name in ("MT-NLG 530B 2240", "BLOOM-176B")}
+    shares["GPT-NeoX-20B"] = rows["GPT-NeoX-20B"].engine_overhead_s / rows["GPT-NeoX-20B"].step_s
+    assert {k: round(v, 2) for k, v in shares.items()} == {
+        "MT-NLG 530B 2240": 0.15,
+        "BLOOM-176B": 0.09,
+        "GPT-NeoX-20B": 0.10,
+    }
+
+
+@pytest.mark.slow  # three constrained fits: a few seconds
+def test_the_cost_with_each_pipeline_engine_source_left_out() -> None:
+    """docs/planner.md: 6.7 ms with MT-NLG left out (BLOOM and the 20B alone), 13.7 ms without BLOOM, 13.1 without
+    the 20B."""
+    pytest.importorskip("scipy")
+    from megatron.planner.published_runs import BLOOM, MTNLG, NEOX_PAPER
+
+    i = FIT.FITTED.index("pipeline_layer_overhead_s")
+    for source, expected in ((MTNLG, 0.0067), (BLOOM, 0.0137), (NEOX_PAPER, 0.0131)):
+        rest = [r for r in PUBLISHED_RUNS if r.source != source]
+        free = FIT.constrained(rest)
+        start = [v if n in free else FIT.IDEAL[n] for n, v in zip(FIT.FITTED, FIT.START, strict=True)]
+        assert FIT.fit(rest, start, free=free)[i] == pytest.approx(expected, abs=0.0003), source
