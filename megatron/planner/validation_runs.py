@@ -25,9 +25,10 @@ LLM_FOUNDRY = (
     "PyTorch FSDP FULL_SHARD, bf16, Throughput (T/s/GPU)"
 )
 BLOOM_SIZING = (
-    "BigScience, train/tr11-176B-ml/chronicles-prequel.md at 9dcfdde (bigscience-workshop/bigscience), '48 node "
-    "contenders' (02-21): NHIDDEN 14336, NLAYERS 72, NHEADS 64 ('all NHEADS=64'), TP 8, GBS 2048, sequence 2048, "
-    "Megatron-DeepSpeed's TFLOPs after its formula fix (PR 251: Megatron-LM's, K = 4), second iteration"
+    "BigScience, train/tr11-176B-ml/chronicles-prequel.md at 9dcfdde (bigscience-workshop/bigscience): the tables of "
+    "'48 node contenders' and 'Final round comparison' (02-21 to 02-23) with NHEADS 64 ('all NHEADS=64 (above too)'), "
+    "TP 8, GBS 2048, sequence 2048, Megatron-DeepSpeed's TFLOPs after its formula fix (PR 251: Megatron-LM's, K = 4), "
+    "second iteration"
 )
 H100_HBM = 3350.0  # H100 SXM 80 GB
 GRAND_TETON_HBM = 2400.0  # torchtitan's H100: 96 GB HBM2e, 2.4 TB/s (its benchmark's hardware section)
@@ -147,14 +148,15 @@ FSDP_NODE_RUNS: tuple[PublishedRun, ...] = (
 )
 
 
-def _bloom_sizing(dp: int, pp: int, micro: int, tflops: float) -> PublishedRun:
-    # BLOOM's hardware (Jean Zay, 48 nodes of 8 A100 80GB) and stack (Megatron-DeepSpeed, DeepSpeed's pipeline engine,
-    # ZeRO-1), 72 layers split evenly; vocabulary 250,680 padded to a multiple of 128 x TP: 250,880.
+def _bloom_sizing(shape: tuple[int, int], dp: int, pp: int, micro: int, tflops: float) -> PublishedRun:
+    # BLOOM's hardware (Jean Zay, nodes of 8 A100 80GB) and stack (Megatron-DeepSpeed, DeepSpeed's pipeline engine,
+    # ZeRO-1), layers split evenly; vocabulary 250,680 padded to a multiple of 128 x TP: 250,880.
+    hidden, layers = shape
     return PublishedRun(
-        f"BLOOM sizing PP {pp} DP {dp} micro-batch {micro}",
+        f"BLOOM sizing h {hidden} L {layers} PP {pp} DP {dp} micro-batch {micro}",
         BLOOM_SIZING,
-        14336,
-        72,
+        hidden,
+        layers,
         64,
         250880,
         8,
@@ -171,15 +173,29 @@ def _bloom_sizing(dp: int, pp: int, micro: int, tflops: float) -> PublishedRun:
     )
 
 
-# The micro-batch sweep BigScience ran to choose BLOOM's layout: the same model, nodes and stack, micro-batch 1 to 8
-# (docs/planner.md, "The pipeline engine's cost per layer").
+# BigScience's sweep to choose BLOOM's layout, on its nodes and stack (docs/planner.md, "The pipeline engine's cost per
+# layer"): BLOOM's shape at micro-batch 1 to 8 (02-21), then other hidden sizes of about the same model size (02-21,
+# 02-23; their repeats of BLOOM's shape left out). Not used: the 02-20 tables (hidden size 14400, before the TFLOPs
+# formula fix), the head-count tables (kernel selection, which the model does not see) and the 40-node row of 02-21,
+# whose DP 8 x TP 8 x PP 10 is 80 nodes (its text says 320 GPUs: DP 4).
+BLOOM_SHAPE = (14336, 72)
 BLOOM_SIZING_RUNS: tuple[PublishedRun, ...] = (
-    _bloom_sizing(4, 12, 1, 112.49),
-    _bloom_sizing(4, 12, 2, 120.29),
-    _bloom_sizing(4, 12, 4, 130.34),
-    _bloom_sizing(4, 12, 8, 124.72),
-    _bloom_sizing(8, 6, 1, 115.31),
-    _bloom_sizing(8, 6, 2, 123.05),
-    _bloom_sizing(8, 6, 4, 132.71),
+    _bloom_sizing(BLOOM_SHAPE, 4, 12, 1, 112.49),
+    _bloom_sizing(BLOOM_SHAPE, 4, 12, 2, 120.29),
+    _bloom_sizing(BLOOM_SHAPE, 4, 12, 4, 130.34),
+    _bloom_sizing(BLOOM_SHAPE, 4, 12, 8, 124.72),
+    _bloom_sizing(BLOOM_SHAPE, 8, 6, 1, 115.31),
+    _bloom_sizing(BLOOM_SHAPE, 8, 6, 2, 123.05),
+    _bloom_sizing(BLOOM_SHAPE, 8, 6, 4, 132.71),
+    _bloom_sizing((13824, 84), 4, 12, 2, 121.45),
+    _bloom_sizing((13824, 84), 4, 12, 4, 131.27),
+    _bloom_sizing((13824, 84), 8, 6, 2, 123.58),
+    _bloom_sizing((13824, 84), 8, 6, 4, 134.11),
+    _bloom_sizing((12288, 96), 8, 6, 2, 115.73),
+    _bloom_sizing((12288, 96), 8, 6, 4, 128.69),
+    _bloom_sizing((13312, 84), 4, 12, 4, 129.29),
+    _bloom_sizing((13312, 84), 8, 6, 2, 119.72),
+    _bloom_sizing((13312, 84), 8, 6, 4, 132.00),
+    _bloom_sizing((13824, 78), 8, 6, 4, 133.93),
 )
 VALIDATION_RUNS: tuple[PublishedRun, ...] = TORCHTITAN_RUNS + FSDP_A100_RUNS + FSDP_NODE_RUNS + BLOOM_SIZING_RUNS
