@@ -1,8 +1,8 @@
 """Published runs the planner's constants are NOT fitted to, predicted out of sample (docs/planner.md, "FSDP on H100,
 out of sample", "FSDP on A100, out of sample" and "The pipeline engine's cost per layer"): torchtitan on H100,
 MosaicML's llm-foundry on A100 and H100 (tokens/s per GPU, converted with GPT-NeoX's formula,
-:func:`~megatron.planner.published_runs.neox_tflops`), and BigScience's micro-batch sweep on DeepSpeed's pipeline
-engine (TFLOP/s as logged)."""
+:func:`~megatron.planner.published_runs.neox_tflops`), and BigScience's layout-sizing runs for BLOOM on DeepSpeed's
+pipeline engine (TFLOP/s as logged)."""
 
 from __future__ import annotations
 
