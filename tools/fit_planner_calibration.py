@@ -87,15 +87,21 @@ def fit(
     return full(y)
 
 
+def fit_without(source: str, runs: Sequence[PublishedRun] = PUBLISHED_RUNS, iters: int = 1500) -> list[float]:
+    """The constants fitted on the runs of every source but ``source`` (from :data:`START`; constants those runs do
+    not constrain stay at :data:`IDEAL`)."""
+    rest = [r for r in runs if r.source != source]
+    free = constrained(rest)
+    start = [v if name in free else IDEAL[name] for name, v in zip(FITTED, START, strict=True)]
+    return fit(rest, start, iters=iters, free=free)
+
+
 def leave_one_source_out(iters: int = 1500, runs: Sequence[PublishedRun] = PUBLISHED_RUNS) -> list[float]:
-    """Each run's relative error when the constants are fitted on the other sources' runs only (from :data:`START`;
-    constants the other sources do not constrain stay at :data:`IDEAL`)."""
+    """Each run's relative error when the constants are fitted on the other sources' runs only
+    (:func:`fit_without`)."""
     errors = [0.0] * len(runs)
     for source in dict.fromkeys(r.source for r in runs):
-        rest = [r for r in runs if r.source != source]
-        free = constrained(rest)
-        start = [v if name in free else IDEAL[name] for name, v in zip(FITTED, START, strict=True)]
-        x = fit(rest, start, iters=iters, free=free)
+        x = fit_without(source, runs, iters)
         for i, run in enumerate(runs):
             if run.source == source:
                 errors[i] = math.expm1(_log_errors(x, (run,))[0])

@@ -114,13 +114,14 @@ def predicted_lines(p: Prediction) -> list[str]:
     return [
         f"predicted step      {p.step_s:.2f} s = GEMM {p.gemm_s:.2f} (at {100 * p.gemm_efficiency:.0f}% of peak) + "
         f"memory-bound {p.memory_bound_s:.2f} + TP {p.tensor_comm_s:.2f} + PP {p.pipe_comm_s:.2f} + bubble "
-        f"{p.bubble_s:.2f} + DP {p.data_comm_s + p.zero3_comm_s - p.zero3_hidden_s:.2f}{_knob_parts(p)} (calibrated)",
+        f"{p.bubble_s:.2f} + DP {p.data_comm_s + p.zero3_comm_s - p.zero3_hidden_s:.2f}{_extra_parts(p)} (calibrated)",
         f"predicted           {p.tflops_per_gpu:.1f} TFLOP/s per GPU (GPT-NeoX's logged figure), "
         f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%",
     ]
 
 
-def _knob_parts(p: Prediction) -> str:
+def _extra_parts(p: Prediction) -> str:
+    # the parts only some layouts have: DeepSpeed's pipeline engine, the layout knobs'
     parts = {"engine": "engine_overhead_s", "selective recompute": "selective_recompute_s", "CP": "context_comm_s"}
     return "".join(f" + {label} {getattr(p, f):.2f}" for label, f in parts.items() if getattr(p, f, 0.0))
 
